@@ -1,0 +1,85 @@
+"""Local training on a phone: SGD with momentum over the phone's private sentences.
+
+The same function runs in the in-process simulator's worker processes and in the HTTP device
+simulator, so both paths produce the same weights for the same seed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.batching import IGNORE, batches, count_targets, split_long
+from models.checkpoint import build_model, model_state
+from models.model import ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 5
+    batch_size: int = 10  # sentences per batch, as in the seeds
+    lr: float = 0.01
+    momentum: float = 0.5
+    clip: float = 5.0  # gradient-norm clipping; 0 turns it off
+    max_len: int = 80  # longer sentences are cut into chunks (training only)
+
+
+@dataclass
+class TrainResult:
+    state: dict[str, torch.Tensor]
+    num_tokens: int  # training tokens in the shard (n_k for FedAvg weighting)
+    train_loss: float  # mean loss per token over all local epochs
+    seconds: float
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no CUDA GPU is visible")
+    return torch.device(device)
+
+
+def train_local(
+    model_config: ModelConfig,
+    global_state: dict[str, torch.Tensor],
+    sentences: list[list[int]],
+    config: TrainConfig,
+    seed: int,
+    device: str = "auto",
+) -> TrainResult:
+    """Train a copy of the global model on `sentences` (encoded ids) and return the new weights."""
+    start = time.perf_counter()
+    dev = resolve_device(device)
+    torch.manual_seed(seed)  # dropout masks
+    model = build_model(model_config, global_state).to(dev)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE, reduction="sum")
+    seqs = split_long(sentences, config.max_len)
+    gen = torch.Generator().manual_seed(seed)
+    total_loss, total_tokens = torch.zeros((), device=dev), 0
+    for _ in range(config.epochs):
+        order = torch.randperm(len(seqs), generator=gen).tolist()
+        for inputs, targets in batches(seqs, config.batch_size, order):
+            n = int((targets != IGNORE).sum())  # counted on the CPU: no device sync
+            inputs, targets = inputs.to(dev), targets.to(dev)
+            logits, _ = model(inputs)
+            loss_sum = loss_fn(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            (loss_sum / n).backward()
+            if config.clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+            opt.step()
+            total_loss += loss_sum.detach()
+            total_tokens += n
+    state = {k: v.cpu() for k, v in model_state(model).items()}
+    return TrainResult(
+        state=state,
+        num_tokens=count_targets(sentences),
+        train_loss=float(total_loss) / max(total_tokens, 1),
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,1 @@
+"""The language model, tokenizers, checkpoint format and evaluation metrics."""

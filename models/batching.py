@@ -1,0 +1,48 @@
+"""Turning encoded sentences into padded (input, target) batches.
+
+Each sentence <s> w_1 .. w_n </s> gives input <s> w_1 .. w_n and target w_1 .. w_n </s>.
+Targets past a sentence's end are IGNORE, so padding never counts in the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+IGNORE = -100
+
+
+def split_long(seqs: list[list[int]], max_len: int) -> list[list[int]]:
+    """Cut sequences longer than max_len + 1 into overlapping-by-one chunks (training only)."""
+    out: list[list[int]] = []
+    for s in seqs:
+        if len(s) <= max_len + 1:
+            out.append(s)
+            continue
+        for start in range(0, len(s) - 1, max_len):
+            out.append(s[start : start + max_len + 1])
+    return out
+
+
+def pad_batch(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """-> inputs [B, T] (padded with 0) and targets [B, T] (padded with IGNORE)."""
+    width = max(len(s) for s in seqs) - 1
+    inputs = torch.zeros(len(seqs), width, dtype=torch.long)
+    targets = torch.full((len(seqs), width), IGNORE, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        n = len(s) - 1
+        inputs[i, :n] = torch.tensor(s[:-1])
+        targets[i, :n] = torch.tensor(s[1:])
+    return inputs, targets
+
+
+def batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = None):
+    """Yield padded batches of `batch_size` sentences, in `order` (default: as given)."""
+    order = list(range(len(seqs))) if order is None else order
+    for i in range(0, len(order), batch_size):
+        yield pad_batch([seqs[j] for j in order[i : i + batch_size]])
+
+
+def count_targets(seqs: list[list[int]]) -> int:
+    """Number of predicted tokens: everything after <s>."""
+    return sum(len(s) - 1 for s in seqs)

@@ -1,0 +1,120 @@
+"""Checkpoint format: one safetensors file whose header metadata carries a JSON config.
+
+The config ("fedkey" metadata key) holds the model config, the tokenizer, the round and the
+strategy, so a checkpoint alone rebuilds the model and its vocabulary. One file means one atomic
+rename when the server writes it. Read the config with `safetensors.safe_open(p, "pt").metadata()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from models.model import LanguageModel, ModelConfig
+from models.tokenizers import Tokenizer, tokenizer_from_config
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or an uploaded state does not match the model it claims to be."""
+
+
+def model_state(model: LanguageModel) -> dict[str, torch.Tensor]:
+    """The model's tensors as federated: a tied decoder weight is the embedding, sent once."""
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    if model.config.tied:
+        state.pop("decoder.weight", None)
+    return state
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every tensor a model with `config` federates."""
+    with torch.device("meta"):
+        model = LanguageModel(config)
+    return {k: (tuple(v.shape), v.dtype) for k, v in model_state(model).items()}
+
+
+def check_state(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """Raise CheckpointError naming the first tensor whose name, shape or dtype is wrong."""
+    expected = expected_shapes(config)
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            f"tensor names do not match the model config: missing {missing}, unexpected {extra}"
+        )
+    for name, (shape, dtype) in expected.items():
+        t = state[name]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise CheckpointError(
+                f"tensor {name!r} is {t.dtype} {tuple(t.shape)}, the config expects {dtype} {shape}"
+            )
+
+
+def load_model_state(model: LanguageModel, state: dict[str, torch.Tensor]) -> None:
+    check_state(state, model.config)
+    model.load_state_dict(state, strict=False)  # decoder.weight of a tied model is the embedding
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor] | None = None) -> LanguageModel:
+    model = LanguageModel(config)
+    if state is not None:
+        load_model_state(model, state)
+    return model
+
+
+def save_checkpoint(
+    path: str | Path,
+    state: dict[str, torch.Tensor],
+    model_config: ModelConfig,
+    tokenizer: Tokenizer,
+    *,
+    round_idx: int,
+    strategy: str,
+    extra: dict | None = None,
+) -> Path:
+    """Write atomically (temp file + rename): a crash never leaves a half-written checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT_VERSION,
+        "model": model_config.to_dict(),
+        "tokenizer": tokenizer.to_config(),
+        "round": round_idx,
+        "strategy": strategy,
+        **(extra or {}),
+    }
+    data = st_save({k: v.contiguous() for k, v in state.items()}, metadata={"fedkey": json.dumps(meta)})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+def read_metadata(path: str | Path) -> dict:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "fedkey" not in meta:
+        raise CheckpointError(f"{path} is not a fedkey checkpoint (no 'fedkey' metadata)")
+    return json.loads(meta["fedkey"])
+
+
+def load_checkpoint(path: str | Path):
+    """-> (model, tokenizer, metadata). Fails with CheckpointError if tensors and config disagree."""
+    meta = read_metadata(path)
+    config = ModelConfig(**meta["model"])
+    state = st_load(Path(path).read_bytes())
+    try:
+        check_state(state, config)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return build_model(config, state), tokenizer_from_config(meta["tokenizer"]), meta

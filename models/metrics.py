@@ -1,0 +1,107 @@
+"""Evaluation: perplexity, top-1/top-3 next-word accuracy, keystroke savings rate.
+
+Perplexity is exp(total NLL / predicted words), the end of sentence counted as a word. For a
+SentencePiece model the NLL of a word is the sum of its pieces' NLLs, so the divisor is still
+the number of words + 1 per sentence and the numbers compare with word-level models.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.batching import IGNORE, batches
+from models.model import LanguageModel
+from models.tokenizers import Tokenizer, WordTokenizer
+
+
+@torch.no_grad()
+def evaluate(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> dict:
+    """-> {"ppl", "nll", "words", "top1", "top3"} on held-out sentences.
+
+    top-k accuracy (word tokenizers only; None for SentencePiece) counts the predictions whose
+    target is a real word: not </s> and not <unk>, which a suggestion bar would never show.
+    """
+    model.eval()
+    model.to(device)
+    seqs = [tokenizer.encode(s) for s in sentences]
+    # Sorting by length keeps padding low; the sum does not depend on the order.
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    nll, hits1, hits3, scored = 0.0, 0, 0, 0
+    word_level = isinstance(tokenizer, WordTokenizer)
+    for inputs, targets in batches(seqs, batch_size, order):
+        inputs, targets = inputs.to(device), targets.to(device)
+        logits, _ = model(inputs)
+        logp = F.log_softmax(logits.float(), dim=-1)
+        nll += float(F.nll_loss(logp.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"))
+        if word_level:
+            real = (targets != IGNORE) & (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
+            top3 = logp.topk(3, dim=-1).indices
+            match = top3 == targets.unsqueeze(-1)
+            hits1 += int((match[..., 0] & real).sum())
+            hits3 += int((match.any(-1) & real).sum())
+            scored += int(real.sum())
+    words = sum(tokenizer.num_words(s) + 1 for s in sentences)
+    return {
+        "ppl": math.exp(nll / max(words, 1)),
+        "nll": nll,
+        "words": words,
+        "top1": hits1 / scored if word_level and scored else None,
+        "top3": hits3 / scored if word_level and scored else None,
+    }
+
+
+@torch.no_grad()
+def keystroke_savings(
+    model: LanguageModel,
+    tokenizer: WordTokenizer,
+    sentences: list[str],
+    slots: int = 3,
+) -> float:
+    """Share of characters a user need not type with a `slots`-wide suggestion bar.
+
+    The user types a sentence word by word; each word costs len(word) + 1 keystrokes (the space).
+    Before each keystroke of a word the bar shows the `slots` most likely vocabulary words that
+    start with what is typed so far (next words when nothing is typed yet); if the intended word
+    is there, one tap inserts it with its space. KSR = 1 - keystrokes / characters.
+    """
+    if not isinstance(tokenizer, WordTokenizer):
+        raise ValueError("keystroke savings need a word vocabulary")
+    model.eval()
+    vocab = np.array(tokenizer.itos, dtype=object)
+    suggestible = np.ones(len(vocab), dtype=bool)
+    suggestible[[tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]] = False
+    typed_chars, keystrokes = 0, 0
+    device = model.decoder.bias.device
+    for sentence in sentences:
+        words = sentence.split()
+        ids = tokenizer.encode(sentence)
+        logits, _ = model(torch.tensor([ids[:-2]], device=device))  # the context before each word
+        scores = logits[0].float().cpu().numpy()
+        for pos, word in enumerate(words):
+            typed_chars += len(word) + 1
+            cost = len(word) + 1
+            wid = tokenizer.stoi.get(word)
+            if wid is not None and suggestible[wid]:
+                s = scores[pos]
+                better = (s > s[wid]) & suggestible
+                for k in range(len(word)):
+                    prefix = word[:k]
+                    if k == 0:
+                        rank = int(better.sum())
+                    else:
+                        rank = int(sum(1 for v in vocab[better] if v.startswith(prefix)))
+                    if rank < slots:
+                        cost = k + 1  # k letters typed, then one tap
+                        break
+            keystrokes += cost
+    return 1.0 - keystrokes / max(typed_chars, 1)

@@ -1,0 +1,229 @@
+"""The round engine: one implementation of a federated round, shared by every transport.
+
+    plan_round()      the strategy selects a cohort and the task it is given
+    choose_uploaders  (FedMed topK) which of the trained devices upload
+    complete_round()  privacy -> aggregate -> evaluate -> checkpoint -> metrics row
+
+`fedkey simulate` drives it with a pool of local worker processes; the HTTP server drives the
+same object with real devices. Selection and noise are seeded by (seed, round), so a run is
+deterministic and can resume at any round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from safetensors.torch import save as st_save
+
+from device_sim.trainer import TrainConfig
+from models.checkpoint import build_model, model_state, save_checkpoint
+from models.metrics import evaluate
+from models.model import ModelConfig
+from models.tokenizers import Tokenizer
+from server import privacy
+from server.storage import RunStorage
+from server.strategies import ClientUpdate, get_strategy
+
+
+@dataclass
+class PrivacyConfig:
+    """Client-side randomization of the seeds (beta) and/or DP-FedAvg (clip + noise + accountant)."""
+
+    beta: float = 0.0  # seeds: each device adds beta * N(0, sigma^2) before upload; no guarantee
+    sigma: float = 1.0
+    clip_norm: float | None = None  # DP-FedAvg: clip each update's L2 norm to S ...
+    noise_multiplier: float = 0.0  # ... and add N(0, (z S)^2) to the sum of updates
+    delta: float = 1e-5
+    target_epsilon: float | None = None  # stop the run once this budget is spent
+
+    @property
+    def dp_fedavg(self) -> bool:
+        return self.clip_norm is not None
+
+
+@dataclass
+class FederationConfig:
+    strategy: str = "fedavg"
+    label: str | None = None  # what metrics and checkpoints call the run (default: the strategy)
+    strategy_params: dict = field(default_factory=dict)  # epsilon, norm, beta, selector, ...
+    fraction: float = 0.1
+    rounds: int = 10
+    seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    eval_batch_size: int = 64
+    ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
+
+
+@dataclass
+class RoundPlan:
+    round: int
+    cohort: list[str]
+    train: TrainConfig
+    started: float
+
+
+Evaluator = Callable[[dict[str, torch.Tensor]], dict]
+
+
+def client_seed(seed: int, round_idx: int, device_id: str) -> int:
+    """A device's training seed for a round: independent of which process trains it."""
+    ss = np.random.SeedSequence([seed, round_idx, *device_id.encode()])
+    return int(ss.generate_state(1)[0])
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    """Bytes of the safetensors body that carries `state` over the wire."""
+    return len(st_save({k: v.contiguous() for k, v in state.items()}))
+
+
+class Federation:
+    def __init__(
+        self,
+        config: FederationConfig,
+        model_config: ModelConfig,
+        tokenizer: Tokenizer,
+        client_sizes: dict[str, int],
+        valid: list[str],
+        test: list[str],
+        storage: RunStorage,
+        evaluator: Evaluator | None = None,
+    ):
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.valid, self.test = valid, test
+        self.storage = storage
+        self.evaluator = evaluator or self.evaluate
+        self.strategy = get_strategy(config.strategy, fraction=config.fraction, **config.strategy_params)
+        self.strategy.setup(client_sizes, config.rounds)
+        p = config.privacy
+        self.accountant = (
+            privacy.PrivacyAccountant(
+                noise_multiplier=p.noise_multiplier,
+                sampling_rate=config.fraction,
+                delta=p.delta,
+                target_epsilon=p.target_epsilon,
+            )
+            if p.dp_fedavg
+            else None
+        )
+        torch.manual_seed(config.seed)
+        self.global_state = model_state(build_model(model_config))
+        self.model_bytes = state_bytes(self.global_state)
+        self.round = 0  # rounds completed
+        self.best: dict | None = None
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def evaluate(self, state: dict[str, torch.Tensor]) -> dict:
+        """Validation and test perplexity, top-1/top-3 and keystroke savings of `state`."""
+        from models.metrics import keystroke_savings
+        from models.tokenizers import WordTokenizer
+
+        model = build_model(self.model_config, state)
+        val = evaluate(model, self.tokenizer, self.valid, self.config.eval_batch_size)
+        test = evaluate(model, self.tokenizer, self.test, self.config.eval_batch_size)
+        ksr = None
+        if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:
+            ksr = keystroke_savings(model, self.tokenizer, self.test[: self.config.ksr_sentences])
+        return {"val_ppl": val["ppl"], "test_ppl": test["ppl"], "top1": test["top1"], "top3": test["top3"], "ksr": ksr}
+
+    def start(self) -> dict:
+        """Evaluate and checkpoint the initial model as round 0."""
+        return self._record(0, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info={})
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def plan_round(self, available: list[str]) -> RoundPlan:
+        r = self.round + 1
+        rng = np.random.default_rng([self.config.seed, r])
+        cohort = sorted(self.strategy.select(r, sorted(available), rng))
+        train = self.config.train
+        epochs = getattr(self.strategy, "local_epochs_override", None)
+        if epochs is not None:
+            train = TrainConfig(**{**asdict(train), "epochs": epochs})
+        return RoundPlan(round=r, cohort=cohort, train=train, started=time.perf_counter())
+
+    def choose_uploaders(self, plan: RoundPlan, losses: dict[str, float]) -> list[str]:
+        return sorted(self.strategy.select_uploaders(plan.round, losses))
+
+    def complete_round(self, plan: RoundPlan, updates: list[ClientUpdate]) -> dict:
+        """Aggregate the round's updates into a new global model, evaluate it and record it."""
+        if plan.round != self.round + 1:
+            raise ValueError(f"round {plan.round} is not the open round {self.round + 1}")
+        if not updates:
+            raise ValueError(f"round {plan.round}: no updates to aggregate")
+        updates = sorted(updates, key=lambda u: u.device_id)
+        bytes_up = self.model_bytes * len(updates)
+        p = self.config.privacy
+        if p.dp_fedavg:
+            updates = [
+                ClientUpdate(
+                    state=privacy.clip_update(self.global_state, u.state, p.clip_norm)[0],
+                    num_samples=u.num_samples,
+                    train_loss=u.train_loss,
+                    device_id=u.device_id,
+                )
+                for u in updates
+            ]
+        new_state = self.strategy.aggregate(self.global_state, updates)
+        self.strategy.after_round(plan.round, new_state, updates)
+        if p.dp_fedavg and p.noise_multiplier > 0:
+            gen = torch.Generator().manual_seed(client_seed(self.config.seed, plan.round, "server-noise"))
+            new_state = privacy.add_gaussian_noise(
+                new_state, p.noise_multiplier * p.clip_norm / len(updates), gen
+            )
+        if self.accountant is not None:
+            self.accountant.step()
+        self.global_state = {k: v.contiguous() for k, v in new_state.items()}
+        info = dict(getattr(self.strategy, "last_info", {}) or {})
+        return self._record(
+            plan.round,
+            plan.cohort,
+            [u.device_id for u in updates],
+            bytes_up=bytes_up,
+            bytes_down=self.model_bytes * len(plan.cohort),
+            seconds=time.perf_counter() - plan.started,
+            info=info,
+        )
+
+    @property
+    def budget_exhausted(self) -> bool:
+        return self.accountant is not None and self.accountant.exhausted
+
+    def _record(self, r, selected, aggregated, *, bytes_up, bytes_down, seconds, info) -> dict:
+        scores = self.evaluator(self.global_state)
+        if self.best is None or scores["val_ppl"] < self.best["val_ppl"]:
+            self.best = {"round": r, "val_ppl": scores["val_ppl"], "test_ppl": scores["test_ppl"]}
+        row = {
+            "round": r,
+            "strategy": self.config.label or self.config.strategy,
+            "selected": selected,
+            "aggregated": aggregated,
+            **scores,
+            "best_round": self.best["round"],
+            "best_val_ppl": self.best["val_ppl"],
+            "best_test_ppl": self.best["test_ppl"],
+            "bytes_up": bytes_up,
+            "bytes_down": bytes_down,
+            "epsilon": self.accountant.epsilon if self.accountant is not None else None,
+            "seconds": round(seconds, 3),
+            "info": info,
+        }
+        save_checkpoint(
+            self.storage.checkpoint_path(r),
+            self.global_state,
+            self.model_config,
+            self.tokenizer,
+            round_idx=r,
+            strategy=self.config.label or self.config.strategy,
+            extra={"val_ppl": scores["val_ppl"], "test_ppl": scores["test_ppl"]},
+        )
+        self.storage.append_metrics(row)
+        self.round = r
+        return row

@@ -1,0 +1,67 @@
+"""Where a run lives on disk: checkpoints/, metrics.jsonl and perplexity.png.
+
+    RUN_DIR/checkpoints/round_0003.safetensors   the global model after round 3 (round_0000 = init)
+    RUN_DIR/metrics.jsonl                        one JSON object per round
+    RUN_DIR/perplexity.png                       validation and test perplexity per round
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class RunStorage:
+    def __init__(self, out_dir: str | Path):
+        self.root = Path(out_dir)
+        self.checkpoints = self.root / "checkpoints"
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.root / "metrics.jsonl"
+        self.plot_path = self.root / "perplexity.png"
+
+    def checkpoint_path(self, round_idx: int) -> Path:
+        return self.checkpoints / f"round_{round_idx:04d}.safetensors"
+
+    def latest_checkpoint(self) -> Path | None:
+        found = sorted(self.checkpoints.glob("round_*.safetensors"))
+        return found[-1] if found else None
+
+    def reset_metrics(self) -> None:
+        self.metrics_path.unlink(missing_ok=True)
+
+    def append_metrics(self, row: dict) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line]
+
+    def plot(self, title: str = "") -> Path:
+        return plot_perplexity({title or self.root.name: self.read_metrics()}, self.plot_path)
+
+
+def plot_perplexity(runs: dict[str, list[dict]], out: str | Path) -> Path:
+    """Validation (dashed) and test (solid) perplexity per round, one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (label, rows) in enumerate(runs.items()):
+        color = f"C{i % 10}"
+        rows = [r for r in rows if r.get("test_ppl") is not None]
+        rounds = [r["round"] for r in rows]
+        ax.plot(rounds, [r["test_ppl"] for r in rows], color=color, label=f"{label} (test)")
+        ax.plot(rounds, [r["val_ppl"] for r in rows], color=color, ls="--", alpha=0.6, label=f"{label} (valid)")
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("perplexity (log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return Path(out)

@@ -1,0 +1,18 @@
+"""Shared fixtures. One torch thread: on the 2-core CI machine two threads are many times slower."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    """../shared/data beside the checkout; tests that need it skip with the reason when absent."""
+    if not (DATA_DIR / "ptb" / "train.txt").exists():
+        pytest.skip(f"datasets not found at {DATA_DIR} (CI and developer machines have them)")
+    return DATA_DIR

@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from device_sim.trainer import TrainConfig, resolve_device, train_local
+from models.checkpoint import build_model, model_state
+from models.metrics import evaluate
+from models.model import ModelConfig
+from models.tokenizers import WordTokenizer
+
+TEXT = ["see you later", "see you soon", "on my way home", "see you at the station"] * 10
+TOK = WordTokenizer.build(TEXT)
+CFG = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+
+
+def initial_state():
+    torch.manual_seed(0)
+    return model_state(build_model(CFG))
+
+
+def test_training_lowers_loss_and_reports_tokens():
+    seqs = [TOK.encode(s) for s in TEXT]
+    state = initial_state()
+    before = evaluate(build_model(CFG, state), TOK, TEXT)["ppl"]
+    res = train_local(CFG, state, seqs, TrainConfig(epochs=3, batch_size=4, lr=0.5), seed=1, device="cpu")
+    after = evaluate(build_model(CFG, res.state), TOK, TEXT)["ppl"]
+    assert after < before / 2
+    assert res.num_tokens == sum(len(s.split()) + 1 for s in TEXT)
+    assert 0 < res.train_loss < 10
+    assert set(res.state) == set(state)
+    assert not torch.equal(res.state["embedding.weight"], state["embedding.weight"])
+
+
+def test_same_seed_same_weights_other_seed_differs():
+    seqs = [TOK.encode(s) for s in TEXT]
+    cfg = TrainConfig(epochs=1, batch_size=3, lr=0.1)
+    a = train_local(CFG, initial_state(), seqs, cfg, seed=7, device="cpu")
+    b = train_local(CFG, initial_state(), seqs, cfg, seed=7, device="cpu")
+    c = train_local(CFG, initial_state(), seqs, cfg, seed=8, device="cpu")
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+    assert not torch.equal(a.state["rnn.weight_hh_l0"], c.state["rnn.weight_hh_l0"])
+
+
+def test_long_sentences_are_chunked_not_dropped():
+    long = " ".join(["see you later"] * 60)  # 180 words > max_len
+    res = train_local(CFG, initial_state(), [TOK.encode(long)], TrainConfig(epochs=1, max_len=50), seed=0, device="cpu")
+    assert res.num_tokens == 181
+
+
+def test_cuda_request_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        resolve_device("cuda")
+    assert resolve_device("auto").type == "cpu"

@@ -1,0 +1,69 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from models.metrics import evaluate, keystroke_savings
+from models.model import LanguageModel, ModelConfig
+from models.tokenizers import SentencePieceTokenizer, WordTokenizer
+
+
+class FixedScores(nn.Module):
+    """A stand-in model whose next-word scores are the same at every position."""
+
+    def __init__(self, scores: torch.Tensor):
+        super().__init__()
+        self.scores = scores
+        self.decoder = nn.Linear(1, 1)
+
+    def forward(self, tokens, state=None):
+        return self.scores.expand(*tokens.shape, -1), state
+
+
+def test_uniform_model_has_perplexity_equal_to_vocab_size():
+    tok = WordTokenizer.build(["a b c d e f g"])
+    model = LanguageModel(ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4))
+    nn.init.zeros_(model.decoder.bias)
+    with torch.no_grad():
+        model.embedding.weight.zero_()  # tied: the decoder weight too, so every logit is 0
+    r = evaluate(model, tok, ["a b c", "d e", "f g a b"])
+    assert r["words"] == 3 + 1 + 2 + 1 + 4 + 1  # end of sentence counted
+    assert r["ppl"] == pytest.approx(tok.vocab_size, rel=1e-6)
+
+
+def test_topk_accuracy_counts_real_words_only():
+    tok = WordTokenizer(["<unk>", "<s>", "</s>", "x", "y", "z"])
+    scores = torch.tensor([0.0, 0.0, 0.0, 3.0, 2.0, 1.0])  # always predicts x, then y, then z
+    # targets: x y z </s>  and  z <unk> </s>  -> real targets x, y, z, z
+    r = evaluate(FixedScores(scores), tok, ["x y z", "z qq"])
+    assert r["top1"] == pytest.approx(1 / 4)
+    assert r["top3"] == pytest.approx(4 / 4)
+    logp = torch.log_softmax(scores, 0)
+    expected_nll = -float(logp[3] + logp[4] + logp[5] + logp[2] + logp[5] + logp[0] + logp[2])
+    assert r["nll"] == pytest.approx(expected_nll, rel=1e-6)
+
+
+def test_keystroke_savings_by_hand():
+    words = ["<unk>", "<s>", "</s>", "apple", "apricot", "banana", "band", "bandit", "cat"]
+    tok = WordTokenizer(words)
+    scores = torch.tensor([9.0, 9.0, 9.0, 1, 2, 3, 4, 5, 6])  # specials are never suggested
+    # "apple": 5 better words before any letter; after "a" only "apricot" beats it -> 1 letter + tap.
+    # "band": only cat and bandit beat it -> shown with nothing typed -> 1 tap.
+    ksr = keystroke_savings(FixedScores(scores), tok, ["apple band"])
+    assert ksr == pytest.approx(1 - 3 / 11)
+    # An out-of-vocabulary word is typed in full, space included.
+    ksr = keystroke_savings(FixedScores(scores), tok, ["apple zzz"])
+    assert ksr == pytest.approx(1 - (2 + 4) / 10)
+
+
+def test_sentencepiece_perplexity_is_per_word():
+    corpus = [f"see you {w}" for w in ["later", "soon", "tomorrow", "there"] * 50]
+    tok = SentencePieceTokenizer.train(corpus, vocab_size=30)
+    model = LanguageModel(ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4))
+    r = evaluate(model, tok, ["see you tomorrow"])
+    assert r["words"] == 4
+    assert r["top1"] is None
+    pieces = len(tok.encode("see you tomorrow")) - 1
+    assert r["ppl"] == pytest.approx(math.exp(r["nll"] / 4))
+    assert pieces >= 4
