@@ -170,10 +170,9 @@ def simulate(
         params.update(eta=eta, epsilon_med=epsilon_med, beta=beta_topk)
     if adafl:
         params["selector"] = "adafl"
-    if dp_clip is not None:
-        params["weighted"] = False  # DP-FedAvg's guarantee assumes each phone counts the same
-        if strategy != Strategy.fedavg:
-            raise typer.BadParameter("DP-FedAvg (--dp-clip) runs with --strategy fedavg", param_hint="--dp-clip")
+    if dp_clip is not None and (strategy != Strategy.fedavg or adafl):
+        # The guarantee holds for a plain average of clipped updates over uniformly sampled phones.
+        raise typer.BadParameter("DP-FedAvg (--dp-clip) runs with --strategy fedavg and uniform selection", param_hint="--dp-clip")
     fed = FederationConfig(
         strategy=strategy.value,
         strategy_params=params,

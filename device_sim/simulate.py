@@ -31,7 +31,9 @@ from server.strategies import ClientUpdate
 @dataclass
 class DataConfig:
     data: str = "demo"  # "demo" or a directory (see device_sim.corpora.load_corpus)
-    paper_protocol: bool = False  # seeds' preprocessing: lowercase, split on " . ", vocab from all splits
+    paper_protocol: bool = (
+        False  # seeds' preprocessing: lowercase, split on " . ", vocab from all splits
+    )
     tokenizer: str = "word"
     vocab_size: int = 10_000
     clients: int = 100
@@ -110,7 +112,9 @@ class LocalTask:
 def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainResult:
     """What one phone does in a round: train, then randomize its weights if asked to."""
     seed = client_seed(task.seed, task.round, task.device_id)
-    result = train_local(task.model_config, global_state, _SHARDS[task.device_id], task.train, seed, task.device)
+    result = train_local(
+        task.model_config, global_state, _SHARDS[task.device_id], task.train, seed, task.device
+    )
     if task.beta > 0:
         gen = torch.Generator().manual_seed(seed + 1)
         result.state = privacy.randomize(result.state, task.beta, task.sigma, gen)
@@ -133,7 +137,9 @@ class TrainerPool:
             self.pool = None
             _init_worker(shards)
 
-    def run(self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]) -> dict[str, TrainResult]:
+    def run(
+        self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]
+    ) -> dict[str, TrainResult]:
         if self.pool is None:
             return {t.device_id: run_task(t, global_state) for t in tasks}
         futures = {t.device_id: self.pool.submit(run_task, t, global_state) for t in tasks}
@@ -164,32 +170,59 @@ def simulate(
     storage.reset_metrics()
     sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in prepared.shards.items()}
     federation = Federation(
-        fed, model_config, prepared.tokenizer, sizes, prepared.corpus.valid, prepared.corpus.test, storage
+        fed,
+        model_config,
+        prepared.tokenizer,
+        sizes,
+        prepared.corpus.valid,
+        prepared.corpus.test,
+        storage,
     )
     torch.set_num_threads(1)
     pool = TrainerPool(prepared.shards, default_workers() if workers is None else workers)
     rows = [federation.start()]
-    bar = tqdm(range(fed.rounds), desc=f"{fed.strategy} on {prepared.corpus.name}", disable=not progress, unit="round")
+    bar = tqdm(
+        range(fed.rounds),
+        desc=f"{fed.strategy} on {prepared.corpus.name}",
+        disable=not progress,
+        unit="round",
+    )
     bar.set_postfix(test_ppl=f"{rows[0]['test_ppl']:.1f}")
     try:
         for _ in bar:
+            if federation.budget_spent:
+                bar.write(f"privacy budget: another round would pass epsilon {fed.privacy.target_epsilon}; stopping")
+                break
             plan = federation.plan_round(list(prepared.shards))
             tasks = [
-                LocalTask(d, plan.round, fed.seed, model_config, plan.train, fed.privacy.beta, fed.privacy.sigma, device)
+                LocalTask(
+                    d,
+                    plan.round,
+                    fed.seed,
+                    model_config,
+                    plan.train,
+                    fed.privacy.beta,
+                    fed.privacy.sigma,
+                    device,
+                )
                 for d in plan.cohort
             ]
             results = pool.run(tasks, federation.global_state)
-            uploaders = federation.choose_uploaders(plan, {d: r.train_loss for d, r in results.items()})
+            uploaders = federation.choose_uploaders(
+                plan, {d: r.train_loss for d, r in results.items()}
+            )
             updates = [
-                ClientUpdate(state=results[d].state, num_samples=results[d].num_tokens, train_loss=results[d].train_loss, device_id=d)
+                ClientUpdate(
+                    state=results[d].state,
+                    num_samples=results[d].num_tokens,
+                    train_loss=results[d].train_loss,
+                    device_id=d,
+                )
                 for d in uploaders
             ]
             row = federation.complete_round(plan, updates)
             rows.append(row)
             bar.set_postfix(val_ppl=f"{row['val_ppl']:.1f}", test_ppl=f"{row['test_ppl']:.1f}")
-            if federation.budget_exhausted:
-                bar.write(f"privacy budget spent (epsilon {row['epsilon']:.2f}): stopping after round {row['round']}")
-                break
     finally:
         pool.close()
     storage.plot(f"{fed.strategy} on {prepared.corpus.name}")
@@ -213,16 +246,43 @@ def train_central(
     storage.reset_metrics()
     union = [s for shard in prepared.shards.values() for s in shard]
     sizes = {"central": sum(len(s) - 1 for s in union)}
-    fed = FederationConfig(strategy="fedavg", label="central", fraction=1.0, rounds=epochs, seed=seed, train=train)
-    federation = Federation(fed, model_config, prepared.tokenizer, sizes, prepared.corpus.valid, prepared.corpus.test, storage)
+    fed = FederationConfig(
+        strategy="fedavg", label="central", fraction=1.0, rounds=epochs, seed=seed, train=train
+    )
+    federation = Federation(
+        fed,
+        model_config,
+        prepared.tokenizer,
+        sizes,
+        prepared.corpus.valid,
+        prepared.corpus.test,
+        storage,
+    )
     torch.set_num_threads(1)
     rows = [federation.start()]
     one_epoch = TrainConfig(**{**train.__dict__, "epochs": 1})
-    for epoch in tqdm(range(1, epochs + 1), desc=f"central on {prepared.corpus.name}", disable=not progress, unit="epoch"):
+    for epoch in tqdm(
+        range(1, epochs + 1),
+        desc=f"central on {prepared.corpus.name}",
+        disable=not progress,
+        unit="epoch",
+    ):
         plan = federation.plan_round(["central"])
         plan.train = one_epoch
-        res = train_local(model_config, federation.global_state, union, one_epoch, client_seed(seed, epoch, "central"), device)
-        update = ClientUpdate(state=res.state, num_samples=res.num_tokens, train_loss=res.train_loss, device_id="central")
+        res = train_local(
+            model_config,
+            federation.global_state,
+            union,
+            one_epoch,
+            client_seed(seed, epoch, "central"),
+            device,
+        )
+        update = ClientUpdate(
+            state=res.state,
+            num_samples=res.num_tokens,
+            train_loss=res.train_loss,
+            device_id="central",
+        )
         rows.append(federation.complete_round(plan, [update]))
     storage.plot(f"central on {prepared.corpus.name}")
     return rows

@@ -99,7 +99,9 @@ class Federation:
         self.valid, self.test = valid, test
         self.storage = storage
         self.evaluator = evaluator or self.evaluate
-        self.strategy = get_strategy(config.strategy, fraction=config.fraction, **config.strategy_params)
+        self.strategy = get_strategy(
+            config.strategy, fraction=config.fraction, **config.strategy_params
+        )
         self.strategy.setup(client_sizes, config.rounds)
         p = config.privacy
         self.accountant = (
@@ -131,7 +133,13 @@ class Federation:
         ksr = None
         if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:
             ksr = keystroke_savings(model, self.tokenizer, self.test[: self.config.ksr_sentences])
-        return {"val_ppl": val["ppl"], "test_ppl": test["ppl"], "top1": test["top1"], "top3": test["top3"], "ksr": ksr}
+        return {
+            "val_ppl": val["ppl"],
+            "test_ppl": test["ppl"],
+            "top1": test["top1"],
+            "top3": test["top3"],
+            "ksr": ksr,
+        }
 
     def start(self) -> dict:
         """Evaluate and checkpoint the initial model as round 0."""
@@ -142,7 +150,7 @@ class Federation:
     def plan_round(self, available: list[str]) -> RoundPlan:
         r = self.round + 1
         rng = np.random.default_rng([self.config.seed, r])
-        cohort = sorted(self.strategy.select(r, sorted(available), rng))
+        cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))  # strategies count from 0
         train = self.config.train
         epochs = getattr(self.strategy, "local_epochs_override", None)
         if epochs is not None:
@@ -150,7 +158,7 @@ class Federation:
         return RoundPlan(round=r, cohort=cohort, train=train, started=time.perf_counter())
 
     def choose_uploaders(self, plan: RoundPlan, losses: dict[str, float]) -> list[str]:
-        return sorted(self.strategy.select_uploaders(plan.round, losses))
+        return sorted(self.strategy.select_uploaders(plan.round - 1, losses))
 
     def complete_round(self, plan: RoundPlan, updates: list[ClientUpdate]) -> dict:
         """Aggregate the round's updates into a new global model, evaluate it and record it."""
@@ -161,27 +169,19 @@ class Federation:
         updates = sorted(updates, key=lambda u: u.device_id)
         bytes_up = self.model_bytes * len(updates)
         p = self.config.privacy
+        info: dict = {}
         if p.dp_fedavg:
-            updates = [
-                ClientUpdate(
-                    state=privacy.clip_update(self.global_state, u.state, p.clip_norm)[0],
-                    num_samples=u.num_samples,
-                    train_loss=u.train_loss,
-                    device_id=u.device_id,
-                )
-                for u in updates
-            ]
-        new_state = self.strategy.aggregate(self.global_state, updates)
-        self.strategy.after_round(plan.round, new_state, updates)
-        if p.dp_fedavg and p.noise_multiplier > 0:
+            # McMahan et al. 2018: clip each delta to S, average uniformly, noise z S / m. The
+            # guarantee needs exactly this plain average, so it replaces the strategy's aggregate.
             gen = torch.Generator().manual_seed(client_seed(self.config.seed, plan.round, "server-noise"))
-            new_state = privacy.add_gaussian_noise(
-                new_state, p.noise_multiplier * p.clip_norm / len(updates), gen
-            )
-        if self.accountant is not None:
+            dp = privacy.DPConfig(clip_norm=p.clip_norm, noise_multiplier=p.noise_multiplier, delta=p.delta)
+            new_state, info = privacy.dp_fedavg(self.global_state, (u.state for u in updates), dp, gen)
             self.accountant.step()
+        else:
+            new_state = self.strategy.aggregate(self.global_state, updates)
+            info = dict(getattr(self.strategy, "last_info", {}) or {})
+        self.strategy.after_round(plan.round - 1, new_state, updates)
         self.global_state = {k: v.contiguous() for k, v in new_state.items()}
-        info = dict(getattr(self.strategy, "last_info", {}) or {})
         return self._record(
             plan.round,
             plan.cohort,
@@ -193,8 +193,9 @@ class Federation:
         )
 
     @property
-    def budget_exhausted(self) -> bool:
-        return self.accountant is not None and self.accountant.exhausted
+    def budget_spent(self) -> bool:
+        """True when one more DP-FedAvg round would take epsilon past the configured budget."""
+        return self.accountant is not None and self.accountant.would_exceed(1)
 
     def _record(self, r, selected, aggregated, *, bytes_up, bytes_down, seconds, info) -> dict:
         scores = self.evaluator(self.global_state)

@@ -1,8 +1,8 @@
 """Where a run lives on disk: checkpoints/, metrics.jsonl and perplexity.png.
 
-    RUN_DIR/checkpoints/round_0003.safetensors   the global model after round 3 (round_0000 = init)
-    RUN_DIR/metrics.jsonl                        one JSON object per round
-    RUN_DIR/perplexity.png                       validation and test perplexity per round
+RUN_DIR/checkpoints/round_0003.safetensors   the global model after round 3 (round_0000 = init)
+RUN_DIR/metrics.jsonl                        one JSON object per round
+RUN_DIR/perplexity.png                       validation and test perplexity per round
 """
 
 from __future__ import annotations
@@ -55,7 +55,14 @@ def plot_perplexity(runs: dict[str, list[dict]], out: str | Path) -> Path:
         rows = [r for r in rows if r.get("test_ppl") is not None]
         rounds = [r["round"] for r in rows]
         ax.plot(rounds, [r["test_ppl"] for r in rows], color=color, label=f"{label} (test)")
-        ax.plot(rounds, [r["val_ppl"] for r in rows], color=color, ls="--", alpha=0.6, label=f"{label} (valid)")
+        ax.plot(
+            rounds,
+            [r["val_ppl"] for r in rows],
+            color=color,
+            ls="--",
+            alpha=0.6,
+            label=f"{label} (valid)",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("round")
     ax.set_ylabel("perplexity (log scale)")

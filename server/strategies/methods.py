@@ -1,0 +1,269 @@
+"""The aggregation strategies: FedSGD, FedAvg, AdaFL (FedAvg + AdaFL selection), FedAtt,
+FedAttOpt and FedMed. Thin wrappers over :mod:`server.strategies.aggregate`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from server.strategies.aggregate import (
+    NORMS,
+    AttOptGradient,
+    LayerwiseAttention,
+    StateDict,
+    WeightedAverage,
+)
+from server.strategies.base import ClientUpdate, Strategy
+from server.strategies.selection import top_k_lowest
+
+
+def _positive(name: str, value: float) -> float:
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive number, got {value}")
+    return value
+
+
+def _attention_summary(att: LayerwiseAttention) -> dict[str, Any]:
+    """Per client: its attention weight averaged over layers, and the largest weight seen."""
+    weights = att.weights()
+    mean = {str(tag): sum(w.values()) / len(w) for tag, w in weights if w}
+    top = max((max(w.values()) for _, w in weights if w), default=0.0)
+    return {"attention_mean": mean, "attention_max": top}
+
+
+class FedAvg(Strategy):
+    """FedAvg (McMahan et al.): uniform sampling of a fraction C, ``theta = sum_k n_k/n theta_k``.
+
+    ``weighted=False`` averages uniformly (what DP-FedAvg's noise calibration assumes).
+    """
+
+    name = "fedavg"
+
+    def __init__(self, *, weighted: bool = True, **selection: Any) -> None:
+        super().__init__(**selection)
+        self.weighted = bool(weighted)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "weighted": self.weighted}
+
+    def _aggregate(
+        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+    ) -> StateDict:
+        acc = WeightedAverage(global_state)
+        weights: dict[str, float] = {}
+        for u in updates:
+            w = float(u.num_samples) if self.weighted else 1.0
+            acc.add(u.state, w)
+            weights[u.device_id] = w
+        new = acc.result()
+        total = acc.total_weight
+        self.last_info = {
+            "strategy": self.name,
+            "mode": "fedavg",
+            "num_updates": acc.count,
+            "total_weight": total,
+            "weights": {k: w / total for k, w in weights.items()},
+        }
+        return new
+
+
+class FedSGD(FedAvg):
+    """FedSGD baseline: every available client, one local epoch, average weighted by n_k.
+
+    Takes no options. ``fraction`` is accepted (engines pass it to every strategy) and ignored:
+    FedSGD is defined by C = 1. The engine must read :attr:`local_epochs_override` (= 1) and
+    train one epoch.
+    """
+
+    name = "fedsgd"
+    local_epochs_override = 1
+
+    def __init__(self, *, fraction: float | None = None) -> None:
+        super().__init__(weighted=True, fraction=1.0, selector="uniform")
+        self.requested_fraction = fraction
+
+    def config(self) -> dict[str, Any]:
+        return {"fraction": 1.0, "weighted": True, "local_epochs": 1}
+
+
+class AdaFL(FedAvg):
+    """AdaFL as published (002): FedAvg aggregation with the AdaFL selector.
+
+    The same as ``get_strategy("fedavg", selector="adafl")``; any other strategy can use the AdaFL
+    selector the same way.
+    """
+
+    name = "adafl"
+
+    def __init__(self, *, weighted: bool = True, selector: str = "adafl", **selection: Any) -> None:
+        super().__init__(weighted=weighted, selector=selector, **selection)
+
+
+class FedAtt(Strategy):
+    """FedAtt (001): layer-wise attention ``softmax_k ||w^l - w_k^l||`` and a server step epsilon.
+
+    epsilon: server step size, default 1.2 (the published code and Plato, 003).
+    norm: ``"l2"`` (flattened L2, default, Plato) or ``"spectral"`` (largest singular value for
+      matrices, as the original scipy-based code).
+    """
+
+    name = "fedatt"
+
+    def __init__(self, *, epsilon: float = 1.2, norm: str = "l2", **selection: Any) -> None:
+        super().__init__(**selection)
+        self.epsilon = _positive("epsilon", epsilon)
+        if norm not in NORMS:
+            raise ValueError(f"unknown norm {norm!r}; use one of {NORMS}")
+        self.norm = norm
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "epsilon": self.epsilon, "norm": self.norm}
+
+    def _aggregate(
+        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+    ) -> StateDict:
+        att = LayerwiseAttention(global_state, LayerwiseAttention.fedatt_scorer(self.norm))
+        for u in updates:
+            att.add(u.state, tag=u.device_id)
+        new = att.result(self.epsilon)
+        self.last_info = {
+            "strategy": self.name,
+            "mode": "fedatt",
+            "num_updates": att.count,
+            "epsilon": self.epsilon,
+            **_attention_summary(att),
+        }
+        return new
+
+
+class FedAttOpt(Strategy):
+    """FedAttOpt (000): one exact gradient step on ``L' = sum_k (log a_k + log d_k)``.
+
+    epsilon: server step size. 000 gives no value; the default 1.2 is the authors' published
+    FedAtt default (001/003). Note the step is not scale-free: the distance term moves theta
+    towards each theta_k by the fraction ``epsilon / d_k^2`` of the way, so epsilon should be tuned
+    to the typical squared update norm of the model at hand (``last_info["distance"]``).
+    """
+
+    name = "fedattopt"
+
+    def __init__(self, *, epsilon: float = 1.2, **selection: Any) -> None:
+        super().__init__(**selection)
+        self.epsilon = _positive("epsilon", epsilon)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "epsilon": self.epsilon}
+
+    def _aggregate(
+        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+    ) -> StateDict:
+        acc = AttOptGradient(global_state)
+        for u in updates:
+            acc.add(u.state, tag=u.device_id)
+        grad = acc.gradient()
+        grad_norm = math.sqrt(sum(float(g.square().sum()) for g in grad.values()))
+        new = acc.result(self.epsilon)
+        loss = acc.loss()
+        self.last_info = {
+            "strategy": self.name,
+            "mode": "fedattopt",
+            "num_updates": acc.count,
+            "epsilon": self.epsilon,
+            "attention": {str(t): a for t, a in acc.attention()},
+            "distance": {str(t): d for t, _, d in acc.records},
+            "loss": loss if math.isfinite(loss) else None,
+            "grad_norm": grad_norm,
+            "zero_distance": acc.zero_distance,
+        }
+        return new
+
+
+class FedMed(Strategy):
+    """FedMed (004): adaptive JS-attention aggregation, the mediation incentive scheme, topK.
+
+    eta: server step of the adaptive aggregation (1.0: a gamma-weighted average).
+    epsilon_med: the mediator's threshold. With ``L_t`` the mean reported train loss of the
+      round's updates and ``Delta = |L_t - L_{t-1}|``, the round is adaptive if
+      ``Delta >= epsilon_med`` and FedAvg (weighted by n_k, Algorithm 1) otherwise. The first
+      round (no previous loss) is adaptive. Both results are accumulated in the single pass over
+      the updates; the choice is made at the end.
+    beta: topK fraction; of the M devices that report a loss, the ``max(1, round(beta M))`` with
+      the lowest loss upload. 1.0 (default) turns topK off; 0.8 was best in 004.
+    """
+
+    name = "fedmed"
+
+    def __init__(
+        self,
+        *,
+        eta: float = 1.0,
+        epsilon_med: float = 0.1,
+        beta: float = 1.0,
+        **selection: Any,
+    ) -> None:
+        super().__init__(**selection)
+        self.eta = _positive("eta", eta)
+        self.epsilon_med = float(epsilon_med)
+        if not self.epsilon_med >= 0:
+            raise ValueError(f"epsilon_med must be >= 0, got {epsilon_med}")
+        if not 0.0 < float(beta) <= 1.0:
+            raise ValueError(f"beta must be in (0, 1], got {beta}")
+        self.beta = float(beta)
+        self.prev_loss: float | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            "eta": self.eta,
+            "epsilon_med": self.epsilon_med,
+            "beta": self.beta,
+        }
+
+    def select_uploaders(self, round_idx: int, losses: Mapping[str, float]) -> list[str]:
+        """topK: the devices with the lowest reported losses (ties by device id)."""
+        if self.beta >= 1.0:
+            return sorted(losses)
+        return top_k_lowest(losses, self.beta)
+
+    def _aggregate(
+        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+    ) -> StateDict:
+        att = LayerwiseAttention(global_state, LayerwiseAttention.fedmed_scorer())
+        avg = WeightedAverage(global_state)
+        loss_sum = 0.0
+        for u in updates:
+            att.add(u.state, tag=u.device_id, also=avg, weight=float(u.num_samples))
+            loss_sum += float(u.train_loss)
+        loss = loss_sum / att.count
+        delta = None if self.prev_loss is None else abs(loss - self.prev_loss)
+        adaptive = delta is None or not math.isfinite(delta) or delta >= self.epsilon_med
+        info: dict[str, Any] = {
+            "strategy": self.name,
+            "mode": "adaptive" if adaptive else "fedavg",
+            "num_updates": att.count,
+            "train_loss": loss if math.isfinite(loss) else None,
+            "prev_train_loss": self.prev_loss,
+            "delta": delta if delta is None or math.isfinite(delta) else None,
+            "epsilon_med": self.epsilon_med,
+        }
+        if adaptive:
+            new = att.result(self.eta)
+            info.update(_attention_summary(att))
+        else:
+            new = avg.result()
+        if math.isfinite(loss):
+            self.prev_loss = loss
+        self.last_info = info
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "prev_loss": self.prev_loss}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        super().load_state_dict(d)
+        prev = d.get("prev_loss")
+        self.prev_loss = None if prev is None else float(prev)
