@@ -21,7 +21,9 @@ def test_training_lowers_loss_and_reports_tokens():
     seqs = [TOK.encode(s) for s in TEXT]
     state = initial_state()
     before = evaluate(build_model(CFG, state), TOK, TEXT)["ppl"]
-    res = train_local(CFG, state, seqs, TrainConfig(epochs=3, batch_size=4, lr=0.5), seed=1, device="cpu")
+    res = train_local(
+        CFG, state, seqs, TrainConfig(epochs=3, batch_size=4, lr=0.5), seed=1, device="cpu"
+    )
     after = evaluate(build_model(CFG, res.state), TOK, TEXT)["ppl"]
     assert after < before / 2
     assert res.num_tokens == sum(len(s.split()) + 1 for s in TEXT)
@@ -42,7 +44,14 @@ def test_same_seed_same_weights_other_seed_differs():
 
 def test_long_sentences_are_chunked_not_dropped():
     long = " ".join(["see you later"] * 60)  # 180 words > max_len
-    res = train_local(CFG, initial_state(), [TOK.encode(long)], TrainConfig(epochs=1, max_len=50), seed=0, device="cpu")
+    res = train_local(
+        CFG,
+        initial_state(),
+        [TOK.encode(long)],
+        TrainConfig(epochs=1, max_len=50),
+        seed=0,
+        device="cpu",
+    )
     assert res.num_tokens == 181
 
 

@@ -1,0 +1,1 @@
+"""Simulated phones: corpora, partitioning into private shards, local training, the HTTP client."""
