@@ -20,7 +20,7 @@ venv: $(STAMP)
 # A short federation on the embedded demo corpus: 20 phones, perplexity per round.
 demo: venv
 	$(VENV)/bin/fedkey simulate --data demo --clients 20 --partition user --fraction 0.5 \
-		--rounds 5 --local-epochs 2 --batch-size 10 --lr 0.5 --momentum 0.5 --out runs/demo
+		--rounds 8 --local-epochs 2 --batch-size 10 --lr 1.0 --out runs/demo
 
 test: venv
 	$(PY) -m pytest -q

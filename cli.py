@@ -10,7 +10,7 @@ Every subcommand has --help.
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 
-class Strategy(str, Enum):
+class Strategy(StrEnum):
     fedsgd = "fedsgd"
     fedavg = "fedavg"
     fedatt = "fedatt"
@@ -31,23 +31,23 @@ class Strategy(str, Enum):
     fedmed = "fedmed"
 
 
-class Cell(str, Enum):
+class Cell(StrEnum):
     gru = "gru"
     lstm = "lstm"
 
 
-class Preset(str, Enum):
+class Preset(StrEnum):
     small = "small"
     medium = "medium"
     large = "large"
 
 
-class TokenizerKind(str, Enum):
+class TokenizerKind(StrEnum):
     word = "word"
     sentencepiece = "sentencepiece"
 
 
-class Partition(str, Enum):
+class Partition(StrEnum):
     iid = "iid"
     user = "user"
     dirichlet = "dirichlet"
@@ -57,25 +57,55 @@ DATA_HELP = "'demo' (the embedded corpus) or a directory: train/valid/test.txt (
 
 # Options shared by simulate and train-central.
 DataOpt = typer.Option("demo", "--data", help=DATA_HELP)
-PaperOpt = typer.Option(False, "--paper-protocol", help="The seeds' preprocessing: lowercase, split lines on ' . ', vocabulary from all splits.")
-TokOpt = typer.Option(TokenizerKind.word, "--tokenizer", help="Word vocabulary or SentencePiece (trained on the server's text).")
+PaperOpt = typer.Option(
+    False,
+    "--paper-protocol",
+    help="The seeds' preprocessing: lowercase, split lines on ' . ', vocabulary from all splits.",
+)
+TokOpt = typer.Option(
+    TokenizerKind.word,
+    "--tokenizer",
+    help="Word vocabulary or SentencePiece (trained on the server's text).",
+)
 VocabOpt = typer.Option(10_000, "--vocab-size", help="Maximum vocabulary size (specials included).")
-ModelOpt = typer.Option(Preset.small, "--model", help="Size preset: small 300, medium 650, large 1500 (embedding = hidden).")
+ModelOpt = typer.Option(
+    Preset.small,
+    "--model",
+    help="Size preset: small 300, medium 650, large 1500 (embedding = hidden).",
+)
 CellOpt = typer.Option(Cell.gru, "--cell", help="Recurrent cell.")
 LayersOpt = typer.Option(1, "--layers", min=1, max=4, help="Recurrent layers.")
-UntiedOpt = typer.Option(False, "--untied", help="Separate input and output embeddings (default: tied).")
-DropoutOpt = typer.Option(0.0, "--dropout", min=0.0, max=0.9, help="Dropout on embeddings and outputs.")
+UntiedOpt = typer.Option(
+    False, "--untied", help="Separate input and output embeddings (default: tied)."
+)
+DropoutOpt = typer.Option(
+    0.0, "--dropout", min=0.0, max=0.9, help="Dropout on embeddings and outputs."
+)
 ClientsOpt = typer.Option(100, "--clients", "-K", min=1, help="Number of simulated phones.")
-PartOpt = typer.Option(Partition.iid, "--partition", help="iid: the seeds' equal shards; user: one phone per user; dirichlet: non-IID.")
-AlphaOpt = typer.Option(0.5, "--alpha", help="Dirichlet concentration (with --partition dirichlet).")
+PartOpt = typer.Option(
+    Partition.iid,
+    "--partition",
+    help="iid: the seeds' equal shards; user: one phone per user; dirichlet: non-IID.",
+)
+AlphaOpt = typer.Option(
+    0.5, "--alpha", help="Dirichlet concentration (with --partition dirichlet)."
+)
 EpochsOpt = typer.Option(5, "--local-epochs", "-E", min=1, help="Local epochs per round.")
 BatchOpt = typer.Option(10, "--batch-size", "-B", min=1, help="Sentences per batch.")
-LrOpt = typer.Option(0.01, "--lr", help="Local SGD learning rate.")
+LrOpt = typer.Option(
+    1.0, "--lr", help="Local SGD learning rate (the seeds use 0.01, which learns far slower)."
+)
 MomOpt = typer.Option(0.5, "--momentum", help="Local SGD momentum.")
 ClipOpt = typer.Option(5.0, "--clip", help="Gradient-norm clipping in local training (0: off).")
-MaxTokOpt = typer.Option(None, "--max-train-tokens", help="Keep only the first N training words (reduced CPU runs).")
-MaxEvalOpt = typer.Option(None, "--max-eval-sentences", help="Keep only the first N validation and test sentences.")
-SeedOpt = typer.Option(0, "--seed", help="Seeds partitioning, initialization, selection, training and noise.")
+MaxTokOpt = typer.Option(
+    None, "--max-train-tokens", help="Keep only the first N training words (reduced CPU runs)."
+)
+MaxEvalOpt = typer.Option(
+    None, "--max-eval-sentences", help="Keep only the first N validation and test sentences."
+)
+SeedOpt = typer.Option(
+    0, "--seed", help="Seeds partitioning, initialization, selection, training and noise."
+)
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when available), cpu or cuda.")
 
 
@@ -84,7 +114,12 @@ def _model_config_for(model: Preset, cell: Cell, layers: int, untied: bool, drop
 
     def make(vocab_size: int) -> ModelConfig:
         return ModelConfig.preset(
-            model.value, vocab_size, cell=cell.value, num_layers=layers, tied=not untied, dropout=dropout
+            model.value,
+            vocab_size,
+            cell=cell.value,
+            num_layers=layers,
+            tied=not untied,
+            dropout=dropout,
         )
 
     return make
@@ -95,7 +130,17 @@ def _print_table(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="perplexity per round")
-    for col in ("round", "aggregated", "val_ppl", "test_ppl", "top1", "top3", "ksr", "epsilon", "seconds"):
+    for col in (
+        "round",
+        "aggregated",
+        "val_ppl",
+        "test_ppl",
+        "top1",
+        "top3",
+        "ksr",
+        "epsilon",
+        "seconds",
+    ):
         table.add_column(col, justify="right")
 
     def fmt(v, spec=".2f"):
@@ -121,7 +166,14 @@ def simulate(
     data: str = DataOpt,
     strategy: Strategy = typer.Option(Strategy.fedavg, "--strategy", help="Aggregation method."),
     clients: int = ClientsOpt,
-    fraction: float = typer.Option(0.1, "--fraction", "-C", min=0.0, max=1.0, help="Share of phones selected per round (fedsgd uses all)."),
+    fraction: float = typer.Option(
+        0.1,
+        "--fraction",
+        "-C",
+        min=0.0,
+        max=1.0,
+        help="Share of phones selected per round (fedsgd uses all).",
+    ),
     rounds: int = typer.Option(10, "--rounds", "-R", min=1, help="Federated rounds."),
     local_epochs: int = EpochsOpt,
     batch_size: int = BatchOpt,
@@ -131,7 +183,11 @@ def simulate(
     max_train_tokens: int | None = MaxTokOpt,
     max_eval_sentences: int | None = MaxEvalOpt,
     seed: int = SeedOpt,
-    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory: checkpoints/, metrics.jsonl, perplexity.png."),
+    out: Path = typer.Option(
+        Path("runs/simulate"),
+        "--out",
+        help="Run directory: checkpoints/, metrics.jsonl, perplexity.png.",
+    ),
     partition: Partition = PartOpt,
     alpha: float = AlphaOpt,
     paper_protocol: bool = PaperOpt,
@@ -142,22 +198,56 @@ def simulate(
     layers: int = LayersOpt,
     untied: bool = UntiedOpt,
     dropout: float = DropoutOpt,
-    epsilon: float | None = typer.Option(None, "--epsilon", help="Server step size of fedatt / fedattopt (default 1.2)."),
+    epsilon: float | None = typer.Option(
+        None, "--epsilon", help="Server step size of fedatt / fedattopt (default 1.2)."
+    ),
     norm: str = typer.Option("l2", "--norm", help="fedatt distance: l2 (flattened) or spectral."),
     eta: float = typer.Option(1.0, "--eta", help="fedmed step size (1 = weighted average)."),
-    epsilon_med: float = typer.Option(0.1, "--epsilon-med", help="fedmed mediation threshold on the change of mean loss."),
-    beta_topk: float = typer.Option(1.0, "--topk-beta", help="fedmed topK: share of trained phones that upload (1 = off; paper best 0.8)."),
-    adafl: bool = typer.Option(False, "--adafl", help="AdaFL attention-based client selection with a dynamic fraction (0.1 -> 0.5)."),
-    dp_beta: float = typer.Option(0.0, "--dp-beta", help="Seeds' randomization: each phone adds beta * N(0, 1) to its weights (no formal guarantee)."),
-    dp_clip: float | None = typer.Option(None, "--dp-clip", help="DP-FedAvg: clip each update to this L2 norm (turns DP-FedAvg on)."),
-    dp_noise: float = typer.Option(1.0, "--dp-noise-multiplier", help="DP-FedAvg noise multiplier z: N(0, (z S)^2) on the sum."),
-    dp_delta: float = typer.Option(1e-5, "--dp-delta", help="DP-FedAvg delta for the reported epsilon."),
-    dp_budget: float | None = typer.Option(None, "--dp-target-epsilon", help="DP-FedAvg: stop once epsilon exceeds this."),
-    workers: int | None = typer.Option(None, "--workers", help="Training processes (default: one per core; 0 trains in this process)."),
+    epsilon_med: float = typer.Option(
+        0.1, "--epsilon-med", help="fedmed mediation threshold on the change of mean loss."
+    ),
+    beta_topk: float = typer.Option(
+        1.0,
+        "--topk-beta",
+        help="fedmed topK: share of trained phones that upload (1 = off; paper best 0.8).",
+    ),
+    adafl: bool = typer.Option(
+        False,
+        "--adafl",
+        help="AdaFL attention-based client selection with a dynamic fraction (0.1 -> 0.5).",
+    ),
+    dp_beta: float = typer.Option(
+        0.0,
+        "--dp-beta",
+        help="Seeds' randomization: each phone adds beta * N(0, 1) to its weights (no formal guarantee).",
+    ),
+    dp_clip: float | None = typer.Option(
+        None, "--dp-clip", help="DP-FedAvg: clip each update to this L2 norm (turns DP-FedAvg on)."
+    ),
+    dp_noise: float = typer.Option(
+        1.0, "--dp-noise-multiplier", help="DP-FedAvg noise multiplier z: N(0, (z S)^2) on the sum."
+    ),
+    dp_delta: float = typer.Option(
+        1e-5, "--dp-delta", help="DP-FedAvg delta for the reported epsilon."
+    ),
+    dp_budget: float | None = typer.Option(
+        None, "--dp-target-epsilon", help="DP-FedAvg: stop once epsilon exceeds this."
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        help="Training processes (default: one per core; 0 trains in this process).",
+    ),
     device: str = DeviceOpt,
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in --out after its last checkpoint (same settings).",
+    ),
 ) -> None:
     """Run federated rounds in-process and print perplexity per round."""
-    from device_sim.simulate import DataConfig, simulate as run
+    from device_sim.simulate import DataConfig
+    from device_sim.simulate import simulate as run
     from device_sim.trainer import TrainConfig
     from server.engine import FederationConfig, PrivacyConfig
 
@@ -172,16 +262,25 @@ def simulate(
         params["selector"] = "adafl"
     if dp_clip is not None and (strategy != Strategy.fedavg or adafl):
         # The guarantee holds for a plain average of clipped updates over uniformly sampled phones.
-        raise typer.BadParameter("DP-FedAvg (--dp-clip) runs with --strategy fedavg and uniform selection", param_hint="--dp-clip")
+        raise typer.BadParameter(
+            "DP-FedAvg (--dp-clip) runs with --strategy fedavg and uniform selection",
+            param_hint="--dp-clip",
+        )
     fed = FederationConfig(
         strategy=strategy.value,
         strategy_params=params,
         fraction=fraction,
         rounds=rounds,
         seed=seed,
-        train=TrainConfig(epochs=local_epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip),
+        train=TrainConfig(
+            epochs=local_epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip
+        ),
         privacy=PrivacyConfig(
-            beta=dp_beta, clip_norm=dp_clip, noise_multiplier=dp_noise, delta=dp_delta, target_epsilon=dp_budget
+            beta=dp_beta,
+            clip_norm=dp_clip,
+            noise_multiplier=dp_noise,
+            delta=dp_delta,
+            target_epsilon=dp_budget,
         ),
     )
     data_cfg = DataConfig(
@@ -196,15 +295,27 @@ def simulate(
         max_eval_sentences=max_eval_sentences,
         seed=seed,
     )
-    rows = run(data_cfg, fed, _model_config_for(model, cell, layers, untied, dropout), str(out), workers, device)
+    rows = run(
+        data_cfg,
+        fed,
+        _model_config_for(model, cell, layers, untied, dropout),
+        str(out),
+        workers,
+        device,
+        resume=resume,
+    )
     _print_table(rows)
-    typer.echo(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}  checkpoints: {out / 'checkpoints'}")
+    typer.echo(
+        f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}  checkpoints: {out / 'checkpoints'}"
+    )
 
 
 @app.command("train-central")
 def train_central_cmd(
     data: str = DataOpt,
-    epochs: int = typer.Option(5, "--epochs", min=1, help="Passes over the union of the phones' data."),
+    epochs: int = typer.Option(
+        5, "--epochs", min=1, help="Passes over the union of the phones' data."
+    ),
     clients: int = ClientsOpt,
     batch_size: int = BatchOpt,
     lr: float = LrOpt,
@@ -213,7 +324,9 @@ def train_central_cmd(
     max_train_tokens: int | None = MaxTokOpt,
     max_eval_sentences: int | None = MaxEvalOpt,
     seed: int = SeedOpt,
-    out: Path = typer.Option(Path("runs/central"), "--out", help="Run directory, same layout as simulate."),
+    out: Path = typer.Option(
+        Path("runs/central"), "--out", help="Run directory, same layout as simulate."
+    ),
     partition: Partition = PartOpt,
     paper_protocol: bool = PaperOpt,
     tokenizer: TokenizerKind = TokOpt,
@@ -241,13 +354,25 @@ def train_central_cmd(
         seed=seed,
     )
     train = TrainConfig(epochs=1, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip)
-    rows = train_central(data_cfg, train, _model_config_for(model, cell, layers, untied, dropout), str(out), epochs, seed, device)
+    rows = train_central(
+        data_cfg,
+        train,
+        _model_config_for(model, cell, layers, untied, dropout),
+        str(out),
+        epochs,
+        seed,
+        device,
+    )
     _print_table(rows)
     typer.echo(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}")
 
 
 @app.command()
-def info(checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="A .safetensors checkpoint.")) -> None:
+def info(
+    checkpoint: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="A .safetensors checkpoint."
+    ),
+) -> None:
     """Print what a checkpoint holds: model config, tokenizer, round, strategy, parameters."""
     from models.checkpoint import load_checkpoint
     from models.model import num_parameters

@@ -103,9 +103,14 @@ def _aggregate_once(strategy: str, updates: int, vocab: int) -> dict:
     seconds = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     model_mb = sum(v.numel() * v.element_size() for v in glob.values()) / 2**20
-    return {"strategy": strategy, "updates": updates, "model_mb": round(model_mb, 1),
-            "peak_rss_mb": round(peak / 1024, 1), "rss_before_mb": round(base_rss / 1024, 1),
-            "seconds": round(seconds, 2)}
+    return {
+        "strategy": strategy,
+        "updates": updates,
+        "model_mb": round(model_mb, 1),
+        "peak_rss_mb": round(peak / 1024, 1),
+        "rss_before_mb": round(base_rss / 1024, 1),
+        "seconds": round(seconds, 2),
+    }
 
 
 def bench_memory(counts: list[int], strategies: list[str], vocab: int) -> list[dict]:
@@ -114,7 +119,9 @@ def bench_memory(counts: list[int], strategies: list[str], vocab: int) -> list[d
         for n in counts:
             out = subprocess.run(
                 [sys.executable, "-m", "bench.perf", "_aggregate", strategy, str(n), str(vocab)],
-                capture_output=True, text=True, check=True,
+                capture_output=True,
+                text=True,
+                check=True,
             )
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
@@ -122,7 +129,9 @@ def bench_memory(counts: list[int], strategies: list[str], vocab: int) -> list[d
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("trainer", help="trainer tokens/s vs a bare PyTorch loop")
     t.add_argument("--vocab", type=int, default=10_000)
@@ -139,9 +148,15 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("vocab", type=int)
     args = p.parse_args(argv)
     if args.cmd == "trainer":
-        print(json.dumps(bench_trainer(args.vocab, args.sentences, args.repeats, args.model), indent=2))
+        print(
+            json.dumps(
+                bench_trainer(args.vocab, args.sentences, args.repeats, args.model), indent=2
+            )
+        )
     elif args.cmd == "memory":
-        bench_memory([int(c) for c in args.counts.split(",")], args.strategies.split(","), args.vocab)
+        bench_memory(
+            [int(c) for c in args.counts.split(",")], args.strategies.split(","), args.vocab
+        )
     else:
         print(json.dumps(_aggregate_once(args.strategy, args.updates, args.vocab)))
 

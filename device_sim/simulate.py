@@ -162,12 +162,15 @@ def simulate(
     workers: int | None = None,
     device: str = "auto",
     progress: bool = True,
+    resume: bool = False,
 ) -> list[dict]:
-    """Run `fed.rounds` rounds in-process; returns the metrics rows (also in out_dir)."""
+    """Run rounds in-process up to `fed.rounds`; returns the metrics rows (also in out_dir).
+
+    With `resume`, a run directory that already holds checkpoints continues after its last one.
+    """
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
     storage = RunStorage(out_dir)
-    storage.reset_metrics()
     sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in prepared.shards.items()}
     federation = Federation(
         fed,
@@ -179,10 +182,16 @@ def simulate(
         storage,
     )
     torch.set_num_threads(1)
+    if resume and federation.resume():
+        rows = storage.read_metrics()
+    else:
+        storage.reset()
+        rows = [federation.start()]
     pool = TrainerPool(prepared.shards, default_workers() if workers is None else workers)
-    rows = [federation.start()]
     bar = tqdm(
-        range(fed.rounds),
+        range(federation.round, fed.rounds),
+        initial=federation.round,
+        total=fed.rounds,
         desc=f"{fed.strategy} on {prepared.corpus.name}",
         disable=not progress,
         unit="round",
@@ -191,7 +200,9 @@ def simulate(
     try:
         for _ in bar:
             if federation.budget_spent:
-                bar.write(f"privacy budget: another round would pass epsilon {fed.privacy.target_epsilon}; stopping")
+                bar.write(
+                    f"privacy budget: another round would pass epsilon {fed.privacy.target_epsilon}; stopping"
+                )
                 break
             plan = federation.plan_round(list(prepared.shards))
             tasks = [
@@ -243,7 +254,7 @@ def train_central(
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
     storage = RunStorage(out_dir)
-    storage.reset_metrics()
+    storage.reset()
     union = [s for shard in prepared.shards.values() for s in shard]
     sizes = {"central": sum(len(s) - 1 for s in union)}
     fed = FederationConfig(

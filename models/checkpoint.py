@@ -92,7 +92,9 @@ def save_checkpoint(
         "strategy": strategy,
         **(extra or {}),
     }
-    data = st_save({k: v.contiguous() for k, v in state.items()}, metadata={"fedkey": json.dumps(meta)})
+    data = st_save(
+        {k: v.contiguous() for k, v in state.items()}, metadata={"fedkey": json.dumps(meta)}
+    )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
     with os.fdopen(fd, "wb") as f:
         f.write(data)

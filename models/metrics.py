@@ -42,9 +42,13 @@ def evaluate(
         inputs, targets = inputs.to(device), targets.to(device)
         logits, _ = model(inputs)
         logp = F.log_softmax(logits.float(), dim=-1)
-        nll += float(F.nll_loss(logp.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"))
+        nll += float(
+            F.nll_loss(logp.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+        )
         if word_level:
-            real = (targets != IGNORE) & (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
+            real = (
+                (targets != IGNORE) & (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
+            )
             top3 = logp.topk(3, dim=-1).indices
             match = top3 == targets.unsqueeze(-1)
             hits1 += int((match[..., 0] & real).sum())

@@ -131,4 +131,6 @@ def tokenizer_from_config(config: dict) -> Tokenizer:
         return WordTokenizer(config["words"])
     if kind == "sentencepiece":
         return SentencePieceTokenizer(base64.b64decode(config["model"]))
-    raise ValueError(f"unknown tokenizer kind {kind!r} in config; expected one of {TOKENIZER_KINDS}")
+    raise ValueError(
+        f"unknown tokenizer kind {kind!r} in config; expected one of {TOKENIZER_KINDS}"
+    )

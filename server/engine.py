@@ -11,16 +11,18 @@ deterministic and can resume at any round.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from device_sim.trainer import TrainConfig
-from models.checkpoint import build_model, model_state, save_checkpoint
+from models.checkpoint import build_model, check_state, model_state, read_metadata, save_checkpoint
 from models.metrics import evaluate
 from models.model import ModelConfig
 from models.tokenizers import Tokenizer
@@ -143,14 +145,18 @@ class Federation:
 
     def start(self) -> dict:
         """Evaluate and checkpoint the initial model as round 0."""
-        return self._record(0, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info={})
+        return self._record(
+            0, self.global_state, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info={}
+        )
 
     # -- one round -----------------------------------------------------------------------------
 
     def plan_round(self, available: list[str]) -> RoundPlan:
         r = self.round + 1
         rng = np.random.default_rng([self.config.seed, r])
-        cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))  # strategies count from 0
+        cohort = sorted(
+            self.strategy.select(r - 1, sorted(available), rng)
+        )  # strategies count from 0
         train = self.config.train
         epochs = getattr(self.strategy, "local_epochs_override", None)
         if epochs is not None:
@@ -161,44 +167,106 @@ class Federation:
         return sorted(self.strategy.select_uploaders(plan.round - 1, losses))
 
     def complete_round(self, plan: RoundPlan, updates: list[ClientUpdate]) -> dict:
-        """Aggregate the round's updates into a new global model, evaluate it and record it."""
+        """Aggregate the round's updates into a new global model, evaluate it and record it.
+
+        All or nothing: if anything fails, the global model, the strategy's memory and the
+        accountant are as before the call, and no checkpoint or metrics row is written.
+        """
         if plan.round != self.round + 1:
             raise ValueError(f"round {plan.round} is not the open round {self.round + 1}")
         if not updates:
             raise ValueError(f"round {plan.round}: no updates to aggregate")
         updates = sorted(updates, key=lambda u: u.device_id)
-        bytes_up = self.model_bytes * len(updates)
+        snapshot = json.loads(json.dumps(self.server_state()))  # a deep copy
+        try:
+            new_state, info = self._aggregate(plan, updates)
+            return self._record(
+                plan.round,
+                new_state,
+                plan.cohort,
+                [u.device_id for u in updates],
+                bytes_up=self.model_bytes * len(updates),
+                bytes_down=self.model_bytes * len(plan.cohort),
+                seconds=time.perf_counter() - plan.started,
+                info=info,
+            )
+        except BaseException:
+            self.load_server_state(snapshot)
+            raise
+
+    def _aggregate(self, plan: RoundPlan, updates: list[ClientUpdate]):
         p = self.config.privacy
-        info: dict = {}
         if p.dp_fedavg:
             # McMahan et al. 2018: clip each delta to S, average uniformly, noise z S / m. The
             # guarantee needs exactly this plain average, so it replaces the strategy's aggregate.
-            gen = torch.Generator().manual_seed(client_seed(self.config.seed, plan.round, "server-noise"))
-            dp = privacy.DPConfig(clip_norm=p.clip_norm, noise_multiplier=p.noise_multiplier, delta=p.delta)
-            new_state, info = privacy.dp_fedavg(self.global_state, (u.state for u in updates), dp, gen)
+            gen = torch.Generator().manual_seed(
+                client_seed(self.config.seed, plan.round, "server-noise")
+            )
+            dp = privacy.DPConfig(
+                clip_norm=p.clip_norm, noise_multiplier=p.noise_multiplier, delta=p.delta
+            )
+            new_state, info = privacy.dp_fedavg(
+                self.global_state, (u.state for u in updates), dp, gen
+            )
             self.accountant.step()
         else:
             new_state = self.strategy.aggregate(self.global_state, updates)
             info = dict(getattr(self.strategy, "last_info", {}) or {})
         self.strategy.after_round(plan.round - 1, new_state, updates)
-        self.global_state = {k: v.contiguous() for k, v in new_state.items()}
-        return self._record(
-            plan.round,
-            plan.cohort,
-            [u.device_id for u in updates],
-            bytes_up=bytes_up,
-            bytes_down=self.model_bytes * len(plan.cohort),
-            seconds=time.perf_counter() - plan.started,
-            info=info,
-        )
+        return {k: v.contiguous() for k, v in new_state.items()}, info
+
+    # -- memory across rounds, for a restarted server ----------------------------------------------
+
+    def server_state(self) -> dict:
+        """Everything besides the weights that the next round depends on (JSON-serializable)."""
+        return {
+            "strategy": self.strategy.state_dict(),
+            "accountant": self.accountant.state_dict() if self.accountant is not None else None,
+            "best": self.best,
+        }
+
+    def load_server_state(self, state: dict) -> None:
+        self.strategy.load_state_dict(state["strategy"])
+        if self.accountant is not None and state.get("accountant"):
+            self.accountant.load_state_dict(state["accountant"])
+        self.best = state["best"]
+
+    def resume(self) -> bool:
+        """Continue from the run's last checkpoint, if there is one; True when resumed.
+
+        The checkpoint is the source of truth: metrics rows of later rounds (a crash between
+        the two writes) are dropped, and a missing row is restored from the checkpoint.
+        """
+        path = self.storage.latest_checkpoint()
+        if path is None:
+            return False
+        meta = read_metadata(path)
+        name = self.config.label or self.config.strategy
+        if meta["strategy"] != name:
+            raise ValueError(
+                f"{path} was written by strategy {meta['strategy']!r}, this run is {name!r}"
+            )
+        state = st_load(path.read_bytes())
+        check_state(state, self.model_config)
+        self.global_state = state
+        self.round = meta["round"]
+        self.load_server_state(meta["server"])
+        rows = [r for r in self.storage.read_metrics() if r["round"] <= self.round]
+        if not rows or rows[-1]["round"] < self.round:
+            rows.append(meta["metrics"])
+        self.storage.write_metrics(rows)
+        return True
 
     @property
     def budget_spent(self) -> bool:
         """True when one more DP-FedAvg round would take epsilon past the configured budget."""
         return self.accountant is not None and self.accountant.would_exceed(1)
 
-    def _record(self, r, selected, aggregated, *, bytes_up, bytes_down, seconds, info) -> dict:
-        scores = self.evaluator(self.global_state)
+    def _record(
+        self, r, new_state, selected, aggregated, *, bytes_up, bytes_down, seconds, info
+    ) -> dict:
+        """Evaluate `new_state`, checkpoint it (atomic) and append its metrics row."""
+        scores = self.evaluator(new_state)
         if self.best is None or scores["val_ppl"] < self.best["val_ppl"]:
             self.best = {"round": r, "val_ppl": scores["val_ppl"], "test_ppl": scores["test_ppl"]}
         row = {
@@ -218,13 +286,14 @@ class Federation:
         }
         save_checkpoint(
             self.storage.checkpoint_path(r),
-            self.global_state,
+            new_state,
             self.model_config,
             self.tokenizer,
             round_idx=r,
             strategy=self.config.label or self.config.strategy,
-            extra={"val_ppl": scores["val_ppl"], "test_ppl": scores["test_ppl"]},
+            extra={"metrics": row, "server": self.server_state()},
         )
         self.storage.append_metrics(row)
+        self.global_state = new_state
         self.round = r
         return row

@@ -26,12 +26,21 @@ class RunStorage:
         found = sorted(self.checkpoints.glob("round_*.safetensors"))
         return found[-1] if found else None
 
-    def reset_metrics(self) -> None:
+    def reset(self) -> None:
+        """Forget an earlier run in this directory: its metrics and checkpoints."""
         self.metrics_path.unlink(missing_ok=True)
+        for path in self.checkpoints.glob("round_*.safetensors"):
+            path.unlink()
 
     def append_metrics(self, row: dict) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+    def write_metrics(self, rows: list[dict]) -> None:
+        """Replace metrics.jsonl atomically (used when a resumed run repairs it)."""
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(self.metrics_path)
 
     def read_metrics(self) -> list[dict]:
         if not self.metrics_path.exists():

@@ -103,6 +103,44 @@ def test_same_seed_gives_identical_weights_whatever_the_workers(tmp_path):
 
 
 @pytest.mark.slow
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
+    """A run killed during round 3, after writing checkpoint 2 but not its metrics row, resumes
+    to the same weights and selections (AdaFL scores included) as a run never interrupted."""
+    base = [
+        "--data",
+        "demo",
+        "--clients",
+        "10",
+        "--max-train-tokens",
+        "8000",
+        "--adafl",
+        "--workers",
+        "0",
+        "--local-epochs",
+        "1",
+        "--max-eval-sentences",
+        "50",
+        "--rounds",
+        "3",
+    ]
+    simulate(tmp_path / "straight", *base)
+    simulate(tmp_path / "resumed", *base)
+    (tmp_path / "resumed" / "checkpoints" / "round_0003.safetensors").unlink()
+    metrics = tmp_path / "resumed" / "metrics.jsonl"
+    metrics.write_text(
+        "".join(metrics.read_text().splitlines(keepends=True)[:2])
+    )  # rows 0 and 1 only
+    rows, _ = simulate(tmp_path / "resumed", *base, "--resume")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]
+    a, b = weights(tmp_path / "straight", 3), weights(tmp_path / "resumed", 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    straight = [
+        json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["selected"] for r in rows] == [r["selected"] for r in straight]
+
+
+@pytest.mark.slow
 @pytest.mark.needs_data
 def test_ptb_slice_perplexity_falls(tmp_path, data_dir):
     rows, _ = simulate(

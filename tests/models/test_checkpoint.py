@@ -5,7 +5,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from models.checkpoint import CheckpointError, build_model, load_checkpoint, model_state, save_checkpoint
+from models.checkpoint import (
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    model_state,
+    save_checkpoint,
+)
 from models.model import ModelConfig
 from models.tokenizers import WordTokenizer
 
@@ -20,7 +26,9 @@ def test_round_trip_rebuilds_model_tokenizer_and_metadata(tmp_path):
     torch.manual_seed(0)
     cfg = small(cell="lstm", num_layers=2)
     model = build_model(cfg)
-    path = save_checkpoint(tmp_path / "c.safetensors", model_state(model), cfg, TOK, round_idx=3, strategy="fedatt")
+    path = save_checkpoint(
+        tmp_path / "c.safetensors", model_state(model), cfg, TOK, round_idx=3, strategy="fedatt"
+    )
     loaded, tok, meta = load_checkpoint(path)
     assert (meta["round"], meta["strategy"], meta["model"]["cell"]) == (3, "fedatt", "lstm")
     assert tok.itos == TOK.itos
@@ -39,7 +47,14 @@ def test_tied_weight_is_stored_once(tmp_path):
 
 def test_mismatched_tensors_fail_clearly(tmp_path):
     cfg = small()
-    path = save_checkpoint(tmp_path / "c.safetensors", model_state(build_model(cfg)), cfg, TOK, round_idx=0, strategy="fedavg")
+    path = save_checkpoint(
+        tmp_path / "c.safetensors",
+        model_state(build_model(cfg)),
+        cfg,
+        TOK,
+        round_idx=0,
+        strategy="fedavg",
+    )
     tensors = load_file(path)
     meta = safe_open(str(path), "pt").metadata()
     tensors["embedding.weight"] = torch.zeros(TOK.vocab_size, 9)

@@ -29,7 +29,11 @@ def test_word_vocab_keeps_corpus_unk_as_the_unk_id():
 
 
 def test_sentencepiece_round_trip_and_config():
-    corpus = [f"{a} {b} message number {i}" for i in range(300) for a, b in [("see", "you"), ("on", "way")]]
+    corpus = [
+        f"{a} {b} message number {i}"
+        for i in range(300)
+        for a, b in [("see", "you"), ("on", "way")]
+    ]
     tok = SentencePieceTokenizer.train(corpus, vocab_size=60)
     ids = tok.encode("see you message")
     assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
