@@ -246,7 +246,7 @@ def simulate(
     ),
 ) -> None:
     """Run federated rounds in-process and print perplexity per round."""
-    from device_sim.simulate import DataConfig
+    from device_sim.dataset import DataConfig
     from device_sim.simulate import simulate as run
     from device_sim.trainer import TrainConfig
     from server.engine import FederationConfig, PrivacyConfig
@@ -339,7 +339,8 @@ def train_central_cmd(
     device: str = DeviceOpt,
 ) -> None:
     """Train the same model centrally on the union of the phones' data: the ceiling for federated quality."""
-    from device_sim.simulate import DataConfig, train_central
+    from device_sim.dataset import DataConfig
+    from device_sim.simulate import train_central
     from device_sim.trainer import TrainConfig
 
     data_cfg = DataConfig(

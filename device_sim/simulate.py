@@ -17,75 +17,12 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from device_sim.corpora import Corpus, load_corpus
-from device_sim.partition import partition
-from device_sim.trainer import TrainConfig, TrainResult, train_local
+from device_sim.dataset import DataConfig, prepare
+from device_sim.trainer import TrainConfig, TrainResult, phone_round, train_local
 from models.model import ModelConfig
-from models.tokenizers import Tokenizer, build_tokenizer
-from server import privacy
 from server.engine import Federation, FederationConfig, client_seed
 from server.storage import RunStorage
 from server.strategies import ClientUpdate
-
-
-@dataclass
-class DataConfig:
-    data: str = "demo"  # "demo" or a directory (see device_sim.corpora.load_corpus)
-    paper_protocol: bool = (
-        False  # seeds' preprocessing: lowercase, split on " . ", vocab from all splits
-    )
-    tokenizer: str = "word"
-    vocab_size: int = 10_000
-    clients: int = 100
-    partition: str = "iid"
-    alpha: float = 0.5  # Dirichlet concentration
-    max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
-    max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
-    seed: int = 0
-
-
-@dataclass
-class PreparedData:
-    corpus: Corpus
-    tokenizer: Tokenizer
-    shards: dict[str, list[list[int]]]  # device id -> encoded private sentences
-
-
-def cut_tokens(sentences: list[str], max_tokens: int | None) -> int:
-    """How many leading sentences hold at most max_tokens words."""
-    if max_tokens is None:
-        return len(sentences)
-    total = 0
-    for i, s in enumerate(sentences):
-        total += len(s.split()) + 1
-        if total > max_tokens:
-            return i
-    return len(sentences)
-
-
-def prepare(cfg: DataConfig) -> PreparedData:
-    """Load, cut, tokenize and partition the corpus into private shards."""
-    corpus = load_corpus(cfg.data, paper_protocol=cfg.paper_protocol, seed=cfg.seed)
-    # The vocabulary is the server's: built from text it holds (the seeds build it from all splits).
-    vocab_text = corpus.train + corpus.valid + corpus.test if cfg.paper_protocol else corpus.train
-    tokenizer = build_tokenizer(cfg.tokenizer, vocab_text, cfg.vocab_size)
-    n = cut_tokens(corpus.train, cfg.max_train_tokens)
-    m = cfg.max_eval_sentences
-    corpus = Corpus(
-        name=corpus.name,
-        train=corpus.train[:n],
-        valid=corpus.valid[:m] if m else corpus.valid,
-        test=corpus.test[:m] if m else corpus.test,
-        train_users=corpus.train_users[:n] if corpus.train_users else None,
-    )
-    parts = partition(corpus, cfg.partition, cfg.clients, cfg.seed, alpha=cfg.alpha)
-    width = len(str(len(parts) - 1))
-    shards = {
-        f"device-{i:0{width}d}": [tokenizer.encode(corpus.train[j]) for j in idx]
-        for i, idx in enumerate(parts)
-    }
-    return PreparedData(corpus=corpus, tokenizer=tokenizer, shards=shards)
-
 
 # -- the worker processes -------------------------------------------------------------------------
 
@@ -110,15 +47,17 @@ class LocalTask:
 
 
 def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainResult:
-    """What one phone does in a round: train, then randomize its weights if asked to."""
     seed = client_seed(task.seed, task.round, task.device_id)
-    result = train_local(
-        task.model_config, global_state, _SHARDS[task.device_id], task.train, seed, task.device
+    return phone_round(
+        task.model_config,
+        global_state,
+        _SHARDS[task.device_id],
+        task.train,
+        seed,
+        task.beta,
+        task.sigma,
+        task.device,
     )
-    if task.beta > 0:
-        gen = torch.Generator().manual_seed(seed + 1)
-        result.state = privacy.randomize(result.state, task.beta, task.sigma, gen)
-    return result
 
 
 class TrainerPool:

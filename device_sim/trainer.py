@@ -83,3 +83,24 @@ def train_local(
         train_loss=float(total_loss) / max(total_tokens, 1),
         seconds=time.perf_counter() - start,
     )
+
+
+def phone_round(
+    model_config: ModelConfig,
+    global_state: dict[str, torch.Tensor],
+    sentences: list[list[int]],
+    config: TrainConfig,
+    seed: int,
+    beta: float = 0.0,
+    sigma: float = 1.0,
+    device: str = "auto",
+) -> TrainResult:
+    """What a phone does with a round's task: train, then add the seeds' randomization
+    beta * N(0, sigma^2) to its weights before upload (when beta > 0). Every transport calls
+    this, so the same task seed gives the same upload in-process and over HTTP."""
+    from server.privacy import randomize
+
+    result = train_local(model_config, global_state, sentences, config, seed, device)
+    if beta > 0:
+        result.state = randomize(result.state, beta, sigma, torch.Generator().manual_seed(seed + 1))
+    return result

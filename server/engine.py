@@ -67,6 +67,7 @@ class RoundPlan:
     cohort: list[str]
     train: TrainConfig
     started: float
+    attempt: int = 0
 
 
 Evaluator = Callable[[dict[str, torch.Tensor]], dict]
@@ -151,17 +152,22 @@ class Federation:
 
     # -- one round -----------------------------------------------------------------------------
 
-    def plan_round(self, available: list[str]) -> RoundPlan:
+    def plan_round(self, available: list[str], attempt: int = 0) -> RoundPlan:
+        """The next round's cohort, drawn from `available` with an rng seeded by (seed, round).
+
+        `attempt` > 0 re-plans a round that missed its quorum with a fresh draw.
+        """
         r = self.round + 1
-        rng = np.random.default_rng([self.config.seed, r])
-        cohort = sorted(
-            self.strategy.select(r - 1, sorted(available), rng)
-        )  # strategies count from 0
+        rng = np.random.default_rng([self.config.seed, r] + ([attempt] if attempt else []))
+        # Strategies count rounds from 0; the engine's round 0 is the initial model.
+        cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))
         train = self.config.train
         epochs = getattr(self.strategy, "local_epochs_override", None)
         if epochs is not None:
             train = TrainConfig(**{**asdict(train), "epochs": epochs})
-        return RoundPlan(round=r, cohort=cohort, train=train, started=time.perf_counter())
+        return RoundPlan(
+            round=r, cohort=cohort, train=train, started=time.perf_counter(), attempt=attempt
+        )
 
     def choose_uploaders(self, plan: RoundPlan, losses: dict[str, float]) -> list[str]:
         return sorted(self.strategy.select_uploaders(plan.round - 1, losses))

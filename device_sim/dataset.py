@@ -1,0 +1,97 @@
+"""What the federation is trained on: the corpus, the server's tokenizer, the phones' shards.
+
+The server and the phones see different parts of it: the server holds the public text it builds
+the tokenizer from and the held-out text it evaluates on (`server_data`); each simulated phone
+holds only its own private shard (`device_shards`), encoded with the tokenizer the server ships
+inside the model. Both cut and partition the corpus the same seeded way, so the in-process
+simulation and the HTTP fleet train on identical shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from device_sim.corpora import Corpus, load_corpus
+from device_sim.partition import partition
+from models.tokenizers import Tokenizer, build_tokenizer
+
+
+@dataclass
+class DataConfig:
+    data: str = "demo"  # "demo" or a directory (see device_sim.corpora.load_corpus)
+    paper_protocol: bool = (
+        False  # seeds' preprocessing: lowercase, split on " . ", vocab from all splits
+    )
+    tokenizer: str = "word"
+    vocab_size: int = 10_000
+    clients: int = 100
+    partition: str = "iid"
+    alpha: float = 0.5  # Dirichlet concentration
+    max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
+    max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
+    seed: int = 0
+
+
+@dataclass
+class PreparedData:
+    corpus: Corpus
+    tokenizer: Tokenizer
+    shards: dict[str, list[list[int]]]  # device id -> encoded private sentences
+
+
+def cut_tokens(sentences: list[str], max_tokens: int | None) -> int:
+    """How many leading sentences hold at most max_tokens words."""
+    if max_tokens is None:
+        return len(sentences)
+    total = 0
+    for i, s in enumerate(sentences):
+        total += len(s.split()) + 1
+        if total > max_tokens:
+            return i
+    return len(sentences)
+
+
+def load_cut(cfg: DataConfig) -> tuple[Corpus, list[str]]:
+    """-> (the corpus cut to the configured sizes, the text the server's vocabulary is built from)."""
+    corpus = load_corpus(cfg.data, paper_protocol=cfg.paper_protocol, seed=cfg.seed)
+    # The seeds build the vocabulary from all three splits; otherwise from the training text.
+    vocab_text = corpus.train + corpus.valid + corpus.test if cfg.paper_protocol else corpus.train
+    n = cut_tokens(corpus.train, cfg.max_train_tokens)
+    m = cfg.max_eval_sentences
+    cut = Corpus(
+        name=corpus.name,
+        train=corpus.train[:n],
+        valid=corpus.valid[:m] if m else corpus.valid,
+        test=corpus.test[:m] if m else corpus.test,
+        train_users=corpus.train_users[:n] if corpus.train_users else None,
+    )
+    return cut, vocab_text
+
+
+def server_data(cfg: DataConfig) -> tuple[Corpus, Tokenizer]:
+    """The server's side: the (cut) corpus for evaluation and the tokenizer it ships."""
+    corpus, vocab_text = load_cut(cfg)
+    return corpus, build_tokenizer(cfg.tokenizer, vocab_text, cfg.vocab_size)
+
+
+def device_name(index: int, count: int) -> str:
+    return f"device-{index:0{len(str(count - 1))}d}"
+
+
+def device_shards(
+    cfg: DataConfig, tokenizer: Tokenizer, corpus: Corpus | None = None
+) -> dict[str, list[list[int]]]:
+    """The phones' side: device name -> its private training sentences, encoded."""
+    if corpus is None:
+        corpus, _ = load_cut(cfg)
+    parts = partition(corpus, cfg.partition, cfg.clients, cfg.seed, alpha=cfg.alpha)
+    return {
+        device_name(i, len(parts)): [tokenizer.encode(corpus.train[j]) for j in idx]
+        for i, idx in enumerate(parts)
+    }
+
+
+def prepare(cfg: DataConfig) -> PreparedData:
+    """Both sides at once, for the in-process simulation."""
+    corpus, tokenizer = server_data(cfg)
+    return PreparedData(corpus, tokenizer, device_shards(cfg, tokenizer, corpus))
