@@ -68,6 +68,11 @@ TokOpt = typer.Option(
     help="Word vocabulary or SentencePiece (trained on the server's text).",
 )
 VocabOpt = typer.Option(10_000, "--vocab-size", help="Maximum vocabulary size (specials included).")
+TokTextOpt = typer.Option(
+    None,
+    "--tokenizer-text",
+    help="SentencePiece: public text the server trains it on (.txt or a corpus dir); never the phones' data. The demo has its own.",
+)
 ModelOpt = typer.Option(
     Preset.small,
     "--model",
@@ -193,6 +198,7 @@ def simulate(
     paper_protocol: bool = PaperOpt,
     tokenizer: TokenizerKind = TokOpt,
     vocab_size: int = VocabOpt,
+    tokenizer_text: str | None = TokTextOpt,
     model: Preset = ModelOpt,
     cell: Cell = CellOpt,
     layers: int = LayersOpt,
@@ -288,6 +294,7 @@ def simulate(
         paper_protocol=paper_protocol,
         tokenizer=tokenizer.value,
         vocab_size=vocab_size,
+        tokenizer_text=tokenizer_text,
         clients=clients,
         partition=partition.value,
         alpha=alpha,
@@ -331,6 +338,7 @@ def train_central_cmd(
     paper_protocol: bool = PaperOpt,
     tokenizer: TokenizerKind = TokOpt,
     vocab_size: int = VocabOpt,
+    tokenizer_text: str | None = TokTextOpt,
     model: Preset = ModelOpt,
     cell: Cell = CellOpt,
     layers: int = LayersOpt,
@@ -348,6 +356,7 @@ def train_central_cmd(
         paper_protocol=paper_protocol,
         tokenizer=tokenizer.value,
         vocab_size=vocab_size,
+        tokenizer_text=tokenizer_text,
         clients=clients,
         partition=partition.value,
         max_train_tokens=max_train_tokens,

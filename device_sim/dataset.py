@@ -10,6 +10,7 @@ simulation and the HTTP fleet train on identical shards.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from device_sim.corpora import Corpus, load_corpus
 from device_sim.partition import partition
@@ -30,6 +31,9 @@ class DataConfig:
     max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
     max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
     seed: int = 0
+    tokenizer_text: str | None = (
+        None  # SentencePiece: public text the server holds (a corpus spec or .txt)
+    )
 
 
 @dataclass
@@ -51,11 +55,34 @@ def cut_tokens(sentences: list[str], max_tokens: int | None) -> int:
     return len(sentences)
 
 
+def tokenizer_text(cfg: DataConfig, corpus: Corpus) -> list[str]:
+    """The text the server builds its tokenizer from.
+
+    Word vocabulary: the benchmark protocol (the seeds build it from all three splits, the usual
+    PTB/WikiText protocol from the training split). SentencePiece is never trained on the phones'
+    data: on `tokenizer_text` when given, and for the demo on a fresh draw of the demo generator
+    (same owners and styles, other messages), which stands for public text the server holds.
+    """
+    if cfg.tokenizer == "word":
+        return corpus.train + corpus.valid + corpus.test if cfg.paper_protocol else corpus.train
+    if cfg.tokenizer_text:
+        path = Path(cfg.tokenizer_text)
+        if path.is_file() and path.suffix == ".txt":
+            return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        public = load_corpus(cfg.tokenizer_text, paper_protocol=cfg.paper_protocol, seed=cfg.seed)
+        return public.train + public.valid + public.test
+    if cfg.data == "demo":
+        return load_corpus("demo", seed=cfg.seed + 1_000_003).train
+    raise ValueError(
+        "a SentencePiece tokenizer is trained on public text the server holds, never on the phones' "
+        "data: pass --tokenizer-text (a .txt file or a corpus directory, e.g. WikiText-2 for PTB)"
+    )
+
+
 def load_cut(cfg: DataConfig) -> tuple[Corpus, list[str]]:
-    """-> (the corpus cut to the configured sizes, the text the server's vocabulary is built from)."""
+    """-> (the corpus cut to the configured sizes, the text the server's tokenizer is built from)."""
     corpus = load_corpus(cfg.data, paper_protocol=cfg.paper_protocol, seed=cfg.seed)
-    # The seeds build the vocabulary from all three splits; otherwise from the training text.
-    vocab_text = corpus.train + corpus.valid + corpus.test if cfg.paper_protocol else corpus.train
+    vocab_text = tokenizer_text(cfg, corpus)
     n = cut_tokens(corpus.train, cfg.max_train_tokens)
     m = cfg.max_eval_sentences
     cut = Corpus(

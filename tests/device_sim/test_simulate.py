@@ -167,6 +167,35 @@ def test_ptb_slice_perplexity_falls(tmp_path, data_dir):
     assert rows[3]["test_ppl"] < rows[0]["test_ppl"]
 
 
+@pytest.mark.slow
+def test_sentencepiece_run_reports_per_word_perplexity(tmp_path):
+    rows, _ = simulate(
+        tmp_path / "sp",
+        "--data",
+        "demo",
+        "--tokenizer",
+        "sentencepiece",
+        "--vocab-size",
+        "1000",
+        "--clients",
+        "10",
+        "--fraction",
+        "0.3",
+        "--max-train-tokens",
+        "10000",
+        "--workers",
+        "0",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--max-eval-sentences",
+        "100",
+    )
+    assert rows[2]["test_ppl"] < rows[0]["test_ppl"]
+    assert rows[2]["top1"] is None  # word accuracy is not defined on pieces
+
+
 def test_bad_arguments_are_refused_with_a_message(tmp_path):
     result = runner.invoke(app, ["simulate", "--strategy", "fedfoo", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "fedfoo" in result.output

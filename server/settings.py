@@ -1,0 +1,186 @@
+"""Everything `fedkey server` is configured by, in one pydantic-settings class.
+
+Every field can be set from the environment with the prefix ``FEDKEY_`` (``FEDKEY_ROUNDS=20``,
+``FEDKEY_ENROLLMENT_SECRET=...``, ``FEDKEY_DATABASE_URL=postgresql+psycopg://...``) or passed as
+a keyword. The helpers build the engine's own dataclasses (DataConfig, ModelConfig,
+FederationConfig) the same way `fedkey simulate` does, so a server and a simulation with the same
+settings run the same federation.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from device_sim.dataset import DataConfig
+from device_sim.trainer import TrainConfig
+from models.model import ModelConfig
+from server.engine import FederationConfig, PrivacyConfig
+
+#: The longest a long-poll may wait (seconds), as in the HTTP contract.
+MAX_WAIT = 60.0
+
+_TRAIN = TrainConfig()
+_PRIVACY = PrivacyConfig()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FEDKEY_", extra="forbid")
+
+    # -- data: the server's side (tokenizer + evaluation text), as DataConfig -----------------
+    data: str = "demo"
+    paper_protocol: bool = False
+    tokenizer: Literal["word", "sentencepiece"] = "word"
+    vocab_size: int = Field(10_000, ge=4)
+    max_train_tokens: int | None = Field(None, ge=1)
+    max_eval_sentences: int | None = Field(None, ge=1)
+    seed: int = 0
+
+    # -- model ---------------------------------------------------------------------------------
+    model: Literal["small", "medium", "large"] = "small"
+    hidden_size: int | None = Field(None, ge=1)  # overrides the preset's size (emb = hidden)
+    cell: Literal["gru", "lstm"] = "gru"
+    layers: int = Field(1, ge=1, le=4)
+    tied: bool = True
+    dropout: float = Field(0.0, ge=0.0, le=0.9)
+
+    # -- federation ----------------------------------------------------------------------------
+    strategy: Literal["fedsgd", "fedavg", "fedatt", "fedattopt", "fedmed"] = "fedavg"
+    epsilon: float | None = None  # fedatt / fedattopt server step (strategy default 1.2)
+    norm: Literal["l2", "spectral"] = "l2"  # fedatt distance
+    eta: float = 1.0  # fedmed step
+    epsilon_med: float = 0.1  # fedmed mediation threshold
+    topk_beta: float = Field(1.0, gt=0.0, le=1.0)  # fedmed topK share of uploaders (1 = off)
+    adafl: bool = False  # AdaFL client selection
+    fraction: float = Field(0.1, gt=0.0, le=1.0)
+    rounds: int = Field(10, ge=1)
+    ksr_sentences: int = Field(100, ge=0)  # keystroke savings measured on N test sentences
+
+    # -- round lifecycle -----------------------------------------------------------------------
+    round_deadline: float = Field(600.0, gt=0)  # seconds from a round's opening
+    upload_grace: float = Field(60.0, gt=0)  # topK decided at the deadline: time left to upload
+    quorum: int | None = Field(None, ge=1)  # min updates at the deadline (absolute) ...
+    quorum_fraction: float = Field(0.5, gt=0.0, le=1.0)  # ... else ceil(q * expected uploads)
+    wait_devices: int = Field(1, ge=1)  # round 1 opens once this many devices enrolled
+    exit_when_done: bool = False
+
+    # -- local training (the task sent to devices) -----------------------------------------------
+    local_epochs: int = Field(_TRAIN.epochs, ge=1)
+    batch_size: int = Field(_TRAIN.batch_size, ge=1)
+    lr: float = Field(1.0, gt=0)  # as `fedkey simulate` (the seeds' 0.01 learns far slower)
+    momentum: float = Field(_TRAIN.momentum, ge=0)
+    clip: float = Field(_TRAIN.clip, ge=0)
+    max_len: int = Field(_TRAIN.max_len, ge=2)
+
+    # -- privacy ---------------------------------------------------------------------------------
+    dp_beta: float = Field(_PRIVACY.beta, ge=0)
+    dp_sigma: float = Field(_PRIVACY.sigma, ge=0)
+    dp_clip: float | None = Field(None, gt=0)
+    dp_noise_multiplier: float = Field(1.0, ge=0)
+    dp_delta: float = Field(_PRIVACY.delta, gt=0, lt=1)
+    dp_target_epsilon: float | None = Field(None, gt=0)
+
+    # -- service ---------------------------------------------------------------------------------
+    storage: Path = Path("runs/server")
+    database_url: str | None = None  # default sqlite:///<storage>/fedkey.db
+    enrollment_secret: SecretStr | None = None  # None: a random one is generated and logged
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size
+    keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
+    event_queue_size: int = Field(256, ge=1)  # per WebSocket subscriber; the oldest is dropped
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.dp_clip is not None and (self.strategy != "fedavg" or self.adafl):
+            raise ValueError("DP-FedAvg (dp_clip) runs with strategy fedavg and uniform selection")
+        return self
+
+    # -- the engine's dataclasses ----------------------------------------------------------------
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{Path(self.storage).resolve() / 'fedkey.db'}"
+
+    @property
+    def topk(self) -> bool:
+        """Whether FedMed's topK picks the uploaders (else every selected device uploads)."""
+        return self.strategy == "fedmed" and self.topk_beta < 1.0
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(
+            data=self.data,
+            paper_protocol=self.paper_protocol,
+            tokenizer=self.tokenizer,
+            vocab_size=self.vocab_size,
+            max_train_tokens=self.max_train_tokens,
+            max_eval_sentences=self.max_eval_sentences,
+            seed=self.seed,
+        )
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        extra = dict(cell=self.cell, num_layers=self.layers, tied=self.tied, dropout=self.dropout)
+        if self.hidden_size is not None:
+            return ModelConfig(
+                vocab_size=vocab_size,
+                emb_size=self.hidden_size,
+                hidden_size=self.hidden_size,
+                **extra,
+            )
+        return ModelConfig.preset(self.model, vocab_size, **extra)
+
+    def strategy_params(self) -> dict:
+        """The strategy's options, chosen as `fedkey simulate` chooses them."""
+        params: dict = {}
+        if self.strategy in ("fedatt", "fedattopt") and self.epsilon is not None:
+            params["epsilon"] = self.epsilon
+        if self.strategy == "fedatt":
+            params["norm"] = self.norm
+        if self.strategy == "fedmed":
+            params.update(eta=self.eta, epsilon_med=self.epsilon_med, beta=self.topk_beta)
+        if self.adafl:
+            params["selector"] = "adafl"
+        return params
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            epochs=self.local_epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            momentum=self.momentum,
+            clip=self.clip,
+            max_len=self.max_len,
+        )
+
+    def privacy_config(self) -> PrivacyConfig:
+        return PrivacyConfig(
+            beta=self.dp_beta,
+            sigma=self.dp_sigma,
+            clip_norm=self.dp_clip,
+            noise_multiplier=self.dp_noise_multiplier,
+            delta=self.dp_delta,
+            target_epsilon=self.dp_target_epsilon,
+        )
+
+    def federation_config(self) -> FederationConfig:
+        return FederationConfig(
+            strategy=self.strategy,
+            strategy_params=self.strategy_params(),
+            fraction=self.fraction,
+            rounds=self.rounds,
+            seed=self.seed,
+            train=self.train_config(),
+            privacy=self.privacy_config(),
+            ksr_sentences=self.ksr_sentences,
+        )
+
+    def quorum_for(self, expected: int) -> int:
+        """Updates needed at the deadline when `expected` uploads were asked for."""
+        if expected <= 0:
+            return 1
+        q = self.quorum if self.quorum is not None else math.ceil(self.quorum_fraction * expected)
+        return max(1, min(expected, q))
