@@ -1,19 +1,34 @@
 """fedkey: one command line for the federated keyboard.
 
     fedkey simulate       federated rounds in-process (phones in local worker processes)
+    fedkey server         the federation server (FastAPI) for real devices over HTTP
+    fedkey devices        a fleet of simulated phones that train against a server
+    fedkey run            a server and a fleet on loopback: `simulate`, over real HTTP
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
     fedkey info           what a checkpoint holds
 
-Every subcommand has --help.
+Every subcommand has --help. The federation's options are defined once, from server.settings
+(their defaults are the Settings defaults); every one can also be set by an environment variable
+FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import typer
+
+from server.settings import Settings
 
 app = typer.Typer(
     help="fedkey: a federated next-word keyboard. Train by federated learning, compare aggregation methods.",
@@ -53,81 +68,301 @@ class Partition(StrEnum):
     dirichlet = "dirichlet"
 
 
-DATA_HELP = "'demo' (the embedded corpus) or a directory: train/valid/test.txt (PTB, WikiText-2), one .txt per user, a .jsonl of {user, text}, or a StackExchange Posts.xml."
-
-# Options shared by simulate and train-central.
-DataOpt = typer.Option("demo", "--data", help=DATA_HELP)
-PaperOpt = typer.Option(
-    False,
-    "--paper-protocol",
-    help="The seeds' preprocessing: lowercase, split lines on ' . ', vocabulary from all splits.",
-)
-TokOpt = typer.Option(
-    TokenizerKind.word,
-    "--tokenizer",
-    help="Word vocabulary or SentencePiece (trained on the server's text).",
-)
-VocabOpt = typer.Option(10_000, "--vocab-size", help="Maximum vocabulary size (specials included).")
-TokTextOpt = typer.Option(
-    None,
-    "--tokenizer-text",
-    help="SentencePiece: public text the server trains it on (.txt or a corpus dir); never the phones' data. The demo has its own.",
-)
-ModelOpt = typer.Option(
-    Preset.small,
-    "--model",
-    help="Size preset: small 300, medium 650, large 1500 (embedding = hidden).",
-)
-CellOpt = typer.Option(Cell.gru, "--cell", help="Recurrent cell.")
-LayersOpt = typer.Option(1, "--layers", min=1, max=4, help="Recurrent layers.")
-UntiedOpt = typer.Option(
-    False, "--untied", help="Separate input and output embeddings (default: tied)."
-)
-DropoutOpt = typer.Option(
-    0.0, "--dropout", min=0.0, max=0.9, help="Dropout on embeddings and outputs."
-)
-ClientsOpt = typer.Option(100, "--clients", "-K", min=1, help="Number of simulated phones.")
-PartOpt = typer.Option(
-    Partition.iid,
-    "--partition",
-    help="iid: the seeds' equal shards; user: one phone per user; dirichlet: non-IID.",
-)
-AlphaOpt = typer.Option(
-    0.5, "--alpha", help="Dirichlet concentration (with --partition dirichlet)."
-)
-EpochsOpt = typer.Option(5, "--local-epochs", "-E", min=1, help="Local epochs per round.")
-BatchOpt = typer.Option(10, "--batch-size", "-B", min=1, help="Sentences per batch.")
-LrOpt = typer.Option(
-    1.0, "--lr", help="Local SGD learning rate (the seeds use 0.01, which learns far slower)."
-)
-MomOpt = typer.Option(0.5, "--momentum", help="Local SGD momentum.")
-ClipOpt = typer.Option(5.0, "--clip", help="Gradient-norm clipping in local training (0: off).")
-MaxTokOpt = typer.Option(
-    None, "--max-train-tokens", help="Keep only the first N training words (reduced CPU runs)."
-)
-MaxEvalOpt = typer.Option(
-    None, "--max-eval-sentences", help="Keep only the first N validation and test sentences."
-)
-SeedOpt = typer.Option(
-    0, "--seed", help="Seeds partitioning, initialization, selection, training and noise."
-)
-DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when available), cpu or cuda.")
+class Attack(StrEnum):
+    scale = "scale"
+    nan = "nan"
+    shape = "shape"
 
 
-def _model_config_for(model: Preset, cell: Cell, layers: int, untied: bool, dropout: float):
-    from models.model import ModelConfig
+def _opt(name: str, *flags: str, default: Any = ..., **kw) -> Any:
+    """An option whose default is the Settings default and whose env variable is FEDKEY_<NAME>."""
+    if default is ...:
+        default = Settings.model_fields[name].default
+    return typer.Option(default, *flags, envvar=f"FEDKEY_{name.upper()}", **kw)
 
-    def make(vocab_size: int) -> ModelConfig:
-        return ModelConfig.preset(
-            model.value,
-            vocab_size,
-            cell=cell.value,
-            num_layers=layers,
-            tied=not untied,
-            dropout=dropout,
-        )
 
-    return make
+# name -> (type, typer.Option). Groups of options shared by several commands.
+DATA = {
+    "data": (
+        str,
+        _opt(
+            "data",
+            "--data",
+            help="'demo' (the embedded corpus) or a directory: train/valid/test.txt (PTB, WikiText-2), one .txt per user, a .jsonl of {user, text}, or a StackExchange Posts.xml.",
+        ),
+    ),
+    "paper_protocol": (
+        bool,
+        _opt(
+            "paper_protocol",
+            "--paper-protocol",
+            help="The seeds' preprocessing: lowercase, split lines on ' . ', vocabulary from all splits.",
+        ),
+    ),
+    "tokenizer": (
+        TokenizerKind,
+        _opt(
+            "tokenizer",
+            "--tokenizer",
+            default=TokenizerKind.word,
+            help="Word vocabulary or SentencePiece.",
+        ),
+    ),
+    "vocab_size": (
+        int,
+        _opt("vocab_size", "--vocab-size", help="Maximum vocabulary size (specials included)."),
+    ),
+    "tokenizer_text": (
+        str | None,
+        _opt(
+            "tokenizer_text",
+            "--tokenizer-text",
+            help="SentencePiece: public text the server trains it on (.txt or a corpus dir); never the phones' data. The demo has its own.",
+        ),
+    ),
+    "max_train_tokens": (
+        int | None,
+        _opt(
+            "max_train_tokens",
+            "--max-train-tokens",
+            help="Keep only the first N training words (reduced CPU runs).",
+        ),
+    ),
+    "max_eval_sentences": (
+        int | None,
+        _opt(
+            "max_eval_sentences",
+            "--max-eval-sentences",
+            help="Keep only the first N validation and test sentences.",
+        ),
+    ),
+    "seed": (
+        int,
+        _opt(
+            "seed",
+            "--seed",
+            help="Seeds partitioning, initialization, selection, training and noise.",
+        ),
+    ),
+}
+MODEL = {
+    "model": (
+        Preset,
+        _opt(
+            "model",
+            "--model",
+            default=Preset.small,
+            help="Size preset: small 300, medium 650, large 1500 (embedding = hidden).",
+        ),
+    ),
+    "cell": (Cell, _opt("cell", "--cell", default=Cell.gru, help="Recurrent cell.")),
+    "layers": (int, _opt("layers", "--layers", min=1, max=4, help="Recurrent layers.")),
+    "tied": (bool, _opt("tied", "--tied/--untied", help="Share input and output embeddings.")),
+    "dropout": (
+        float,
+        _opt("dropout", "--dropout", min=0.0, max=0.9, help="Dropout on embeddings and outputs."),
+    ),
+}
+TRAIN = {
+    "local_epochs": (
+        int,
+        _opt("local_epochs", "--local-epochs", "-E", min=1, help="Local epochs per round."),
+    ),
+    "batch_size": (
+        int,
+        _opt("batch_size", "--batch-size", "-B", min=1, help="Sentences per batch."),
+    ),
+    "lr": (
+        float,
+        _opt(
+            "lr",
+            "--lr",
+            help="Local SGD learning rate (the seeds use 0.01, which learns far slower).",
+        ),
+    ),
+    "momentum": (float, _opt("momentum", "--momentum", help="Local SGD momentum.")),
+    "clip": (
+        float,
+        _opt("clip", "--clip", help="Gradient-norm clipping in local training (0: off)."),
+    ),
+}
+FEDERATION = {
+    "strategy": (
+        Strategy,
+        _opt("strategy", "--strategy", default=Strategy.fedavg, help="Aggregation method."),
+    ),
+    "fraction": (
+        float,
+        _opt(
+            "fraction",
+            "--fraction",
+            "-C",
+            min=0.0,
+            max=1.0,
+            help="Share of phones selected per round (fedsgd uses all).",
+        ),
+    ),
+    "rounds": (int, _opt("rounds", "--rounds", "-R", min=1, help="Federated rounds.")),
+    "epsilon": (
+        float | None,
+        _opt("epsilon", "--epsilon", help="Server step size of fedatt / fedattopt (default 1.2)."),
+    ),
+    "norm": (str, _opt("norm", "--norm", help="fedatt distance: l2 (flattened) or spectral.")),
+    "eta": (float, _opt("eta", "--eta", help="fedmed step size (1 = weighted average).")),
+    "epsilon_med": (
+        float,
+        _opt(
+            "epsilon_med",
+            "--epsilon-med",
+            help="fedmed mediation threshold on the change of mean loss.",
+        ),
+    ),
+    "topk_beta": (
+        float,
+        _opt(
+            "topk_beta",
+            "--topk-beta",
+            help="fedmed topK: share of trained phones that upload (1 = off; paper best 0.8).",
+        ),
+    ),
+    "adafl": (
+        bool,
+        _opt(
+            "adafl",
+            "--adafl",
+            help="AdaFL attention-based client selection with a dynamic fraction (0.1 -> 0.5).",
+        ),
+    ),
+    "ksr_sentences": (
+        int,
+        _opt(
+            "ksr_sentences",
+            "--ksr-sentences",
+            min=0,
+            help="Keystroke savings are measured on the first N test sentences (0: off).",
+        ),
+    ),
+    "dp_beta": (
+        float,
+        _opt(
+            "dp_beta",
+            "--dp-beta",
+            help="Seeds' randomization: each phone adds beta * N(0, 1) to its weights (no formal guarantee).",
+        ),
+    ),
+    "dp_clip": (
+        float | None,
+        _opt(
+            "dp_clip",
+            "--dp-clip",
+            help="DP-FedAvg: clip each update to this L2 norm (turns DP-FedAvg on).",
+        ),
+    ),
+    "dp_noise_multiplier": (
+        float,
+        _opt(
+            "dp_noise_multiplier",
+            "--dp-noise-multiplier",
+            help="DP-FedAvg noise multiplier z: N(0, (z S)^2) on the sum.",
+        ),
+    ),
+    "dp_delta": (
+        float,
+        _opt("dp_delta", "--dp-delta", help="DP-FedAvg delta for the reported epsilon."),
+    ),
+    "dp_target_epsilon": (
+        float | None,
+        _opt(
+            "dp_target_epsilon",
+            "--dp-target-epsilon",
+            help="DP-FedAvg: stop before epsilon would pass this budget.",
+        ),
+    ),
+}
+PHONES = {
+    "partition": (
+        Partition,
+        typer.Option(
+            Partition.iid,
+            "--partition",
+            help="iid: the seeds' equal shards; user: one phone per user; dirichlet: non-IID.",
+        ),
+    ),
+    "alpha": (
+        float,
+        typer.Option(0.5, "--alpha", help="Dirichlet concentration (with --partition dirichlet)."),
+    ),
+    "device": (
+        str,
+        typer.Option("auto", "--device", help="auto (CUDA when available), cpu or cuda."),
+    ),
+    "workers": (
+        int | None,
+        typer.Option(
+            None,
+            "--workers",
+            help="Training processes, one torch thread each (default: one per core; 0: in this process).",
+        ),
+    ),
+}
+ROUNDS = {
+    "quorum": (
+        int | None,
+        _opt(
+            "quorum",
+            "--quorum",
+            help="Updates needed to aggregate at the deadline (default: half of those asked).",
+        ),
+    ),
+    "round_deadline": (
+        float,
+        _opt("round_deadline", "--round-deadline", help="Seconds a round stays open."),
+    ),
+}
+SETTINGS_GROUPS = (DATA, MODEL, TRAIN, FEDERATION)
+
+
+def with_options(*groups: dict):
+    """Give a command the shared options of `groups`; they arrive in its **opts."""
+
+    def decorate(fn):
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        extra = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+            for group in groups
+            for name, (kind, option) in group.items()
+        ]
+        fn.__signature__ = sig.replace(parameters=own + extra)
+        fn.__annotations__ = {**fn.__annotations__, **{p.name: p.annotation for p in extra}}
+        return fn
+
+    return decorate
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, StrEnum) else value
+
+
+def build_settings(opts: dict, **overrides) -> Settings:
+    """Settings from the options a command received (only the names Settings knows)."""
+    values = {k: _plain(v) for k, v in opts.items() if k in Settings.model_fields}
+    try:
+        return Settings(**{**values, **overrides})
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def phone_data(settings: Settings, opts: dict, clients: int):
+    """The DataConfig of the phones: the server's data settings plus how shards are cut."""
+    from dataclasses import replace
+
+    return replace(
+        settings.data_config(),
+        clients=clients,
+        partition=_plain(opts["partition"]),
+        alpha=opts["alpha"],
+    )
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -166,215 +401,308 @@ def _print_table(rows: list[dict]) -> None:
     Console().print(table)
 
 
-@app.command()
-def simulate(
-    data: str = DataOpt,
-    strategy: Strategy = typer.Option(Strategy.fedavg, "--strategy", help="Aggregation method."),
-    clients: int = ClientsOpt,
-    fraction: float = typer.Option(
-        0.1,
-        "--fraction",
-        "-C",
-        min=0.0,
-        max=1.0,
-        help="Share of phones selected per round (fedsgd uses all).",
-    ),
-    rounds: int = typer.Option(10, "--rounds", "-R", min=1, help="Federated rounds."),
-    local_epochs: int = EpochsOpt,
-    batch_size: int = BatchOpt,
-    lr: float = LrOpt,
-    momentum: float = MomOpt,
-    clip: float = ClipOpt,
-    max_train_tokens: int | None = MaxTokOpt,
-    max_eval_sentences: int | None = MaxEvalOpt,
-    seed: int = SeedOpt,
-    out: Path = typer.Option(
-        Path("runs/simulate"),
-        "--out",
-        help="Run directory: checkpoints/, metrics.jsonl, perplexity.png.",
-    ),
-    partition: Partition = PartOpt,
-    alpha: float = AlphaOpt,
-    paper_protocol: bool = PaperOpt,
-    tokenizer: TokenizerKind = TokOpt,
-    vocab_size: int = VocabOpt,
-    tokenizer_text: str | None = TokTextOpt,
-    model: Preset = ModelOpt,
-    cell: Cell = CellOpt,
-    layers: int = LayersOpt,
-    untied: bool = UntiedOpt,
-    dropout: float = DropoutOpt,
-    epsilon: float | None = typer.Option(
-        None, "--epsilon", help="Server step size of fedatt / fedattopt (default 1.2)."
-    ),
-    norm: str = typer.Option("l2", "--norm", help="fedatt distance: l2 (flattened) or spectral."),
-    eta: float = typer.Option(1.0, "--eta", help="fedmed step size (1 = weighted average)."),
-    epsilon_med: float = typer.Option(
-        0.1, "--epsilon-med", help="fedmed mediation threshold on the change of mean loss."
-    ),
-    beta_topk: float = typer.Option(
-        1.0,
-        "--topk-beta",
-        help="fedmed topK: share of trained phones that upload (1 = off; paper best 0.8).",
-    ),
-    adafl: bool = typer.Option(
-        False,
-        "--adafl",
-        help="AdaFL attention-based client selection with a dynamic fraction (0.1 -> 0.5).",
-    ),
-    dp_beta: float = typer.Option(
-        0.0,
-        "--dp-beta",
-        help="Seeds' randomization: each phone adds beta * N(0, 1) to its weights (no formal guarantee).",
-    ),
-    dp_clip: float | None = typer.Option(
-        None, "--dp-clip", help="DP-FedAvg: clip each update to this L2 norm (turns DP-FedAvg on)."
-    ),
-    dp_noise: float = typer.Option(
-        1.0, "--dp-noise-multiplier", help="DP-FedAvg noise multiplier z: N(0, (z S)^2) on the sum."
-    ),
-    dp_delta: float = typer.Option(
-        1e-5, "--dp-delta", help="DP-FedAvg delta for the reported epsilon."
-    ),
-    dp_budget: float | None = typer.Option(
-        None, "--dp-target-epsilon", help="DP-FedAvg: stop once epsilon exceeds this."
-    ),
-    workers: int | None = typer.Option(
-        None,
-        "--workers",
-        help="Training processes (default: one per core; 0 trains in this process).",
-    ),
-    device: str = DeviceOpt,
-    resume: bool = typer.Option(
-        False,
-        "--resume",
-        help="Continue the run in --out after its last checkpoint (same settings).",
-    ),
-) -> None:
-    """Run federated rounds in-process and print perplexity per round."""
-    from device_sim.dataset import DataConfig
-    from device_sim.simulate import simulate as run
-    from device_sim.trainer import TrainConfig
-    from server.engine import FederationConfig, PrivacyConfig
-
-    params: dict = {}
-    if strategy in (Strategy.fedatt, Strategy.fedattopt) and epsilon is not None:
-        params["epsilon"] = epsilon
-    if strategy == Strategy.fedatt:
-        params["norm"] = norm
-    if strategy == Strategy.fedmed:
-        params.update(eta=eta, epsilon_med=epsilon_med, beta=beta_topk)
-    if adafl:
-        params["selector"] = "adafl"
-    if dp_clip is not None and (strategy != Strategy.fedavg or adafl):
-        # The guarantee holds for a plain average of clipped updates over uniformly sampled phones.
-        raise typer.BadParameter(
-            "DP-FedAvg (--dp-clip) runs with --strategy fedavg and uniform selection",
-            param_hint="--dp-clip",
-        )
-    fed = FederationConfig(
-        strategy=strategy.value,
-        strategy_params=params,
-        fraction=fraction,
-        rounds=rounds,
-        seed=seed,
-        train=TrainConfig(
-            epochs=local_epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip
-        ),
-        privacy=PrivacyConfig(
-            beta=dp_beta,
-            clip_norm=dp_clip,
-            noise_multiplier=dp_noise,
-            delta=dp_delta,
-            target_epsilon=dp_budget,
-        ),
-    )
-    data_cfg = DataConfig(
-        data=data,
-        paper_protocol=paper_protocol,
-        tokenizer=tokenizer.value,
-        vocab_size=vocab_size,
-        tokenizer_text=tokenizer_text,
-        clients=clients,
-        partition=partition.value,
-        alpha=alpha,
-        max_train_tokens=max_train_tokens,
-        max_eval_sentences=max_eval_sentences,
-        seed=seed,
-    )
-    rows = run(
-        data_cfg,
-        fed,
-        _model_config_for(model, cell, layers, untied, dropout),
-        str(out),
-        workers,
-        device,
-        resume=resume,
-    )
+def _report(rows: list[dict], out: Path) -> None:
     _print_table(rows)
     typer.echo(
         f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}  checkpoints: {out / 'checkpoints'}"
     )
 
 
+# -- commands ---------------------------------------------------------------------------------------
+
+
+@app.command()
+@with_options(*SETTINGS_GROUPS, PHONES)
+def simulate(
+    clients: int = typer.Option(100, "--clients", "-K", min=1, help="Number of simulated phones."),
+    out: Path = typer.Option(
+        Path("runs/simulate"),
+        "--out",
+        help="Run directory: checkpoints/, metrics.jsonl, perplexity.png.",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in --out after its last checkpoint (same settings).",
+    ),
+    **opts,
+) -> None:
+    """Run federated rounds in-process and print perplexity per round."""
+    from device_sim.simulate import simulate as run_simulation
+
+    settings = build_settings(opts, storage=out)
+    rows = run_simulation(
+        phone_data(settings, opts, clients),
+        settings.federation_config(),
+        settings.build_model_config,
+        str(out),
+        opts["workers"],
+        opts["device"],
+        resume=resume,
+    )
+    _report(rows, out)
+
+
+@app.command()
+@with_options(*SETTINGS_GROUPS, ROUNDS)
+def server(
+    storage: Path = _opt(
+        "storage",
+        "--storage",
+        help="Run directory: database, checkpoints/, metrics.jsonl, uploads.",
+    ),
+    host: str = _opt("host", "--host", help="Interface to listen on."),
+    port: int = _opt("port", "--port", help="Port to listen on (0: any free port)."),
+    enrollment_secret: str | None = typer.Option(
+        None,
+        "--enrollment-secret",
+        envvar="FEDKEY_ENROLLMENT_SECRET",
+        help="Devices must present it to enroll (default: a random one, printed).",
+    ),
+    wait_devices: int = _opt(
+        "wait_devices",
+        "--wait-devices",
+        min=1,
+        help="Round 1 opens once this many devices have enrolled.",
+    ),
+    database_url: str | None = _opt(
+        "database_url", "--database-url", help="SQLAlchemy URL (default: SQLite in --storage)."
+    ),
+    exit_when_done: bool = _opt(
+        "exit_when_done", "--exit-when-done", help="Exit once the last round is recorded."
+    ),
+    **opts,
+) -> None:
+    """Run the federation server: devices enroll, train and upload over HTTP (see README)."""
+    from server.main import serve
+
+    settings = build_settings(
+        opts,
+        storage=storage,
+        host=host,
+        port=port,
+        enrollment_secret=enrollment_secret,
+        wait_devices=wait_devices,
+        database_url=database_url,
+        exit_when_done=exit_when_done,
+    )
+    serve(settings)
+
+
+FLEET = {
+    "dropout_rate": (
+        float,
+        typer.Option(
+            0.0,
+            "--dropout-rate",
+            min=0.0,
+            max=1.0,
+            help="Chance that a selected phone vanishes for the round (never uploads).",
+        ),
+    ),
+    "slow_rate": (
+        float,
+        typer.Option(
+            0.0,
+            "--slow-rate",
+            min=0.0,
+            max=1.0,
+            help="Chance that a selected phone is slow (waits --slow-seconds before uploading).",
+        ),
+    ),
+    "slow_seconds": (
+        float,
+        typer.Option(5.0, "--slow-seconds", help="How long a slow phone waits."),
+    ),
+    "malicious": (int, typer.Option(0, "--malicious", min=0, help="The last N phones attack.")),
+    "attack": (
+        Attack,
+        typer.Option(
+            Attack.scale,
+            "--attack",
+            help="scale: a 100x update; nan: a NaN tensor; shape: wrong tensors.",
+        ),
+    ),
+}
+
+
+def fleet_config(url: str, count: int, secret: str, opts: dict):
+    from device_sim.fleet import FleetConfig
+
+    return FleetConfig(
+        server=url,
+        count=count,
+        data=opts["data"],
+        partition=_plain(opts["partition"]),
+        alpha=opts["alpha"],
+        max_train_tokens=opts["max_train_tokens"],
+        paper_protocol=opts["paper_protocol"],
+        seed=opts["seed"],
+        device=opts["device"],
+        workers=opts["workers"],
+        enrollment_secret=secret,
+        dropout_rate=opts["dropout_rate"],
+        slow_rate=opts["slow_rate"],
+        slow_seconds=opts["slow_seconds"],
+        malicious=opts["malicious"],
+        attack=_plain(opts["attack"]),
+    )
+
+
+@app.command()
+@with_options(
+    {k: DATA[k] for k in ("data", "paper_protocol", "max_train_tokens", "seed")}, PHONES, FLEET
+)
+def devices(
+    server_url: str = typer.Option(
+        "http://127.0.0.1:8000", "--server", help="The federation server's URL."
+    ),
+    count: int = typer.Option(
+        10,
+        "--count",
+        "-N",
+        min=1,
+        help="Number of phones (shards are cut as `simulate --clients N`).",
+    ),
+    enrollment_secret: str = typer.Option(
+        ...,
+        "--enrollment-secret",
+        envvar="FEDKEY_ENROLLMENT_SECRET",
+        help="The server's enrollment secret.",
+    ),
+    **opts,
+) -> None:
+    """Run N simulated phones, each with its own private shard, against a server until it finishes."""
+    from device_sim.fleet import FleetError, run_fleet
+
+    try:
+        summary = run_fleet(fleet_config(server_url, count, enrollment_secret, opts))
+    except FleetError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "per_device"}, indent=2))
+    if summary.get("interrupted"):
+        raise typer.Exit(130)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} was not healthy after {timeout:.0f} s")
+
+
+@app.command()
+@with_options(*SETTINGS_GROUPS, PHONES, ROUNDS, FLEET)
+def run(
+    devices_count: int = typer.Option(
+        10, "--devices", "-N", min=1, help="Number of phones in the fleet."
+    ),
+    out: Path = typer.Option(
+        Path("runs/run"),
+        "--out",
+        help="Run directory: checkpoints/, metrics.jsonl, perplexity.png, server.log.",
+    ),
+    **opts,
+) -> None:
+    """Start a server and a fleet of phones on loopback, run the rounds over real HTTP, stop both."""
+    from device_sim.fleet import run_fleet
+    from server.storage import RunStorage
+
+    out.mkdir(parents=True, exist_ok=True)
+    port, secret = _free_port(), secrets.token_urlsafe(16)
+    url = f"http://127.0.0.1:{port}"
+    settings = build_settings(
+        opts,
+        storage=out,
+        port=port,
+        wait_devices=devices_count,
+        exit_when_done=True,
+        enrollment_secret=secret,
+    )
+    env = {
+        **os.environ,
+        **{f"FEDKEY_{k.upper()}": _env(v) for k, v in settings_env(settings).items()},
+    }
+    log = (out / "server.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.main"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        _wait_healthy(url, proc)
+        typer.echo(f"server {url} (log: {out / 'server.log'}); {devices_count} phones training")
+        summary = run_fleet(fleet_config(url, devices_count, secret, opts))
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        log.close()
+    storage = RunStorage(out)
+    storage.plot(f"{settings.strategy} over HTTP on {settings.data}")
+    _report(storage.read_metrics(), out)
+    if summary.get("rejections"):
+        typer.echo(f"rejected uploads: {summary['rejections']}")
+
+
+def settings_env(settings: Settings) -> dict[str, Any]:
+    """The settings that differ from their defaults, to hand to a server process."""
+    return {
+        name: getattr(settings, name)
+        for name, field in Settings.model_fields.items()
+        if getattr(settings, name) != field.default
+    }
+
+
+def _env(value: Any) -> str:
+    if hasattr(value, "get_secret_value"):
+        return value.get_secret_value()
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 @app.command("train-central")
+@with_options(DATA, MODEL, {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip")}, PHONES)
 def train_central_cmd(
-    data: str = DataOpt,
     epochs: int = typer.Option(
         5, "--epochs", min=1, help="Passes over the union of the phones' data."
     ),
-    clients: int = ClientsOpt,
-    batch_size: int = BatchOpt,
-    lr: float = LrOpt,
-    momentum: float = MomOpt,
-    clip: float = ClipOpt,
-    max_train_tokens: int | None = MaxTokOpt,
-    max_eval_sentences: int | None = MaxEvalOpt,
-    seed: int = SeedOpt,
+    clients: int = typer.Option(
+        100, "--clients", "-K", min=1, help="Phones whose data is pooled (as in simulate)."
+    ),
     out: Path = typer.Option(
         Path("runs/central"), "--out", help="Run directory, same layout as simulate."
     ),
-    partition: Partition = PartOpt,
-    paper_protocol: bool = PaperOpt,
-    tokenizer: TokenizerKind = TokOpt,
-    vocab_size: int = VocabOpt,
-    tokenizer_text: str | None = TokTextOpt,
-    model: Preset = ModelOpt,
-    cell: Cell = CellOpt,
-    layers: int = LayersOpt,
-    untied: bool = UntiedOpt,
-    dropout: float = DropoutOpt,
-    device: str = DeviceOpt,
+    **opts,
 ) -> None:
     """Train the same model centrally on the union of the phones' data: the ceiling for federated quality."""
-    from device_sim.dataset import DataConfig
     from device_sim.simulate import train_central
-    from device_sim.trainer import TrainConfig
 
-    data_cfg = DataConfig(
-        data=data,
-        paper_protocol=paper_protocol,
-        tokenizer=tokenizer.value,
-        vocab_size=vocab_size,
-        tokenizer_text=tokenizer_text,
-        clients=clients,
-        partition=partition.value,
-        max_train_tokens=max_train_tokens,
-        max_eval_sentences=max_eval_sentences,
-        seed=seed,
-    )
-    train = TrainConfig(epochs=1, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip)
+    settings = build_settings(opts, storage=out)
     rows = train_central(
-        data_cfg,
-        train,
-        _model_config_for(model, cell, layers, untied, dropout),
+        phone_data(settings, opts, clients),
+        settings.train_config(),
+        settings.build_model_config,
         str(out),
         epochs,
-        seed,
-        device,
+        settings.seed,
+        opts["device"],
     )
-    _print_table(rows)
-    typer.echo(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}")
+    _report(rows, out)
 
 
 @app.command()
@@ -388,7 +716,7 @@ def info(
     from models.model import num_parameters
 
     model, tok, meta = load_checkpoint(checkpoint)
-    summary = {k: v for k, v in meta.items() if k != "tokenizer"}
+    summary = {k: v for k, v in meta.items() if k not in ("tokenizer", "server")}
     summary["tokenizer"] = {"kind": tok.kind, "vocab_size": tok.vocab_size}
     summary["parameters"] = num_parameters(model)
     typer.echo(json.dumps(summary, indent=2))

@@ -9,6 +9,7 @@ settings run the same federation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,7 @@ class Settings(BaseSettings):
     paper_protocol: bool = False
     tokenizer: Literal["word", "sentencepiece"] = "word"
     vocab_size: int = Field(10_000, ge=4)
+    tokenizer_text: str | None = None  # SentencePiece: public text it is trained on
     max_train_tokens: int | None = Field(None, ge=1)
     max_eval_sentences: int | None = Field(None, ge=1)
     seed: int = 0
@@ -112,17 +114,14 @@ class Settings(BaseSettings):
         return self.strategy == "fedmed" and self.topk_beta < 1.0
 
     def data_config(self) -> DataConfig:
-        return DataConfig(
-            data=self.data,
-            paper_protocol=self.paper_protocol,
-            tokenizer=self.tokenizer,
-            vocab_size=self.vocab_size,
-            max_train_tokens=self.max_train_tokens,
-            max_eval_sentences=self.max_eval_sentences,
-            seed=self.seed,
-        )
+        """The server's DataConfig: every DataConfig field this class has (the phones' partition
+        fields, clients/partition/alpha, keep their defaults: the server never cuts shards)."""
+        names = [
+            f.name for f in dataclasses.fields(DataConfig) if f.name in type(self).model_fields
+        ]
+        return DataConfig(**{name: getattr(self, name) for name in names})
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
+    def build_model_config(self, vocab_size: int) -> ModelConfig:
         extra = dict(cell=self.cell, num_layers=self.layers, tied=self.tied, dropout=self.dropout)
         if self.hidden_size is not None:
             return ModelConfig(

@@ -1,0 +1,324 @@
+"""The phone's side of the HTTP contract (README "The HTTP contract"): one `DeviceClient` per phone.
+
+Control messages are JSON, tensors are safetensors bytes. Transient failures (the server is
+restarting: connection refused or reset, a 5xx, a 429, a timeout) are retried with capped
+exponential backoff for up to `retry_seconds`; a 4xx is the server's answer and is raised at once
+as an `ApiError` carrying the status and the server's "detail" message.
+
+The model download is cached by ETag: the client sends `If-None-Match` and a 304 reuses the cached
+state. A `ModelCache` can be shared by the phones of one process (they all train on the same
+global model), so one download per round serves all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import struct
+import threading
+import time
+from typing import Any, NamedTuple
+
+import httpx
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from models.checkpoint import CheckpointError, check_state
+from models.model import ModelConfig
+from models.tokenizers import Tokenizer, tokenizer_from_config
+
+log = logging.getLogger("fedkey.device")
+
+__all__ = [
+    "ApiError",
+    "DeviceClient",
+    "FedkeyError",
+    "GlobalModel",
+    "ModelCache",
+    "ServerUnavailable",
+    "Stopped",
+    "parse_checkpoint",
+]
+
+
+class FedkeyError(Exception):
+    """Anything that goes wrong talking to the federation server."""
+
+
+class ApiError(FedkeyError):
+    """The server answered with an error status (4xx; 5xx only once the retries are spent)."""
+
+    def __init__(self, status: int, detail: str, method: str = "", path: str = ""):
+        self.status = status
+        self.detail = detail
+        self.method = method
+        self.path = path
+        super().__init__(f"{method} {path} -> {status}: {detail}".strip())
+
+
+class ServerUnavailable(FedkeyError):
+    """Transient failures went on for longer than the retry budget."""
+
+    def __init__(self, message: str, status: int | None = None, detail: str = ""):
+        self.status = status  # the last HTTP status, or None when the server could not be reached
+        self.detail = detail
+        super().__init__(message)
+
+
+class Stopped(FedkeyError):
+    """The phone was asked to stop while it was waiting to retry."""
+
+
+class GlobalModel(NamedTuple):
+    round: int
+    config: ModelConfig
+    tokenizer: Tokenizer
+    state: dict[str, torch.Tensor]
+
+
+class ModelCache:
+    """The last downloaded model and its ETag; thread-safe, shareable between phones."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.etag: str | None = None
+        self.model: GlobalModel | None = None
+
+
+def _safetensors_metadata(body: bytes) -> dict[str, str]:
+    if len(body) < 8:
+        raise CheckpointError("the model download is not a safetensors file (too short)")
+    (n,) = struct.unpack("<Q", body[:8])
+    try:
+        header = json.loads(body[8 : 8 + n])
+    except ValueError as e:
+        raise CheckpointError(f"the model download has no readable safetensors header: {e}") from e
+    return header.get("__metadata__") or {}
+
+
+def parse_checkpoint(body: bytes, round_header: str | None = None) -> GlobalModel:
+    """A checkpoint file's bytes -> (round, model config, tokenizer, state), checked."""
+    meta_raw = _safetensors_metadata(body)
+    if "fedkey" not in meta_raw:
+        raise CheckpointError(
+            "the model download is not a fedkey checkpoint (no 'fedkey' metadata)"
+        )
+    meta = json.loads(meta_raw["fedkey"])
+    config = ModelConfig(**meta["model"])
+    tokenizer = tokenizer_from_config(meta["tokenizer"])
+    state = st_load(body)
+    check_state(state, config)
+    rnd = int(round_header) if round_header is not None else int(meta.get("round", 0))
+    return GlobalModel(rnd, config, tokenizer, state)
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500] or resp.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        d = body["detail"]
+        return d if isinstance(d, str) else json.dumps(d)
+    return json.dumps(body)[:500]
+
+
+def _transient_status(status: int) -> bool:
+    return status >= 500 or status == 429
+
+
+class DeviceClient:
+    """One phone's connection to the server at `base_url` through the (shareable) `http` client.
+
+    `retry_seconds`: how long transient failures of one request are retried before
+    `ServerUnavailable`; the backoff doubles from `backoff_initial` up to `backoff_max` seconds
+    (with jitter, so a fleet does not hammer a restarting server in step). `stop`: an event that
+    interrupts the backoff waits (`Stopped`). `timeout`: seconds for connect / write / a reply
+    (long-polls get their wait on top).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        http: httpx.Client,
+        *,
+        token: str | None = None,
+        cache: ModelCache | None = None,
+        retry_seconds: float = 300.0,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 10.0,
+        timeout: float = 60.0,
+        stop: threading.Event | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.http = http
+        self.token = token
+        self.device_id: str | None = None
+        self.cache = cache if cache is not None else ModelCache()
+        self.retry_seconds = retry_seconds
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.timeout = timeout
+        self.stop = stop
+        self._jitter = random.Random()  # timing only: never touches what is trained or uploaded
+
+    # -- transport -------------------------------------------------------------------------------
+
+    def _timeout(self, wait: float = 0.0) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout, read=self.timeout + max(wait, 0.0))
+
+    def _sleep(self, seconds: float) -> None:
+        if self.stop is None:
+            time.sleep(seconds)
+        elif self.stop.wait(seconds):
+            raise Stopped("stopped while waiting to retry")
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        auth: bool = True,
+        wait: float = 0.0,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send with retries; returns a response whose status is < 400, raises otherwise."""
+        headers = dict(headers or {})
+        if auth:
+            if self.token is None:
+                raise FedkeyError(f"{method} {path} needs a device token: enroll first")
+            headers["Authorization"] = f"Bearer {self.token}"
+        url = self.base_url + path
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            if self.stop is not None and self.stop.is_set():
+                raise Stopped(f"stopped before {method} {path}")
+            retry_after = 0.0
+            try:
+                resp = self.http.request(
+                    method, url, headers=headers, timeout=self._timeout(wait), **kwargs
+                )
+            except httpx.UnsupportedProtocol:
+                raise
+            except httpx.TransportError as e:
+                status, problem = None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            else:
+                if resp.status_code < 400:
+                    if attempt:
+                        log.info("%s %s: the server answers again", method, path)
+                    return resp
+                detail = _detail(resp)
+                if not _transient_status(resp.status_code):
+                    raise ApiError(resp.status_code, detail, method, path)
+                status, problem = resp.status_code, f"{resp.status_code}: {detail}"
+                try:
+                    retry_after = float(resp.headers.get("Retry-After", 0))
+                except ValueError:
+                    retry_after = 0.0
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.retry_seconds
+                log.warning(
+                    "%s %s failed (%s); retrying for up to %.0f s",
+                    method,
+                    path,
+                    problem,
+                    self.retry_seconds,
+                )
+            if now >= deadline:
+                message = f"{method} {path}: the server stayed unavailable for {self.retry_seconds:.0f} s (last: {problem})"
+                raise ServerUnavailable(message, status, problem)
+            delay = min(self.backoff_max, self.backoff_initial * 2**attempt)
+            delay = delay * self._jitter.uniform(0.5, 1.0)
+            delay = min(max(delay, min(retry_after, self.backoff_max)), deadline - now)
+            self._sleep(max(delay, 0.0))
+            attempt += 1
+
+    # -- the contract ----------------------------------------------------------------------------
+
+    def enroll(
+        self, secret: str, name: str | None = None, num_samples: int | None = None
+    ) -> tuple[str, str]:
+        """POST /v1/devices -> (device_id, token); the token is kept for the later calls."""
+        body: dict[str, Any] = {"enrollment_secret": secret}
+        if name is not None:
+            body["name"] = name
+        if num_samples is not None:
+            body["num_samples"] = int(num_samples)
+        reply = self.request("POST", "/v1/devices", auth=False, json=body).json()
+        self.device_id, self.token = str(reply["device_id"]), str(reply["token"])
+        return self.device_id, self.token
+
+    def current(self, wait: float = 0.0) -> dict:
+        """GET /v1/rounds/current, long-polling up to `wait` seconds for this device's view to change."""
+        params = {"wait": f"{max(wait, 0.0):g}"}
+        return self.request("GET", "/v1/rounds/current", params=params, wait=wait).json()
+
+    def download_model(self) -> GlobalModel:
+        """GET /v1/model -> (round, model config, tokenizer, state); cached by ETag (304 reuses it).
+
+        The returned state is shared with the cache (and the other phones of the cache): read it,
+        never modify it in place.
+        """
+        cache = self.cache
+        with cache.lock:
+            headers = {}
+            if cache.etag is not None and cache.model is not None:
+                headers["If-None-Match"] = cache.etag
+            resp = self.request("GET", "/v1/model", auth=False, headers=headers)
+            if resp.status_code == 304:
+                if cache.model is None:
+                    raise FedkeyError("the server answered 304 Not Modified but nothing is cached")
+                return cache.model
+            try:
+                model = parse_checkpoint(resp.content, resp.headers.get("X-Fedkey-Round"))
+            except (CheckpointError, ValueError, KeyError, TypeError) as e:
+                raise FedkeyError(f"GET /v1/model: the download is not a usable model: {e}") from e
+            cache.etag = resp.headers.get("ETag")
+            cache.model = model
+            return model
+
+    def report_loss(
+        self, round_idx: int, loss: float, num_samples: int, wait: float = 0.0
+    ) -> bool | None:
+        """POST /v1/rounds/{n}/loss -> the topK upload decision (None: still pending)."""
+        reply = self.request(
+            "POST",
+            f"/v1/rounds/{round_idx}/loss",
+            params={"wait": f"{max(wait, 0.0):g}"},
+            json={"train_loss": float(loss), "num_samples": int(num_samples)},
+            wait=wait,
+        ).json()
+        return reply.get("upload")
+
+    def upload(
+        self,
+        round_idx: int,
+        state: dict[str, torch.Tensor],
+        num_samples: int,
+        train_loss: float,
+    ) -> dict:
+        """POST /v1/rounds/{n}/update with the state as a raw safetensors body -> the receipt.
+
+        Retrying is safe: the server answers a repeated identical upload with the same receipt.
+        """
+        body = st_save({k: v.detach().cpu().contiguous() for k, v in state.items()})
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Fedkey-Num-Samples": str(int(num_samples)),
+            "X-Fedkey-Train-Loss": repr(float(train_loss)),
+        }
+        return self.request(
+            "POST", f"/v1/rounds/{round_idx}/update", content=body, headers=headers
+        ).json()
+
+    def health(self) -> dict:
+        return self.request("GET", "/healthz", auth=False).json()
+
+    def metrics(self) -> list[dict]:
+        """GET /v1/metrics -> the metrics rows (one per completed round, round 0 the initial model)."""
+        return self.request("GET", "/v1/metrics", auth=False).json().get("rounds", [])

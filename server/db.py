@@ -1,0 +1,123 @@
+"""The server's database: devices, rounds, receipts and metrics rows (SQLAlchemy 2 ORM).
+
+SQLite by default (``<storage>/fedkey.db``); any SQLAlchemy URL works (PostgreSQL:
+``FEDKEY_DATABASE_URL=postgresql+psycopg://user:pass@host/db``, with its driver installed).
+Times are unix seconds (floats) so every backend stores them the same way.
+
+The checkpoints are the source of truth for the model and the rounds it has seen; the database
+holds what the checkpoints do not: the enrolled devices (tokens stored as sha256 hashes only),
+the open round (cohort, attempt, deadline, topK decision), the receipts of loss reports and
+uploads, and a copy of the metrics rows for the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    num_samples: Mapped[int] = mapped_column(Integer, default=1)
+    enrolled_at: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Round(Base):
+    """One attempt at a round: state open -> aggregating -> aggregated, or failed."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("number", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    number: Mapped[int] = mapped_column(Integer, index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16))  # open|aggregating|aggregated|failed
+    available: Mapped[list] = mapped_column(JSON)  # the enrolled devices it was drawn from
+    cohort: Mapped[list] = mapped_column(JSON)
+    uploaders: Mapped[list | None] = mapped_column(JSON, nullable=True)  # topK decision
+    opened_at: Mapped[float] = mapped_column(Float)
+    deadline: Mapped[float] = mapped_column(Float)
+
+
+class Receipt(Base):
+    """A device's loss report (kind 'loss') or accepted upload (kind 'update') for a round."""
+
+    __tablename__ = "receipts"
+    __table_args__ = (UniqueConstraint("round", "attempt", "device_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    receipt: Mapped[str] = mapped_column(String(40), unique=True)
+    round: Mapped[int] = mapped_column(Integer, index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    device_id: Mapped[str] = mapped_column(String(64), ForeignKey("devices.id"))
+    kind: Mapped[str] = mapped_column(String(8))  # 'loss' | 'update'
+    train_loss: Mapped[float] = mapped_column(Float)
+    num_samples: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    path: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class MetricRow(Base):
+    """A copy of one metrics.jsonl row (the checkpoint is the source of truth)."""
+
+    __tablename__ = "metrics"
+
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    row: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`; SQLite gets its directory created, WAL and cross-thread use."""
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"check_same_thread": False}
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn, _record):  # pragma: no cover - trivial
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.close()
+
+    return engine
+
+
+def make_sessionmaker(url: str) -> sessionmaker:
+    """Create the tables if needed and return a session factory (expire_on_commit=False)."""
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    return sessionmaker(engine, expire_on_commit=False)

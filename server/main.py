@@ -1,0 +1,66 @@
+"""`fedkey server`: the federation server under uvicorn (one worker: the round state is in-process).
+
+    from server.main import serve
+    from server.settings import Settings
+    serve(Settings(storage="runs/server", enrollment_secret="s3cret", rounds=20))
+
+Ctrl-C (SIGINT/SIGTERM) stops gracefully: long-polls are answered at once, an aggregation in
+progress is finished and recorded, then the process exits. With `exit_when_done` the server
+also exits by itself once the run is finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+from server.app import create_app
+from server.settings import Settings
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that wakes the coordinator's long-polls when a shutdown begins."""
+
+    coordinator = None
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.coordinator is not None:
+            self.coordinator.begin_shutdown()
+        await super().shutdown(sockets=sockets)
+
+
+def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
+    """A configured uvicorn server for `settings` (call `.run()` or `await .serve()`)."""
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        workers=1,
+        ws="websockets-sansio",
+        log_level=log_level,
+        timeout_graceful_shutdown=30,
+    )
+    server = _Server(config)
+    coordinator = app.state.coordinator
+    server.coordinator = coordinator
+
+    def finished() -> None:
+        # Let long-polls and the event stream deliver "finished" before closing.
+        asyncio.get_running_loop().call_later(1.0, setattr, server, "should_exit", True)
+
+    coordinator.on_finished = finished
+    return server
+
+
+def serve(settings: Settings | None = None, log_level: str = "info") -> None:
+    """Run the server until interrupted (or until the run is done with exit_when_done)."""
+    settings = settings or Settings()
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
+    build_server(settings, log_level).run()
+
+
+if __name__ == "__main__":  # python -m server.main, configured by FEDKEY_* variables
+    serve()

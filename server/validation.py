@@ -1,0 +1,163 @@
+"""Checks on what devices send: pure functions that raise ValidationError(status, message, reason).
+
+The upload body is a safetensors file holding the device's trained weights. In the contract's
+order: a body larger than the model plus a margin -> 413 (refused from its Content-Length, or
+while it streams in when that header is absent or lies); bytes that are not safetensors -> 400;
+wrong tensor names, shapes or dtypes -> 422; NaN or Inf -> 422; missing or malformed
+X-Fedkey-Num-Samples / X-Fedkey-Train-Loss headers -> 422.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import torch
+from safetensors.torch import load as st_load
+
+from models.checkpoint import CheckpointError, check_state
+from models.model import ModelConfig
+
+NUM_SAMPLES_HEADER = "X-Fedkey-Num-Samples"
+TRAIN_LOSS_HEADER = "X-Fedkey-Train-Loss"
+
+
+class ValidationError(Exception):
+    """A request the server refuses: HTTP `status`, a `message` for people, a short `reason`."""
+
+    def __init__(self, status: int, message: str, reason: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.reason = reason
+
+
+def too_large(limit: int, what: str) -> ValidationError:
+    return ValidationError(
+        413,
+        f"upload {what} is larger than the model plus the allowed margin ({limit} bytes)",
+        "too_large",
+    )
+
+
+def check_content_length(value: str | None, limit: int) -> None:
+    """Refuse from the declared size alone, before any of the body is read."""
+    if value is None:
+        return
+    try:
+        declared = int(value)
+    except ValueError:
+        raise ValidationError(
+            400, f"Content-Length {value!r} is not a number", "bad_request"
+        ) from None
+    if declared < 0:
+        raise ValidationError(400, f"Content-Length {declared} is negative", "bad_request")
+    if declared > limit:
+        raise too_large(limit, f"of {declared} bytes")
+
+
+async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """Read a streamed body, refusing it (413) as soon as more than `limit` bytes have come."""
+    parts: list[bytes] = []
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            raise too_large(limit, f"of more than {limit} bytes")
+        if chunk:
+            parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_safetensors(body: bytes) -> dict[str, torch.Tensor]:
+    """bytes -> tensors, or 400 when the bytes are not a safetensors file."""
+    if not body:
+        raise ValidationError(
+            400, "the upload body is empty: send the trained weights as safetensors", "unparseable"
+        )
+    try:
+        return st_load(body)
+    except Exception as e:  # SafetensorError, or anything else the parser trips on
+        msg = str(e).strip() or type(e).__name__
+        raise ValidationError(
+            400, f"the upload body is not a safetensors file ({msg})", "unparseable"
+        ) from None
+
+
+def check_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """422 naming the tensor whose name, shape or dtype does not match the model."""
+    try:
+        check_state(state, config)
+    except CheckpointError as e:
+        raise ValidationError(
+            422, f"the update does not fit the model: {e}", "bad_tensors"
+        ) from None
+
+
+def check_finite(state: dict[str, torch.Tensor]) -> None:
+    """422 naming the first tensor holding a NaN or an infinity."""
+    for name in sorted(state):
+        t = state[name]
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            kind = "NaN" if bool(torch.isnan(t).any()) else "Inf"
+            raise ValidationError(422, f"tensor {name!r} contains {kind} values", "non_finite")
+
+
+def parse_update(body: bytes, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The checks on an upload's bytes, in the contract's order (400, then 422s)."""
+    state = parse_safetensors(body)
+    check_tensors(state, config)
+    check_finite(state)
+    return state
+
+
+def parse_num_samples(value: str | None) -> int:
+    """X-Fedkey-Num-Samples: a positive integer."""
+    if value is None:
+        raise ValidationError(
+            422, f"missing header {NUM_SAMPLES_HEADER} (a positive integer)", "bad_headers"
+        )
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ValidationError(
+            422,
+            f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {value!r}",
+            "bad_headers",
+        ) from None
+    if n <= 0:
+        raise ValidationError(
+            422, f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {n}", "bad_headers"
+        )
+    return n
+
+
+def parse_train_loss(value: str | None) -> float:
+    """X-Fedkey-Train-Loss: a finite float (repr() of the loss round-trips it exactly)."""
+    if value is None:
+        raise ValidationError(
+            422, f"missing header {TRAIN_LOSS_HEADER} (a finite number)", "bad_headers"
+        )
+    try:
+        loss = float(value.strip())
+    except ValueError:
+        raise ValidationError(
+            422, f"header {TRAIN_LOSS_HEADER} must be a finite number, got {value!r}", "bad_headers"
+        ) from None
+    if not math.isfinite(loss):
+        raise ValidationError(
+            422, f"header {TRAIN_LOSS_HEADER} must be a finite number, got {value!r}", "bad_headers"
+        )
+    return loss
+
+
+def check_loss_report(train_loss: float, num_samples: int) -> None:
+    """The JSON body of POST /v1/rounds/{n}/loss: a finite loss and a positive sample count."""
+    if not math.isfinite(train_loss):
+        raise ValidationError(
+            422, f"train_loss must be a finite number, got {train_loss}", "bad_loss"
+        )
+    if num_samples <= 0:
+        raise ValidationError(
+            422, f"num_samples must be a positive integer, got {num_samples}", "bad_loss"
+        )

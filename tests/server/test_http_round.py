@@ -1,0 +1,170 @@
+"""The HTTP server's happy path: enrollment, a round over HTTP, the model download, events."""
+
+import hashlib
+import json
+import threading
+import time
+
+from sqlalchemy import create_engine, text
+from test_http_support import (
+    SECRET,
+    Phone,
+    enroll_phones,
+    make_settings,
+    metrics,
+    run_round,
+    running,
+    shards,
+    wait_for,
+    wait_round,
+)
+
+from server.db import hash_token
+
+
+def test_enrollment_secret_names_and_hashed_tokens(tmp_path):
+    settings = make_settings(tmp_path, wait_devices=5)
+    with running(settings) as client:
+        bad = client.post("/v1/devices", json={"enrollment_secret": "nope", "name": "a"})
+        assert bad.status_code == 401
+        assert "secret" in bad.json()["detail"]
+        missing = client.post("/v1/devices", json={"name": "a"})
+        assert missing.status_code == 401
+
+        ok = client.post(
+            "/v1/devices", json={"enrollment_secret": SECRET, "name": "phone-a", "num_samples": 5}
+        )
+        assert ok.status_code == 200
+        assert ok.json()["device_id"] == "phone-a"
+        token = ok.json()["token"]
+        taken = client.post("/v1/devices", json={"enrollment_secret": SECRET, "name": "phone-a"})
+        assert taken.status_code == 409
+        assert "already enrolled" in taken.json()["detail"]
+        bad_name = client.post("/v1/devices", json={"enrollment_secret": SECRET, "name": "../x"})
+        assert bad_name.status_code == 422 and isinstance(bad_name.json()["detail"], str)
+        anon = client.post("/v1/devices", json={"enrollment_secret": SECRET})
+        assert anon.status_code == 200 and anon.json()["device_id"].startswith("dev-")
+        not_json = client.post("/v1/devices", content=b"\x00garbage")
+        assert not_json.status_code == 422 and isinstance(not_json.json()["detail"], str)
+
+        # the token works; a wrong one does not
+        view = client.get("/v1/rounds/current", headers={"Authorization": f"Bearer {token}"})
+        assert view.status_code == 200
+        assert view.json()["state"] == "waiting" and view.json()["round"] == 1
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+            r = client.get("/v1/rounds/current", headers=headers)
+            assert r.status_code == 401 and isinstance(r.json()["detail"], str)
+
+        # FastAPI's own validation keeps the {"detail": str} shape
+        r = client.get(
+            "/v1/rounds/current",
+            params={"wait": "soon"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 422 and isinstance(r.json()["detail"], str)
+        assert client.get("/v1/nothing").json() == {"detail": "Not Found"}
+
+    engine = create_engine(settings.db_url)
+    with engine.connect() as db:
+        hashes = [row[0] for row in db.execute(text("SELECT token_hash FROM devices"))]
+    engine.dispose()
+    assert hash_token(token) in hashes
+    for path in (tmp_path / "run").glob("fedkey.db*"):
+        assert token.encode() not in path.read_bytes()
+
+
+def test_a_round_over_http_advances_the_model(tmp_path):
+    settings = make_settings(tmp_path, rounds=2, fraction=0.5, wait_devices=4)
+    with running(settings) as client:
+        with client.websocket_connect("/v1/events") as ws:
+            first = client.get("/v1/model")
+            assert first.status_code == 200
+            assert first.headers["X-Fedkey-Round"] == "0"
+            etag = first.headers["ETag"]
+            assert etag == f'"{hashlib.sha256(first.content).hexdigest()}"'
+            assert client.get("/v1/model", headers={"If-None-Match": etag}).status_code == 304
+
+            phones = enroll_phones(client, 4)
+            views = wait_for(
+                lambda: [p.current() for p in phones if p.current()["state"] == "open"]
+            )
+            assert len(views) == 4
+            selected = [v for v in views if v["selected"]]
+            assert len(selected) == 2  # fraction 0.5 of 4
+            task = selected[0]["task"]
+            assert set(task) == {
+                "local_epochs",
+                "batch_size",
+                "lr",
+                "momentum",
+                "clip",
+                "max_len",
+                "seed",
+                "beta",
+                "sigma",
+                "deadline",
+                "model_round",
+            }
+            assert task["model_round"] == 0 and task["local_epochs"] == 1
+            unselected = [v for v in views if not v["selected"]]
+            assert all(v["task"] is None and v["upload"] is False for v in unselected)
+
+            run_round(phones)
+            rows = wait_round(client, 1)
+            assert [r["round"] for r in rows] == [0, 1]
+            assert len(rows[1]["aggregated"]) == 2
+            assert rows[1]["test_ppl"] < rows[0]["test_ppl"]
+
+            second = client.get("/v1/model", headers={"If-None-Match": etag})
+            assert second.status_code == 200
+            assert second.headers["X-Fedkey-Round"] == "1"
+            assert second.headers["ETag"] != etag
+
+            run_round(phones)
+            rows = wait_round(client, 2)
+            assert [r["round"] for r in rows] == [0, 1, 2]
+            assert wait_for(lambda: client.get("/healthz").json()["state"] == "finished")
+            assert phones[0].current(wait=5)["state"] == "finished"
+
+            seen = []
+            while "run_finished" not in seen:
+                seen.append(ws.receive_json()["type"])
+        assert seen.count("device_enrolled") == 4
+        assert seen.count("round_opened") == 2
+        assert seen.count("update_received") == 4
+        assert seen.count("round_aggregated") == 2
+
+        # metrics.jsonl and the database agree
+        jsonl = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        assert len(jsonl) == 3 and metrics(client) == [json.loads(x) for x in jsonl]
+
+        prom = client.get("/metrics").text
+        assert "fedkey_uploads_accepted_total 4.0" in prom
+        assert "fedkey_rounds_completed_total 2.0" in prom
+        assert "fedkey_aggregation_seconds_count 2.0" in prom
+        health = client.get("/healthz").json()
+        assert health == {"status": "ok", "round": 2, "state": "finished"}
+
+
+def test_long_poll_waits_for_a_change_and_misses_none(tmp_path):
+    settings = make_settings(tmp_path, wait_devices=2, rounds=1)
+    with running(settings) as client:
+        names = list(shards(2))
+        a = Phone(client, names[0], shards(2)[names[0]]).enroll()
+        first = a.current()
+        assert first["state"] == "waiting"
+        t = time.monotonic()
+        assert a.current(wait=0.6) == first  # nothing changed: answered at the timeout
+        assert time.monotonic() - t >= 0.5
+
+        b = Phone(client, names[1], shards(2)[names[1]])
+        threading.Timer(0.3, b.enroll).start()
+        t = time.monotonic()
+        opened = a.current(wait=20)  # woken by the round opening
+        assert opened["state"] == "open" and time.monotonic() - t < 10
+        a.train(opened)
+        assert a.upload().status_code == 200
+        # the view changed since the last answer (uploaded): the long-poll answers at once
+        t = time.monotonic()
+        assert a.current(wait=20)["uploaded"] is True
+        assert time.monotonic() - t < 5
