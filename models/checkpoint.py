@@ -102,6 +102,15 @@ def save_checkpoint(
     return path
 
 
+def public_bytes(path: str | Path) -> bytes:
+    """The checkpoint as served to devices: without the server's private memory (the strategy's
+    per-device scores and sample counts, the accountant), which only a restarted server needs."""
+    meta = read_metadata(path)
+    meta.pop("server", None)
+    state = st_load(Path(path).read_bytes())
+    return st_save(state, metadata={"fedkey": json.dumps(meta)})
+
+
 def read_metadata(path: str | Path) -> dict:
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}

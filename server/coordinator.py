@@ -49,6 +49,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from device_sim.dataset import server_data
+from models.checkpoint import public_bytes
 from server import validation
 from server.db import Device, MetricRow, Receipt, Round, hash_token, make_sessionmaker
 from server.engine import Federation, RoundPlan, client_seed
@@ -330,7 +331,7 @@ class Coordinator:
 
     def _load_model(self) -> None:
         fed = self.federation
-        data = fed.storage.checkpoint_path(fed.round).read_bytes()
+        data = public_bytes(fed.storage.checkpoint_path(fed.round))
         self._model = (fed.round, data, hashlib.sha256(data).hexdigest())
 
     def model(self) -> tuple[int, bytes, str]:

@@ -71,3 +71,26 @@ def test_not_a_checkpoint(tmp_path):
     save_file({"x": torch.zeros(1)}, tmp_path / "plain.safetensors")
     with pytest.raises(CheckpointError, match="not a fedkey checkpoint"):
         load_checkpoint(tmp_path / "plain.safetensors")
+
+
+def test_public_bytes_drop_the_servers_private_memory(tmp_path):
+    from safetensors.torch import load
+
+    from models.checkpoint import public_bytes
+
+    cfg = small()
+    state = model_state(build_model(cfg))
+    path = save_checkpoint(
+        tmp_path / "c.safetensors",
+        state,
+        cfg,
+        TOK,
+        round_idx=2,
+        strategy="fedavg",
+        extra={"server": {"strategy": {"scores": {"device-00": 0.5}}}},
+    )
+    data = public_bytes(path)
+    (tmp_path / "p.safetensors").write_bytes(data)
+    meta = json.loads(safe_open(str(tmp_path / "p.safetensors"), "pt").metadata()["fedkey"])
+    assert "server" not in meta and meta["round"] == 2 and meta["tokenizer"]["kind"] == "word"
+    assert all(torch.equal(load(data)[k], state[k]) for k in state)
