@@ -471,6 +471,9 @@ def server(
     exit_when_done: bool = _opt(
         "exit_when_done", "--exit-when-done", help="Exit once the last round is recorded."
     ),
+    export_dir: Path | None = _opt(
+        "export_dir", "--export-dir", help="Export every new global model to DIR/model.onnx (+ model.json) for the keyboard."
+    ),
     **opts,
 ) -> None:
     """Run the federation server: devices enroll, train and upload over HTTP (see README)."""
@@ -485,6 +488,7 @@ def server(
         wait_devices=wait_devices,
         database_url=database_url,
         exit_when_done=exit_when_done,
+        export_dir=export_dir,
     )
     serve(settings)
 
@@ -546,6 +550,7 @@ def fleet_config(url: str, count: int, secret: str, opts: dict):
         slow_seconds=opts["slow_seconds"],
         malicious=opts["malicious"],
         attack=_plain(opts["attack"]),
+        name_prefix=opts.get("name_prefix", ""),
     )
 
 
@@ -564,6 +569,9 @@ def devices(
         min=1,
         help="Number of phones (shards are cut as `simulate --clients N`).",
     ),
+    name_prefix: str = typer.Option(
+        "", "--name-prefix", help="Name the phones <prefix>-00.. (default device-00.., as in simulate)."
+    ),
     enrollment_secret: str = typer.Option(
         ...,
         "--enrollment-secret",
@@ -576,7 +584,9 @@ def devices(
     from device_sim.fleet import FleetError, run_fleet
 
     try:
-        summary = run_fleet(fleet_config(server_url, count, enrollment_secret, opts))
+        summary = run_fleet(
+            fleet_config(server_url, count, enrollment_secret, {**opts, "name_prefix": name_prefix})
+        )
     except FleetError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
@@ -611,7 +621,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> N
 @with_options(*SETTINGS_GROUPS, PHONES, ROUNDS, FLEET)
 def run(
     devices_count: int = typer.Option(
-        10, "--devices", "-N", min=1, help="Number of phones in the fleet."
+        10,
+        "--devices",
+        "--clients",
+        "-N",
+        "-K",
+        min=1,
+        help="Number of phones (--clients as in simulate).",
     ),
     out: Path = typer.Option(
         Path("runs/run"),

@@ -5,10 +5,10 @@ long-polls the server for its view of the current round and, when selected, down
 model, trains with `phone_round` using the task's seed, reports its loss, and uploads if the
 server's topK decision says so. What a phone uploads depends only on the task and its shard.
 
-The phones run in `workers` spawn-context processes (one torch thread each, as the in-process
-simulation's pool); inside a process every phone has its own thread, so all of them keep polling,
-while a lock lets only one of them train at a time (one core per process, and torch's global seed
-is set per training run). On CUDA the processes share the GPU.
+Every phone is a thread of the fleet's process, so all of them keep polling; their training
+goes to the same pool of `workers` processes as the in-process simulation (device_sim.pool: one
+torch thread each, every shard in every process, so the cores stay evenly loaded whichever
+phones a round selects). On CUDA the processes share the GPU.
 
 For the server's tests some phones misbehave: `dropout_rate` (a selected phone vanishes for the
 round: no loss report, no upload), `slow_rate` (waits `slow_seconds` before uploading) and the
@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing as mp
-import os
-import queue
 import random
-import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -37,9 +34,12 @@ from tqdm import tqdm
 
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
 from device_sim.dataset import DataConfig, device_shards
+from device_sim.pool import LocalTask, TrainerPool, default_workers
 from device_sim.trainer import TrainConfig, TrainResult, phone_round
 
 log = logging.getLogger("fedkey.device")
+
+Trainer = Callable[[LocalTask, dict], TrainResult]  # trains a phone's task from a global state
 
 ATTACKS = ("scale", "nan", "shape")
 SCALE_FACTOR = 100.0
@@ -90,6 +90,7 @@ class DeviceReport:
     trained: int = 0
     uploads: int = 0  # accepted uploads
     dropped: int = 0  # vanished on purpose (dropout_rate)
+    dropped_rounds: list[int] = field(default_factory=list)
     slowed: int = 0
     declined: int = 0  # topK said do not upload
     stale: int = 0  # 409: the round moved on before it finished
@@ -148,13 +149,13 @@ class _Phone:
     MAX_REENROLL = 3
     MAX_TRIES = 3  # acting on one (round, attempt): a server that restarted may have lost an upload
 
-    def __init__(self, client, name, shard, secret, phone, train_lock, stop, report):
+    def __init__(self, client, name, shard, secret, phone, trainer, stop, report):
         self.client: DeviceClient = client
         self.name = name
         self.shard = shard
         self.secret = secret
         self.phone: PhoneConfig = phone
-        self.lock = train_lock if train_lock is not None else contextlib.nullcontext()
+        self.trainer: Trainer = trainer
         self.stop = stop
         self.report: DeviceReport = report
         self.num_samples = _num_samples(shard)
@@ -252,17 +253,16 @@ class _Phone:
         task_key = (key, model.round, tuple(sorted((k, str(v)) for k, v in task.items())))
         if self.trained is not None and self.trained[0] == task_key:
             return self.trained[1]
-        with self.lock:
-            result = phone_round(
-                model.config,
-                model.state,
-                self.shard,
-                _train_config(task),
-                seed=int(task["seed"]),
-                beta=float(task.get("beta") or 0.0),
-                sigma=float(task.get("sigma") if task.get("sigma") is not None else 1.0),
-                device=self.phone.device,
-            )
+        task = LocalTask(
+            device_id=self.name,
+            seed=int(task["seed"]),
+            model_config=model.config,
+            train=_train_config(task),
+            beta=float(task.get("beta") or 0.0),
+            sigma=float(task.get("sigma") if task.get("sigma") is not None else 1.0),
+            device=self.phone.device,
+        )
+        result = self.trainer(task, model.state)
         self.report.trained += 1
         self.trained = (task_key, result)
         return result
@@ -278,6 +278,7 @@ class _Phone:
         self.report.selected = len(self.selected)
         if vanish:
             self.report.dropped += 1
+            self.report.dropped_rounds.append(r)
             self.handled.add(key)
             log.info("%s: vanishes from round %d (dropout)", self.name, r)
             return None
@@ -340,6 +341,25 @@ class _Phone:
         return None
 
 
+def local_trainer(shard: list[list[int]], lock: threading.Lock | None = None) -> Trainer:
+    """Train in the calling thread (under `lock`: torch's global seed is set per training run)."""
+
+    def train(task: LocalTask, state: dict) -> TrainResult:
+        with lock if lock is not None else contextlib.nullcontext():
+            return phone_round(
+                task.model_config,
+                state,
+                shard,
+                task.train,
+                task.seed,
+                task.beta,
+                task.sigma,
+                task.device,
+            )
+
+    return train
+
+
 def run_device(
     client: DeviceClient,
     name: str,
@@ -355,7 +375,16 @@ def run_device(
     round (ApiError, ServerUnavailable) end the phone: they are recorded in the report's `error`
     and raised."""
     report = DeviceReport(name)
-    p = _Phone(client, name, shard, secret, phone or PhoneConfig(), train_lock, stop, report)
+    p = _Phone(
+        client,
+        name,
+        shard,
+        secret,
+        phone or PhoneConfig(),
+        local_trainer(shard, train_lock),
+        stop,
+        report,
+    )
     try:
         p.run()
     except FedkeyError as e:
@@ -389,6 +418,8 @@ class FleetConfig:
     attack: str = "scale"  # scale | nan | shape
     retry_seconds: float = 300.0  # how long a phone keeps retrying an unavailable server
     poll_wait: float = 30.0
+    # Phone names are device-00.. as in `fedkey simulate`; another prefix keeps several fleets apart.
+    name_prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -436,114 +467,17 @@ def _http_client(connections: int) -> httpx.Client:
     )
 
 
-def _run_group(
-    index: int,
-    server: str,
-    phones: list[tuple[str, list[list[int]], PhoneConfig]],
-    secret: str,
-    retry_seconds: float,
-    stop,
-    emit,
-) -> None:
-    """The phones of one process, one thread each; emits ("report", dict) per phone, then
-    ("done", index)."""
-    http = _http_client(len(phones))
-    cache = ModelCache()  # one download per round serves every phone of the process
-    lock = threading.Lock()  # one phone trains at a time (one core, torch's global seed)
-    local_stop = threading.Event()
-    reports: dict[str, DeviceReport] = {}
-    sent: set[str] = set()
-
-    def phone_thread(name, shard, phone):
-        client = DeviceClient(
-            server, http, cache=cache, retry_seconds=retry_seconds, stop=local_stop
-        )
-        report = DeviceReport(name)
-        reports[name] = report
-        p = _Phone(client, name, shard, secret, phone, lock, local_stop, report)
-        try:
-            p.run()
-        except FedkeyError as e:
-            if not local_stop.is_set():
-                report.error = str(e)
-                log.error("%s: %s", name, e)
-        except Exception as e:  # a bug must not take the other phones down silently
-            report.error = f"{type(e).__name__}: {e}"
-            log.exception("%s crashed", name)
-
-    threads = [
-        threading.Thread(target=phone_thread, args=ph, name=ph[0], daemon=True) for ph in phones
-    ]
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads):
-        for t in threads:
-            if not t.is_alive() and t.name not in sent:
-                sent.add(t.name)
-                emit(("report", reports[t.name].to_dict()))
-        if stop.is_set():
-            local_stop.set()
-            for t in threads:
-                t.join(timeout=0.2)
-            break
-        stop.wait(0.2)
-    for name, _, _ in phones:  # stopped: what the phones still running did so far
-        if name not in sent and name in reports:
-            for _ in range(3):
-                try:
-                    emit(("report", reports[name].to_dict()))
-                    break
-                except RuntimeError:  # changed while being copied
-                    time.sleep(0.01)
-    emit(("done", index))
-    if not local_stop.is_set():
-        http.close()
-
-
-def _worker(
-    index: int,
-    server: str,
-    phones: list[tuple[str, list[list[int]], PhoneConfig]],
-    secret: str,
-    retry_seconds: float,
-    log_level: int,
-    stop,
-    results,
-) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and sets `stop`
-    torch.set_num_threads(1)
-    logging.basicConfig(
-        level=log_level, format=f"%(asctime)s [worker {index}] %(levelname)s %(message)s"
-    )
+def _phone_thread(client: DeviceClient, name, shard, secret, phone, trainer, stop, report) -> None:
+    """One phone's loop in a thread of the fleet; its failures end up in its report."""
     try:
-        _run_group(index, server, phones, secret, retry_seconds, stop, results.put)
-    except BaseException as e:  # report instead of dying silently
-        results.put(("crash", index, f"worker {index}: {type(e).__name__}: {e}"))
-        raise
-    finally:
-        results.close()
-        results.join_thread()
-    # Everything is reported. Phone threads may still be inside a long-poll after a stop, and a
-    # torch interpreter takes seconds to tear down: leave at once.
-    logging.shutdown()
-    os._exit(0)
-
-
-def _start_ignoring_sigint(procs) -> None:
-    """Start the workers with SIGINT blocked: a spawned child inherits the signal mask, so a
-    Ctrl-C in the terminal (sent to the whole process group) reaches only the parent, even while
-    a child is still importing torch; the parent then stops them through the stop event. A
-    Ctrl-C during the start stays pending and is delivered to the parent right after."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        for p in procs:
-            p.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
+        _Phone(client, name, shard, secret, phone, trainer, stop, report).run()
+    except FedkeyError as e:
+        if not stop.is_set():
+            report.error = str(e)
+            log.error("%s: %s", name, e)
+    except Exception as e:  # a bug must not take the other phones down silently
+        report.error = f"{type(e).__name__}: {e}"
+        log.exception("%s crashed", name)
 
 
 def _summarize(cfg, workers, reports, crashes, rounds_completed, interrupted, seconds) -> dict:
@@ -573,68 +507,51 @@ def _summarize(cfg, workers, reports, crashes, rounds_completed, interrupted, se
 
 def run_fleet(cfg: FleetConfig, progress: bool = True) -> dict:
     """Run `cfg.count` phones against the server until it finishes (or Ctrl-C); returns a summary:
-    uploads, rejections by reason, rounds seen and completed, per-device reports, errors."""
+    uploads, rejections by reason, rounds seen and completed, per-device reports, errors.
+
+    Every phone is a thread of this process that polls, downloads, reports and uploads; their
+    training goes to a pool of `workers` processes that hold every shard (device_sim.pool), so
+    the cores stay evenly loaded whichever phones a round selects, as in `fedkey simulate`.
+    """
     start = time.monotonic()
     torch.set_num_threads(1)
-    http = _http_client(2)
+    http = _http_client(cfg.count)
+    stop = threading.Event()
+    reports: dict[str, DeviceReport] = {}
+    rounds_completed: int | None = None
+    interrupted = False
+    pool = None
     try:
         probe = DeviceClient(cfg.server, http, retry_seconds=cfg.retry_seconds)
         model = probe.download_model()  # the server's tokenizer encodes the private shards
         shards = device_shards(cfg.data_config(), model.tokenizer)
+        if cfg.name_prefix:  # e.g. several fleet containers against one server
+            shards = {f"{cfg.name_prefix}-{k.split('-', 1)[1]}": v for k, v in shards.items()}
         names = list(shards)
         bad = set(names[len(names) - cfg.malicious :]) if cfg.malicious else set()
-        phones = [(n, shards[n], cfg.phone_config(n in bad)) for n in names]
-        workers = _default_workers() if cfg.workers is None else cfg.workers
-        workers = min(workers, len(phones))
-        groups = [phones[i::workers] for i in range(workers)] if workers > 0 else [phones]
-        log_level = logging.getLogger().getEffectiveLevel()
-
-        if workers > 0:
-            ctx = mp.get_context("spawn")  # fork after torch has started is unsafe
-            stop = ctx.Event()
-            results = ctx.Queue()
-            procs = [
-                ctx.Process(
-                    target=_worker,
-                    args=(
-                        i,
-                        cfg.server,
-                        group,
-                        cfg.enrollment_secret,
-                        cfg.retry_seconds,
-                        log_level,
-                        stop,
-                        results,
-                    ),
-                    name=f"fedkey-phones-{i}",
-                )
-                for i, group in enumerate(groups)
-            ]
-        else:
-            stop = threading.Event()
-            results = queue.Queue()
-            procs = [
-                threading.Thread(
-                    target=_run_group,
-                    args=(
-                        0,
-                        cfg.server,
-                        phones,
-                        cfg.enrollment_secret,
-                        cfg.retry_seconds,
-                        stop,
-                        results.put,
-                    ),
-                    daemon=True,
-                )
-            ]
-
-        reports: dict[str, dict] = {}
-        crashes: list[str] = []
-        done: set[int] = set()  # groups that reported "done" (or crashed)
-        dead_since: dict[int, float] = {}
-        rounds_completed: int | None = None
-        interrupted = False
+        workers = default_workers() if cfg.workers is None else cfg.workers
+        workers = min(workers, len(names))
+        pool = TrainerPool(shards, workers)
+        cache = ModelCache()  # one download per round serves every phone
+        threads = []
+        for name in names:
+            client = DeviceClient(
+                cfg.server, http, cache=cache, retry_seconds=cfg.retry_seconds, stop=stop
+            )
+            reports[name] = DeviceReport(name)
+            args = (
+                client,
+                name,
+                shards[name],
+                cfg.enrollment_secret,
+                cfg.phone_config(name in bad),
+                pool.train,
+                stop,
+                reports[name],
+            )
+            threads.append(
+                threading.Thread(target=_phone_thread, args=args, name=name, daemon=True)
+            )
         bar = tqdm(desc=f"{cfg.count} phones on {cfg.server}", unit="round", disable=not progress)
 
         def poll_metrics() -> None:
@@ -652,73 +569,35 @@ def run_fleet(cfg: FleetConfig, progress: bool = True) -> dict:
                 rounds_completed = n
                 bar.n = n
                 post = {k: f"{last[k]:.1f}" for k in ("val_ppl", "test_ppl") if k in last}
-                uploads = sum(r["uploads"] for r in reports.values())
-                bar.set_postfix(**post, **({"uploads": uploads} if reports else {}))
+                bar.set_postfix(**post, uploads=sum(r.uploads for r in reports.values()))
                 bar.refresh()
 
-        def handle(msg) -> None:
-            if msg[0] == "report":
-                reports[msg[1]["name"]] = msg[1]
-            elif msg[0] == "done":
-                done.add(msg[1])
-                log.debug("phone group %d is done", msg[1])
-            elif msg[0] == "crash":
-                done.add(msg[1])
-                crashes.append(msg[2])
-
-        def drain(timeout: float) -> None:
-            try:
-                handle(results.get(timeout=timeout))
-            except queue.Empty:
-                return
-
-        _start_ignoring_sigint(procs)
+        for t in threads:
+            t.start()
         try:
-            last_poll = 0.0
-            while len(done) < len(procs):
-                drain(0.5)
-                if time.monotonic() - last_poll > 2.0:
-                    poll_metrics()
-                    last_poll = time.monotonic()
-                for i, p in enumerate(procs):
-                    if i in done or p.is_alive():
-                        continue
-                    # Dead without "done": give its last messages a moment to arrive.
-                    if time.monotonic() - dead_since.setdefault(i, time.monotonic()) > 3.0:
-                        code = getattr(p, "exitcode", None)
-                        crashes.append(f"worker {i}: exited (code {code}) without reporting")
-                        done.add(i)
+            while any(t.is_alive() for t in threads):
+                poll_metrics()
+                for t in threads:
+                    t.join(timeout=2.0 / len(threads))
         except KeyboardInterrupt:
             interrupted = True
             bar.write("interrupted: stopping the phones")
-            stop.set()
-            until = time.monotonic() + 5.0
-            while len(done) < len(procs) and time.monotonic() < until:
-                with contextlib.suppress(KeyboardInterrupt):
-                    drain(0.2)
         finally:
-            log.debug("stopping the phone groups")
             stop.set()
-            for p in procs:
-                p.join(timeout=5.0 if workers > 0 else 1.0)
-                if workers > 0 and p.is_alive():
-                    p.terminate()
-                    p.join()
-            while True:  # reports that arrived late
-                try:
-                    msg = results.get_nowait()
-                except (queue.Empty, OSError, ValueError):
-                    break
-                handle(msg)
+            for t in threads:
+                t.join(timeout=1.0)
             poll_metrics()
             bar.close()
     finally:
+        if pool is not None:
+            pool.close()
         http.close()
 
+    done = {n: r.to_dict() for n, r in reports.items()}
     summary = _summarize(
-        cfg, workers, reports, crashes, rounds_completed, interrupted, time.monotonic() - start
+        cfg, workers, done, [], rounds_completed, interrupted, time.monotonic() - start
     )
-    if not interrupted and reports and all(r["error"] for r in reports.values()):
+    if not interrupted and done and all(r["error"] for r in done.values()):
         first = next(iter(summary["errors"].items()))
         raise FleetError(f"every phone failed; {first[0]}: {first[1]}")
     return summary

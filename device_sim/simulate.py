@@ -9,88 +9,15 @@ on the number of workers or on the transport.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-
 import torch
 from tqdm import tqdm
 
 from device_sim.dataset import DataConfig, prepare
-from device_sim.trainer import TrainConfig, TrainResult, phone_round, train_local
-from models.model import ModelConfig
+from device_sim.pool import LocalTask, TrainerPool, default_workers
+from device_sim.trainer import TrainConfig, train_local
 from server.engine import Federation, FederationConfig, client_seed
 from server.storage import RunStorage
 from server.strategies import ClientUpdate
-
-# -- the worker processes -------------------------------------------------------------------------
-
-_SHARDS: dict[str, list[list[int]]] = {}
-
-
-def _init_worker(shards: dict[str, list[list[int]]]) -> None:
-    torch.set_num_threads(1)
-    _SHARDS.update(shards)
-
-
-@dataclass
-class LocalTask:
-    device_id: str
-    round: int
-    seed: int
-    model_config: ModelConfig
-    train: TrainConfig
-    beta: float  # the seeds' client-side randomization
-    sigma: float
-    device: str
-
-
-def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainResult:
-    seed = client_seed(task.seed, task.round, task.device_id)
-    return phone_round(
-        task.model_config,
-        global_state,
-        _SHARDS[task.device_id],
-        task.train,
-        seed,
-        task.beta,
-        task.sigma,
-        task.device,
-    )
-
-
-class TrainerPool:
-    """Phones simulated in `workers` processes (or in this process when workers == 0)."""
-
-    def __init__(self, shards: dict[str, list[list[int]]], workers: int):
-        self.workers = workers
-        if workers > 0:
-            self.pool = ProcessPoolExecutor(
-                max_workers=workers,
-                mp_context=mp.get_context("spawn"),  # fork after torch has started is unsafe
-                initializer=_init_worker,
-                initargs=(shards,),
-            )
-        else:
-            self.pool = None
-            _init_worker(shards)
-
-    def run(
-        self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]
-    ) -> dict[str, TrainResult]:
-        if self.pool is None:
-            return {t.device_id: run_task(t, global_state) for t in tasks}
-        futures = {t.device_id: self.pool.submit(run_task, t, global_state) for t in tasks}
-        return {d: f.result() for d, f in futures.items()}
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-
-
-def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
 
 
 def simulate(
@@ -147,8 +74,7 @@ def simulate(
             tasks = [
                 LocalTask(
                     d,
-                    plan.round,
-                    fed.seed,
+                    client_seed(fed.seed, plan.round, d),
                     model_config,
                     plan.train,
                     fed.privacy.beta,

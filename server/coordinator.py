@@ -159,6 +159,8 @@ class Coordinator:
         self._given: dict[str, dict] = {}  # device id -> the view it was last answered
         self._next_attempt = 0
         self._model: tuple[int, bytes, str] | None = None  # (round, checkpoint bytes, sha256)
+        self._exporting: asyncio.Task | None = None
+        self._exported_round: int | None = None
         self._changed = asyncio.Event()
         self._poke = asyncio.Event()
         self._stopping = False
@@ -205,6 +207,7 @@ class Coordinator:
                 db.execute(delete(MetricRow))
         self._reconcile()
         self._load_model()
+        self._schedule_export()
         self.telemetry.devices.set(len(self.devices))
         log.info(
             "%s at round %d; %d devices enrolled; state %s",
@@ -333,6 +336,37 @@ class Coordinator:
         fed = self.federation
         data = public_bytes(fed.storage.checkpoint_path(fed.round))
         self._model = (fed.round, data, hashlib.sha256(data).hexdigest())
+
+    # -- ONNX exports for the keyboard ------------------------------------------------------------
+
+    def _schedule_export(self) -> None:
+        """With export_dir, export the newest global model to ONNX in the background: one export
+        at a time, always of the newest round (rounds finished meanwhile are skipped)."""
+        if self.settings.export_dir is None or self._exporting:
+            return
+        self._exporting = asyncio.create_task(self._export_newest(), name="fedkey-export")
+
+    async def _export_newest(self) -> None:
+        try:
+            while self._exported_round != self.federation.round:
+                r = self.federation.round
+                path = self.federation.storage.checkpoint_path(r)
+                try:
+                    report = await asyncio.to_thread(self._export, path)
+                except Exception as e:  # an export failure never stops the federation
+                    log.exception("round %d: ONNX export failed", r)
+                    self.events.publish("export_failed", round=r, reason=f"{type(e).__name__}: {e}")
+                    return
+                self._exported_round = r
+                self.events.publish("model_exported", round=r, path=str(report.path), bytes=report.bytes)
+        finally:
+            self._exporting = None
+
+    def _export(self, checkpoint: Path):
+        from export.onnx_export import export_checkpoint
+
+        out = Path(self.settings.export_dir) / "model.onnx"
+        return export_checkpoint(checkpoint, out)
 
     def model(self) -> tuple[int, bytes, str]:
         """(round, checkpoint bytes, sha256) of the current global model."""
@@ -905,6 +939,7 @@ class Coordinator:
             db.get(Round, r.row_id).state = "aggregated"
             db.merge(MetricRow(round=row["round"], row=row))
         self._load_model()
+        self._schedule_export()
         if not self.settings.keep_uploads:
             shutil.rmtree(self._round_dir(r.number), ignore_errors=True)
         self.current = None

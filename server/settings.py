@@ -93,6 +93,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size
+    export_dir: Path | None = None  # export every new global model to <dir>/model.onnx (+ .json)
     keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
     event_queue_size: int = Field(256, ge=1)  # per WebSocket subscriber; the oldest is dropped
 

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from device_sim.fleet import FleetConfig, run_fleet
+from export.metadata import load_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "e2e-secret"
@@ -143,7 +144,7 @@ def test_ten_phones_three_rounds_match_the_simulation(tmp_path):
     what happened, and the global weights equal `fedkey simulate`'s for the same seed."""
     port = free_port()
     args = ["--rounds", "3", "--fraction", "0.3", "--strategy", "fedatt", "--wait-devices", "10"]
-    proc = start_server(tmp_path / "http", port, *args)
+    proc = start_server(tmp_path / "http", port, *args, "--export-dir", str(tmp_path / "export"))
     events: list = []
     done = threading.Event()
     listener = threading.Thread(target=collect_events, args=(port, events, done), daemon=True)
@@ -151,6 +152,11 @@ def test_ten_phones_three_rounds_match_the_simulation(tmp_path):
     try:
         summary = run_fleet(fleet(port, 10), progress=False)
         metrics = httpx.get(f"http://127.0.0.1:{port}/v1/metrics").json()["rounds"]
+        deadline = time.monotonic() + 60  # the export of the last round runs in the background
+        while time.monotonic() < deadline and "model_exported" not in [
+            (e["type"] if e.get("round") == 3 else None) for e in events
+        ]:
+            time.sleep(0.2)
     finally:
         done.set()
         stop(proc)
@@ -162,6 +168,7 @@ def test_ten_phones_three_rounds_match_the_simulation(tmp_path):
     assert kinds.count("round_opened") == 3 and kinds.count("update_received") == 9
     assert [e["round"] for e in events if e["type"] == "round_aggregated"] == [1, 2, 3]
     assert "run_finished" in kinds
+    assert load_metadata(tmp_path / "export" / "model.onnx")["round"] == 3  # the keyboard's model
 
     simulate(tmp_path / "sim", 10, *args[:6])
     assert all(same_weights(tmp_path / "http", tmp_path / "sim", r) for r in range(4))
@@ -180,7 +187,7 @@ def test_vanishing_phones_round_completes_at_deadline_with_quorum(tmp_path):
         "--wait-devices",
         "10",
         "--round-deadline",
-        "6",
+        "10",
         "--quorum",
         "5",
     )
@@ -191,10 +198,12 @@ def test_vanishing_phones_round_completes_at_deadline_with_quorum(tmp_path):
     recorded = rows(tmp_path / "http")
     assert [r["round"] for r in recorded] == [0, 1, 2]
     assert summary["dropped"] > 0
+    vanished = {(d, r) for d, rep in summary["per_device"].items() for r in rep["dropped_rounds"]}
     for r in recorded[1:]:
         assert len(r["selected"]) == 10
-        assert 5 <= len(r["aggregated"]) < 10 or summary["dropped"] == 0
-    assert sum(10 - len(r["aggregated"]) for r in recorded[1:]) == summary["dropped"]
+        assert 5 <= len(r["aggregated"])  # the quorum
+        gone = {d for d, rnd in vanished if rnd == r["round"]}
+        assert gone and not gone & set(r["aggregated"])  # aggregated at the deadline without them
 
 
 def test_sigkilled_server_restarts_and_records_every_round_once(tmp_path):

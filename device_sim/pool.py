@@ -1,0 +1,109 @@
+"""The processes that do the phones' training, for the in-process simulation and the HTTP fleet.
+
+Every worker process holds every phone's shard, so a phone's training goes to whichever core is
+free next: with phones pinned to processes, a random cohort would load the cores unevenly. One
+torch thread per process: on a 2-core machine two single-threaded trainers side by side beat one
+two-threaded trainer by far. The training seed comes with the task, so which process trains a
+phone never changes the result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from device_sim.trainer import TrainConfig, TrainResult, phone_round
+from models.model import ModelConfig
+
+_SHARDS: dict[str, list[list[int]]] = {}
+
+
+def _init_worker(shards: dict[str, list[list[int]]]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(1)
+    _SHARDS.update(shards)
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+@dataclass
+class LocalTask:
+    """One phone's work for a round: train on its shard from the global model with `seed`."""
+
+    device_id: str
+    seed: int  # the task's training seed (server.engine.client_seed of seed, round, device)
+    model_config: ModelConfig
+    train: TrainConfig
+    beta: float = 0.0  # the seeds' client-side randomization
+    sigma: float = 1.0
+    device: str = "auto"
+
+
+def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainResult:
+    return phone_round(
+        task.model_config,
+        global_state,
+        _SHARDS[task.device_id],
+        task.train,
+        task.seed,
+        task.beta,
+        task.sigma,
+        task.device,
+    )
+
+
+class TrainerPool:
+    """`workers` spawn-context processes holding every shard (workers == 0: this process)."""
+
+    def __init__(self, shards: dict[str, list[list[int]]], workers: int):
+        self.workers = workers
+        self._lock = threading.Lock()  # in-process: one training at a time (torch's global seed)
+        if workers > 0:
+            self.pool = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=mp.get_context("spawn"),  # fork after torch has started is unsafe
+                initializer=_init_worker,
+                initargs=(shards,),
+            )
+            # Start the processes now (importing torch takes seconds), not at the first task.
+            for _ in range(workers):
+                self.pool.submit(_ready)
+        else:
+            self.pool = None
+            _SHARDS.update(shards)
+
+    def submit(self, task: LocalTask, global_state: dict[str, torch.Tensor]) -> Future:
+        if self.pool is not None:
+            return self.pool.submit(run_task, task, global_state)
+        future: Future = Future()
+        with self._lock:
+            try:
+                future.set_result(run_task(task, global_state))
+            except Exception as e:
+                future.set_exception(e)
+        return future
+
+    def train(self, task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainResult:
+        return self.submit(task, global_state).result()
+
+    def run(
+        self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]
+    ) -> dict[str, TrainResult]:
+        futures = {t.device_id: self.submit(t, global_state) for t in tasks}
+        return {d: f.result() for d, f in futures.items()}
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
