@@ -1,5 +1,6 @@
 # Two commands on a fresh machine:  make demo  and  make test.
-# Both create or refresh .venv from the pinned requirements first.
+# Both create or refresh .venv from the pinned requirements first (and the keyboard's pinned
+# onnxruntime-web, for its in-browser mode, when npm is there).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,19 +9,21 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test lint format clean
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml keyboard_web/package-lock.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: the keyboard's in-browser (wasm) mode will be unavailable"; fi
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# A short federation on the embedded demo corpus: 20 phones, perplexity per round.
+# The whole system on the embedded demo corpus: a federation server, 20 phones training, an ONNX
+# export after every round and the web keyboard following them. Ctrl-C stops everything.
 demo: venv
-	$(VENV)/bin/fedkey simulate --data demo --clients 20 --partition user --fraction 0.5 \
-		--rounds 8 --local-epochs 2 --batch-size 10 --lr 1.0 --out runs/demo
+	$(VENV)/bin/fedkey demo --out runs/demo
 
 test: venv
 	$(PY) -m pytest -q
@@ -34,4 +37,4 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache keyboard_web/node_modules

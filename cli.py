@@ -4,6 +4,9 @@
     fedkey server         the federation server (FastAPI) for real devices over HTTP
     fedkey devices        a fleet of simulated phones that train against a server
     fedkey run            a server and a fleet on loopback: `simulate`, over real HTTP
+    fedkey export         a checkpoint to ONNX (parity-checked; --int8)
+    fedkey keyboard       the web keyboard: suggestions from an ONNX model
+    fedkey demo           all of it on the demo corpus (what `make demo` runs)
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
     fedkey info           what a checkpoint holds
 
@@ -472,7 +475,9 @@ def server(
         "exit_when_done", "--exit-when-done", help="Exit once the last round is recorded."
     ),
     export_dir: Path | None = _opt(
-        "export_dir", "--export-dir", help="Export every new global model to DIR/model.onnx (+ model.json) for the keyboard."
+        "export_dir",
+        "--export-dir",
+        help="Export every new global model to DIR/model.onnx (+ model.json) for the keyboard.",
     ),
     **opts,
 ) -> None:
@@ -570,7 +575,9 @@ def devices(
         help="Number of phones (shards are cut as `simulate --clients N`).",
     ),
     name_prefix: str = typer.Option(
-        "", "--name-prefix", help="Name the phones <prefix>-00.. (default device-00.., as in simulate)."
+        "",
+        "--name-prefix",
+        help="Name the phones <prefix>-00.. (default device-00.., as in simulate).",
     ),
     enrollment_secret: str = typer.Option(
         ...,
@@ -601,7 +608,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def _wait_healthy(
+    url: str, proc: subprocess.Popen, timeout: float = 120.0, path: str = "/healthz"
+) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -609,7 +618,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> N
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready")
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -719,6 +728,177 @@ def train_central_cmd(
         opts["device"],
     )
     _report(rows, out)
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", exists=True, dir_okay=False, help="A .safetensors checkpoint."
+    ),
+    out: Path = typer.Option(
+        Path("model.onnx"), "--out", help="The ONNX file; its metadata JSON is written beside it."
+    ),
+    int8: bool = typer.Option(
+        False,
+        "--int8",
+        help="Also quantize the embedding and output matrices to int8 (onnxruntime dynamic).",
+    ),
+    data: str = typer.Option(
+        "demo",
+        "--data",
+        help="Held-out text for the int8 perplexity change (the corpus' test split).",
+    ),
+    eval_sentences: int = typer.Option(
+        500, "--eval-sentences", min=1, help="Held-out sentences for the int8 report."
+    ),
+) -> None:
+    """Export a checkpoint to ONNX (recurrent state in and out); fails loudly if ONNX Runtime and PyTorch disagree."""
+    from device_sim.corpora import load_corpus
+    from export.onnx_export import ExportParityError, export_checkpoint
+
+    held_out = load_corpus(data).test[:eval_sentences] if int8 else None
+    try:
+        report = export_checkpoint(checkpoint, out, int8=int8, parity_text=held_out)
+    except ExportParityError as e:
+        typer.echo(f"export failed the parity check: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        json.dumps(
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in report.__dict__.items()},
+            indent=2,
+        )
+    )
+
+
+@app.command()
+def keyboard(
+    model: Path | None = typer.Option(
+        None, "--model", help="The exported model.onnx (default: DIR/model.onnx with --watch)."
+    ),
+    watch: Path | None = typer.Option(
+        None, "--watch", help="Follow new exports written to this directory (no restart)."
+    ),
+    events: str | None = typer.Option(
+        None, "--events", help="The federation server's URL, for the live perplexity chart."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(8080, "--port", help="Port to listen on."),
+) -> None:
+    """Serve the web keyboard: next-word suggestions from an ONNX model (onnxruntime, no torch)."""
+    from keyboard_web.app import serve as serve_keyboard
+
+    if model is None and watch is None:
+        raise typer.BadParameter("give --model or --watch", param_hint="--model")
+    typer.echo(f"keyboard on http://{host}:{port}/")
+    serve_keyboard(model, host=host, port=port, watch_dir=watch, events_url=events)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(
+        Path("runs/demo"), "--out", help="Run directory (server storage, exports, logs)."
+    ),
+    phones: int = typer.Option(
+        20, "--phones", min=2, help="Simulated phones, one per owner of the demo corpus."
+    ),
+    rounds: int = typer.Option(30, "--rounds", min=1, help="Federated rounds."),
+    port: int = typer.Option(8080, "--port", help="The keyboard's port."),
+    workers: int = typer.Option(2, "--workers", min=0, help="Training processes for the phones."),
+) -> None:
+    """The whole system on the demo corpus: a server, a fleet of phones, an ONNX export after every
+    round, and the web keyboard following them. Ctrl-C stops every process."""
+    out.mkdir(parents=True, exist_ok=True)
+    export_dir = out / "export"
+    server_port, secret = _free_port(), secrets.token_urlsafe(16)
+    url = f"http://127.0.0.1:{server_port}"
+    fedkey = [sys.executable, "-m", "cli"]
+    common = ["--data", "demo"]
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str]) -> subprocess.Popen:
+        log = (out / f"{name}.log").open("w")
+        env = {**os.environ, "FEDKEY_ENROLLMENT_SECRET": secret}
+        procs.append(
+            subprocess.Popen([*fedkey, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        )
+        return procs[-1]
+
+    try:
+        server_proc = start(
+            "server",
+            [
+                "server",
+                *common,
+                "--storage",
+                str(out / "server"),
+                "--port",
+                str(server_port),
+                "--export-dir",
+                str(export_dir),
+                "--rounds",
+                str(rounds),
+                "--fraction",
+                "0.5",
+                "--wait-devices",
+                str(phones),
+                "--local-epochs",
+                "2",
+                "--round-deadline",
+                "120",
+            ],
+        )
+        _wait_healthy(url, server_proc)
+        typer.echo(f"federation server {url} (logs in {out}/)")
+        start(
+            "devices",
+            [
+                "devices",
+                *common,
+                "--server",
+                url,
+                "--count",
+                str(phones),
+                "--partition",
+                "user",
+                "--workers",
+                str(workers),
+            ],
+        )
+        deadline = time.monotonic() + 180
+        while not (export_dir / "model.json").exists():
+            if time.monotonic() > deadline or server_proc.poll() is not None:
+                raise RuntimeError(
+                    f"no ONNX export appeared in {export_dir}; see {out / 'server.log'}"
+                )
+            time.sleep(0.5)
+        keyboard_proc = start(
+            "keyboard",
+            ["keyboard", "--watch", str(export_dir), "--events", url, "--port", str(port)],
+        )
+        _wait_healthy(f"http://127.0.0.1:{port}", keyboard_proc, path="/")
+        typer.secho(
+            f"\n  keyboard: http://127.0.0.1:{port}/   (type, tap a suggestion; Ctrl-C stops everything)\n",
+            bold=True,
+        )
+        while all(
+            p.poll() is None for p in procs if p is not procs[1]
+        ):  # the fleet exits when the run is done
+            time.sleep(1.0)
+        raise RuntimeError(f"a demo process stopped; see the logs in {out}/")
+    except KeyboardInterrupt:
+        typer.echo("stopping the demo")
+    except RuntimeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 @app.command()

@@ -1,0 +1,65 @@
+"""Tiny trained checkpoints to export: emb = hidden = 16, demo word vocabulary."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `export` is a top-level package of the checkout
+    sys.path.insert(0, str(ROOT))
+
+from device_sim.demo import demo_corpus  # noqa: E402
+from device_sim.trainer import TrainConfig, train_local  # noqa: E402
+from models.checkpoint import build_model, model_state, save_checkpoint  # noqa: E402
+from models.model import ModelConfig  # noqa: E402
+from models.tokenizers import WordTokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def demo():
+    corpus = demo_corpus()
+    train = corpus.train[:400]
+    return {"train": train, "held_out": corpus.test[:150], "tok": WordTokenizer.build(train)}
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(demo, tmp_path_factory):
+    """(cell, layers, tied) -> path of a checkpoint trained one short epoch on demo text."""
+    cache: dict[tuple, Path] = {}
+
+    def make(cell: str = "gru", num_layers: int = 1, tied: bool = True) -> Path:
+        key = (cell, num_layers, tied)
+        if key not in cache:
+            torch.manual_seed(0)
+            tok = demo["tok"]
+            cfg = ModelConfig(tok.vocab_size, cell, 16, 16, num_layers, tied)
+            seqs = [tok.encode(s) for s in demo["train"]]
+            result = train_local(
+                cfg,
+                model_state(build_model(cfg)),
+                seqs,
+                TrainConfig(epochs=1, batch_size=20, lr=0.5, momentum=0.5),
+                seed=0,
+                device="cpu",
+            )
+            path = tmp_path_factory.mktemp("ckpt") / f"{cell}{num_layers}{'t' if tied else 'u'}.st"
+            save_checkpoint(
+                path,
+                result.state,
+                cfg,
+                tok,
+                round_idx=7,
+                strategy="fedatt",
+                extra={
+                    "metrics": {"round": 7, "val_ppl": 123.4, "test_ppl": 130.5, "top1": 0.2},
+                    "server": {"scores": [1, 2, 3]},
+                },
+            )
+            cache[key] = path
+        return cache[key]
+
+    return make
