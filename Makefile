@@ -14,7 +14,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml keyboard_web/package-l
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --no-audit --no-fund --loglevel=error; \
+	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --ignore-scripts --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: the keyboard's in-browser (wasm) mode will be unavailable"; fi
 	touch $(STAMP)
 

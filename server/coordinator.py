@@ -358,7 +358,9 @@ class Coordinator:
                     self.events.publish("export_failed", round=r, reason=f"{type(e).__name__}: {e}")
                     return
                 self._exported_round = r
-                self.events.publish("model_exported", round=r, path=str(report.path), bytes=report.bytes)
+                self.events.publish(
+                    "model_exported", round=r, path=str(report.path), bytes=report.bytes
+                )
         finally:
             self._exporting = None
 

@@ -59,7 +59,9 @@ def fedkey_commands() -> list[list[str]]:
     commands, current = [], None
     for line in text.splitlines():
         stripped = line.strip()
-        stripped = stripped[2:].strip() if stripped.startswith("- ") else stripped  # a YAML list item
+        stripped = (
+            stripped[2:].strip() if stripped.startswith("- ") else stripped
+        )  # a YAML list item
         if stripped.startswith("fedkey "):
             current = [stripped]
             commands.append(current)

@@ -1,0 +1,252 @@
+"""The keyboard service: WS /ws/suggest, bad frames, hot reload, the info, model and events
+routes, and the relay of a federation server's events and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi.testclient import TestClient
+from kw_support import ThreadServer, free_port, save_round
+
+from keyboard_web.app import MAX_TEXT, ORT_DIST, create_app
+
+SPECIALS = {"<unk>", "<s>", "</s>"}
+
+
+def real_words(words, vocab) -> bool:
+    return all(w in vocab and w not in SPECIALS and any(c.isalnum() for c in w) for w in words)
+
+
+@pytest.fixture
+def client(models):
+    with TestClient(create_app(models.word)) as c:
+        yield c
+
+
+def test_see_you_gets_three_real_words(client, models):
+    vocab = set(models.vocab)
+    with client.websocket_connect("/ws/suggest") as ws:
+        ws.send_json({"text": "see you "})
+        reply = ws.receive_json()
+        assert set(reply) == {"suggestions", "round"}
+        assert reply["round"] == 3
+        assert len(reply["suggestions"]) == 3 and real_words(reply["suggestions"], vocab)
+        for prefix in ["t", "to", "Se"]:
+            ws.send_json({"text": "see you " + prefix, "id": 7})
+            reply = ws.receive_json()
+            assert reply["id"] == 7
+            assert reply["suggestions"], prefix
+            assert all(w.startswith(prefix.lower()) for w in reply["suggestions"]), reply
+            assert real_words(reply["suggestions"], vocab)
+
+
+def test_typing_character_by_character(client):
+    text = "How are you doing? It has been ages. "
+    with client.websocket_connect("/ws/suggest") as ws:
+        for i in range(1, len(text) + 1):
+            ws.send_text(json.dumps({"text": text[:i]}))
+            reply = ws.receive_json()
+            assert "error" not in reply and reply["round"] == 3
+            if text[i - 1] == " ":
+                assert len(reply["suggestions"]) == 3
+
+
+@pytest.mark.parametrize(
+    "frame, needle",
+    [
+        ("not json at all", "not JSON"),
+        ('{"text": "unterminated', "not JSON"),
+        ("[1, 2, 3]", '{"text"'),
+        ('{"txt": "see you "}', '{"text"'),
+        ('{"text": 42}', "must be a string"),
+        ('{"text": null}', "must be a string"),
+        ('{"text": ["see"]}', "must be a string"),
+        (json.dumps({"text": "a" * (MAX_TEXT + 1)}), "too long"),
+        ("x" * 70_000, "too long"),
+    ],
+)
+def test_bad_frames_get_an_error_and_the_connection_stays_open(client, frame, needle):
+    with client.websocket_connect("/ws/suggest") as ws:
+        ws.send_text(frame)
+        reply = ws.receive_json()
+        assert set(reply) == {"error"} and needle in reply["error"], reply
+        ws.send_json({"text": "see you "})
+        assert len(ws.receive_json()["suggestions"]) == 3
+
+
+def test_binary_frame_gets_an_error(client):
+    with client.websocket_connect("/ws/suggest") as ws:
+        ws.send_bytes(b'{"text": "see you "}')
+        assert "JSON text frames" in ws.receive_json()["error"]
+        ws.send_json({"text": "see you "})
+        assert len(ws.receive_json()["suggestions"]) == 3
+
+
+def test_info_model_and_page_routes(client, models):
+    info = client.get("/api/info").json()
+    assert info["round"] == 3 and info["strategy"] == "fedavg" and info["int8"] is False
+    assert info["perplexity"] == pytest.approx(175.25)
+    assert info["suggestions"] is True
+    assert info["browser_mode"]["available"] is (ORT_DIST / "ort.wasm.min.js").exists()
+
+    r = client.get("/model.json")
+    assert r.status_code == 200 and r.headers["x-fedkey-round"] == "3"
+    assert r.json()["tokenizer"]["words"] == models.vocab
+    r = client.get("/model.onnx")
+    assert r.content == models.word.read_bytes()
+
+    page = client.get("/")
+    assert page.status_code == 200 and 'data-testid="input"' in page.text
+    for path in ["/static/app.js", "/static/suggest.js", "/static/style.css"]:
+        assert client.get(path).status_code == 200, path
+    assert "javascript" in client.get("/static/app.js").headers["content-type"]
+
+    metrics = client.get("/api/metrics").json()
+    assert metrics["source"] == "served"
+    assert metrics["rounds"] == [
+        {"round": 3, "strategy": "fedavg", "val_ppl": 171.5, "test_ppl": 175.25}
+    ]
+
+
+@pytest.mark.skipif(
+    not (ORT_DIST / "ort.wasm.min.js").exists(),
+    reason="keyboard_web/node_modules is absent: run `npm ci --prefix keyboard_web`",
+)
+def test_vendor_serves_onnxruntime_web(client):
+    r = client.get("/vendor/ort.wasm.min.js")
+    assert r.status_code == 200 and "javascript" in r.headers["content-type"]
+    wasm = client.get("/vendor/ort-wasm-simd-threaded.wasm")
+    assert wasm.status_code == 200 and wasm.headers["content-type"] == "application/wasm"
+    mjs = client.get("/vendor/ort-wasm-simd-threaded.mjs")
+    assert mjs.status_code == 200 and "javascript" in mjs.headers["content-type"]
+
+
+def test_hot_reload_swaps_the_model_without_restart(models, watch_dir):
+    app = create_app(None, watch_dir=watch_dir, poll_seconds=0.05)
+    with TestClient(app) as client:
+        with (
+            client.websocket_connect("/ws/suggest") as ws,
+            client.websocket_connect("/ws/events") as events,
+        ):
+            hello = events.receive_json()
+            assert hello["type"] == "hello" and hello["round"] == 3
+            ws.send_json({"text": "see you at the "})
+            first = ws.receive_json()
+            assert first["round"] == 3
+
+            save_round(models, 4, watch_dir, val_ppl=120.0)  # a newer export, written in place
+
+            deadline = time.monotonic() + 15
+            reply = first
+            while reply["round"] != 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                ws.send_json({"text": "see you at the "})
+                reply = ws.receive_json()
+            assert reply["round"] == 4, "the new export was not picked up"
+            # Same weights here, so the same words: the state cache was rebuilt consistently.
+            assert reply["suggestions"] == first["suggestions"]
+            event = events.receive_json()
+            assert event["type"] == "model_loaded" and event["round"] == 4
+            assert event["val_ppl"] == 120.0
+        info = client.get("/api/info").json()
+        assert info["round"] == 4 and info["strategy"] == "fedatt" and info["reloads"] == 1
+        assert client.get("/model.json").json()["round"] == 4
+        rounds = [r["round"] for r in client.get("/api/metrics").json()["rounds"]]
+        assert rounds == [3, 4]
+
+
+def test_a_broken_export_keeps_the_served_model(models, watch_dir):
+    app = create_app(None, watch_dir=watch_dir, poll_seconds=0.05)
+    with TestClient(app) as client:
+        (watch_dir / "model.json").write_text('{"format": "fedkey-onnx-1", "round": 9}')
+        deadline = time.monotonic() + 10
+        while client.get("/api/info").json()["reload_error"] is None:
+            assert time.monotonic() < deadline, "the broken export was not noticed"
+            time.sleep(0.05)
+        with client.websocket_connect("/ws/suggest") as ws:
+            ws.send_json({"text": "see you "})
+            reply = ws.receive_json()
+            assert reply["round"] == 3 and len(reply["suggestions"]) == 3
+
+
+def test_sentencepiece_model_answers_with_a_clear_error(models):
+    with TestClient(create_app(models.sentencepiece)) as client:
+        info = client.get("/api/info").json()
+        assert info["suggestions"] is False and "sentencepiece" in info["error"]
+        assert info["browser_mode"]["available"] is False
+        with client.websocket_connect("/ws/suggest") as ws:
+            ws.send_json({"text": "see you "})
+            reply = ws.receive_json()
+            assert "sentencepiece tokenizer" in reply["error"] and reply["round"] == 1
+
+
+def fake_federation_server() -> FastAPI:
+    """What the keyboard uses of `fedkey server`: GET /v1/metrics and WS /v1/events."""
+    app = FastAPI()
+    rows = [
+        {"round": 1, "strategy": "fedavg", "val_ppl": 400.0, "test_ppl": 410.0},
+        {"round": 2, "strategy": "fedavg", "val_ppl": 300.0, "test_ppl": 305.0},
+    ]
+
+    @app.get("/v1/metrics")
+    async def metrics():
+        return {"rounds": rows}
+
+    @app.websocket("/v1/events")
+    async def events(ws: WebSocket):
+        await ws.accept()
+        n = 3
+        try:
+            while True:  # an event every 50 ms, so a late subscriber still sees some
+                event = {
+                    "type": "round_aggregated",
+                    "round": n,
+                    "val_ppl": 250.0,
+                    "test_ppl": 260.0,
+                }
+                await ws.send_json(event)
+                n += 1
+                await asyncio.sleep(0.05)
+        except (WebSocketDisconnect, RuntimeError):
+            return
+
+    return app
+
+
+def test_events_and_metrics_are_relayed_from_the_federation_server(models):
+    with ThreadServer(fake_federation_server()) as upstream:
+        with TestClient(create_app(models.word, events_url=upstream.url + "/")) as client:
+            metrics = client.get("/api/metrics").json()
+            assert metrics["source"] == "federation"
+            assert [r["round"] for r in metrics["rounds"]] == [1, 2]
+            with client.websocket_connect("/ws/events") as events:
+                assert events.receive_json()["type"] == "hello"
+                seen = [events.receive_json() for _ in range(3)]
+            relayed = [e for e in seen if e["type"] == "round_aggregated"]
+            assert relayed and relayed[0]["val_ppl"] == 250.0
+            assert client.get("/api/info").json()["events"]["connected"] is True
+
+
+def test_unreachable_federation_server_is_a_clear_502(models):
+    url = f"http://127.0.0.1:{free_port()}"
+    with TestClient(create_app(models.word, events_url=url)) as client:
+        r = client.get("/api/metrics")
+        assert r.status_code == 502 and url in r.json()["detail"]
+        with client.websocket_connect("/ws/suggest") as ws:  # suggestions do not depend on it
+            ws.send_json({"text": "see you "})
+            assert len(ws.receive_json()["suggestions"]) == 3
+
+
+def test_without_node_modules_browser_mode_is_unavailable(models, monkeypatch, tmp_path):
+    import keyboard_web.app as kw
+
+    monkeypatch.setattr(kw, "ORT_DIST", tmp_path / "absent")
+    with TestClient(kw.create_app(models.word)) as client:
+        mode = client.get("/api/info").json()["browser_mode"]
+        assert mode["available"] is False and "npm ci --prefix keyboard_web" in mode["reason"]
+        r = client.get("/vendor/ort.wasm.min.js")
+        assert r.status_code == 404 and "npm ci" in r.json()["detail"]
