@@ -20,6 +20,21 @@ from server.storage import RunStorage
 from server.strategies import ClientUpdate
 
 
+def _federation(fed, model_config, prepared, shards, out_dir: str) -> Federation:
+    """The round engine over `shards` (device -> sentences), storing the run in `out_dir`."""
+    torch.set_num_threads(1)
+    sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in shards.items()}
+    return Federation(
+        fed,
+        model_config,
+        prepared.tokenizer,
+        sizes,
+        prepared.corpus.valid,
+        prepared.corpus.test,
+        RunStorage(out_dir),
+    )
+
+
 def simulate(
     data: DataConfig,
     fed: FederationConfig,
@@ -36,18 +51,8 @@ def simulate(
     """
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
-    storage = RunStorage(out_dir)
-    sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in prepared.shards.items()}
-    federation = Federation(
-        fed,
-        model_config,
-        prepared.tokenizer,
-        sizes,
-        prepared.corpus.valid,
-        prepared.corpus.test,
-        storage,
-    )
-    torch.set_num_threads(1)
+    federation = _federation(fed, model_config, prepared, prepared.shards, out_dir)
+    storage = federation.storage
     if resume and federation.resume():
         rows = storage.read_metrics()
     else:
@@ -118,23 +123,13 @@ def train_central(
     """The ceiling: the same model trained on the union of every phone's data, one row per epoch."""
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
-    storage = RunStorage(out_dir)
-    storage.reset()
     union = [s for shard in prepared.shards.values() for s in shard]
-    sizes = {"central": sum(len(s) - 1 for s in union)}
     fed = FederationConfig(
         strategy="fedavg", label="central", fraction=1.0, rounds=epochs, seed=seed, train=train
     )
-    federation = Federation(
-        fed,
-        model_config,
-        prepared.tokenizer,
-        sizes,
-        prepared.corpus.valid,
-        prepared.corpus.test,
-        storage,
-    )
-    torch.set_num_threads(1)
+    federation = _federation(fed, model_config, prepared, {"central": union}, out_dir)
+    storage = federation.storage
+    storage.reset()
     rows = [federation.start()]
     one_epoch = TrainConfig(**{**train.__dict__, "epochs": 1})
     for epoch in tqdm(

@@ -203,3 +203,32 @@ def test_bad_arguments_are_refused_with_a_message(tmp_path):
         app, ["simulate", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)]
     )
     assert result.exit_code != 0
+
+
+@pytest.mark.slow
+def test_train_central_writes_the_same_metrics_format(tmp_path):
+    out = tmp_path / "central"
+    result = runner.invoke(
+        app,
+        [
+            "train-central",
+            "--data",
+            "demo",
+            "--clients",
+            "10",
+            "--max-train-tokens",
+            "8000",
+            "--epochs",
+            "2",
+            "--max-eval-sentences",
+            "100",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert {r["strategy"] for r in rows} == {"central"}
+    assert rows[2]["test_ppl"] < rows[1]["test_ppl"] < rows[0]["test_ppl"]
+    assert (out / "checkpoints" / "round_0002.safetensors").exists()
