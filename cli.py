@@ -918,6 +918,52 @@ def info(
     typer.echo(json.dumps(summary, indent=2))
 
 
+# -- fedkey bench ------------------------------------------------------------------------------------
+
+bench_app = typer.Typer(
+    help="Benchmarks: the figures, with their targets, in a report.", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+
+
+class BenchStep(StrEnum):  # bench.report.STEPS (kept light: no torch at import)
+    trainer = "trainer"
+    http = "http"
+    memory = "memory"
+    keyboard = "keyboard"
+    export = "export"
+    transport = "transport"
+
+
+@bench_app.command("perf")
+def bench_perf(
+    quick: bool = typer.Option(
+        False, "--quick", help="Shrink every step (fewer repeats, keystrokes, updates): ~3 minutes."
+    ),
+    out: Path = typer.Option(
+        Path("bench/results"), "--out", help="Where perf.json and perf.md are written."
+    ),
+    skip: list[BenchStep] = typer.Option(
+        [], "--skip", help="Leave a step out (repeat the option for several)."
+    ),
+) -> None:
+    """Performance benchmark: trainer vs a bare PyTorch loop, HTTP vs in-process, aggregation
+    memory, keyboard latency (WebSocket and in-browser wasm), int8 export; writes OUT/perf.json
+    and OUT/perf.md with each figure beside its target. Exits 1 if a step failed."""
+    import shlex
+
+    from bench.perf import run_perf
+
+    result = run_perf(
+        quick=quick,
+        out=out,
+        skip=[_plain(s) for s in skip],
+        command=shlex.join(["fedkey", *sys.argv[1:]]),
+    )
+    if any("error" in s for s in result["steps"].values()):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -1,5 +1,7 @@
 """Performance benchmarks (figures printed, never asserted by tests).
 
+    fedkey bench perf [--quick]     all of them, written to bench/results/perf.json and perf.md
+                                    with the targets beside the figures (run_perf below)
     python -m bench.perf trainer    local trainer tokens/s against a bare PyTorch loop, same run
     python -m bench.perf memory     peak memory of streaming aggregation, 10 vs 200 updates
     python -m bench.perf http       `fedkey run` (HTTP) wall time against `fedkey simulate`, same workload
@@ -11,14 +13,24 @@ Ratios are measured side by side in one run and interleaved: these machines are 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
+import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `-m cli`, `-m bench.perf` from here
 
 
 def _corpus(n_sentences: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -27,12 +39,13 @@ def _corpus(n_sentences: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[1, *torch.randint(3, vocab, (int(n),), generator=g).tolist(), 2] for n in lengths]
 
 
-def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum) -> int:
+def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum, device="cpu") -> int:
     """The reference: the plainest PyTorch training loop over the same padded batches."""
     from models.batching import IGNORE, batches
     from models.checkpoint import build_model
 
-    model = build_model(model_config, state)
+    dev = torch.device(device)
+    model = build_model(model_config, state).to(dev)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE)
@@ -40,17 +53,22 @@ def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum) -> in
     for epoch in range(epochs):
         order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(epoch)).tolist()
         for inputs, targets in batches(seqs, batch_size, order):
+            tokens += int((targets != IGNORE).sum())  # on the CPU, as the trainer counts
+            inputs, targets = inputs.to(dev), targets.to(dev)
             logits, _ = model(inputs)
             loss = loss_fn(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
             opt.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             opt.step()
-            tokens += int((targets != IGNORE).sum())
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)  # the trainer's .cpu() copy of the weights waits too
     return tokens
 
 
-def bench_trainer(vocab: int, sentences: int, repeats: int, preset: str) -> dict:
+def bench_trainer(
+    vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
+) -> dict:
     from device_sim.trainer import TrainConfig, train_local
     from models.checkpoint import build_model, model_state
     from models.model import ModelConfig
@@ -64,13 +82,14 @@ def bench_trainer(vocab: int, sentences: int, repeats: int, preset: str) -> dict
     ours, bare = [], []
     for r in range(repeats):  # interleaved, so drift in machine load hits both alike
         t = time.perf_counter()
-        res = train_local(cfg, state, seqs, tc, seed=r, device="cpu")
+        res = train_local(cfg, state, seqs, tc, seed=r, device=device)
         ours.append(res.num_tokens / (time.perf_counter() - t))
         t = time.perf_counter()
-        n = bare_loop(cfg, state, seqs, 1, 10, 0.01, 0.5)
+        n = bare_loop(cfg, state, seqs, 1, 10, 0.01, 0.5, device)
         bare.append(n / (time.perf_counter() - t))
     best_ours, best_bare = max(ours), max(bare)
     return {
+        "device": device,
         "model": preset,
         "vocab": vocab,
         "sentences": sentences,
@@ -82,6 +101,16 @@ def bench_trainer(vocab: int, sentences: int, repeats: int, preset: str) -> dict
     }
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak resident set in KiB: VmHWM, which starts afresh at exec. Not
+    ru_maxrss: Linux carries the parent's peak into a child that subprocess starts with vfork."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _aggregate_once(strategy: str, updates: int, vocab: int) -> dict:
     """Run in a fresh process: peak RSS of aggregating `updates` lazily generated updates."""
     from models.checkpoint import build_model, model_state
@@ -91,7 +120,7 @@ def _aggregate_once(strategy: str, updates: int, vocab: int) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     glob = model_state(build_model(ModelConfig.preset("small", vocab)))
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base_rss = _peak_rss_kib()
 
     def stream():  # one update alive at a time, as when the server reads them from disk
         for k in range(updates):
@@ -103,7 +132,7 @@ def _aggregate_once(strategy: str, updates: int, vocab: int) -> dict:
     t = time.perf_counter()
     s.aggregate(glob, stream())
     seconds = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _peak_rss_kib()
     model_mb = sum(v.numel() * v.element_size() for v in glob.values()) / 2**20
     return {
         "strategy": strategy,
@@ -124,6 +153,7 @@ def bench_memory(counts: list[int], strategies: list[str], vocab: int) -> list[d
                 capture_output=True,
                 text=True,
                 check=True,
+                cwd=ROOT,
             )
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
@@ -132,23 +162,43 @@ def bench_memory(counts: list[int], strategies: list[str], vocab: int) -> list[d
 
 def _timed(cmd: list[str]) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return time.perf_counter() - t
 
 
+def _round_seconds(run_dir: str | Path) -> float:
+    """The sum of the per-round `seconds` in a run's metrics.jsonl (round 0 is the start)."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return sum(row["seconds"] for row in map(json.loads, filter(None, lines)) if row["round"] > 0)
+
+
 def bench_http(args: list[str], repeats: int, out: str) -> dict:
-    """Whole-command wall time of the same federation in-process and over HTTP, interleaved."""
+    """Whole-command wall time of the same federation in-process and over HTTP, interleaved;
+    also the summed per-round `seconds` of each run's metrics (no process start-up in them)."""
+    out = str(Path(out).resolve())  # the commands run in ROOT
     fedkey = [sys.executable, "-m", "cli"]
-    sim, http = [], []
+    sim, http, sim_rounds, http_rounds = [], [], [], []
     for i in range(repeats):
-        sim.append(_timed([*fedkey, "simulate", *args, "--out", f"{out}/sim{i}"]))
-        http.append(_timed([*fedkey, "run", *args, "--out", f"{out}/http{i}"]))
-        print(f"repeat {i}: simulate {sim[-1]:.1f} s, run {http[-1]:.1f} s", flush=True)
+        # Alternate which goes first (A B, B A, ...), so neither always follows the other.
+        for kind in ("simulate", "run") if i % 2 == 0 else ("run", "simulate"):
+            run_dir = f"{out}/{'sim' if kind == 'simulate' else 'http'}{i}"
+            seconds = _timed([*fedkey, kind, *args, "--out", run_dir])
+            walls, rounds = (sim, sim_rounds) if kind == "simulate" else (http, http_rounds)
+            walls.append(seconds)
+            rounds.append(_round_seconds(run_dir))
+        print(
+            f"  repeat {i + 1}/{repeats}: simulate {sim[-1]:.1f} s (rounds {sim_rounds[-1]:.1f} s),"
+            f" run {http[-1]:.1f} s (rounds {http_rounds[-1]:.1f} s)",
+            flush=True,
+        )
     return {
         "args": " ".join(args),
         "simulate_seconds": [round(x, 2) for x in sim],
         "http_seconds": [round(x, 2) for x in http],
         "ratio_of_best": round(min(http) / min(sim), 3),
+        "simulate_round_seconds": [round(x, 3) for x in sim_rounds],
+        "http_round_seconds": [round(x, 3) for x in http_rounds],
+        "round_seconds_ratio_of_best": round(min(http_rounds) / min(sim_rounds), 3),
     }
 
 
@@ -158,9 +208,10 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
     from safetensors.torch import load as st_load
     from safetensors.torch import save as st_save
 
+    out = str(Path(out).resolve())  # the server runs in ROOT
     port, secret = _free_port(), "bench"
     env = {
-        **__import__("os").environ,
+        **os.environ,
         "FEDKEY_DATA": data,
         "FEDKEY_STORAGE": out,
         "FEDKEY_PORT": str(port),
@@ -173,6 +224,7 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "server.main"],
+        cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -238,6 +290,273 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- fedkey bench perf: every benchmark, one report ---------------------------------------------
+
+HTTP_WORKLOAD = "--data demo --clients 20 --fraction 0.5 --rounds 5 --local-epochs 2 --workers 2"
+HTTP_WORKLOAD_QUICK = (
+    "--data demo --clients 20 --fraction 0.5 --rounds 2 --local-epochs 1 --workers 2"
+)
+
+
+def perf_params(quick: bool = False) -> dict:
+    """What each step of `fedkey bench perf` measures; --quick shrinks every step."""
+    return {
+        "trainer": {
+            "model": "small",
+            "vocab": 10_000,
+            "sentences": 150 if quick else 300,
+            "repeats": 3 if quick else 5,
+        },
+        "http": {
+            "args": HTTP_WORKLOAD_QUICK if quick else HTTP_WORKLOAD,
+            "repeats": 1 if quick else 3,
+        },
+        "memory": {
+            "counts": [10, 50] if quick else [10, 50, 200],
+            "strategies": ["fedavg", "fedatt"],
+            "vocab": 10_000,
+        },
+        # The keyboard's model (steps keyboard and export): `fedkey train-central`, small preset.
+        "model": {"data": "demo", "epochs": 1 if quick else 2},
+        "keyboard": {
+            "keystrokes": 300 if quick else 1000,
+            "warmup": 50 if quick else 100,
+            "browser_keystrokes": 200 if quick else 1000,
+        },
+        "export": {"held_out": "the demo test split", "latency_steps": 300 if quick else 1000},
+        "transport": {"data": "demo", "repeats": 5 if quick else 10},
+    }
+
+
+def _step_trainer(p: dict, work: Path, shared: dict) -> dict:
+    t = p["trainer"]
+    out = {"cpu": bench_trainer(t["vocab"], t["sentences"], t["repeats"], t["model"], "cpu")}
+    if torch.cuda.is_available():
+        print(f"  cpu: ratio {out['cpu']['ratio']:.3f}; now cuda", flush=True)
+        out["cuda"] = bench_trainer(t["vocab"], t["sentences"], t["repeats"], t["model"], "cuda")
+    return out
+
+
+def _step_http(p: dict, work: Path, shared: dict) -> dict:
+    h = p["http"]
+    return bench_http(h["args"].split(), h["repeats"], str(work / "http"))
+
+
+def _step_memory(p: dict, work: Path, shared: dict) -> dict:
+    m = p["memory"]
+    return {"rows": bench_memory(m["counts"], m["strategies"], m["vocab"])}
+
+
+def _demo_model(p: dict, work: Path, shared: dict) -> tuple[Path, dict]:
+    """The keyboard's model, trained once: `fedkey train-central` on the demo corpus."""
+    if "model" not in shared:
+        m, run_dir = p["model"], work / "central"
+        cmd = [sys.executable, "-m", "cli", "train-central", "--data", m["data"]]
+        cmd += ["--epochs", str(m["epochs"]), "--out", str(run_dir)]
+        print(f"  the keyboard's model: fedkey {' '.join(cmd[3:])}", flush=True)
+        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        last = json.loads(lines[-1])
+        shared["model"] = (sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1], last)
+    return shared["model"]
+
+
+def _step_keyboard(p: dict, work: Path, shared: dict) -> dict:
+    from keyboard_web.bench import main as keyboard_bench
+
+    checkpoint, row = _demo_model(p, work, shared)
+    k = p["keyboard"]
+    argv = ["--checkpoint", str(checkpoint), "--data", p["model"]["data"]]
+    argv += ["--keystrokes", str(k["keystrokes"]), "--warmup", str(k["warmup"])]
+    argv += ["--browser-keystrokes", str(k["browser_keystrokes"])]
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its JSON: ours is the report
+        result = keyboard_bench(argv)
+    result.pop("model", None)  # a temporary path
+    return {**result, "model_round": row["round"], "model_test_ppl": row["test_ppl"]}
+
+
+def _step_export(p: dict, work: Path, shared: dict) -> dict:
+    from device_sim.corpora import load_corpus
+    from export.bench import step_latency
+    from export.onnx_export import export_checkpoint
+
+    checkpoint, row = _demo_model(p, work, shared)
+    held_out = load_corpus(p["model"]["data"]).test
+    fp32 = export_checkpoint(checkpoint, work / "export" / "model.onnx", parity_text=held_out)
+    int8 = export_checkpoint(
+        checkpoint, work / "export" / "model-int8.onnx", int8=True, parity_text=held_out
+    )
+    steps = p["export"]["latency_steps"]
+    return {
+        "model": json.loads(fp32.json_path.read_text())["model"],
+        "model_test_ppl": row["test_ppl"],
+        "held_out_sentences": len(held_out),
+        "fp32_bytes": fp32.bytes,
+        "int8_bytes": int8.bytes,
+        "parity_max_abs_diff": fp32.parity_max_abs_diff,
+        "ppl_fp32": int8.held_out_ppl_fp32,
+        "ppl_int8": int8.held_out_ppl_int8,
+        "ppl_change_pct": 100 * (int8.held_out_ppl_int8 / int8.held_out_ppl_fp32 - 1),
+        "top1_agreement": int8.top1_agreement,
+        "export_seconds": {"fp32": round(fp32.seconds, 2), "int8": round(int8.seconds, 2)},
+        "latency_fp32": step_latency(fp32.path, steps),
+        "latency_int8": step_latency(int8.path, steps),
+    }
+
+
+def _step_transport(p: dict, work: Path, shared: dict) -> dict:
+    t = p["transport"]
+    return bench_transport(t["data"], t["repeats"], str(work / "transport"))
+
+
+STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[[dict], str]]] = {
+    "trainer": (
+        "trainer tokens/s vs a bare PyTorch loop, interleaved",
+        _step_trainer,
+        lambda s: "; ".join(
+            f"{d}: trainer {s[d]['trainer_tokens_per_s']} tokens/s, bare loop "
+            f"{s[d]['bare_loop_tokens_per_s']}, ratio {s[d]['ratio']:.3f}"
+            for d in ("cpu", "cuda")
+            if d in s
+        ),
+    ),
+    "http": (
+        "fedkey run (HTTP) vs fedkey simulate, same workload, interleaved",
+        _step_http,
+        lambda s: (
+            f"wall-time ratio {s['ratio_of_best']:.3f}, "
+            f"per-round seconds ratio {s['round_seconds_ratio_of_best']:.3f}"
+        ),
+    ),
+    "memory": (
+        "aggregation time and peak memory vs the number of updates, fresh processes",
+        _step_memory,
+        lambda s: ", ".join(
+            f"{r['strategy']} {r['updates']}: {r['peak_rss_mb']:.0f} MB {r['seconds']:.1f} s"
+            for r in s["rows"]
+        ),
+    ),
+    "keyboard": (
+        "suggestion latency over the WebSocket and in chromium (wasm)",
+        _step_keyboard,
+        lambda s: (
+            f"WS p50 {s['ws']['p50_ms']:.2f} ms, p99 {s['ws']['p99_ms']:.2f} ms; "
+            f"wasm median {(s.get('wasm') or {}).get('median_ms', '-')} ms"
+        ),
+    ),
+    "export": (
+        "ONNX sizes fp32/int8 and the int8 perplexity change",
+        _step_export,
+        lambda s: (
+            f"fp32 {s['fp32_bytes'] / 2**20:.2f} MB, int8 {s['int8_bytes'] / 2**20:.2f} MB, "
+            f"perplexity {s['ppl_fp32']:.3f} -> {s['ppl_int8']:.3f} ({s['ppl_change_pct']:+.3f}%)"
+        ),
+    ),
+    "transport": (
+        "model download / update upload MB/s on loopback",
+        _step_transport,
+        lambda s: f"download {s['download_mb_per_s']} MB/s, upload {s['upload_mb_per_s']} MB/s",
+    ),
+}
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def machine() -> dict:
+    from importlib.metadata import version
+
+    cpu_model = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    cuda = torch.cuda.is_available()
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "torch": torch.__version__,
+        "onnxruntime": version("onnxruntime"),
+        "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _describe(e: BaseException) -> str:
+    text = "".join(traceback.format_exception(e))
+    if isinstance(e, subprocess.CalledProcessError) and e.stderr:
+        text += f"\n--- stderr of the command ---\n{e.stderr[-3000:]}"
+    return text[-6000:]
+
+
+def run_perf(
+    quick: bool = False,
+    out: str | Path = "bench/results",
+    skip: list[str] | tuple[str, ...] = (),
+    command: str = "fedkey bench perf",
+) -> dict:
+    """Run every step of `fedkey bench perf` not in `skip`, one progress line per step, and
+    write `<out>/perf.json` and `<out>/perf.md` (after each step, so a stopped run leaves what
+    it measured). A step that fails is recorded with its error; the others still run."""
+    from datetime import UTC, datetime
+
+    from bench.report import STEPS, targets, write_report
+
+    unknown = sorted(set(skip) - set(STEPS))
+    if unknown:
+        raise ValueError(f"unknown step(s) {unknown}; the steps are {list(STEPS)}")
+    params = perf_params(quick)
+    result = {
+        "meta": {
+            "command": command,
+            "quick": quick,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "git_commit": _git("rev-parse", "HEAD"),
+            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "machine": machine(),
+            "seconds": 0.0,
+        },
+        "params": params,
+        "steps": {},
+    }
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fedkey-bench-perf-") as tmp:
+        shared: dict = {}
+        for i, name in enumerate(STEPS, 1):
+            head = f"[{i}/{len(STEPS)}] {name}"
+            what, runner, line = STEP_RUNNERS[name]
+            if name in skip:
+                result["steps"][name] = {"skipped": "--skip"}
+                print(f"{head}: skipped (--skip)", flush=True)
+                continue
+            print(f"{head}: {what} ...", flush=True)
+            t = time.perf_counter()
+            try:
+                figures = runner(params, Path(tmp), shared)
+                figures["seconds"] = round(time.perf_counter() - t, 1)
+                print(f"{head}: {line(figures)} ({figures['seconds']:.0f} s)", flush=True)
+            except Exception as e:  # recorded in the report; the other steps still run
+                figures = {"error": _describe(e), "seconds": round(time.perf_counter() - t, 1)}
+                print(f"{head}: FAILED: {e!r}", flush=True)
+            result["steps"][name] = figures
+            result["meta"]["seconds"] = round(time.perf_counter() - start, 1)
+            write_report(result, out)
+    result["meta"]["seconds"] = round(time.perf_counter() - start, 1)
+    json_path, md_path = write_report(result, out)
+    result["targets"] = targets(result)
+    for row in result["targets"]:
+        print(f"  {row['status']:<8} {row['measure']}: {row['figure']} (target {row['target']})")
+    print(f"total {result['meta']['seconds']:.0f} s; wrote {json_path} and {md_path}", flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:

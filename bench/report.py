@@ -1,0 +1,413 @@
+"""The report of `fedkey bench perf`: perf.json (every figure) and perf.md (tables, targets).
+
+No torch here: the report is written (and tested) from a plain result dict, the one
+`bench.perf.run_perf` builds: {"meta": {...}, "params": {...}, "steps": {name: figures, or
+{"skipped": reason}, or {"error": message}}}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The steps of `fedkey bench perf`, in the order they run (also the names --skip takes).
+STEPS = ("trainer", "http", "memory", "keyboard", "export", "transport")
+
+MET, NOT_MET, SKIPPED, FAILED = "met", "not met", "skipped", "failed"
+
+
+def _step(result: dict, name: str) -> tuple[dict | None, str | None]:
+    """(figures, None) for a step that ran, else (None, "skipped" | "failed")."""
+    s = result.get("steps", {}).get(name)
+    if s is None or "skipped" in s:
+        return None, SKIPPED
+    if "error" in s:
+        return None, FAILED
+    return s, None
+
+
+def _row(measure: str, figure: str, target: str, ok: bool | None, status: str | None = None):
+    if status is None:
+        status = SKIPPED if ok is None else (MET if ok else NOT_MET)
+    return {"measure": measure, "figure": figure, "target": target, "status": status}
+
+
+def targets(result: dict) -> list[dict]:
+    """One row per target: {"measure", "figure", "target", "status"}; status is "met",
+    "not met", "skipped" (step skipped or figure unavailable) or "failed" (the step failed)."""
+    rows = []
+
+    s, why = _step(result, "trainer")
+    for device in [d for d in ("cpu", "cuda") if d in (s or {})] or ["cpu"]:
+        ratio = (s or {}).get(device, {}).get("ratio")
+        rows.append(
+            _row(
+                f"trainer tokens/s vs bare PyTorch loop ({device})",
+                "-" if ratio is None else f"{ratio:.3f}x",
+                ">= 0.9x",
+                None if ratio is None else ratio >= 0.9,
+                why,
+            )
+        )
+
+    s, why = _step(result, "http")
+    for key, label in (
+        ("ratio_of_best", "HTTP (`fedkey run`) vs in-process (`fedkey simulate`), wall time"),
+        ("round_seconds_ratio_of_best", "HTTP vs in-process, summed per-round seconds"),
+    ):
+        r = (s or {}).get(key)
+        rows.append(
+            _row(
+                label,
+                "-" if r is None else f"{r:.3f}x",
+                "<= 1.05x",
+                None if r is None else r <= 1.05,
+                why,
+            )
+        )
+
+    s, why = _step(result, "memory")
+    for strategy, label in (("fedatt", "FedAtt"), ("fedavg", "FedAvg")):
+        ratio, figure, least, most = None, "-", 10, 200
+        if s is not None:
+            by_n = {r["updates"]: r for r in s["rows"] if r["strategy"] == strategy}
+            if by_n:
+                least, most = min(by_n), max(by_n)
+                hi, lo = by_n[most], by_n[least]
+                ratio = hi["peak_rss_mb"] / lo["peak_rss_mb"]
+                figure = (
+                    f"{ratio:.3f}x ({hi['peak_rss_mb']:.0f} vs {lo['peak_rss_mb']:.0f} MB; above "
+                    f"the start {hi['peak_rss_mb'] - hi['rss_before_mb']:.0f} vs "
+                    f"{lo['peak_rss_mb'] - lo['rss_before_mb']:.0f} MB)"
+                )
+        rows.append(
+            _row(
+                f"{label} peak memory at {most} updates vs {least}",
+                figure,
+                "<= 1.2x",
+                None if ratio is None else ratio <= 1.2,
+                why,
+            )
+        )
+
+    s, why = _step(result, "keyboard")
+    ws = (s or {}).get("ws") or {}
+    p99 = ws.get("p99_ms")
+    rows.append(
+        _row(
+            f"suggestion latency over the WebSocket, p99 ({ws.get('n', '-')} keystrokes)",
+            "-" if p99 is None else f"{p99:.2f} ms",
+            "<= 5 ms",
+            None if p99 is None else p99 <= 5,
+            why,
+        )
+    )
+    wasm = (s or {}).get("wasm") or {}
+    model_step = (wasm.get("with_model_call") or {}).get("p50_ms")
+    for label, value in (
+        ("in-browser (wasm) median, all keystrokes", wasm.get("median_ms")),
+        ("in-browser (wasm) median, keystrokes with a model step", model_step),
+    ):
+        rows.append(
+            _row(
+                label,
+                "-" if value is None else f"{value:.2f} ms",
+                "<= 10 ms",
+                None if value is None else value <= 10,
+                why,
+            )
+        )
+
+    s, why = _step(result, "export")
+    change = (s or {}).get("ppl_change_pct")
+    rows.append(
+        _row(
+            "int8 perplexity change on held-out text",
+            "-" if change is None else f"{change:+.3f}%",
+            "<= 1%",
+            None if change is None else abs(change) <= 1.0,
+            why,
+        )
+    )
+    return rows
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _not_run(result: dict, name: str) -> str | None:
+    s = result.get("steps", {}).get(name)
+    if s is None:
+        return "not run"
+    if "skipped" in s:
+        return f"skipped: {s['skipped']}"
+    if "error" in s:
+        return f"**failed**: `{s['error'].strip().splitlines()[-1] if s['error'].strip() else ''}`"
+    return None
+
+
+def markdown(result: dict) -> str:
+    meta, params = result.get("meta", {}), result.get("params", {})
+    m = meta.get("machine", {})
+    out = [
+        "# fedkey performance benchmark",
+        "",
+        f"`{meta.get('command', 'fedkey bench perf')}` on {meta.get('date', '?')}, commit "
+        f"`{meta.get('git_commit', '?')}`{' (with uncommitted changes)' if meta.get('git_dirty') else ''}.",
+        f"Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}), torch "
+        f"{m.get('torch', '?')}, device {m.get('device', '?')}, Python {m.get('python', '?')}. "
+        f"Total {_fmt(meta.get('seconds'), '.0f')} s. Every figure is in `perf.json`.",
+        "",
+        "## Targets",
+        "",
+        _table(
+            ["measure", "figure", "target", "status"],
+            [[r["measure"], r["figure"], r["target"], r["status"]] for r in targets(result)],
+        ),
+        "",
+        "Speed ratios are measured side by side in one run, interleaved, and compare the best "
+        "repeat of each: the machine is shared and noisy. Peak memory is the whole process's "
+        "peak RSS (VmHWM).",
+    ]
+    steps = result.get("steps", {})
+
+    out += ["", "## 1. Local training: our trainer vs a bare PyTorch loop", ""]
+    note = _not_run(result, "trainer")
+    if note:
+        out.append(note)
+    else:
+        s = steps["trainer"]
+        rows = []
+        for device in ("cpu", "cuda"):
+            d = s.get(device)
+            if not d:
+                continue
+            rows.append(
+                [
+                    device,
+                    d["trainer_tokens_per_s"],
+                    d["bare_loop_tokens_per_s"],
+                    f"{d['ratio']:.3f}",
+                    ", ".join(map(str, d["all_trainer"])),
+                    ", ".join(map(str, d["all_bare"])),
+                ]
+            )
+        out += [
+            f"Model `{params.get('trainer', {}).get('model', 'small')}` (GRU, emb = hidden = 300, "
+            f"tied), vocabulary {params.get('trainer', {}).get('vocab', '?')}, "
+            f"{params.get('trainer', {}).get('sentences', '?')} random sentences of 8-29 words, "
+            "batch 10, one epoch per repeat, one torch thread; tokens/s of the best repeat.",
+            "",
+            _table(
+                [
+                    "device",
+                    "trainer tokens/s",
+                    "bare loop tokens/s",
+                    "ratio",
+                    "trainer, every repeat",
+                    "bare, every repeat",
+                ],
+                rows,
+            ),
+        ]
+
+    out += ["", "## 2. Federation over HTTP vs in-process", ""]
+    note = _not_run(result, "http")
+    if note:
+        out.append(note)
+    else:
+        s = steps["http"]
+        rows = [
+            [i + 1, f"{a:.1f}", f"{b:.1f}", f"{c:.1f}", f"{d:.1f}"]
+            for i, (a, b, c, d) in enumerate(
+                zip(
+                    s["simulate_seconds"],
+                    s["http_seconds"],
+                    s["simulate_round_seconds"],
+                    s["http_round_seconds"],
+                    strict=True,
+                )
+            )
+        ]
+        out += [
+            f"The same workload (`{s['args']}`) run by `fedkey simulate` and by `fedkey run` (a "
+            "server process and the phones over loopback HTTP), alternately. Wall time is the "
+            "whole command; the per-round seconds are the sum of `seconds` in each run's "
+            "`metrics.jsonl`, which leaves out the start-up of the processes.",
+            "",
+            _table(
+                [
+                    "repeat",
+                    "simulate wall s",
+                    "run (HTTP) wall s",
+                    "simulate rounds s",
+                    "run (HTTP) rounds s",
+                ],
+                rows,
+            ),
+            "",
+            f"Ratio of the best: wall time {s['ratio_of_best']:.3f}x, per-round seconds "
+            f"{s['round_seconds_ratio_of_best']:.3f}x.",
+        ]
+
+    out += ["", "## 3. Streaming aggregation: time and peak memory vs the number of updates", ""]
+    note = _not_run(result, "memory")
+    if note:
+        out.append(note)
+    else:
+        s = steps["memory"]
+        rows = [
+            [
+                r["strategy"],
+                r["updates"],
+                f"{r['seconds']:.2f}",
+                f"{r['peak_rss_mb']:.1f}",
+                f"{r['peak_rss_mb'] - r['rss_before_mb']:.1f}",
+            ]
+            for r in s["rows"]
+        ]
+        model_mb = s["rows"][0]["model_mb"] if s["rows"] else "?"
+        out += [
+            f"Each measurement in a fresh process: the small model (vocabulary "
+            f"{params.get('memory', {}).get('vocab', '?')}, {model_mb} MB of weights) and N "
+            "updates generated one at a time, as the server reads them from disk. Seconds "
+            "include generating the updates. Peak RSS is the whole process (Python and torch "
+            "included); the last column is the peak above the RSS before aggregating.",
+            "",
+            _table(
+                ["strategy", "updates", "seconds", "peak RSS MB", "peak above start MB"],
+                rows,
+            ),
+        ]
+
+    out += ["", "## 4. Suggestion latency (web keyboard)", ""]
+    note = _not_run(result, "keyboard")
+    if note:
+        out.append(note)
+    else:
+        s = steps["keyboard"]
+        ws, wasm = s["ws"], s.get("wasm") or {}
+        mc = s.get("model_config", {})
+        out += [
+            f"GRU {mc.get('emb_size')}/{mc.get('hidden_size')}"
+            f"{' tied' if mc.get('tied') else ''}, demo vocabulary {mc.get('vocab_size')}, fp32, "
+            f"trained by `fedkey train-central --data demo --epochs "
+            f"{params.get('model', {}).get('epochs', '?')}` (test perplexity "
+            f"{_fmt(s.get('model_test_ppl'))}). Keystrokes type the demo test sentences "
+            "character by character (`keyboard_web/bench.py`).",
+            "",
+            _table(
+                ["path", "keystrokes", "p50 ms", "p90 ms", "p99 ms", "max ms"],
+                [
+                    [
+                        "WebSocket round trip (Python client)",
+                        ws["n"],
+                        _fmt(ws["p50_ms"]),
+                        _fmt(ws["p90_ms"]),
+                        _fmt(ws["p99_ms"]),
+                        _fmt(ws["max_ms"]),
+                    ]
+                ]
+                + [
+                    [
+                        label,
+                        w["n"],
+                        _fmt(w["p50_ms"]),
+                        _fmt(w["p90_ms"]),
+                        _fmt(w["p99_ms"]),
+                        _fmt(w["max_ms"]),
+                    ]
+                    for label, w in (
+                        ("in-browser wasm, all keystrokes", wasm.get("all")),
+                        ("in-browser wasm, with a model step", wasm.get("with_model_call")),
+                        ("WebSocket from inside chromium", wasm.get("server_ws_from_chromium")),
+                    )
+                    if w
+                ],
+            ),
+        ]
+        if "skipped" in wasm:
+            out += ["", f"In-browser mode skipped: {wasm['skipped']}."]
+        elif wasm:
+            out += [
+                "",
+                f"Chromium {wasm.get('chromium')}; the in-browser model loaded in "
+                f"{_fmt(wasm.get('model_load_ms'), '.0f')} ms. `performance.now()` in chromium "
+                "has 0.1 ms resolution.",
+            ]
+
+    out += ["", "## 5. Export: model sizes and int8", ""]
+    note = _not_run(result, "export")
+    if note:
+        out.append(note)
+    else:
+        s = steps["export"]
+        lf, li = s.get("latency_fp32", {}), s.get("latency_int8", {})
+        out += [
+            f"The same model as in 4, exported by `export_checkpoint` (fp32, and int8 dynamic "
+            f"quantization); perplexity on the {s['held_out_sentences']} held-out demo test "
+            "sentences; one-step latency in onnxruntime, one thread (`export/bench.py`).",
+            "",
+            _table(
+                ["model", "file MB", "held-out perplexity", "one step p50 ms", "one step p90 ms"],
+                [
+                    [
+                        "fp32",
+                        f"{s['fp32_bytes'] / 2**20:.2f}",
+                        _fmt(s["ppl_fp32"], ".3f"),
+                        _fmt(lf.get("p50_ms"), ".3f"),
+                        _fmt(lf.get("p90_ms"), ".3f"),
+                    ],
+                    [
+                        "int8",
+                        f"{s['int8_bytes'] / 2**20:.2f}",
+                        _fmt(s["ppl_int8"], ".3f"),
+                        _fmt(li.get("p50_ms"), ".3f"),
+                        _fmt(li.get("p90_ms"), ".3f"),
+                    ],
+                ],
+            ),
+            "",
+            f"int8 perplexity change {s['ppl_change_pct']:+.3f}%, size "
+            f"{s['int8_bytes'] / s['fp32_bytes']:.2f}x of fp32, top-1 agreement with fp32 "
+            f"{_fmt(s.get('top1_agreement'), '.3f')}.",
+        ]
+
+    out += ["", "## 6. Model transfer on loopback", ""]
+    note = _not_run(result, "transport")
+    if note:
+        out.append(note)
+    else:
+        s = steps["transport"]
+        out += [
+            f"`GET /v1/model` and `POST /v1/rounds/1/update` of the demo-vocabulary small model "
+            f"({s['model_mb']} MB), {params.get('transport', {}).get('repeats', '?')} times each "
+            f"(no target): download {s['download_mb_per_s']} MB/s, upload "
+            f"{s['upload_mb_per_s']} MB/s; the first upload, validated and stored, took "
+            f"{s['first_upload_validated_seconds']} s.",
+        ]
+
+    failed = [n for n, s in steps.items() if "error" in s]
+    if failed:
+        out += ["", "## Failures", ""]
+        for n in failed:
+            out += [f"### {n}", "", "```", steps[n]["error"].rstrip(), "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_report(result: dict, out: str | Path) -> tuple[Path, Path]:
+    """Write `<out>/perf.json` and `<out>/perf.md`; return their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {**result, "targets": targets(result)}
+    json_path, md_path = out / "perf.json", out / "perf.md"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    md_path.write_text(markdown(result))
+    return json_path, md_path

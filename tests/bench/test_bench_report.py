@@ -1,0 +1,183 @@
+"""`fedkey bench perf`: the report says met / not met right; the command parses; no benchmark runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from bench.report import STEPS, targets, write_report
+
+
+def _mem(strategy: str, updates: int, peak: float) -> dict:
+    return {
+        "strategy": strategy,
+        "updates": updates,
+        "model_mb": 13.5,
+        "peak_rss_mb": peak,
+        "rss_before_mb": 250.0,
+        "seconds": 0.1 * updates,
+    }
+
+
+def _trainer(ratio: float) -> dict:
+    return {
+        "trainer_tokens_per_s": round(1000 * ratio),
+        "bare_loop_tokens_per_s": 1000,
+        "ratio": ratio,
+        "all_trainer": [round(1000 * ratio)],
+        "all_bare": [1000],
+    }
+
+
+def _latency(p50: float, p99: float, n: int = 1000) -> dict:
+    return {"n": n, "p50_ms": p50, "p90_ms": p50, "p99_ms": p99, "max_ms": p99, "mean_ms": p50}
+
+
+FAKE = {
+    "meta": {
+        "command": "fedkey bench perf",
+        "date": "2026-01-01T00:00:00+00:00",
+        "git_commit": "abc123",
+        "git_dirty": False,
+        "machine": {"cpus": 2, "torch": "2.13.0+cpu", "device": "cpu"},
+        "seconds": 600.0,
+    },
+    "params": {"model": {"epochs": 2}},
+    "steps": {
+        "trainer": {"cpu": _trainer(0.95), "cuda": _trainer(0.5)},
+        "http": {
+            "args": "--data demo",
+            "simulate_seconds": [50.0, 51.0],
+            "http_seconds": [55.0, 56.0],
+            "simulate_round_seconds": [35.0, 36.0],
+            "http_round_seconds": [35.5, 36.5],
+            "ratio_of_best": 1.1,
+            "round_seconds_ratio_of_best": 1.014,
+        },
+        "memory": {
+            "rows": [
+                _mem("fedavg", 10, 400.0),
+                _mem("fedavg", 50, 405.0),
+                _mem("fedavg", 200, 410.0),
+                _mem("fedatt", 10, 400.0),
+                _mem("fedatt", 50, 420.0),
+                _mem("fedatt", 200, 500.0),  # 1.25x: not met
+            ]
+        },
+        "keyboard": {
+            "model_config": {"emb_size": 300, "hidden_size": 300, "tied": True, "vocab_size": 99},
+            "ws": _latency(0.3, 1.0),
+            "wasm": {
+                "median_ms": 12.0,  # not met
+                "all": _latency(12.0, 20.0, 300),
+                "with_model_call": _latency(2.0, 4.0, 60),
+                "server_ws_from_chromium": _latency(1.0, 2.0, 280),
+                "model_load_ms": 700.0,
+                "chromium": "1.0",
+            },
+        },
+        "export": {
+            "held_out_sentences": 807,
+            "fp32_bytes": 4 * 2**20,
+            "int8_bytes": 2 * 2**20,
+            "ppl_fp32": 100.0,
+            "ppl_int8": 100.5,
+            "ppl_change_pct": 0.5,
+            "top1_agreement": 0.99,
+            "latency_fp32": {"p50_ms": 0.5, "p90_ms": 0.6},
+            "latency_int8": {"p50_ms": 0.6, "p90_ms": 0.7},
+        },
+        "transport": {
+            "model_mb": 4.1,
+            "download_mb_per_s": 500.0,
+            "upload_mb_per_s": 400.0,
+            "first_upload_validated_seconds": 0.1,
+        },
+    },
+}
+
+EXPECTED = {
+    "trainer tokens/s vs bare PyTorch loop (cpu)": "met",
+    "trainer tokens/s vs bare PyTorch loop (cuda)": "not met",
+    "HTTP (`fedkey run`) vs in-process (`fedkey simulate`), wall time": "not met",
+    "HTTP vs in-process, summed per-round seconds": "met",
+    "FedAtt peak memory at 200 updates vs 10": "not met",
+    "FedAvg peak memory at 200 updates vs 10": "met",
+    "suggestion latency over the WebSocket, p99 (1000 keystrokes)": "met",
+    "in-browser (wasm) median, all keystrokes": "not met",
+    "in-browser (wasm) median, keystrokes with a model step": "met",
+    "int8 perplexity change on held-out text": "met",
+}
+
+
+def _targets_table(md: str) -> dict[str, str]:
+    """measure -> status, read back from the markdown's Targets table."""
+    lines = md.split("## Targets", 1)[1].strip().splitlines()
+    rows = {}
+    for line in lines[2:]:  # after the header and the |---| line
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        rows[cells[0]] = cells[-1]
+    return rows
+
+
+def test_markdown_says_met_and_not_met(tmp_path):
+    json_path, md_path = write_report(FAKE, tmp_path)
+    md = md_path.read_text()
+    assert _targets_table(md) == EXPECTED
+    saved = json.loads(json_path.read_text())
+    assert saved["steps"] == FAKE["steps"] and saved["meta"] == FAKE["meta"]
+    assert {r["measure"]: r["status"] for r in saved["targets"]} == EXPECTED
+    for figure in ("1.100x", "1.250x", "1.00 ms", "+0.500%", "12.00 ms"):
+        assert figure in md
+    assert "Failures" not in md
+
+
+def test_skipped_and_failed_steps_are_neither_met_nor_not_met(tmp_path):
+    steps = {
+        **FAKE["steps"],
+        "http": {"skipped": "--skip"},
+        "export": {"error": "Traceback ...\nRuntimeError: the export broke\n"},
+    }
+    del steps["keyboard"]  # never ran (a stopped run)
+    _, md_path = write_report({**FAKE, "steps": steps}, tmp_path)
+    table = _targets_table(md_path.read_text())
+    assert table["HTTP vs in-process, summed per-round seconds"] == "skipped"
+    assert table["int8 perplexity change on held-out text"] == "failed"
+    assert table["in-browser (wasm) median, all keystrokes"] == "skipped"
+    assert table["trainer tokens/s vs bare PyTorch loop (cpu)"] == "met"
+    assert "RuntimeError: the export broke" in md_path.read_text()
+
+
+def test_wasm_skipped_when_chromium_is_missing():
+    steps = {**FAKE["steps"], "keyboard": {**FAKE["steps"]["keyboard"], "wasm": {"skipped": "x"}}}
+    rows = {r["measure"]: r["status"] for r in targets({**FAKE, "steps": steps})}
+    assert rows["in-browser (wasm) median, all keystrokes"] == "skipped"
+    assert rows["suggestion latency over the WebSocket, p99 (1000 keystrokes)"] == "met"
+
+
+def test_every_step_skipped_writes_a_report(tmp_path):
+    from bench.perf import run_perf
+
+    result = run_perf(out=tmp_path, skip=STEPS, command="fedkey bench perf --skip ...")
+    assert all(s == {"skipped": "--skip"} for s in result["steps"].values())
+    saved = json.loads((tmp_path / "perf.json").read_text())
+    assert saved["meta"]["machine"]["cpus"] >= 1 and saved["meta"]["machine"]["torch"]
+    assert set(_targets_table((tmp_path / "perf.md").read_text()).values()) == {"skipped"}
+    with pytest.raises(ValueError, match="unknown step"):
+        run_perf(out=tmp_path, skip=["nope"])
+
+
+def test_bench_perf_help():
+    from cli import BenchStep, app
+
+    result = CliRunner().invoke(app, ["bench", "perf", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in ("--quick", "--out", "--skip"):
+        assert option in result.output
+    assert tuple(s.value for s in BenchStep) == STEPS
+    bad = CliRunner().invoke(app, ["bench", "perf", "--skip", "nope"])
+    assert bad.exit_code != 0
