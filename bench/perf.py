@@ -379,7 +379,7 @@ def _step_keyboard(p: dict, work: Path, shared: dict) -> dict:
 
 def _step_export(p: dict, work: Path, shared: dict) -> dict:
     from device_sim.corpora import load_corpus
-    from export.bench import step_latency
+    from export.bench import compare_exports
     from export.onnx_export import export_checkpoint
 
     checkpoint, row = _demo_model(p, work, shared)
@@ -393,16 +393,7 @@ def _step_export(p: dict, work: Path, shared: dict) -> dict:
         "model": json.loads(fp32.json_path.read_text())["model"],
         "model_test_ppl": row["test_ppl"],
         "held_out_sentences": len(held_out),
-        "fp32_bytes": fp32.bytes,
-        "int8_bytes": int8.bytes,
-        "parity_max_abs_diff": fp32.parity_max_abs_diff,
-        "ppl_fp32": int8.held_out_ppl_fp32,
-        "ppl_int8": int8.held_out_ppl_int8,
-        "ppl_change_pct": 100 * (int8.held_out_ppl_int8 / int8.held_out_ppl_fp32 - 1),
-        "top1_agreement": int8.top1_agreement,
-        "export_seconds": {"fp32": round(fp32.seconds, 2), "int8": round(int8.seconds, 2)},
-        "latency_fp32": step_latency(fp32.path, steps),
-        "latency_int8": step_latency(int8.path, steps),
+        **compare_exports(fp32, int8, steps),
     }
 
 

@@ -53,6 +53,23 @@ def step_latency(onnx_path: str | Path, steps: int = 1000, warmup: int = 50, see
     }
 
 
+def compare_exports(fp32, int8, steps: int = 1000) -> dict:
+    """Sizes, parity, held-out perplexity change, top-1 agreement and one-step latency of an fp32
+    export and its int8 twin (two ExportReports made with the same parity_text)."""
+    return {
+        "fp32_bytes": fp32.bytes,
+        "int8_bytes": int8.bytes,
+        "parity_max_abs_diff": fp32.parity_max_abs_diff,
+        "ppl_fp32": int8.held_out_ppl_fp32,
+        "ppl_int8": int8.held_out_ppl_int8,
+        "ppl_change_pct": 100 * (int8.held_out_ppl_int8 / int8.held_out_ppl_fp32 - 1),
+        "top1_agreement": int8.top1_agreement,
+        "export_seconds": {"fp32": round(fp32.seconds, 2), "int8": round(int8.seconds, 2)},
+        "latency_fp32": step_latency(fp32.path, steps),
+        "latency_int8": step_latency(int8.path, steps),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default="demo", help="'demo' or a corpus directory (PTB layout)")
@@ -111,16 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_seconds": round(train_s, 1),
         "train_loss": result.train_loss,
         "held_out_sentences": len(held_out),
-        "fp32_bytes": fp32.bytes,
-        "int8_bytes": int8.bytes,
-        "parity_max_abs_diff": fp32.parity_max_abs_diff,
-        "ppl_fp32": int8.held_out_ppl_fp32,
-        "ppl_int8": int8.held_out_ppl_int8,
-        "ppl_change_pct": 100 * (int8.held_out_ppl_int8 / int8.held_out_ppl_fp32 - 1),
-        "top1_agreement": int8.top1_agreement,
-        "export_seconds": {"fp32": round(fp32.seconds, 2), "int8": round(int8.seconds, 2)},
-        "latency_fp32": step_latency(fp32.path, args.steps),
-        "latency_int8": step_latency(int8.path, args.steps),
+        **compare_exports(fp32, int8, args.steps),
     }
     print(json.dumps(report, indent=2))
     return report
