@@ -701,7 +701,13 @@ def _env(value: Any) -> str:
 
 
 @app.command("train-central")
-@with_options(DATA, MODEL, {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip")}, PHONES)
+@with_options(
+    DATA,
+    MODEL,
+    {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip")},
+    {"ksr_sentences": FEDERATION["ksr_sentences"]},
+    PHONES,
+)
 def train_central_cmd(
     epochs: int = typer.Option(
         5, "--epochs", min=1, help="Passes over the union of the phones' data."
@@ -726,8 +732,34 @@ def train_central_cmd(
         epochs,
         settings.seed,
         opts["device"],
+        ksr_sentences=settings.ksr_sentences,
     )
     _report(rows, out)
+
+
+@app.command()
+@with_options(
+    DATA,
+    {"ksr_sentences": FEDERATION["ksr_sentences"]},
+    {k: PHONES[k] for k in ("partition", "alpha")},
+)
+def ngram(
+    order: int = typer.Option(3, "--order", min=2, max=5, help="n of the n-gram."),
+    clients: int = typer.Option(
+        100, "--clients", "-K", min=1, help="Phones whose data is pooled (as in simulate)."
+    ),
+    out: Path = typer.Option(
+        Path("runs/ngram"), "--out", help="Run directory: metrics.jsonl with one row."
+    ),
+    **opts,
+) -> None:
+    """The baseline a keyboard would otherwise ship: a Kneser-Ney n-gram on the union of the phones' data."""
+    from device_sim.simulate import train_ngram
+
+    settings = build_settings(opts, storage=out)
+    rows = train_ngram(phone_data(settings, opts, clients), order, str(out), settings.ksr_sentences)
+    _print_table(rows)
+    typer.echo(f"metrics: {out / 'metrics.jsonl'}")
 
 
 @app.command()
@@ -962,6 +994,70 @@ def bench_perf(
     )
     if any("error" in s for s in result["steps"].values()):
         raise typer.Exit(1)
+
+
+class PaperPreset(StrEnum):  # bench.paper.PRESETS
+    cpu = "cpu"
+    gpu = "gpu"
+    smoke = "smoke"
+
+
+class PaperSuite(StrEnum):  # bench.paper.SUITES
+    paper = "paper"
+    privacy = "privacy"
+    beyond = "beyond"
+
+
+@bench_app.command("paper")
+def bench_paper(
+    preset: PaperPreset = typer.Option(
+        PaperPreset.cpu,
+        "--preset",
+        help="gpu: the seeds' full protocol over HTTP; cpu: cut to ~1 hour on 2 cores (how is in the report); smoke: minutes, for a first look.",
+    ),
+    suite: list[PaperSuite] = typer.Option(
+        [PaperSuite.paper],
+        "--suite",
+        help="paper: the seeds' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline (repeat the option for several).",
+    ),
+    data_root: Path = typer.Option(
+        Path("../shared/data"),
+        "--data-root",
+        help="The folder that holds ptb/ and wikitext-2/ (train/valid/test.txt).",
+    ),
+    out: Path = typer.Option(
+        Path("bench/results"),
+        "--out",
+        help="Results go to OUT/<preset>/: results.json, results.md, curves_*.png.",
+    ),
+    runs_dir: Path = typer.Option(
+        Path("runs/bench"), "--runs-dir", help="Each run's own folder (checkpoints, metrics, log)."
+    ),
+    only: list[str] = typer.Option(
+        [], "--only", help="Run only the runs whose id matches this glob (repeatable)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+) -> None:
+    """The seeds' experiments through fedkey's own commands; a run already in results.json with
+    the same command is not run again, so an interrupted bench resumes where it stopped."""
+    import shlex
+
+    from bench.paper import run_bench
+
+    try:
+        run_bench(
+            _plain(preset),
+            [_plain(s) for s in suite],
+            data_root,
+            out,
+            runs_dir,
+            only=only or None,
+            dry_run=dry_run,
+            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+        )
+    except (FileNotFoundError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

@@ -71,26 +71,40 @@ def keystroke_savings(
     sentences: list[str],
     slots: int = 3,
 ) -> float:
+    """Keystroke savings of a neural model (see :func:`keystroke_savings_of`)."""
+    model.eval()
+    device = model.decoder.bias.device
+
+    def scores(ids: list[int]) -> np.ndarray:
+        logits, _ = model(torch.tensor([ids[:-2]], device=device))  # the context before each word
+        return logits[0].float().cpu().numpy()
+
+    return keystroke_savings_of(scores, tokenizer, sentences, slots)
+
+
+def keystroke_savings_of(
+    scores_for,  # Callable[[list[int]], np.ndarray]: encoded sentence -> [words, vocab] scores
+    tokenizer: WordTokenizer,
+    sentences: list[str],
+    slots: int = 3,
+) -> float:
     """Share of characters a user need not type with a `slots`-wide suggestion bar.
 
     The user types a sentence word by word; each word costs len(word) + 1 keystrokes (the space).
     Before each keystroke of a word the bar shows the `slots` most likely vocabulary words that
     start with what is typed so far (next words when nothing is typed yet); if the intended word
     is there, one tap inserts it with its space. KSR = 1 - keystrokes / characters.
+    `scores_for` gives any model's next-word scores (higher = likelier) before each word.
     """
     if not isinstance(tokenizer, WordTokenizer):
         raise ValueError("keystroke savings need a word vocabulary")
-    model.eval()
     vocab = np.array(tokenizer.itos, dtype=object)
     suggestible = np.ones(len(vocab), dtype=bool)
     suggestible[[tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]] = False
     typed_chars, keystrokes = 0, 0
-    device = model.decoder.bias.device
     for sentence in sentences:
         words = sentence.split()
-        ids = tokenizer.encode(sentence)
-        logits, _ = model(torch.tensor([ids[:-2]], device=device))  # the context before each word
-        scores = logits[0].float().cpu().numpy()
+        scores = scores_for(tokenizer.encode(sentence))
         for pos, word in enumerate(words):
             typed_chars += len(word) + 1
             cost = len(word) + 1

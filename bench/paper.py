@@ -1,0 +1,449 @@
+"""`fedkey bench paper`: the seeds' experiments, run by the project's own commands.
+
+Every run is one `fedkey simulate` (in-process) or `fedkey run` (server + phones over HTTP)
+command line, executed as a child process; its metrics.jsonl is summarized into one object of
+results.json with the command, the git commit and the device beside the numbers. Then
+results.md puts our numbers beside the seeds' (../shared/DESIGN.md section 4) and curves_*.png
+show perplexity per round.
+
+Suites:
+  paper    DESIGN.md section 4: FedSGD, FedAvg, FedAtt, FedAttOpt, FedMed (+ topK 0.8),
+           AdaFL + FedAvg / FedAtt, at C = 0.1 and 0.5, on PTB and WikiText-2
+  privacy  the seeds' randomization sweep (001 Table III) and DP-FedAvg at a few noise levels
+  beyond   server optimizers, a learning-rate schedule, dropout, an LSTM cell, the centralized
+           ceiling and a Kneser-Ney 3-gram baseline
+
+Presets: `gpu` is the seeds' full protocol; `cpu` cuts rounds, local epochs and data so that the
+paper suite fits an hour on two cores (the cut is written at the top of results.md). A run whose
+command is already in results.json is not run again, so an interrupted bench resumes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The seeds' test perplexity (DESIGN.md section 4): (method, C) -> {dataset: ppl}.
+SEEDS: dict[tuple[str, float], dict[str, float]] = {
+    ("FedSGD", 1.0): {"wikitext-2": 112.45, "ptb": 155.27},
+    ("FedAvg", 0.1): {"wikitext-2": 95.27, "ptb": 138.13},
+    ("FedAtt", 0.1): {"wikitext-2": 91.82, "ptb": 115.43},
+    ("FedAttOpt", 0.1): {"wikitext-2": 72.25, "ptb": 116.49},
+    ("FedMed", 0.1): {"wikitext-2": 80.32, "ptb": 113.03},
+    ("FedAvg", 0.5): {"wikitext-2": 79.75, "ptb": 128.24},
+    ("FedAtt", 0.5): {"wikitext-2": 69.38, "ptb": 123.00},
+    ("FedAttOpt", 0.5): {"wikitext-2": 75.58, "ptb": 117.82},
+    ("FedMed", 0.5): {"wikitext-2": 68.42, "ptb": 122.23},
+}
+#: 001 Table III (the paper does not name the dataset): beta -> (FedAvg, FedAtt).
+SEEDS_DP = {0.0: (88.21, 77.66), 0.001: (88.17, 77.76), 0.005: (88.36, 78.59),
+            0.01: (89.74, 79.51), 0.05: (103.17, 101.82)}  # fmt: skip
+DATASETS = ("ptb", "wikitext-2")
+SUITES = ("paper", "privacy", "beyond")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How much of the seeds' protocol a preset runs."""
+
+    name: str
+    rounds: int
+    local_epochs: int
+    lr: float
+    max_train_tokens: int | None  # None: all of the training split
+    max_eval_sentences: int | None  # validation and test sentences each
+    vocab_size: int  # the cap on the paper protocol's vocabulary (PTB has 10k words)
+    ksr_sentences: int
+    central_epochs: int
+    transport: str  # "inprocess" (fedkey simulate) or "http" (fedkey run)
+    note: str
+
+    def flags(self) -> list[str]:
+        """The protocol's flags, shared by every federated run."""
+        f = ["--paper-protocol", "--clients", "100", "--rounds", str(self.rounds)]
+        f += ["--local-epochs", str(self.local_epochs), "--batch-size", "10"]
+        f += ["--lr", str(self.lr), "--momentum", "0.5", "--vocab-size", str(self.vocab_size)]
+        f += ["--ksr-sentences", str(self.ksr_sentences), "--seed", "0"]
+        if self.max_train_tokens:
+            f += ["--max-train-tokens", str(self.max_train_tokens)]
+        if self.max_eval_sentences:
+            f += ["--max-eval-sentences", str(self.max_eval_sentences)]
+        return f
+
+
+PRESETS = {
+    "gpu": Preset(
+        name="gpu",
+        rounds=50,
+        local_epochs=5,
+        lr=0.01,
+        max_train_tokens=None,
+        max_eval_sentences=None,
+        vocab_size=50_000,  # WikiText-2's whole vocabulary (33k), as the seeds built it
+        ksr_sentences=200,
+        central_epochs=20,
+        transport="http",
+        note="The seeds' protocol: 100 IID clients, small tied GRU, E 5, B 10, SGD lr 0.01 "
+        "momentum 0.5, 50 rounds, vocabulary from all splits, full validation and test sets; "
+        "every run through the real server and phone fleet over HTTP.",
+    ),
+    # For tests and a first look: minutes, numbers near the initial model's.
+    "smoke": Preset(
+        name="smoke",
+        rounds=2,
+        local_epochs=1,
+        lr=1.0,
+        max_train_tokens=3_000,
+        max_eval_sentences=20,
+        vocab_size=2_000,
+        ksr_sentences=5,
+        central_epochs=2,
+        transport="inprocess",
+        note="A smoke test of the pipeline: 2 rounds, 3k training words, 20 evaluation "
+        "sentences, 2k-word vocabulary. Its numbers mean nothing.",
+    ),
+    "cpu": Preset(
+        name="cpu",
+        rounds=10,
+        local_epochs=1,
+        lr=1.0,
+        max_train_tokens=50_000,
+        max_eval_sentences=300,
+        vocab_size=10_000,
+        ksr_sentences=20,
+        central_epochs=10,
+        transport="inprocess",
+        note="Cut to fit an hour on 2 CPU cores: 10 rounds (not 50), E 1 (not 5), the first 50k "
+        "training words of each dataset (5.6% of PTB's, 2.4% of WikiText-2's; 100 clients of ~500 "
+        "words, ~2-3 local steps a round), the first 300 validation and test sentences, WikiText-2's vocabulary capped at "
+        "10k words, and local lr 1.0 instead of the seeds' 0.01 (with ~4 local steps per round "
+        "lr 0.01 leaves the model at its initial perplexity; the 'lr 0.01' row shows it). Runs "
+        "in-process (`fedkey simulate`), which gives the same weights as the HTTP path bit for "
+        "bit (tests/test_e2e_http.py); --transport http runs them through the server.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a suite: the command it is and where its number goes in the tables."""
+
+    suite: str
+    dataset: str
+    method: str  # the label of the table row
+    fraction: float | None  # C; None where the method picks its own (AdaFL)
+    args: tuple[str, ...] = ()  # flags beyond the preset's
+    kind: str = "federated"  # federated | central | ngram
+    group: str = ""  # a column or sweep key inside a suite (privacy: beta / z)
+
+    @property
+    def id(self) -> str:
+        c = "auto" if self.fraction is None else f"c{self.fraction:g}"
+        slug = re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-")
+        return f"{self.suite}-{self.dataset}-{slug}-{c}"
+
+
+def _fed(suite, dataset, method, fraction, *args, group=""):
+    return RunSpec(suite, dataset, method, fraction, tuple(args), group=group)
+
+
+def paper_suite(datasets=DATASETS) -> list[RunSpec]:
+    runs = []
+    for ds in datasets:
+        runs.append(_fed("paper", ds, "FedSGD", 1.0, "--strategy", "fedsgd"))
+        for c in (0.1, 0.5):
+            runs += [
+                _fed("paper", ds, "FedAvg", c, "--strategy", "fedavg"),
+                _fed("paper", ds, "FedAtt", c, "--strategy", "fedatt"),
+                _fed("paper", ds, "FedAttOpt", c, "--strategy", "fedattopt"),
+                _fed("paper", ds, "FedMed", c, "--strategy", "fedmed"),
+                _fed(
+                    "paper", ds, "FedMed topK 0.8", c, "--strategy", "fedmed", "--topk-beta", "0.8"
+                ),
+            ]
+        # AdaFL's dynamic fraction (0.1 -> 0.5) replaces C: one run per aggregator.
+        runs += [
+            _fed("paper", ds, "AdaFL + FedAvg", None, "--strategy", "fedavg", "--adafl"),
+            _fed("paper", ds, "AdaFL + FedAtt", None, "--strategy", "fedatt", "--adafl"),
+        ]
+    return runs
+
+
+def paper_suite_extra(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
+    """Evidence rows: FedAvg with the seeds' lr where the preset changed it."""
+    if preset.lr == 0.01:
+        return []
+    return [
+        _fed("paper", ds, "FedAvg, seeds' lr 0.01", 0.1, "--strategy", "fedavg", "--lr", "0.01")
+        for ds in datasets
+    ]
+
+
+def privacy_suite(dataset: str = "wikitext-2") -> list[RunSpec]:
+    runs = []
+    for method, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt")):
+        for beta in SEEDS_DP:
+            runs.append(
+                _fed(
+                    "privacy",
+                    dataset,
+                    f"{method} beta {beta:g}",
+                    0.1,
+                    "--strategy",
+                    strategy,
+                    "--dp-beta",
+                    f"{beta:g}",
+                    group=f"beta={beta:g}",
+                )  # fmt: skip
+            )
+    # DP-FedAvg (McMahan et al. 2018): half the clients per round, so the noise is split 50 ways.
+    for z in (0.1, 0.3, 1.0):
+        runs.append(
+            _fed(
+                "privacy",
+                dataset,
+                f"DP-FedAvg z {z:g}",
+                0.5,
+                "--strategy",
+                "fedavg",
+                "--dp-clip",
+                "1.0",
+                "--dp-noise-multiplier",
+                f"{z:g}",
+                group=f"z={z:g}",
+            )  # fmt: skip
+        )
+    return runs
+
+
+def beyond_suite(datasets=DATASETS, base: str = "fedavg") -> list[RunSpec]:
+    """Each known improvement as its own row on `base` at C = 0.1, plus ceiling and baseline."""
+    name = {"fedavg": "FedAvg", "fedatt": "FedAtt"}[base]
+    rows = (
+        (f"{name} + server momentum 0.9", ("--server-opt", "momentum", "--server-lr", "1.0")),
+        (f"{name} + FedAdam", ("--server-opt", "adam", "--server-lr", "0.01")),
+        (f"{name} + lr decay 0.8/round", ("--lr-decay", "0.8")),
+        (f"{name} + dropout 0.1", ("--dropout", "0.1")),
+        (f"{name}, LSTM cell", ("--cell", "lstm")),
+    )
+    runs = []
+    for ds in datasets:
+        runs += [_fed("beyond", ds, m, 0.1, "--strategy", base, *a) for m, a in rows]
+        runs.append(RunSpec("beyond", ds, "centralized (ceiling)", None, kind="central"))
+        runs.append(RunSpec("beyond", ds, "Kneser-Ney 3-gram", None, kind="ngram"))
+    return runs
+
+
+def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
+    if suite == "paper":
+        return paper_suite() + paper_suite_extra(preset)
+    if suite == "privacy":
+        return privacy_suite()
+    if suite == "beyond":
+        return beyond_suite()
+    raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+
+
+# -- running --------------------------------------------------------------------------------------
+
+
+def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> list[str]:
+    """The fedkey command line of one run (without the interpreter)."""
+    data = ["--data", str(data_root / spec.dataset)]
+    if spec.kind == "ngram":
+        return [
+            "fedkey",
+            "ngram",
+            *data,
+            "--order",
+            "3",
+            *_data_flags(preset),
+            "--out",
+            str(run_dir),
+        ]
+    if spec.kind == "central":
+        return ["fedkey", "train-central", *data, *_data_flags(preset), "--clients", "100",
+                "--lr", str(preset.lr), "--momentum", "0.5", "--batch-size", "10",
+                "--epochs", str(preset.central_epochs), "--out", str(run_dir)]  # fmt: skip
+    verb = "simulate" if preset.transport == "inprocess" else "run"
+    cmd = ["fedkey", verb, *data, *preset.flags(), "--out", str(run_dir)]
+    if spec.fraction is not None:
+        cmd += ["--fraction", f"{spec.fraction:g}"]
+    return cmd + list(spec.args)
+
+
+def _data_flags(preset: Preset) -> list[str]:
+    f = ["--paper-protocol", "--vocab-size", str(preset.vocab_size), "--seed", "0"]
+    if preset.max_train_tokens:
+        f += ["--max-train-tokens", str(preset.max_train_tokens)]
+    if preset.max_eval_sentences:
+        f += ["--max-eval-sentences", str(preset.max_eval_sentences)]
+    return f + ["--ksr-sentences", str(preset.ksr_sentences)]
+
+
+def summarize(rows: list[dict], spec: RunSpec) -> dict:
+    """One results.json object from a run's metrics rows (round 0 = the initial model)."""
+    best = min(rows, key=lambda r: r["val_ppl"])
+    below_90 = [r["round"] for r in rows if r["round"] > 0 and r["test_ppl"] < 90]
+    return {
+        "suite": spec.suite,
+        "dataset": spec.dataset,
+        "method": spec.method,
+        "fraction": spec.fraction,
+        "group": spec.group,
+        "kind": spec.kind,
+        "test_ppl": best["test_ppl"],  # of the best-validation model, as the seeds report
+        "best_val_ppl": best["val_ppl"],
+        "best_round": best["round"],
+        "final_test_ppl": rows[-1]["test_ppl"],
+        "top1": best.get("top1"),
+        "top3": best.get("top3"),
+        "ksr": best.get("ksr"),
+        "rounds": rows[-1]["round"],
+        "rounds_to_ppl_90": below_90[0] if below_90 else None,
+        "uplink_bytes": sum(r.get("bytes_up", 0) for r in rows),
+        "downlink_bytes": sum(r.get("bytes_down", 0) for r in rows),
+        "updates": sum(len(r.get("aggregated", [])) for r in rows),
+        "epsilon": rows[-1].get("epsilon"),
+        "curve": [[r["round"], r["val_ppl"], r["test_ppl"]] for r in rows],
+    }
+
+
+def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> dict:
+    """Run one spec as a child process; its summary, with the command and where it ran."""
+    from bench.perf import _git, machine
+
+    run_dir = runs_dir / spec.id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = command(spec, preset, data_root, run_dir)
+    argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
+    start = time.perf_counter()
+    with (run_dir / "log.txt").open("w") as log:
+        done = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = (run_dir / "log.txt").read_text()[-2000:]
+        raise RuntimeError(f"{spec.id}: `{shlex.join(cmd)}` exited {done.returncode}\n{tail}")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    info = machine()
+    device = (
+        info["device"]
+        if info["device"] != "cpu"
+        else f"cpu ({info['cpu_model']}, {info['cpus']} cores)"
+    )
+    return {
+        "id": spec.id,
+        **summarize(rows, spec),
+        "wall_seconds": round(wall, 1),
+        "command": shlex.join(cmd),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "device": device,
+        "preset": preset.name,
+        "seed_ppl": seed_number(spec),
+    }
+
+
+def seed_number(spec: RunSpec) -> float | None:
+    """The seeds' number for the same experiment, where they published one."""
+    if spec.suite == "paper" and spec.fraction is not None:
+        return SEEDS.get((spec.method, spec.fraction), {}).get(spec.dataset)
+    if spec.suite == "privacy" and spec.group.startswith("beta="):
+        pair = SEEDS_DP.get(float(spec.group.split("=")[1]))
+        return pair and pair[0 if spec.method.startswith("FedAvg") else 1]
+    return None
+
+
+class Bench:
+    """results.json of a preset, updated one run at a time under a file lock (two suites may run
+    side by side) and replaced atomically, so an interrupted bench loses at most its current run."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.path = self.out / "results.json"
+
+    def read(self) -> list[dict]:
+        return self._data()["runs"]
+
+    def commands(self) -> list[str]:
+        """The bench command lines that produced these results."""
+        return self._data()["bench_commands"]
+
+    def _data(self) -> dict:
+        if not self.path.exists():
+            return {"bench_commands": [], "runs": []}
+        return json.loads(self.path.read_text())
+
+    def done(self, spec_id: str, cmd: str) -> bool:
+        return any(r["id"] == spec_id and r["command"] == cmd for r in self.read())
+
+    def add(self, result: dict, bench_command: str) -> list[dict]:
+        with (self.out / ".results.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._data()
+            runs = [r for r in data["runs"] if r["id"] != result["id"]] + [result]
+            cmds = data["bench_commands"] + [
+                c for c in [bench_command] if c not in data["bench_commands"]
+            ]
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"bench_commands": cmds, "runs": runs}, indent=1))
+            tmp.replace(self.path)
+        return runs
+
+
+def run_bench(
+    preset_name: str,
+    suites: list[str],
+    data_root: Path,
+    out: Path,
+    runs_dir: Path,
+    only: list[str] | None = None,
+    dry_run: bool = False,
+    bench_command: str = "",
+) -> list[dict]:
+    """Run every selected spec not yet in OUT/<preset>/results.json, then write the report."""
+    from tqdm import tqdm
+
+    preset = PRESETS[preset_name]
+    bench = Bench(out / preset.name)
+    specs = [s for suite in suites for s in suite_runs(suite, preset)]
+    if only:
+        specs = [s for s in specs if any(fnmatch.fnmatch(s.id, pat) for pat in only)]
+    missing = [d for d in {s.dataset for s in specs} if not (data_root / d).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
+    run_root = runs_dir / preset.name
+    todo = []
+    for s in specs:
+        cmd = shlex.join(command(s, preset, data_root, run_root / s.id))
+        if dry_run:
+            print(cmd)
+        elif not bench.done(s.id, cmd):
+            todo.append(s)
+    if dry_run:
+        return bench.read()
+    bar = tqdm(todo, desc=f"bench paper --preset {preset.name}", unit="run")
+    for spec in bar:
+        bar.set_postfix_str(spec.id)
+        result = run_one(spec, preset, data_root, run_root)
+        bench.add(result, bench_command)
+        bar.write(
+            f"{spec.id}: test ppl {result['test_ppl']:.2f} (best round {result['best_round']}), "
+            f"{result['wall_seconds']:.0f} s"
+        )
+    from bench.paper_report import write_report
+
+    runs = bench.read()
+    write_report(runs, preset, out / preset.name, bench.commands())
+    return runs

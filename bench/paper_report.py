@@ -1,0 +1,280 @@
+"""The report of `fedkey bench paper`: results.md (our numbers beside the seeds') and PNG curves.
+
+Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
+without running anything: `python -m bench.paper_report bench/results/cpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from bench.paper import PRESETS, SEEDS, SEEDS_DP, Preset
+
+DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
+#: Issue 5's targets at C = 0.1: 10% below the best seed number.
+TARGETS = {"ptb": 102.0, "wikitext-2": 65.0}
+
+
+def _f(v, spec=".2f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return format(v, spec)
+
+
+def _c(fraction) -> str:
+    return "0.1->0.5 (AdaFL)" if fraction is None else f"{fraction:g}"
+
+
+def _ratio(ours, theirs) -> str:
+    if ours is None or theirs is None:
+        return "-"
+    return f"{(ours / theirs - 1) * 100:+.0f}%"
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _mb(n) -> str:
+    return f"{n / 1e6:,.0f}"
+
+
+def paper_table(runs: list[dict]) -> str:
+    """One row per (C, method): each dataset's test perplexity beside the seeds' number."""
+    keyed = {(r["method"], r["fraction"], r["dataset"]): r for r in runs}
+    order = []
+    for r in runs:
+        if (r["method"], r["fraction"]) not in order:
+            order.append((r["method"], r["fraction"]))
+    rank = {1.0: 0, 0.1: 1, 0.5: 2, None: 3}  # FedSGD, C 0.1, C 0.5, AdaFL's own fraction
+    order.sort(key=lambda k: rank.get(k[1], 4))
+    header = ["C", "method"]
+    for ds in DATASET_NAMES:
+        header += [f"{DATASET_NAMES[ds]} ours", "seeds", "ours vs seeds"]
+    rows = []
+    for method, c in order:
+        row = [_c(c), method]
+        for ds in DATASET_NAMES:
+            r = keyed.get((method, c, ds))
+            theirs = SEEDS.get((method, c), {}).get(ds)
+            ours = r["test_ppl"] if r else None
+            row += [_f(ours), _f(theirs), _ratio(ours, theirs)]
+        rows.append(row)
+    return _table(header, rows)
+
+
+def detail_table(runs: list[dict]) -> str:
+    """Every run: the numbers behind the summary and what each cost."""
+    header = ["run", "test ppl", "best val ppl", "best round", "final test ppl", "top-1",
+              "top-3", "KSR", "rounds to ppl < 90", "updates", "uplink MB", "downlink MB",
+              "epsilon", "wall s"]  # fmt: skip
+    rows = [
+        [
+            f"{DATASET_NAMES.get(r['dataset'], r['dataset'])}, {r['method']}"
+            + (f", C {_c(r['fraction'])}" if r["kind"] == "federated" else ""),
+            _f(r["test_ppl"]),
+            _f(r["best_val_ppl"]),
+            r["best_round"],
+            _f(r["final_test_ppl"]),
+            _f(r["top1"], ".3f"),
+            _f(r["top3"], ".3f"),
+            _f(r["ksr"], ".3f"),
+            r["rounds_to_ppl_90"] if r["rounds_to_ppl_90"] is not None else "never",
+            r["updates"],
+            _mb(r["uplink_bytes"]),
+            _mb(r["downlink_bytes"]),
+            _f(r["epsilon"]),
+            _f(r["wall_seconds"], ".0f"),
+        ]
+        for r in runs
+    ]
+    return _table(header, rows)
+
+
+def privacy_tables(runs: list[dict]) -> str:
+    parts = []
+    rand = [r for r in runs if r["group"].startswith("beta=")]
+    if rand:
+        betas = sorted(SEEDS_DP)
+        header = ["method"] + [f"beta = {b:g}" for b in betas]
+        rows = []
+        for i, method in enumerate(("FedAvg", "FedAtt")):
+            ours = {r["group"]: r["test_ppl"] for r in rand if r["method"].startswith(method)}
+            rows.append([f"{method} (ours)"] + [_f(ours.get(f"beta={b:g}")) for b in betas])
+            rows.append([f"{method} (seeds, 001 Table III)"] + [_f(SEEDS_DP[b][i]) for b in betas])
+        ds = DATASET_NAMES.get(rand[0]["dataset"], rand[0]["dataset"])
+        parts.append(
+            f"Randomization (each phone adds beta * N(0, 1) to its weights; no formal guarantee), "
+            f"{ds}, C 0.1, test perplexity:\n\n" + _table(header, rows)
+        )
+    dp = [r for r in runs if r["group"].startswith("z=")]
+    if dp:
+        header = ["noise multiplier z", "clip S", "C", "epsilon (delta 1e-5)", "test ppl"]
+        rows = [
+            [
+                r["group"][2:],
+                _arg(r["command"], "--dp-clip"),
+                _c(r["fraction"]),
+                _f(r["epsilon"]),
+                _f(r["test_ppl"]),
+            ]  # fmt: skip
+            for r in sorted(dp, key=lambda r: float(r["group"][2:]))
+        ]
+        parts.append(
+            "DP-FedAvg (clip each update to S, N(0, (z S)^2) on the sum, RDP accountant with "
+            "sampling rate C; epsilon after the last round):\n\n" + _table(header, rows)
+        )
+    return "\n\n".join(parts)
+
+
+def _arg(cmd: str, flag: str) -> str:
+    words = cmd.split()
+    return words[words.index(flag) + 1] if flag in words else "-"
+
+
+def beyond_table(runs: list[dict], paper: list[dict]) -> str:
+    """Each improvement beside the best seed method's number, the ceiling and our best paper run."""
+    header = [
+        "dataset",
+        "row",
+        "test ppl",
+        "vs best seed",
+        "vs centralized",
+        "top-1",
+        "top-3",
+        "KSR",
+    ]
+    rows = []
+    for ds in DATASET_NAMES:
+        mine = [r for r in runs if r["dataset"] == ds]
+        if not mine:
+            continue
+        best_seed = min(v[ds] for (m, c), v in SEEDS.items() if c == 0.1)
+        central = next((r["test_ppl"] for r in mine if r["kind"] == "central"), None)
+        base = [r for r in paper if r["dataset"] == ds and r["fraction"] == 0.1]
+        if base:
+            best = min(base, key=lambda r: r["test_ppl"])
+            mine = [{**best, "method": f"best paper run at C 0.1: {best['method']}"}] + mine
+        for r in mine:
+            rows.append([DATASET_NAMES[ds], r["method"], _f(r["test_ppl"]),
+                         _ratio(r["test_ppl"], best_seed), _ratio(r["test_ppl"], central),
+                         _f(r["top1"], ".3f"), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f")])  # fmt: skip
+    return _table(header, rows)
+
+
+def targets_table(runs: list[dict]) -> str:
+    """Issue 5's targets: best federated run at C = 0.1 vs 10% under the best seed and the ceiling."""
+    header = ["dataset", "our best federated at C 0.1", "test ppl", "target", "met",
+              "centralized", "within 5% of it"]  # fmt: skip
+    rows = []
+    for ds, target in TARGETS.items():
+        fed = [r for r in runs if r["dataset"] == ds and r["kind"] == "federated"
+               and r["fraction"] == 0.1 and r["suite"] in ("paper", "beyond")]  # fmt: skip
+        if not fed:
+            continue
+        best = min(fed, key=lambda r: r["test_ppl"])
+        central = next((r for r in runs if r["dataset"] == ds and r["kind"] == "central"), None)
+        cp = central["test_ppl"] if central else None
+        rows.append([DATASET_NAMES[ds], best["method"], _f(best["test_ppl"]), f"<= {target:g}",
+                     "yes" if best["test_ppl"] <= target else "no", _f(cp),
+                     "-" if cp is None else ("yes" if best["test_ppl"] <= 1.05 * cp else "no")])  # fmt: skip
+    return _table(header, rows)
+
+
+def plot_curves(runs: list[dict], out: Path, name: str, title: str) -> Path | None:
+    """Test perplexity per round, one line per run (log scale)."""
+    runs = [r for r in runs if len(r["curve"]) > 1]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, r in enumerate(runs):
+        x = [p[0] for p in r["curve"]]
+        ax.plot(x, [p[2] for p in r["curve"]], color=f"C{i % 10}", ls="-" if i < 10 else "--",
+                label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("round (epoch for the centralized model)")
+    ax.set_ylabel("test perplexity (log scale)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots: list[Path]) -> str:
+    commits = sorted({r["git_commit"] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
+    devices = sorted({r["device"] for r in runs})
+    wall = sum(r["wall_seconds"] for r in runs)
+    by_suite = defaultdict(list)
+    for r in runs:
+        by_suite[r["suite"]].append(r)
+    out = [
+        f"# fedkey bench paper, preset `{preset.name}`",
+        "",
+        "Produced by " + ", then ".join(f"`{c}`" for c in bench_commands) + "; every run's own "
+        "command line is in results.json and in the last table.",
+        "",
+        f"- Protocol: {preset.note}",
+        f"- Git commit: {', '.join(commits)}",
+        f"- Device: {', '.join(devices)}",
+        f"- Runs: {len(runs)}, {wall / 60:.1f} minutes of wall time in all",
+        "- test ppl = the test perplexity of the model with the best validation perplexity over "
+        "the rounds (as the seeds report); perplexity counts the end-of-sentence prediction.",
+    ]
+    if by_suite.get("paper"):
+        out += ["", "## The seeds' table (DESIGN.md section 4)", "", paper_table(by_suite["paper"])]
+    if by_suite.get("privacy"):
+        out += ["", "## Privacy", "", privacy_tables(by_suite["privacy"])]
+    if by_suite.get("beyond"):
+        out += ["", "## Beyond the seeds (C 0.1)", "",
+                beyond_table(by_suite["beyond"], by_suite.get("paper", []))]  # fmt: skip
+    out += ["", "## Targets (issue 5)", "", targets_table(runs)]
+    if plots:
+        out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
+    out += [f"- `{r['id']}`: `{r['command']}`" for r in runs]
+    return "\n".join(out) + "\n"
+
+
+def write_report(
+    runs: list[dict], preset: Preset, out: Path, bench_commands: list[str] = ()
+) -> Path:
+    """OUT/results.md and OUT/curves_*.png from results.json's run objects."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = []
+    for suite in ("paper", "privacy", "beyond"):
+        for ds in DATASET_NAMES:
+            sel = [r for r in runs if r["suite"] == suite and r["dataset"] == ds]
+            if suite == "paper":
+                for c, tag in ((0.1, "c0.1"), (0.5, "c0.5")):
+                    part = [r for r in sel if r["fraction"] in (c, None, 1.0)]
+                    title = f"{DATASET_NAMES[ds]}, C {c:g} (+ FedSGD, AdaFL)"
+                    plots.append(plot_curves(part, out, f"curves_{suite}_{ds}_{tag}.png", title))
+            else:
+                title = f"{DATASET_NAMES[ds]}, {suite}"
+                plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title))
+    plots = [p for p in plots if p is not None]
+    path = out / "results.md"
+    path.write_text(markdown(runs, preset, list(bench_commands), plots))
+    return path
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    data = json.loads((folder / "results.json").read_text())
+    runs = data["runs"]
+    print(write_report(runs, PRESETS[runs[0]["preset"]], folder, data["bench_commands"]))

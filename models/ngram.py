@@ -1,0 +1,120 @@
+"""An interpolated Kneser-Ney n-gram model: the baseline a keyboard would otherwise ship.
+
+Chen & Goodman's interpolated Kneser-Ney with one absolute discount per order
+(D = n1 / (n1 + 2 n2) from that order's count-of-counts): the highest order uses raw counts,
+lower orders continuation counts (in how many distinct contexts a word follows), and the
+unigram level is interpolated with the uniform distribution so no word gets zero probability.
+
+Written here rather than taken from a library because a suggestion bar and top-k accuracy need
+the whole next-word distribution at every position: nltk's KneserNeyInterpolated scores one word
+per call (10k calls a position), and KenLM needs a compiled toolkit. `distribution` builds it
+with two or three vector operations over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from models.tokenizers import WordTokenizer
+
+
+def _discount(counts: np.ndarray) -> float:
+    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    return n1 / (n1 + 2 * n2) if n1 + n2 else 0.5
+
+
+def _grouped(keys: np.ndarray, values: np.ndarray, vocab: int) -> dict[int, tuple]:
+    """context key -> (next-word ids, values), from sorted keys context * vocab + word."""
+    contexts, words = np.divmod(keys, vocab)
+    cut = np.flatnonzero(np.diff(contexts)) + 1
+    return {
+        int(c[0]): (w, v)
+        for c, w, v in zip(
+            np.split(contexts, cut), np.split(words, cut), np.split(values, cut), strict=True
+        )
+    }
+
+
+class KneserNey:
+    """Order-n interpolated Kneser-Ney over token ids (sentences padded with n-1 <s>)."""
+
+    def __init__(self, tokenizer: WordTokenizer, order: int = 3):
+        if order < 2:
+            raise ValueError("order must be at least 2")
+        self.tokenizer, self.order, self.vocab = tokenizer, order, tokenizer.vocab_size
+
+    def fit(self, sequences: Iterable[list[int]]) -> KneserNey:
+        """Count the n-grams of encoded sentences (<s> ... </s>, as tokenizer.encode gives)."""
+        V, n = self.vocab, self.order
+        grams = []
+        for ids in sequences:
+            a = np.asarray([self.tokenizer.bos_id] * (n - 2) + list(ids), dtype=np.int64)
+            if len(a) >= n:
+                key = np.zeros(len(a) - n + 1, dtype=np.int64)
+                for j in range(n):
+                    key = key * V + a[j : len(a) - n + 1 + j]
+                grams.append(key)
+        if not grams:
+            raise ValueError("no sentence long enough to train on")
+        # The highest order: raw counts. Each lower order: continuation counts N1+(. context w),
+        # the number of distinct words before it, read off the unique keys of the order above.
+        keys, counts = np.unique(np.concatenate(grams), return_counts=True)
+        self.levels = []  # [(discount, {context: (words, counts)})], highest order first
+        for level in range(n, 1, -1):
+            self.levels.append((_discount(counts), _grouped(keys, counts, V)))
+            keys, counts = np.unique(keys % V ** (level - 1), return_counts=True)
+        d = _discount(counts)  # unigram continuation counts: keys are word ids now
+        cont = np.zeros(V)
+        cont[keys] = counts
+        total = cont.sum()
+        self.unigram = (np.maximum(cont - d, 0) + d * (cont > 0).sum() / V) / total
+        return self
+
+    def distribution(self, context: list[int]) -> np.ndarray:
+        """P(next word | the last order-1 ids of `context`), a vector over the vocabulary."""
+        p = self.unigram
+        for k, (d, table) in enumerate(reversed(self.levels), start=1):  # bigram, trigram, ...
+            key = 0
+            for t in context[-k:]:
+                key = key * self.vocab + t
+            hit = table.get(key)
+            if hit is None:
+                continue
+            words, counts = hit
+            total = counts.sum()
+            p = (d * len(words) / total) * p
+            p[words] += np.maximum(counts - d, 0) / total
+        return p
+
+    def sentence_log_probs(self, ids: list[int]) -> np.ndarray:
+        """[len(ids) - 1, vocab] log-probabilities of each next token of an encoded sentence."""
+        pad = [self.tokenizer.bos_id] * (self.order - 2)
+        ctx = pad + list(ids)
+        rows = [self.distribution(ctx[: len(pad) + i + 1]) for i in range(len(ids) - 1)]
+        return np.log(np.stack(rows))
+
+    def evaluate(self, sentences: list[str]) -> dict:
+        """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate."""
+        tok = self.tokenizer
+        nll, words, hits1, hits3, scored = 0.0, 0, 0, 0, 0
+        for s in sentences:
+            ids = tok.encode(s)
+            logp = self.sentence_log_probs(ids)
+            targets = np.asarray(ids[1:])
+            nll -= float(logp[np.arange(len(targets)), targets].sum())
+            words += len(targets)
+            real = (targets != tok.eos_id) & (targets != tok.unk_id)
+            top3 = np.argsort(-logp, axis=1)[:, :3]
+            hits1 += int(((top3[:, 0] == targets) & real).sum())
+            hits3 += int(((top3 == targets[:, None]).any(1) & real).sum())
+            scored += int(real.sum())
+        return {
+            "ppl": math.exp(nll / max(words, 1)),
+            "nll": nll,
+            "words": words,
+            "top1": hits1 / max(scored, 1),
+            "top3": hits3 / max(scored, 1),
+        }
