@@ -54,6 +54,12 @@ class Cell(StrEnum):
     lstm = "lstm"
 
 
+class ServerOpt(StrEnum):
+    none = "none"
+    momentum = "momentum"
+    adam = "adam"
+
+
 class Preset(StrEnum):
     small = "small"
     medium = "medium"
@@ -234,6 +240,28 @@ FEDERATION = {
             "adafl",
             "--adafl",
             help="AdaFL attention-based client selection with a dynamic fraction (0.1 -> 0.5).",
+        ),
+    ),
+    "server_opt": (
+        ServerOpt,
+        _opt(
+            "server_opt",
+            "--server-opt",
+            default=ServerOpt.none,
+            help="Server optimizer on the aggregate's pseudo-gradient: momentum (FedAvgM) or adam (FedAdam).",
+        ),
+    ),
+    "server_lr": (float, _opt("server_lr", "--server-lr", help="Server optimizer step size.")),
+    "server_momentum": (
+        float,
+        _opt("server_momentum", "--server-momentum", help="FedAvgM momentum / FedAdam beta1."),
+    ),
+    "lr_decay": (
+        float,
+        _opt(
+            "lr_decay",
+            "--lr-decay",
+            help="Local lr schedule: round r trains with lr * decay^(r-1) (1 = constant).",
         ),
     ),
     "ksr_sentences": (

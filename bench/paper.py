@@ -114,18 +114,18 @@ PRESETS = {
     ),
     "cpu": Preset(
         name="cpu",
-        rounds=10,
+        rounds=8,
         local_epochs=1,
         lr=1.0,
-        max_train_tokens=50_000,
+        max_train_tokens=30_000,
         max_eval_sentences=300,
         vocab_size=10_000,
         ksr_sentences=20,
         central_epochs=10,
         transport="inprocess",
-        note="Cut to fit an hour on 2 CPU cores: 10 rounds (not 50), E 1 (not 5), the first 50k "
-        "training words of each dataset (5.6% of PTB's, 2.4% of WikiText-2's; 100 clients of ~500 "
-        "words, ~2-3 local steps a round), the first 300 validation and test sentences, WikiText-2's vocabulary capped at "
+        note="Cut to fit an hour on 2 CPU cores: 8 rounds (not 50), E 1 (not 5), the first 30k "
+        "training words of each dataset (3.4% of PTB's, 1.4% of WikiText-2's; 100 clients of ~300 "
+        "words, 1-2 local steps a round), the first 300 validation and test sentences, WikiText-2's vocabulary capped at "
         "10k words, and local lr 1.0 instead of the seeds' 0.01 (with ~4 local steps per round "
         "lr 0.01 leaves the model at its initial perplexity; the 'lr 0.01' row shows it). Runs "
         "in-process (`fedkey simulate`), which gives the same weights as the HTTP path bit for "

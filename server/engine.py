@@ -27,6 +27,7 @@ from models.metrics import evaluate
 from models.model import ModelConfig
 from models.tokenizers import Tokenizer
 from server import privacy
+from server.server_opt import ServerOptConfig, ServerOptimizer
 from server.storage import RunStorage
 from server.strategies import ClientUpdate, get_strategy
 
@@ -57,6 +58,8 @@ class FederationConfig:
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
+    lr_decay: float = 1.0  # round r trains with lr * lr_decay ** (r - 1)
     eval_batch_size: int = 64
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
 
@@ -117,6 +120,7 @@ class Federation:
             if p.dp_fedavg
             else None
         )
+        self.server_opt = ServerOptimizer(config.server_opt)
         torch.manual_seed(config.seed)
         self.global_state = model_state(build_model(model_config))
         self.model_bytes = state_bytes(self.global_state)
@@ -165,6 +169,10 @@ class Federation:
         epochs = getattr(self.strategy, "local_epochs_override", None)
         if epochs is not None:
             train = TrainConfig(**{**asdict(train), "epochs": epochs})
+        if self.config.lr_decay != 1.0:
+            train = TrainConfig(
+                **{**asdict(train), "lr": train.lr * self.config.lr_decay ** (r - 1)}
+            )
         return RoundPlan(
             round=r, cohort=cohort, train=train, started=time.perf_counter(), attempt=attempt
         )
@@ -186,6 +194,7 @@ class Federation:
         snapshot = json.loads(json.dumps(self.server_state()))  # a deep copy
         try:
             new_state, info = self._aggregate(plan, updates)
+            new_state, opt_buffers = self.server_opt.step(self.global_state, new_state)
             return self._record(
                 plan.round,
                 new_state,
@@ -195,6 +204,7 @@ class Federation:
                 bytes_down=self.model_bytes * len(plan.cohort),
                 seconds=time.perf_counter() - plan.started,
                 info=info,
+                opt_buffers=opt_buffers,
             )
         except BaseException:
             self.load_server_state(snapshot)
@@ -254,6 +264,11 @@ class Federation:
             )
         state = st_load(path.read_bytes())
         check_state(state, self.model_config)
+        if self.server_opt.active and meta["round"] > 0:
+            opt_path = self.storage.server_opt_path(meta["round"])
+            if not opt_path.exists():
+                raise ValueError(f"{opt_path} is missing: the server optimizer cannot resume")
+            self.server_opt.commit(st_load(opt_path.read_bytes()))
         self.global_state = state
         self.round = meta["round"]
         self.load_server_state(meta["server"])
@@ -269,7 +284,17 @@ class Federation:
         return self.accountant is not None and self.accountant.would_exceed(1)
 
     def _record(
-        self, r, new_state, selected, aggregated, *, bytes_up, bytes_down, seconds, info
+        self,
+        r,
+        new_state,
+        selected,
+        aggregated,
+        *,
+        bytes_up,
+        bytes_down,
+        seconds,
+        info,
+        opt_buffers=None,
     ) -> dict:
         """Evaluate `new_state`, checkpoint it (atomic) and append its metrics row."""
         scores = self.evaluator(new_state)
@@ -290,6 +315,11 @@ class Federation:
             "seconds": round(seconds, 3),
             "info": info,
         }
+        if self.server_opt.active and opt_buffers:
+            # Written before the checkpoint, which is the commit point of the round.
+            tmp = self.storage.server_opt_path(r).with_suffix(".tmp")
+            tmp.write_bytes(st_save({k: v.contiguous() for k, v in opt_buffers.items()}))
+            tmp.replace(self.storage.server_opt_path(r))
         save_checkpoint(
             self.storage.checkpoint_path(r),
             new_state,
@@ -300,6 +330,8 @@ class Federation:
             extra={"metrics": row, "server": self.server_state()},
         )
         self.storage.append_metrics(row)
+        if opt_buffers is not None:
+            self.server_opt.commit(opt_buffers)
         self.global_state = new_state
         self.round = r
         return row

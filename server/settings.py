@@ -21,6 +21,7 @@ from device_sim.dataset import DataConfig
 from device_sim.trainer import TrainConfig
 from models.model import ModelConfig
 from server.engine import FederationConfig, PrivacyConfig
+from server.server_opt import ServerOptConfig
 
 #: The longest a long-poll may wait (seconds), as in the HTTP contract.
 MAX_WAIT = 60.0
@@ -60,6 +61,10 @@ class Settings(BaseSettings):
     adafl: bool = False  # AdaFL client selection
     fraction: float = Field(0.1, gt=0.0, le=1.0)
     rounds: int = Field(10, ge=1)
+    server_opt: Literal["none", "momentum", "adam"] = "none"  # on the aggregate's pseudo-gradient
+    server_lr: float = Field(1.0, gt=0)
+    server_momentum: float = Field(0.9, ge=0, lt=1)  # FedAvgM beta / Adam beta1
+    lr_decay: float = Field(1.0, gt=0, le=1)  # round r's local lr = lr * lr_decay ** (r - 1)
     ksr_sentences: int = Field(100, ge=0)  # keystroke savings measured on N test sentences
 
     # -- round lifecycle -----------------------------------------------------------------------
@@ -175,6 +180,10 @@ class Settings(BaseSettings):
             seed=self.seed,
             train=self.train_config(),
             privacy=self.privacy_config(),
+            server_opt=ServerOptConfig(
+                self.server_opt, lr=self.server_lr, momentum=self.server_momentum
+            ),
+            lr_decay=self.lr_decay,
             ksr_sentences=self.ksr_sentences,
         )
 

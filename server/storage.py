@@ -1,6 +1,7 @@
 """Where a run lives on disk: checkpoints/, metrics.jsonl and perplexity.png.
 
 RUN_DIR/checkpoints/round_0003.safetensors   the global model after round 3 (round_0000 = init)
+RUN_DIR/checkpoints/server_opt_0003.safetensors  a server optimizer's buffers after round 3
 RUN_DIR/metrics.jsonl                        one JSON object per round
 RUN_DIR/perplexity.png                       validation and test perplexity per round
 """
@@ -22,6 +23,9 @@ class RunStorage:
     def checkpoint_path(self, round_idx: int) -> Path:
         return self.checkpoints / f"round_{round_idx:04d}.safetensors"
 
+    def server_opt_path(self, round_idx: int) -> Path:
+        return self.checkpoints / f"server_opt_{round_idx:04d}.safetensors"
+
     def latest_checkpoint(self) -> Path | None:
         found = sorted(self.checkpoints.glob("round_*.safetensors"))
         return found[-1] if found else None
@@ -29,8 +33,9 @@ class RunStorage:
     def reset(self) -> None:
         """Forget an earlier run in this directory: its metrics and checkpoints."""
         self.metrics_path.unlink(missing_ok=True)
-        for path in self.checkpoints.glob("round_*.safetensors"):
-            path.unlink()
+        for pattern in ("round_*.safetensors", "server_opt_*.safetensors"):
+            for path in self.checkpoints.glob(pattern):
+                path.unlink()
 
     def append_metrics(self, row: dict) -> None:
         with self.metrics_path.open("a") as f:
