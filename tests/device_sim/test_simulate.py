@@ -105,7 +105,8 @@ def test_same_seed_gives_identical_weights_whatever_the_workers(tmp_path):
 @pytest.mark.slow
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     """A run killed during round 3, after writing checkpoint 2 but not its metrics row, resumes
-    to the same weights and selections (AdaFL scores included) as a run never interrupted."""
+    to the same weights and selections (AdaFL scores and server momentum included) as a run
+    never interrupted."""
     base = [
         "--data",
         "demo",
@@ -114,6 +115,10 @@ def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
         "--max-train-tokens",
         "8000",
         "--adafl",
+        "--server-opt",
+        "momentum",
+        "--lr-decay",
+        "0.9",
         "--workers",
         "0",
         "--local-epochs",

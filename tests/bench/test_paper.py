@@ -1,0 +1,109 @@
+"""`fedkey bench paper`: every command it would run is a valid fedkey command, the report puts
+our numbers beside the seeds', and a smoke run goes end to end and resumes."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from bench.paper import PRESETS, SUITES, RunSpec, command, suite_runs, summarize
+from bench.paper_report import markdown, paper_table, targets_table
+from cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_run_of_every_suite_is_a_command_the_cli_accepts(preset):
+    group = typer.main.get_command(app)
+    specs = [s for suite in SUITES for s in suite_runs(suite, PRESETS[preset])]
+    assert len({s.id for s in specs}) == len(specs)  # ids name the run folders
+    for spec in specs:
+        words = command(spec, PRESETS[preset], Path("data"), Path("runs") / spec.id)
+        assert words[0] == "fedkey"
+        sub = group.get_command(None, words[1])
+        sub.make_context(words[1], words[2:])  # raises on an unknown flag or a bad value
+        if spec.kind == "federated":
+            assert "--paper-protocol" in words and words[words.index("--clients") + 1] == "100"
+
+
+def test_gpu_preset_is_the_seeds_protocol():
+    spec = RunSpec("paper", "ptb", "FedAvg", 0.1, ("--strategy", "fedavg"))
+    words = command(spec, PRESETS["gpu"], Path("d"), Path("o"))
+    def flag(name):
+        return words[words.index(name) + 1]
+
+    assert words[1] == "run"  # through the server and the phone fleet
+    assert flag("--rounds") == "50" and flag("--local-epochs") == "5"
+    assert flag("--lr") == "0.01" and flag("--momentum") == "0.5"
+    assert "--max-train-tokens" not in words and "--max-eval-sentences" not in words
+
+
+def _run(dataset, method, fraction, ppls, suite="paper", kind="federated"):
+    rows = [
+        {"round": i, "val_ppl": p + 1, "test_ppl": p, "bytes_up": 10, "bytes_down": 20,
+         "aggregated": ["a"] * (i > 0)}  # fmt: skip
+        for i, p in enumerate(ppls)
+    ]
+    spec = RunSpec(suite, dataset, method, fraction, kind=kind)
+    return {
+        "id": spec.id,
+        **summarize(rows, spec),
+        "wall_seconds": 1.0,
+        "command": "fedkey simulate ...",
+        "git_commit": "abc",
+        "git_dirty": False,
+        "device": "cpu",
+        "preset": "cpu",
+        "seed_ppl": None,
+    }
+
+
+def test_summary_takes_the_best_validation_round_and_counts_rounds_to_90():
+    r = _run("wikitext-2", "FedAvg", 0.1, [1000, 95, 85, 88])
+    assert (r["test_ppl"], r["best_round"], r["final_test_ppl"]) == (85, 2, 88)
+    assert r["rounds_to_ppl_90"] == 2
+    assert (r["uplink_bytes"], r["downlink_bytes"], r["updates"]) == (40, 80, 3)
+
+
+def test_report_sets_our_numbers_beside_the_seeds():
+    runs = [
+        _run("ptb", "FedAvg", 0.1, [1000, 150]),
+        _run("wikitext-2", "FedAvg", 0.1, [1000, 60]),
+        _run("ptb", "AdaFL + FedAtt", None, [1000, 140]),
+        _run("ptb", "centralized (ceiling)", None, [1000, 148], "beyond", "central"),
+    ]
+    table = paper_table(runs)
+    line = next(x for x in table.splitlines() if "| FedAvg |" in x)
+    assert "150.00 | 138.13 | +9%" in line and "60.00 | 95.27 | -37%" in line
+    assert "0.1->0.5 (AdaFL)" in table
+    targets = targets_table(runs)
+    assert "| PTB | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets
+    assert "| WikiText-2 | FedAvg | 60.00 | <= 65 | yes |" in targets
+    md = markdown(runs, PRESETS["cpu"], ["fedkey bench paper --preset cpu"], [])
+    assert PRESETS["cpu"].note in md and "fedkey simulate ..." in md
+
+
+@pytest.mark.slow
+@pytest.mark.needs_data
+def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
+    args = ["bench", "paper", "--preset", "smoke", "--suite", "paper", "--suite", "beyond",
+            "--only", "paper-ptb-fedavg-c0.1", "--only", "beyond-ptb-kneser-ney-3-gram-auto",
+            "--data-root", str(data_dir), "--out", str(tmp_path / "results"),
+            "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "results" / "smoke"
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {r["id"] for r in runs} == {"paper-ptb-fedavg-c0.1", "beyond-ptb-kneser-ney-3-gram-auto"}
+    fedavg = next(r for r in runs if r["method"] == "FedAvg")
+    assert fedavg["seed_ppl"] == 138.13 and fedavg["git_commit"]
+    assert fedavg["test_ppl"] < fedavg["curve"][0][2]  # better than the initial model
+    assert shlex.split(fedavg["command"])[:2] == ["fedkey", "simulate"]
+    assert (out / "results.md").read_text().count("138.13") >= 1
+    assert (out / "curves_paper_ptb_c0.1.png").stat().st_size > 1000
+    again = runner.invoke(app, args)  # everything is in results.json already: nothing runs
+    assert again.exit_code == 0 and "test ppl" not in again.output
