@@ -33,6 +33,7 @@ def test_every_run_of_every_suite_is_a_command_the_cli_accepts(preset):
 def test_gpu_preset_is_the_seeds_protocol():
     spec = RunSpec("paper", "ptb", "FedAvg", 0.1, ("--strategy", "fedavg"))
     words = command(spec, PRESETS["gpu"], Path("d"), Path("o"))
+
     def flag(name):
         return words[words.index(name) + 1]
 
@@ -44,8 +45,14 @@ def test_gpu_preset_is_the_seeds_protocol():
 
 def _run(dataset, method, fraction, ppls, suite="paper", kind="federated"):
     rows = [
-        {"round": i, "val_ppl": p + 1, "test_ppl": p, "bytes_up": 10, "bytes_down": 20,
-         "aggregated": ["a"] * (i > 0)}  # fmt: skip
+        {
+            "round": i,
+            "val_ppl": p + 1,
+            "test_ppl": p,
+            "bytes_up": 10,
+            "bytes_down": 20,
+            "aggregated": ["a"] * (i > 0),
+        }  # fmt: skip
         for i, p in enumerate(ppls)
     ]
     spec = RunSpec(suite, dataset, method, fraction, kind=kind)
