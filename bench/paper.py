@@ -126,10 +126,10 @@ PRESETS = {
         note="Cut to fit an hour on 2 CPU cores: 8 rounds (not 50), E 1 (not 5), the first 30k "
         "training words of each dataset (3.4% of PTB's, 1.4% of WikiText-2's; 100 clients of ~300 "
         "words, 1-2 local steps a round), the first 300 validation and test sentences, WikiText-2's vocabulary capped at "
-        "10k words, and local lr 1.0 instead of the seeds' 0.01 (with ~4 local steps per round "
-        "lr 0.01 leaves the model at its initial perplexity; the 'lr 0.01' row shows it). Runs "
-        "in-process (`fedkey simulate`), which gives the same weights as the HTTP path bit for "
-        "bit (tests/test_e2e_http.py); --transport http runs them through the server.",
+        "10k words, and local lr 1.0 instead of the seeds' 0.01 (with 1-2 local steps a round lr "
+        "0.01 leaves the model at its initial perplexity; the 'lr 0.01' row shows it). Runs "
+        "in-process (`fedkey simulate`), which gives the same weights as the HTTP path "
+        "(`fedkey run`, the gpu preset's) bit for bit (tests/test_e2e_http.py).",
     ),
 }
 

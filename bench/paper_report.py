@@ -232,6 +232,7 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
         f"- Git commit: {', '.join(commits)}",
         f"- Device: {', '.join(devices)}",
         f"- Runs: {len(runs)}, {wall / 60:.1f} minutes of wall time in all",
+        _not_run(runs, preset),
         "- test ppl = the test perplexity of the model with the best validation perplexity over "
         "the rounds (as the seeds report); perplexity counts the end-of-sentence prediction.",
     ]
@@ -248,6 +249,19 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
     out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
     out += [f"- `{r['id']}`: `{r['command']}`" for r in runs]
     return "\n".join(out) + "\n"
+
+
+def _not_run(runs: list[dict], preset: Preset) -> str:
+    """The runs of the suites present that results.json does not hold yet (a partial bench)."""
+    from bench.paper import suite_runs
+
+    done = {r["id"] for r in runs}
+    missing = [s.id for suite in sorted({r["suite"] for r in runs})
+               for s in suite_runs(suite, preset) if s.id not in done]  # fmt: skip
+    if not missing:
+        return "- Every run of these suites is here."
+    return (f"- Not run yet ({len(missing)}; the same command resumes with them): "
+            + ", ".join(f"`{m}`" for m in missing))  # fmt: skip
 
 
 def write_report(
