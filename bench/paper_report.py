@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.paper import PRESETS, SEEDS, SEEDS_DP, Preset
+from bench.report import markdown_table
 
 DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
 #: Issue 5's targets at C = 0.1: 10% below the best seed number.
@@ -33,12 +34,6 @@ def _ratio(ours, theirs) -> str:
     if ours is None or theirs is None:
         return "-"
     return f"{(ours / theirs - 1) * 100:+.0f}%"
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _mb(n) -> str:
@@ -66,7 +61,7 @@ def paper_table(runs: list[dict]) -> str:
             ours = r["test_ppl"] if r else None
             row += [_f(ours), _f(theirs), _ratio(ours, theirs)]
         rows.append(row)
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def detail_table(runs: list[dict]) -> str:
@@ -94,7 +89,7 @@ def detail_table(runs: list[dict]) -> str:
         ]
         for r in runs
     ]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def privacy_tables(runs: list[dict]) -> str:
@@ -111,7 +106,7 @@ def privacy_tables(runs: list[dict]) -> str:
         ds = DATASET_NAMES.get(rand[0]["dataset"], rand[0]["dataset"])
         parts.append(
             f"Randomization (each phone adds beta * N(0, 1) to its weights; no formal guarantee), "
-            f"{ds}, C 0.1, test perplexity:\n\n" + _table(header, rows)
+            f"{ds}, C 0.1, test perplexity:\n\n" + markdown_table(header, rows)
         )
     dp = [r for r in runs if r["group"].startswith("z=")]
     if dp:
@@ -128,7 +123,7 @@ def privacy_tables(runs: list[dict]) -> str:
         ]
         parts.append(
             "DP-FedAvg (clip each update to S, N(0, (z S)^2) on the sum, RDP accountant with "
-            "sampling rate C; epsilon after the last round):\n\n" + _table(header, rows)
+            "sampling rate C; epsilon after the last round):\n\n" + markdown_table(header, rows)
         )
     return "\n\n".join(parts)
 
@@ -165,7 +160,7 @@ def beyond_table(runs: list[dict], paper: list[dict]) -> str:
             rows.append([DATASET_NAMES[ds], r["method"], _f(r["test_ppl"]),
                          _ratio(r["test_ppl"], best_seed), _ratio(r["test_ppl"], central),
                          _f(r["top1"], ".3f"), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f")])  # fmt: skip
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def targets_table(runs: list[dict]) -> str:
@@ -184,7 +179,7 @@ def targets_table(runs: list[dict]) -> str:
         rows.append([DATASET_NAMES[ds], best["method"], _f(best["test_ppl"]), f"<= {target:g}",
                      "yes" if best["test_ppl"] <= target else "no", _f(cp),
                      "-" if cp is None else ("yes" if best["test_ppl"] <= 1.05 * cp else "no")])  # fmt: skip
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def plot_curves(runs: list[dict], out: Path, name: str, title: str) -> Path | None:

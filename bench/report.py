@@ -132,7 +132,8 @@ def targets(result: dict) -> list[dict]:
     return rows
 
 
-def _table(header: list[str], rows: list[list]) -> str:
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """A GitHub markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -167,7 +168,7 @@ def markdown(result: dict) -> str:
         "",
         "## Targets",
         "",
-        _table(
+        markdown_table(
             ["measure", "figure", "target", "status"],
             [[r["measure"], r["figure"], r["target"], r["status"]] for r in targets(result)],
         ),
@@ -205,7 +206,7 @@ def markdown(result: dict) -> str:
             f"{params.get('trainer', {}).get('sentences', '?')} random sentences of 8-29 words, "
             "batch 10, one epoch per repeat, one torch thread; tokens/s of the best repeat.",
             "",
-            _table(
+            markdown_table(
                 [
                     "device",
                     "trainer tokens/s",
@@ -242,7 +243,7 @@ def markdown(result: dict) -> str:
             "whole command; the per-round seconds are the sum of `seconds` in each run's "
             "`metrics.jsonl`, which leaves out the start-up of the processes.",
             "",
-            _table(
+            markdown_table(
                 [
                     "repeat",
                     "simulate wall s",
@@ -281,7 +282,7 @@ def markdown(result: dict) -> str:
             "include generating the updates. Peak RSS is the whole process (Python and torch "
             "included); the last column is the peak above the RSS before aggregating.",
             "",
-            _table(
+            markdown_table(
                 ["strategy", "updates", "seconds", "peak RSS MB", "peak above start MB"],
                 rows,
             ),
@@ -303,7 +304,7 @@ def markdown(result: dict) -> str:
             f"{_fmt(s.get('model_test_ppl'))}). Keystrokes type the demo test sentences "
             "character by character (`keyboard_web/bench.py`).",
             "",
-            _table(
+            markdown_table(
                 ["path", "keystrokes", "p50 ms", "p90 ms", "p99 ms", "max ms"],
                 [
                     [
@@ -355,7 +356,7 @@ def markdown(result: dict) -> str:
             f"quantization); perplexity on the {s['held_out_sentences']} held-out demo test "
             "sentences; one-step latency in onnxruntime, one thread (`export/bench.py`).",
             "",
-            _table(
+            markdown_table(
                 ["model", "file MB", "held-out perplexity", "one step p50 ms", "one step p90 ms"],
                 [
                     [
