@@ -1034,6 +1034,7 @@ class PaperSuite(StrEnum):  # bench.paper.SUITES
     paper = "paper"
     privacy = "privacy"
     beyond = "beyond"
+    lr = "lr"
 
 
 @bench_app.command("paper")
@@ -1046,7 +1047,7 @@ def bench_paper(
     suite: list[PaperSuite] = typer.Option(
         [PaperSuite.paper],
         "--suite",
-        help="paper: the seeds' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline (repeat the option for several).",
+        help="paper: the seeds' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seeds' lr 0.01 against ours, centrally on all of PTB (repeat the option for several).",
     ),
     data_root: Path = typer.Option(
         Path("../shared/data"),
@@ -1065,6 +1066,9 @@ def bench_paper(
         [], "--only", help="Run only the runs whose id matches this glob (repeatable)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+    jobs: int = typer.Option(
+        1, "--jobs", min=1, help="Runs at once (2 keeps both cores of a 2-core machine busy)."
+    ),
 ) -> None:
     """The seeds' experiments through fedkey's own commands; a run already in results.json with
     the same command is not run again, so an interrupted bench resumes where it stopped."""
@@ -1082,6 +1086,7 @@ def bench_paper(
             only=only or None,
             dry_run=dry_run,
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+            jobs=jobs,
         )
     except (FileNotFoundError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -12,6 +12,9 @@ Suites:
   privacy  the seeds' randomization sweep (001 Table III) and DP-FedAvg at a few noise levels
   beyond   server optimizers, a learning-rate schedule, dropout, an LSTM cell, the centralized
            ceiling and a Kneser-Ney 3-gram baseline
+  lr       evidence for the gap to the seeds: the seeds' local optimizer (SGD lr 0.01, momentum
+           0.5, B 10) trained centrally on all of PTB for as many steps as one client takes in
+           their 50 rounds, beside the lr fedkey uses
 
 Presets: `gpu` is the seeds' full protocol; `cpu` cuts rounds, local epochs and data so that the
 paper suite fits an hour on two cores (the cut is written at the top of results.md). A run whose
@@ -28,6 +31,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +53,7 @@ SEEDS: dict[tuple[str, float], dict[str, float]] = {
 SEEDS_DP = {0.0: (88.21, 77.66), 0.001: (88.17, 77.76), 0.005: (88.36, 78.59),
             0.01: (89.74, 79.51), 0.05: (103.17, 101.82)}  # fmt: skip
 DATASETS = ("ptb", "wikitext-2")
-SUITES = ("paper", "privacy", "beyond")
+SUITES = ("paper", "privacy", "beyond", "lr")
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class RunSpec:
     args: tuple[str, ...] = ()  # flags beyond the preset's
     kind: str = "federated"  # federated | central | ngram
     group: str = ""  # a column or sweep key inside a suite (privacy: beta / z)
+    full_train: bool = False  # all of the training split, whatever the preset's cut
 
     @property
     def id(self) -> str:
@@ -244,6 +249,30 @@ def beyond_suite(datasets=DATASETS, base: str = "fedavg") -> list[RunSpec]:
     return runs
 
 
+#: SGD steps one client takes in the seeds' protocol: 50 rounds x E 5 x 42 batches of 10 of its
+#: ~420 PTB sentences. FedAvg of IID clients at a small lr moves about as far as one of them.
+SEEDS_CLIENT_STEPS = 50 * 5 * 42
+
+
+def lr_suite(preset: Preset) -> list[RunSpec]:
+    """The seeds' optimizer against ours, centrally on all of PTB for 3 epochs (~12.6k steps of
+    B 10, more than SEEDS_CLIENT_STEPS): can lr 0.01 reach the seeds' perplexity at all?"""
+    epochs = str(min(3, preset.central_epochs))
+    return [
+        RunSpec(
+            "lr",
+            "ptb",
+            f"centralized, SGD lr {lr:g} momentum 0.5",
+            None,
+            ("--lr", f"{lr:g}", "--epochs", epochs),
+            kind="central",
+            group=f"lr={lr:g}",
+            full_train=True,
+        )  # fmt: skip
+        for lr in (0.01, 1.0)
+    ]
+
+
 def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
     if suite == "paper":
         return paper_suite() + paper_suite_extra(preset)
@@ -251,6 +280,8 @@ def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
         return privacy_suite()
     if suite == "beyond":
         return beyond_suite()
+    if suite == "lr":
+        return lr_suite(preset)
     raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
 
 
@@ -267,14 +298,17 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
             *data,
             "--order",
             "3",
-            *_data_flags(preset),
+            *_data_flags(preset, spec.full_train),
             "--out",
             str(run_dir),
         ]
     if spec.kind == "central":
-        return ["fedkey", "train-central", *data, *_data_flags(preset), "--clients", "100",
-                "--lr", str(preset.lr), "--momentum", "0.5", "--batch-size", "10",
-                "--epochs", str(preset.central_epochs), "--out", str(run_dir)]  # fmt: skip
+        # The preset's lr and epochs unless the spec names its own.
+        own = {"--lr": str(preset.lr), "--epochs": str(preset.central_epochs)}
+        own.update(zip(spec.args[::2], spec.args[1::2], strict=True))
+        return ["fedkey", "train-central", *data, *_data_flags(preset, spec.full_train),
+                "--clients", "100", "--lr", own["--lr"], "--momentum", "0.5", "--batch-size",
+                "10", "--epochs", own["--epochs"], "--out", str(run_dir)]  # fmt: skip
     verb = "simulate" if preset.transport == "inprocess" else "run"
     cmd = ["fedkey", verb, *data, *preset.flags(), "--out", str(run_dir)]
     if spec.fraction is not None:
@@ -282,9 +316,9 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
     return cmd + list(spec.args)
 
 
-def _data_flags(preset: Preset) -> list[str]:
+def _data_flags(preset: Preset, full_train: bool = False) -> list[str]:
     f = ["--paper-protocol", "--vocab-size", str(preset.vocab_size), "--seed", "0"]
-    if preset.max_train_tokens:
+    if preset.max_train_tokens and not full_train:
         f += ["--max-train-tokens", str(preset.max_train_tokens)]
     if preset.max_eval_sentences:
         f += ["--max-eval-sentences", str(preset.max_eval_sentences)]
@@ -411,6 +445,7 @@ def run_bench(
     only: list[str] | None = None,
     dry_run: bool = False,
     bench_command: str = "",
+    jobs: int = 1,
 ) -> list[dict]:
     """Run every selected spec not yet in OUT/<preset>/results.json, then write the report."""
     from tqdm import tqdm
@@ -433,15 +468,20 @@ def run_bench(
             todo.append(s)
     if dry_run:
         return bench.read()
-    bar = tqdm(todo, desc=f"bench paper --preset {preset.name}", unit="run")
-    for spec in bar:
-        bar.set_postfix_str(spec.id)
-        result = run_one(spec, preset, data_root, run_root)
-        bench.add(result, bench_command)
-        bar.write(
-            f"{spec.id}: test ppl {result['test_ppl']:.2f} (best round {result['best_round']}), "
-            f"{result['wall_seconds']:.0f} s"
-        )
+    # Runs are child processes, so threads are enough to keep `jobs` of them going at once: a
+    # run's evaluation uses one core while its training pool waits, and another run fills the gap.
+    bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        futures = {pool.submit(run_one, s, preset, data_root, run_root): s for s in todo}
+        for future in as_completed(futures):
+            result = future.result()
+            bench.add(result, bench_command)
+            bar.update()
+            bar.write(
+                f"{result['id']}: test ppl {result['test_ppl']:.2f} "
+                f"(best round {result['best_round']}), {result['wall_seconds']:.0f} s"
+            )
+    bar.close()
     from bench.paper_report import write_report
 
     runs = bench.read()

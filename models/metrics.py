@@ -101,6 +101,7 @@ def keystroke_savings_of(
     vocab = np.array(tokenizer.itos, dtype=object)
     suggestible = np.ones(len(vocab), dtype=bool)
     suggestible[[tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]] = False
+    first_char = np.array([v[:1] for v in tokenizer.itos], dtype=object)
     typed_chars, keystrokes = 0, 0
     for sentence in sentences:
         words = sentence.split()
@@ -112,12 +113,18 @@ def keystroke_savings_of(
             if wid is not None and suggestible[wid]:
                 s = scores[pos]
                 better = (s > s[wid]) & suggestible
+                # The words ranked above the intended one that still match what is typed; each
+                # letter narrows the previous set (the first one with a vectorized comparison).
+                rivals: list[str] = []
                 for k in range(len(word)):
-                    prefix = word[:k]
                     if k == 0:
                         rank = int(better.sum())
+                    elif k == 1:
+                        rivals = list(vocab[better & (first_char == word[0])])
+                        rank = len(rivals)
                     else:
-                        rank = int(sum(1 for v in vocab[better] if v.startswith(prefix)))
+                        rivals = [v for v in rivals if v.startswith(word[:k])]
+                        rank = len(rivals)
                     if rank < slots:
                         cost = k + 1  # k letters typed, then one tap
                         break
