@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from bench.paper import PRESETS, SUITES, RunSpec, command, suite_runs, summarize
-from bench.paper_report import markdown, paper_table, targets_table
+from bench.paper_report import lr_table, markdown, paper_table, targets_table
 from cli import app
 
 runner = CliRunner()
@@ -41,6 +41,22 @@ def test_gpu_preset_is_the_seeds_protocol():
     assert flag("--rounds") == "50" and flag("--local-epochs") == "5"
     assert flag("--lr") == "0.01" and flag("--momentum") == "0.5"
     assert "--max-train-tokens" not in words and "--max-eval-sentences" not in words
+
+
+def test_lr_suite_trains_on_all_the_data_with_each_optimizer():
+    preset = PRESETS["cpu"]
+    specs = suite_runs("lr", preset)
+    assert [s.group for s in specs] == ["lr=0.01", "lr=1"]
+    for spec in specs:
+        words = command(spec, preset, Path("d"), Path("o"))
+        assert words[1] == "train-central" and "--max-train-tokens" not in words
+        assert words[words.index("--lr") + 1] == spec.group[3:]
+        assert words[words.index("--epochs") + 1] == "3" and words.count("--lr") == 1
+    # the beyond suite's ceiling keeps the preset's cut and lr
+    ceiling = next(s for s in suite_runs("beyond", preset) if s.kind == "central")
+    words = command(ceiling, preset, Path("d"), Path("o"))
+    assert words[words.index("--max-train-tokens") + 1] == "30000"
+    assert words[words.index("--lr") + 1] == "1.0"
 
 
 def _run(dataset, method, fraction, ppls, suite="paper", kind="federated"):
@@ -94,13 +110,29 @@ def test_report_sets_our_numbers_beside_the_seeds():
     assert PRESETS["cpu"].note in md and "fedkey simulate ..." in md
 
 
+def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
+    runs = [
+        _run("ptb", "FedAvg", 0.1, [1000, 150]),
+        _run("ptb", "centralized (ceiling)", None, [1000, 148], "beyond", "central"),
+        _run("ptb", "centralized, SGD lr 0.01", None, [1000, 900, 700], "lr", "central"),
+        _run("ptb", "centralized, SGD lr 1", None, [1000, 200, 140], "lr", "central"),
+    ]
+    runs[2]["group"], runs[3]["group"] = "lr=0.01", "lr=1"
+    table = lr_table(runs[2:])
+    assert "| centralized, SGD lr 0.01 | 900.00 | 700.00 |" in table
+    assert "after epoch 2" in table and "10,500" in table  # one client's steps in the seeds' runs
+    # the ceiling of the targets is the one trained on the same data as the federated runs
+    assert "| PTB | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets_table(runs)
+    assert "## The seeds' learning rate" in markdown(runs, PRESETS["cpu"], ["b"], [])
+
+
 @pytest.mark.slow
 @pytest.mark.needs_data
 def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
     args = ["bench", "paper", "--preset", "smoke", "--suite", "paper", "--suite", "beyond",
             "--only", "paper-ptb-fedavg-c0.1", "--only", "beyond-ptb-kneser-ney-3-gram-auto",
             "--data-root", str(data_dir), "--out", str(tmp_path / "results"),
-            "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+            "--runs-dir", str(tmp_path / "runs"), "--jobs", "2"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     out = tmp_path / "results" / "smoke"
