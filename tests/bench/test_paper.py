@@ -51,7 +51,7 @@ def test_lr_suite_trains_on_all_the_data_with_each_optimizer():
         words = command(spec, preset, Path("d"), Path("o"))
         assert words[1] == "train-central" and "--max-train-tokens" not in words
         assert words[words.index("--lr") + 1] == spec.group[3:]
-        assert words[words.index("--epochs") + 1] == "3" and words.count("--lr") == 1
+        assert words[words.index("--epochs") + 1] == "2" and words.count("--lr") == 1
     # the beyond suite's ceiling keeps the preset's cut and lr
     ceiling = next(s for s in suite_runs("beyond", preset) if s.kind == "central")
     words = command(ceiling, preset, Path("d"), Path("o"))
