@@ -40,6 +40,11 @@ def _mb(n) -> str:
     return f"{n / 1e6:,.0f}"
 
 
+def _diverged(r: dict) -> bool:
+    """No round beat the initial model on validation: the reported model is the untrained one."""
+    return r["kind"] == "federated" and r["best_round"] == 0
+
+
 def paper_table(runs: list[dict]) -> str:
     """One row per (C, method): each dataset's test perplexity beside the seeds' number."""
     keyed = {(r["method"], r["fraction"], r["dataset"]): r for r in runs}
@@ -59,9 +64,14 @@ def paper_table(runs: list[dict]) -> str:
             r = keyed.get((method, c, ds))
             theirs = SEEDS.get((method, c), {}).get(ds)
             ours = r["test_ppl"] if r else None
-            row += [_f(ours), _f(theirs), _ratio(ours, theirs)]
+            row += [_f(ours) + (" (diverged)" if r and _diverged(r) else ""), _f(theirs),
+                    _ratio(ours, theirs)]  # fmt: skip
         rows.append(row)
-    return markdown_table(header, rows)
+    table = markdown_table(header, rows)
+    if any(_diverged(r) for r in runs):
+        table += ("\n\n(diverged): every round's model was worse on validation than the initial "
+                  "one, so the reported model is the untrained one (perplexity ~ the vocabulary size).")  # fmt: skip
+    return table
 
 
 def detail_table(runs: list[dict]) -> str:
@@ -250,7 +260,11 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
         f"- Protocol: {preset.note}",
         f"- Git commit: {', '.join(commits)}",
         f"- Device: {', '.join(devices)}",
-        f"- Runs: {len(runs)}, {wall / 60:.1f} minutes of wall time in all",
+        f"- Runs: {len(runs)}, {wall / 60:.1f} minutes of run time summed over them ("
+        + ", ".join(
+            f"{s} {sum(r['wall_seconds'] for r in rs) / 60:.1f}" for s, rs in by_suite.items()
+        )
+        + "; with `--jobs 2` two run at once, each slower for sharing the cores)",
         _not_run(runs, preset),
         "- test ppl = the test perplexity of the model with the best validation perplexity over "
         "the rounds (as the seeds report); perplexity counts the end-of-sentence prediction.",

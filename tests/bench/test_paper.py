@@ -126,6 +126,27 @@ def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
     assert "## The seeds' learning rate" in markdown(runs, PRESETS["cpu"], ["b"], [])
 
 
+def test_a_run_no_round_of_which_beat_the_initial_model_is_marked_diverged():
+    runs = [
+        _run("ptb", "FedAttOpt", 0.5, [10003, 1e9, 1e12]),
+        _run("wikitext-2", "FedAttOpt", 0.5, [10003, 3000]),
+    ]
+    line = next(x for x in paper_table(runs).splitlines() if "| FedAttOpt |" in x)
+    assert "10003.00 (diverged) | 117.82 |" in line
+    assert "3000.00 | 75.58 |" in line and "3000.00 (diverged)" not in line
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_fedattopt_evidence_row_scales_the_step_to_the_clients_at_c05(preset):
+    extra = [s for s in suite_runs("paper", PRESETS[preset]) if s.method.startswith("FedAttOpt,")]
+    assert {s.dataset for s in extra} == {"ptb", "wikitext-2"}
+    for spec in extra:
+        words = command(spec, PRESETS[preset], Path("d"), Path("o"))
+        assert words[words.index("--fraction") + 1] == "0.5"
+        assert words[words.index("--strategy") + 1] == "fedattopt"
+        assert words[words.index("--epsilon") + 1] == "0.24"  # 1.2 x 10 / 50
+
+
 @pytest.mark.slow
 @pytest.mark.needs_data
 def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
