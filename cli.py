@@ -1035,6 +1035,7 @@ class PaperSuite(StrEnum):  # bench.paper.SUITES
     privacy = "privacy"
     beyond = "beyond"
     lr = "lr"
+    full = "full"
 
 
 @bench_app.command("paper")
@@ -1047,7 +1048,7 @@ def bench_paper(
     suite: list[PaperSuite] = typer.Option(
         [PaperSuite.paper],
         "--suite",
-        help="paper: the seeds' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seeds' lr 0.01 against ours, centrally on all of PTB (repeat the option for several).",
+        help="paper: the seeds' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seeds' lr 0.01 against ours, centrally on all of PTB; full: FedAvg and FedAtt on all the training data at the preset's rounds (repeat the option for several).",
     ),
     data_root: Path = typer.Option(
         Path("../shared/data"),

@@ -15,6 +15,8 @@ Suites:
   lr       evidence for the gap to the seeds: the seeds' local optimizer (SGD lr 0.01, momentum
            0.5, B 10) trained centrally on all of PTB for 2 epochs (80% of the steps one
            client takes in their 50 rounds), beside the lr fedkey uses
+  full     evidence too: FedAvg and FedAtt at C 0.1 with the preset's rounds, E and lr but all
+           of the training data (presets that cut the data only)
 
 Presets: `gpu` is the seeds' full protocol; `cpu` cuts rounds, local epochs and data so that the
 paper suite fits an hour on two cores (the cut is written at the top of results.md). A run whose
@@ -53,7 +55,7 @@ SEEDS: dict[tuple[str, float], dict[str, float]] = {
 SEEDS_DP = {0.0: (88.21, 77.66), 0.001: (88.17, 77.76), 0.005: (88.36, 78.59),
             0.01: (89.74, 79.51), 0.05: (103.17, 101.82)}  # fmt: skip
 DATASETS = ("ptb", "wikitext-2")
-SUITES = ("paper", "privacy", "beyond", "lr")
+SUITES = ("paper", "privacy", "beyond", "lr", "full")
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,14 @@ class Preset:
     transport: str  # "inprocess" (fedkey simulate) or "http" (fedkey run)
     note: str
 
-    def flags(self) -> list[str]:
-        """The protocol's flags, shared by every federated run."""
+    def flags(self, full_train: bool = False) -> list[str]:
+        """The protocol's flags, shared by every federated run (``full_train``: without the
+        preset's cut of the training data)."""
         f = ["--paper-protocol", "--clients", "100", "--rounds", str(self.rounds)]
         f += ["--local-epochs", str(self.local_epochs), "--batch-size", "10"]
         f += ["--lr", str(self.lr), "--momentum", "0.5", "--vocab-size", str(self.vocab_size)]
         f += ["--ksr-sentences", str(self.ksr_sentences), "--seed", "0"]
-        if self.max_train_tokens:
+        if self.max_train_tokens and not full_train:
             f += ["--max-train-tokens", str(self.max_train_tokens)]
         if self.max_eval_sentences:
             f += ["--max-eval-sentences", str(self.max_eval_sentences)]
@@ -158,8 +161,10 @@ class RunSpec:
         return f"{self.suite}-{self.dataset}-{slug}-{c}"
 
 
-def _fed(suite, dataset, method, fraction, *args, group=""):
-    return RunSpec(suite, dataset, method, fraction, tuple(args), group=group)
+def _fed(suite, dataset, method, fraction, *args, group="", full_train=False):
+    return RunSpec(
+        suite, dataset, method, fraction, tuple(args), group=group, full_train=full_train
+    )
 
 
 def paper_suite(datasets=DATASETS) -> list[RunSpec]:
@@ -284,6 +289,18 @@ def lr_suite(preset: Preset) -> list[RunSpec]:
     ]
 
 
+def full_suite(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
+    """The seeds' two headline methods at the preset's rounds, E and lr on all of the training
+    data: how much of the gap to the seeds is the preset's cut of the data?"""
+    if preset.max_train_tokens is None:
+        return []  # the paper suite has these runs already
+    return [
+        _fed("full", ds, name, 0.1, "--strategy", strategy, full_train=True)
+        for ds in datasets
+        for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt"))
+    ]
+
+
 def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
     if suite == "paper":
         return paper_suite() + paper_suite_extra(preset)
@@ -293,6 +310,8 @@ def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
         return beyond_suite()
     if suite == "lr":
         return lr_suite(preset)
+    if suite == "full":
+        return full_suite(preset)
     raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
 
 
@@ -321,7 +340,7 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
                 "--clients", "100", "--lr", own["--lr"], "--momentum", "0.5", "--batch-size",
                 "10", "--epochs", own["--epochs"], "--out", str(run_dir)]  # fmt: skip
     verb = "simulate" if preset.transport == "inprocess" else "run"
-    cmd = ["fedkey", verb, *data, *preset.flags(), "--out", str(run_dir)]
+    cmd = ["fedkey", verb, *data, *preset.flags(spec.full_train), "--out", str(run_dir)]
     if spec.fraction is not None:
         cmd += ["--fraction", f"{spec.fraction:g}"]
     return cmd + list(spec.args)

@@ -104,8 +104,8 @@ def test_report_sets_our_numbers_beside_the_seeds():
     assert "150.00 | 138.13 | +9%" in line and "60.00 | 95.27 | -37%" in line
     assert "0.1->0.5 (AdaFL)" in table
     targets = targets_table(runs)
-    assert "| PTB | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets
-    assert "| WikiText-2 | FedAvg | 60.00 | <= 65 | yes |" in targets
+    assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets
+    assert "| WikiText-2 | the preset's | FedAvg | 60.00 | <= 65 | yes |" in targets
     md = markdown(runs, PRESETS["cpu"], ["fedkey bench paper --preset cpu"], [])
     assert PRESETS["cpu"].note in md and "fedkey simulate ..." in md
 
@@ -122,8 +122,32 @@ def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
     assert "| centralized, SGD lr 0.01 | 900.00 | 700.00 |" in table
     assert "after epoch 2" in table and "10,500" in table  # one client's steps in the seeds' runs
     # the ceiling of the targets is the one trained on the same data as the federated runs
-    assert "| PTB | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets_table(runs)
+    assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets_table(
+        runs
+    )
     assert "## The seeds' learning rate" in markdown(runs, PRESETS["cpu"], ["b"], [])
+
+
+def test_full_data_runs_are_their_own_table_and_meet_the_ceiling_at_their_lr():
+    runs = [
+        _run("ptb", "FedAvg", 0.1, [1000, 150]),
+        _run("ptb", "centralized, SGD lr 0.01", None, [1000, 700], "lr", "central"),
+        _run("ptb", "centralized, SGD lr 1", None, [1000, 140], "lr", "central"),
+        _run("ptb", "FedAtt", 0.1, [1000, 145], "full"),
+    ]
+    runs[1]["command"] = "fedkey train-central --lr 0.01 --epochs 2"
+    runs[2]["command"] = "fedkey train-central --lr 1 --epochs 2"
+    runs[3]["command"] = "fedkey simulate --lr 1.0 --fraction 0.1"
+    targets = targets_table(runs)
+    assert "| PTB | all | FedAtt | 145.00 | <= 102 | no | 140.00 | yes |" in targets
+    assert "| PTB | the preset's | FedAvg | 150.00 |" in targets  # no same-data ceiling: -
+    md = markdown(runs, PRESETS["cpu"], ["b"], [])
+    section = md.split("## All of the training data")[1].split("##")[0]
+    assert "| 0.1 | FedAtt | 145.00 | 115.43 | +26% | - | 91.82 | - |" in section
+    assert "150.00" not in section
+    assert suite_runs("full", PRESETS["gpu"]) == []  # its paper suite is on all the data already
+    words = command(suite_runs("full", PRESETS["cpu"])[0], PRESETS["cpu"], Path("d"), Path("o"))
+    assert "--max-train-tokens" not in words and words[words.index("--rounds") + 1] == "8"
 
 
 def test_a_run_no_round_of_which_beat_the_initial_model_is_marked_diverged():
