@@ -17,6 +17,9 @@ Suites:
            client takes in their 50 rounds), beside the lr fedkey uses
   full     evidence too: FedAvg and FedAtt at C 0.1 with the preset's rounds, E and lr but all
            of the training data (presets that cut the data only)
+  code     the seeds' published code as it ran: their whole protocol (all data, 50 rounds, E 5,
+           lr 0.01, no clipping) with the column batches of models.batching.column_batches,
+           scored by their column perplexity, for FedAvg and FedAtt at C 0.1, whatever the preset
 
 Presets: `gpu` is the seeds' full protocol; `cpu` cuts rounds, local epochs and data so that the
 paper suite fits an hour on two cores (the cut is written at the top of results.md). A run whose
@@ -55,7 +58,7 @@ SEEDS: dict[tuple[str, float], dict[str, float]] = {
 SEEDS_DP = {0.0: (88.21, 77.66), 0.001: (88.17, 77.76), 0.005: (88.36, 78.59),
             0.01: (89.74, 79.51), 0.05: (103.17, 101.82)}  # fmt: skip
 DATASETS = ("ptb", "wikitext-2")
-SUITES = ("paper", "privacy", "beyond", "lr", "full")
+SUITES = ("paper", "privacy", "beyond", "lr", "full", "code")
 
 
 @dataclass(frozen=True)
@@ -74,16 +77,16 @@ class Preset:
     transport: str  # "inprocess" (fedkey simulate) or "http" (fedkey run)
     note: str
 
-    def flags(self, full_train: bool = False) -> list[str]:
-        """The protocol's flags, shared by every federated run (``full_train``: without the
-        preset's cut of the training data)."""
+    def flags(self, full_train: bool = False, full_eval: bool = False) -> list[str]:
+        """The protocol's flags, shared by every federated run (``full_train`` / ``full_eval``:
+        without the preset's cut of the training / evaluation data)."""
         f = ["--paper-protocol", "--clients", "100", "--rounds", str(self.rounds)]
         f += ["--local-epochs", str(self.local_epochs), "--batch-size", "10"]
         f += ["--lr", str(self.lr), "--momentum", "0.5", "--vocab-size", str(self.vocab_size)]
         f += ["--ksr-sentences", str(self.ksr_sentences), "--seed", "0"]
         if self.max_train_tokens and not full_train:
             f += ["--max-train-tokens", str(self.max_train_tokens)]
-        if self.max_eval_sentences:
+        if self.max_eval_sentences and not full_eval:
             f += ["--max-eval-sentences", str(self.max_eval_sentences)]
         return f
 
@@ -153,6 +156,7 @@ class RunSpec:
     kind: str = "federated"  # federated | central | ngram
     group: str = ""  # a column or sweep key inside a suite (privacy: beta / z)
     full_train: bool = False  # all of the training split, whatever the preset's cut
+    full_eval: bool = False  # all of the validation and test splits, whatever the preset's cut
 
     @property
     def id(self) -> str:
@@ -301,6 +305,31 @@ def full_suite(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
     ]
 
 
+#: The seeds' local training as their code ran it (fed-att src/utils/options.py, Update.py):
+#: 50 rounds, E 5, SGD lr 0.01, no gradient clipping, every word in the vocabulary, batches of
+#: columns. The preset's rounds, E and lr come first on the command line; these win.
+SEEDS_CODE_FLAGS = ("--rounds", "50", "--local-epochs", "5", "--lr", "0.01", "--clip", "0",
+                    "--vocab-size", "50000", "--batching", "columns")  # fmt: skip
+
+
+def code_suite(datasets=DATASETS) -> list[RunSpec]:
+    """FedAvg and FedAtt at C 0.1 as the seeds' published code ran them: is the gap to their
+    table the measure (column perplexity) rather than the methods?"""
+    return [
+        RunSpec(
+            "code",
+            ds,
+            name,
+            0.1,
+            ("--strategy", strategy, *SEEDS_CODE_FLAGS),
+            full_train=True,
+            full_eval=True,
+        )  # fmt: skip
+        for ds in datasets
+        for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt"))
+    ]
+
+
 def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
     if suite == "paper":
         return paper_suite() + paper_suite_extra(preset)
@@ -312,6 +341,8 @@ def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
         return lr_suite(preset)
     if suite == "full":
         return full_suite(preset)
+    if suite == "code":
+        return code_suite()
     raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
 
 
@@ -340,7 +371,8 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
                 "--clients", "100", "--lr", own["--lr"], "--momentum", "0.5", "--batch-size",
                 "10", "--epochs", own["--epochs"], "--out", str(run_dir)]  # fmt: skip
     verb = "simulate" if preset.transport == "inprocess" else "run"
-    cmd = ["fedkey", verb, *data, *preset.flags(spec.full_train), "--out", str(run_dir)]
+    flags = preset.flags(spec.full_train, spec.full_eval)
+    cmd = ["fedkey", verb, *data, *flags, "--out", str(run_dir)]
     if spec.fraction is not None:
         cmd += ["--fraction", f"{spec.fraction:g}"]
     return cmd + list(spec.args)
@@ -357,7 +389,9 @@ def _data_flags(preset: Preset, full_train: bool = False) -> list[str]:
 
 def summarize(rows: list[dict], spec: RunSpec) -> dict:
     """One results.json object from a run's metrics rows (round 0 = the initial model)."""
-    best = min(rows, key=lambda r: r["val_ppl"])
+    # Column-batched runs (the code suite) choose their best model by the seeds' measure.
+    key = "col_val_ppl" if "col_val_ppl" in rows[-1] else "val_ppl"
+    best = min(rows, key=lambda r: r[key])
     below_90 = [r["round"] for r in rows if r["round"] > 0 and r["test_ppl"] < 90]
     return {
         "suite": spec.suite,
@@ -380,6 +414,15 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "updates": sum(len(r.get("aggregated", [])) for r in rows),
         "epsilon": rows[-1].get("epsilon"),
         "curve": [[r["round"], r["val_ppl"], r["test_ppl"]] for r in rows],
+        **(
+            {
+                "col_test_ppl": best["col_test_ppl"],
+                "col_best_val_ppl": best["col_val_ppl"],
+                "col_curve": [[r["round"], r["col_val_ppl"], r["col_test_ppl"]] for r in rows],
+            }
+            if key == "col_val_ppl"
+            else {}
+        ),
     }
 
 
@@ -420,7 +463,7 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
 
 def seed_number(spec: RunSpec) -> float | None:
     """The seeds' number for the same experiment, where they published one."""
-    if spec.suite == "paper" and spec.fraction is not None:
+    if spec.suite in ("paper", "code") and spec.fraction is not None:
         return SEEDS.get((spec.method, spec.fraction), {}).get(spec.dataset)
     if spec.suite == "privacy" and spec.group.startswith("beta="):
         pair = SEEDS_DP.get(float(spec.group.split("=")[1]))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.batching import IGNORE, batches, count_targets, split_long
+from models.batching import IGNORE, batches, column_batches, count_targets, split_long
 from models.checkpoint import build_model, model_state
 from models.model import ModelConfig
 
@@ -25,6 +25,9 @@ class TrainConfig:
     momentum: float = 0.5
     clip: float = 5.0  # gradient-norm clipping; 0 turns it off
     max_len: int = 80  # longer sentences are cut into chunks (training only)
+    # "sentences": language modelling. "columns": the batches the seeds' published code really
+    # trained on (models.batching.column_batches), to reproduce their numbers.
+    batching: str = "sentences"
 
 
 @dataclass
@@ -59,12 +62,15 @@ def train_local(
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE, reduction="sum")
-    seqs = split_long(sentences, config.max_len)
+    if config.batching == "columns":
+        seqs, make_batches = sentences, column_batches
+    else:
+        seqs, make_batches = split_long(sentences, config.max_len), batches
     gen = torch.Generator().manual_seed(seed)
     total_loss, total_tokens = torch.zeros((), device=dev), 0
     for _ in range(config.epochs):
         order = torch.randperm(len(seqs), generator=gen).tolist()
-        for inputs, targets in batches(seqs, config.batch_size, order):
+        for inputs, targets in make_batches(seqs, config.batch_size, order):
             n = int((targets != IGNORE).sum())  # counted on the CPU: no device sync
             inputs, targets = inputs.to(dev), targets.to(dev)
             logits, _ = model(inputs)

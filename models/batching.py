@@ -43,6 +43,28 @@ def batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = No
         yield pad_batch([seqs[j] for j in order[i : i + batch_size]])
 
 
+def column_batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = None):
+    """Yield the batches the seeds' published code (fed-att) trained and evaluated on.
+
+    It fed lists of token ids of unequal length to a DataLoader with the default collate, which
+    in the PyTorch of its day transposed each batch and let zip() cut it to the shortest
+    sentence (pytorch/pytorch#23141; later versions raise "each element in list of batch should
+    be of equal size"). So its "sequences" are columns: sequence j holds token j of every
+    sentence in the batch, and the model predicts token j of sentence i + 1 from token j of
+    sentences 1..i. A batch of B sentences whose shortest has L tokens gives L sequences of B
+    tokens. Column 0 is all <s>, and a sentence contributes only its first L tokens, so this is
+    a far easier task than language modelling: its perplexity is not comparable with
+    :func:`batches`'. Batches of one sentence predict nothing and are skipped.
+    """
+    order = list(range(len(seqs))) if order is None else order
+    for i in range(0, len(order), batch_size):
+        chunk = [seqs[j] for j in order[i : i + batch_size]]
+        if len(chunk) < 2:
+            continue
+        width = min(len(s) for s in chunk)
+        yield pad_batch([[s[j] for s in chunk] for j in range(width)])
+
+
 def count_targets(seqs: list[list[int]]) -> int:
     """Number of predicted tokens: everything after <s>."""
     return sum(len(s) - 1 for s in seqs)

@@ -461,6 +461,7 @@ class Coordinator:
             "momentum": t.momentum,
             "clip": t.clip,
             "max_len": t.max_len,
+            "batching": t.batching,
             "seed": client_seed(self.federation.config.seed, r.number, device_id),
             "beta": p.beta,
             "sigma": p.sigma,

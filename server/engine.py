@@ -131,7 +131,7 @@ class Federation:
 
     def evaluate(self, state: dict[str, torch.Tensor]) -> dict:
         """Validation and test perplexity, top-1/top-3 and keystroke savings of `state`."""
-        from models.metrics import keystroke_savings
+        from models.metrics import column_perplexity, keystroke_savings
         from models.tokenizers import WordTokenizer
 
         model = build_model(self.model_config, state)
@@ -140,13 +140,17 @@ class Federation:
         ksr = None
         if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:
             ksr = keystroke_savings(model, self.tokenizer, self.test[: self.config.ksr_sentences])
-        return {
+        scores = {
             "val_ppl": val["ppl"],
             "test_ppl": test["ppl"],
             "top1": test["top1"],
             "top3": test["top3"],
             "ksr": ksr,
         }
+        if self.config.train.batching == "columns":  # the seeds' code's measure, beside ours
+            scores["col_val_ppl"] = column_perplexity(model, self.tokenizer, self.valid)
+            scores["col_test_ppl"] = column_perplexity(model, self.tokenizer, self.test)
+        return scores
 
     def start(self) -> dict:
         """Evaluate and checkpoint the initial model as round 0."""
@@ -298,17 +302,18 @@ class Federation:
     ) -> dict:
         """Evaluate `new_state`, checkpoint it (atomic) and append its metrics row."""
         scores = self.evaluator(new_state)
-        if self.best is None or scores["val_ppl"] < self.best["val_ppl"]:
-            self.best = {"round": r, "val_ppl": scores["val_ppl"], "test_ppl": scores["test_ppl"]}
+        # Column-batched runs pick their best model as the seeds' code did: by column perplexity.
+        key = "col_val_ppl" if "col_val_ppl" in scores else "val_ppl"
+        if self.best is None or scores[key] < self.best[key]:
+            kept = ("val_ppl", "test_ppl", "col_val_ppl", "col_test_ppl")
+            self.best = {"round": r, **{k: scores[k] for k in kept if k in scores}}
         row = {
             "round": r,
             "strategy": self.config.label or self.config.strategy,
             "selected": selected,
             "aggregated": aggregated,
             **scores,
-            "best_round": self.best["round"],
-            "best_val_ppl": self.best["val_ppl"],
-            "best_test_ppl": self.best["test_ppl"],
+            **{f"best_{k}": v for k, v in self.best.items()},
             "bytes_up": bytes_up,
             "bytes_down": bytes_down,
             "epsilon": self.accountant.epsilon if self.accountant is not None else None,

@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     momentum: float = Field(_TRAIN.momentum, ge=0)
     clip: float = Field(_TRAIN.clip, ge=0)
     max_len: int = Field(_TRAIN.max_len, ge=2)
+    batching: Literal["sentences", "columns"] = "sentences"  # columns: the seeds' code's batches
 
     # -- privacy ---------------------------------------------------------------------------------
     dp_beta: float = Field(_PRIVACY.beta, ge=0)
@@ -159,6 +160,7 @@ class Settings(BaseSettings):
             momentum=self.momentum,
             clip=self.clip,
             max_len=self.max_len,
+            batching=self.batching,
         )
 
     def privacy_config(self) -> PrivacyConfig:
