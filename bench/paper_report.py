@@ -81,7 +81,7 @@ def detail_table(runs: list[dict]) -> str:
               "epsilon", "wall s"]  # fmt: skip
     rows = [
         [
-            f"{DATASET_NAMES.get(r['dataset'], r['dataset'])}, {r['method']}"
+            f"{r['suite']}: {DATASET_NAMES.get(r['dataset'], r['dataset'])}, {r['method']}"
             + (f", C {_c(r['fraction'])}" if r["kind"] == "federated" else ""),
             _f(r["test_ppl"]),
             _f(r["best_val_ppl"]),
@@ -193,6 +193,27 @@ def lr_table(runs: list[dict]) -> str:
     )
 
 
+def code_table(runs: list[dict]) -> str:
+    """The code suite: the seeds' measure (column perplexity) beside their table, and the
+    sentence-level perplexity of the same models."""
+    header = ["dataset", "C", "method", "column ppl (their measure)", "seeds", "ours vs seeds",
+              "sentence ppl of the same model", "best round"]  # fmt: skip
+    rows = [[DATASET_NAMES[r["dataset"]], _c(r["fraction"]), r["method"], _f(r.get("col_test_ppl")),
+             _f(r["seed_ppl"]), _ratio(r.get("col_test_ppl"), r["seed_ppl"]), _f(r["test_ppl"]),
+             str(r["best_round"])] for r in runs]  # fmt: skip
+    return (
+        "The seeds' published code (fed-att) gave its DataLoader lists of token ids of unequal "
+        "length; the default collate of the PyTorch of its day transposed each batch and cut it "
+        "to the shortest sentence (pytorch/pytorch#23141), so it trained on, and scored, "
+        "*columns*: token j of every sentence in a batch of 10 (training) or 128 (evaluation), "
+        "the first column all start tokens (`models/batching.py: column_batches`). These runs "
+        "train that way (`--batching columns`) with the seeds' whole protocol (all data, 50 "
+        "rounds, E 5, lr 0.01, no clipping) and pick the best round by that measure, as their "
+        "code did. The last column is the same model scored as a language model.\n\n"
+        + markdown_table(header, rows)
+    )
+
+
 def targets_table(runs: list[dict]) -> str:
     """Issue 5's targets: best federated run at C = 0.1 vs 10% under the best seed and the
     centralized model trained on the same data (the beyond suite's for the preset's data, the lr
@@ -224,9 +245,12 @@ def _lr(r: dict) -> float | None:
     return None if lr == "-" else float(lr)
 
 
-def plot_curves(runs: list[dict], out: Path, name: str, title: str) -> Path | None:
-    """Test perplexity per round, one line per run (log scale)."""
-    runs = [r for r in runs if len(r["curve"]) > 1]
+def plot_curves(
+    runs: list[dict], out: Path, name: str, title: str, curve: str = "curve"
+) -> Path | None:
+    """Test perplexity per round, one line per run (log scale); `curve` names the results.json
+    field (col_curve: the seeds' column perplexity)."""
+    runs = [dict(r, curve=r[curve]) for r in runs if len(r.get(curve, ())) > 1]
     if not runs:
         return None
     import matplotlib
@@ -241,7 +265,7 @@ def plot_curves(runs: list[dict], out: Path, name: str, title: str) -> Path | No
                 label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("round (epoch for the centralized model)")
-    ax.set_ylabel("test perplexity (log scale)")
+    ax.set_ylabel(("column " if curve == "col_curve" else "") + "test perplexity (log scale)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -290,6 +314,8 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
         out += ["", "## All of the training data (evidence)", "",
                 "The paper suite's FedAvg and FedAtt at C 0.1 with the preset's rounds, E and lr, "
                 "but all of each dataset's training split:", "", paper_table(by_suite["full"])]  # fmt: skip
+    if by_suite.get("code"):
+        out += ["", "## The seeds' code, as it ran (evidence)", "", code_table(by_suite["code"])]
     out += ["", "## Targets (issue 5)", "", targets_table(runs)]
     if plots:
         out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
@@ -325,6 +351,9 @@ def write_report(
                     part = [r for r in sel if r["fraction"] in (c, None, 1.0)]
                     title = f"{DATASET_NAMES[ds]}, C {c:g} (+ FedSGD, AdaFL)"
                     plots.append(plot_curves(part, out, f"curves_{suite}_{ds}_{tag}.png", title))
+            elif suite == "code":
+                title = f"{DATASET_NAMES[ds]}, as the seeds' code ran (column perplexity)"
+                plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title, "col_curve"))
             else:
                 title = f"{DATASET_NAMES[ds]}, {suite}"
                 plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title))

@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from bench.paper import PRESETS, SUITES, RunSpec, command, suite_runs, summarize
-from bench.paper_report import lr_table, markdown, paper_table, targets_table
+from bench.paper_report import code_table, lr_table, markdown, paper_table, targets_table
 from cli import app
 
 runner = CliRunner()
@@ -191,3 +191,36 @@ def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
     assert (out / "curves_paper_ptb_c0.1.png").stat().st_size > 1000
     again = runner.invoke(app, args)  # everything is in results.json already: nothing runs
     assert again.exit_code == 0 and "test ppl" not in again.output
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_code_suite_runs_the_seeds_code_whatever_the_preset(preset):
+    specs = suite_runs("code", PRESETS[preset])
+    assert {(s.dataset, s.method, s.fraction) for s in specs} == {
+        (ds, m, 0.1) for ds in ("ptb", "wikitext-2") for m in ("FedAvg", "FedAtt")
+    }
+    for spec in specs:
+        words = command(spec, PRESETS[preset], Path("d"), Path("o"))
+        ctx = typer.main.get_command(app).get_command(None, words[1])
+        params = ctx.make_context(words[1], words[2:]).params  # the last of a repeated flag wins
+        assert (params["rounds"], params["local_epochs"], params["lr"]) == (50, 5, 0.01)
+        assert (params["clip"], params["batching"], params["vocab_size"]) == (0, "columns", 50000)
+        assert params["max_train_tokens"] is None and params["max_eval_sentences"] is None
+
+
+def test_code_runs_are_judged_by_the_seeds_measure():
+    rows = [
+        {"round": i, "val_ppl": v, "test_ppl": v - 1, "col_val_ppl": c, "col_test_ppl": c - 1}
+        for i, (v, c) in enumerate([(1000, 900), (300, 200), (250, 210)])
+    ]
+    spec = suite_runs("code", PRESETS["cpu"])[0]
+    summary = summarize(rows, spec)
+    assert (summary["best_round"], summary["col_test_ppl"], summary["test_ppl"]) == (1, 199, 299)
+    assert summary["col_curve"][1] == [1, 200, 199]
+    run = {**summary, "seed_ppl": 138.13}
+    line = code_table([run]).splitlines()[-1]
+    assert line == "| PTB | 0.1 | FedAvg | 199.00 | 138.13 | +44% | 299.00 | 1 |"
+    plain = [{k: r[k] for k in ("round", "val_ppl", "test_ppl")} for r in rows]
+    assert summarize(plain, spec)["best_round"] == 2 and "col_test_ppl" not in summarize(
+        plain, spec
+    )

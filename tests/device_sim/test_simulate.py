@@ -237,3 +237,21 @@ def test_train_central_writes_the_same_metrics_format(tmp_path):
     assert {r["strategy"] for r in rows} == {"central"}
     assert rows[2]["test_ppl"] < rows[1]["test_ppl"] < rows[0]["test_ppl"]
     assert (out / "checkpoints" / "round_0002.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_column_batching_reports_the_seeds_measure_and_picks_the_best_round_by_it(tmp_path):
+    small = ("--data", "demo", "--clients", "10", "--fraction", "0.3", "--workers", "0",
+             "--max-train-tokens", "8000", *FAST)  # fmt: skip
+    rows, _ = simulate(tmp_path / "run", *small, "--batching", "columns")
+    assert all(r["col_val_ppl"] > 0 and r["col_test_ppl"] > 0 for r in rows)
+    assert rows[-1]["col_test_ppl"] < rows[0]["col_test_ppl"]
+    last = rows[-1]
+    best = min(rows, key=lambda r: r["col_val_ppl"])
+    assert last["best_round"] == best["round"]
+    assert (last["best_col_test_ppl"], last["best_test_ppl"]) == (
+        best["col_test_ppl"],
+        best["test_ppl"],
+    )
+    plain, _ = simulate(tmp_path / "plain", *small, "--rounds", "1")
+    assert "col_val_ppl" not in plain[-1] and "best_col_test_ppl" not in plain[-1]

@@ -61,3 +61,18 @@ def test_cuda_request_without_gpu_is_a_clear_error():
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         resolve_device("cuda")
     assert resolve_device("auto").type == "cpu"
+
+
+def test_column_batching_trains_on_the_seeds_columns():
+    from models.metrics import column_perplexity
+
+    seqs = [TOK.encode(s) for s in TEXT]
+    state = initial_state()
+    cfg = TrainConfig(epochs=3, batch_size=4, lr=0.5, batching="columns")
+    cols = train_local(CFG, state, seqs, cfg, seed=1, device="cpu")
+    sents = train_local(CFG, state, seqs, TrainConfig(epochs=3, batch_size=4, lr=0.5), seed=1)
+    assert not torch.equal(cols.state["rnn.weight_hh_l0"], sents.state["rnn.weight_hh_l0"])
+    before = column_perplexity(build_model(CFG, state), TOK, TEXT, batch_size=4)
+    after = column_perplexity(build_model(CFG, cols.state), TOK, TEXT, batch_size=4)
+    assert after < before / 2
+    assert cols.num_tokens == sents.num_tokens  # FedAvg still weighs phones by their words
