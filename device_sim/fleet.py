@@ -140,7 +140,7 @@ def _train_config(task: dict) -> TrainConfig:
         momentum=float(task["momentum"]),
         clip=float(task["clip"]),
         max_len=int(task["max_len"]),
-        batching=str(task.get("batching", "sentences")),
+        batching=str(task["batching"]),
     )
 
 

@@ -42,6 +42,7 @@ TASK = {
     "momentum": 0.5,
     "clip": 5.0,
     "max_len": 80,
+    "batching": "columns",  # not the default: the phones must follow the task's batching
 }
 
 

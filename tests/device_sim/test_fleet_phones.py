@@ -37,6 +37,7 @@ def expected_upload(fed: FakeFederation, shard, name: str, r: int) -> dict[str, 
         momentum=TASK["momentum"],
         clip=TASK["clip"],
         max_len=TASK["max_len"],
+        batching=TASK["batching"],
     )
     res = phone_round(
         fed.config,

@@ -99,6 +99,7 @@ def test_a_round_over_http_advances_the_model(tmp_path):
                 "momentum",
                 "clip",
                 "max_len",
+                "batching",
                 "seed",
                 "beta",
                 "sigma",

@@ -121,6 +121,7 @@ class Phone:
             momentum=task["momentum"],
             clip=task["clip"],
             max_len=task["max_len"],
+            batching=task["batching"],
         )
         self.result = phone_round(
             config,
