@@ -787,6 +787,11 @@ def train_central_cmd(
 )
 def ngram(
     order: int = typer.Option(3, "--order", min=2, max=5, help="n of the n-gram."),
+    positional: bool = typer.Option(
+        False,
+        "--positional",
+        help="A unigram by position in the sentence instead of Kneser-Ney: the best score on the seeds' column batches (adds their column perplexity).",
+    ),
     clients: int = typer.Option(
         100, "--clients", "-K", min=1, help="Phones whose data is pooled (as in simulate)."
     ),
@@ -799,7 +804,8 @@ def ngram(
     from device_sim.simulate import train_ngram
 
     settings = build_settings(opts, storage=out)
-    rows = train_ngram(phone_data(settings, opts, clients), order, str(out), settings.ksr_sentences)
+    data = phone_data(settings, opts, clients)
+    rows = train_ngram(data, order, str(out), settings.ksr_sentences, positional)
     _print_table(rows)
     typer.echo(f"metrics: {out / 'metrics.jsonl'}")
 

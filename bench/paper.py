@@ -313,21 +313,18 @@ SEEDS_CODE_FLAGS = ("--rounds", "50", "--local-epochs", "5", "--lr", "0.01", "--
 
 
 def code_suite(datasets=DATASETS) -> list[RunSpec]:
-    """FedAvg and FedAtt at C 0.1 as the seeds' published code ran them: is the gap to their
-    table the measure (column perplexity) rather than the methods?"""
-    return [
-        RunSpec(
-            "code",
-            ds,
-            name,
-            0.1,
-            ("--strategy", strategy, *SEEDS_CODE_FLAGS),
-            full_train=True,
-            full_eval=True,
-        )  # fmt: skip
-        for ds in datasets
-        for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt"))
-    ]
+    """FedAvg and FedAtt at C 0.1 as the seeds' published code ran them, and a unigram by
+    position in the sentence on the same measure: is the gap to their table the measure
+    (column perplexity) rather than the methods?"""
+    runs = []
+    for ds in datasets:
+        for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt")):
+            args = ("--strategy", strategy, *SEEDS_CODE_FLAGS)
+            runs.append(RunSpec("code", ds, name, 0.1, args, full_train=True, full_eval=True))
+        args = ("--positional", "--vocab-size", "50000")
+        runs.append(RunSpec("code", ds, "position-only unigram", None, args, kind="ngram",
+                            full_train=True, full_eval=True))  # fmt: skip
+    return runs
 
 
 def suite_runs(suite: str, preset: Preset) -> list[RunSpec]:
@@ -359,9 +356,10 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
             *data,
             "--order",
             "3",
-            *_data_flags(preset, spec.full_train),
+            *_data_flags(preset, spec.full_train, spec.full_eval),
             "--out",
             str(run_dir),
+            *spec.args,
         ]
     if spec.kind == "central":
         # The preset's lr and epochs unless the spec names its own.
@@ -378,11 +376,11 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
     return cmd + list(spec.args)
 
 
-def _data_flags(preset: Preset, full_train: bool = False) -> list[str]:
+def _data_flags(preset: Preset, full_train: bool = False, full_eval: bool = False) -> list[str]:
     f = ["--paper-protocol", "--vocab-size", str(preset.vocab_size), "--seed", "0"]
     if preset.max_train_tokens and not full_train:
         f += ["--max-train-tokens", str(preset.max_train_tokens)]
-    if preset.max_eval_sentences:
+    if preset.max_eval_sentences and not full_eval:
         f += ["--max-eval-sentences", str(preset.max_eval_sentences)]
     return f + ["--ksr-sentences", str(preset.ksr_sentences)]
 
@@ -433,6 +431,8 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
     run_dir = runs_dir / spec.id
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command(spec, preset, data_root, run_dir)
+    commit = _git("rev-parse", "HEAD")  # the code the run starts from
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
     start = time.perf_counter()
     with (run_dir / "log.txt").open("w") as log:
@@ -453,8 +453,8 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
         **summarize(rows, spec),
         "wall_seconds": round(wall, 1),
         "command": shlex.join(cmd),
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "device": device,
         "preset": preset.name,
         "seed_ppl": seed_number(spec),

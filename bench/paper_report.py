@@ -198,7 +198,8 @@ def code_table(runs: list[dict]) -> str:
     sentence-level perplexity of the same models."""
     header = ["dataset", "C", "method", "column ppl (their measure)", "seeds", "ours vs seeds",
               "sentence ppl of the same model", "best round"]  # fmt: skip
-    rows = [[DATASET_NAMES[r["dataset"]], _c(r["fraction"]), r["method"], _f(r.get("col_test_ppl")),
+    rows = [[DATASET_NAMES[r["dataset"]], _c(r["fraction"]) if r["kind"] == "federated" else "-",
+             r["method"], _f(r.get("col_test_ppl")),
              _f(r["seed_ppl"]), _ratio(r.get("col_test_ppl"), r["seed_ppl"]), _f(r["test_ppl"]),
              str(r["best_round"])] for r in runs]  # fmt: skip
     return (
@@ -209,8 +210,10 @@ def code_table(runs: list[dict]) -> str:
         "the first column all start tokens (`models/batching.py: column_batches`). These runs "
         "train that way (`--batching columns`) with the seeds' whole protocol (all data, 50 "
         "rounds, E 5, lr 0.01, no clipping) and pick the best round by that measure, as their "
-        "code did. The last column is the same model scored as a language model.\n\n"
-        + markdown_table(header, rows)
+        "code did. The position-only unigram knows nothing but where a word stands in its "
+        "sentence (`fedkey ngram --positional`): on columns, where the context is the same "
+        "position of other sentences, that is all a model can learn. The sentence ppl column "
+        "is the same model scored as a language model.\n\n" + markdown_table(header, rows)
     )
 
 

@@ -168,15 +168,32 @@ def train_central(
     return rows
 
 
-def train_ngram(data: DataConfig, order: int, out_dir: str, ksr_sentences: int = 100) -> list[dict]:
-    """The baseline: a Kneser-Ney n-gram on the union of every phone's data, scored as a round."""
+def train_ngram(
+    data: DataConfig,
+    order: int,
+    out_dir: str,
+    ksr_sentences: int = 100,
+    positional: bool = False,
+) -> list[dict]:
+    """The baseline: a Kneser-Ney n-gram on the union of every phone's data, scored as a round.
+    `positional`: a unigram by position in the sentence instead, with the seeds' column
+    perplexity (models.ngram.PositionalUnigram)."""
     from models.metrics import keystroke_savings_of
-    from models.ngram import KneserNey
+    from models.ngram import KneserNey, PositionalUnigram
 
     prepared = prepare(data)
     start = time.perf_counter()
     union = [s for shard in prepared.shards.values() for s in shard]
-    lm = KneserNey(prepared.tokenizer, order).fit(union)
+    if positional:
+        lm = PositionalUnigram(prepared.tokenizer).fit(union).choose_prior(prepared.corpus.valid)
+        name = f"positional-unigram-prior-{lm.prior:.0f}"
+        columns = {
+            "col_val_ppl": lm.column_perplexity(prepared.corpus.valid),
+            "col_test_ppl": lm.column_perplexity(prepared.corpus.test),
+        }
+    else:
+        lm = KneserNey(prepared.tokenizer, order).fit(union)
+        name, columns = f"kneser-ney-{order}", {}
     val = lm.evaluate(prepared.corpus.valid)
     test = lm.evaluate(prepared.corpus.test)
     ksr = keystroke_savings_of(
@@ -184,7 +201,7 @@ def train_ngram(data: DataConfig, order: int, out_dir: str, ksr_sentences: int =
     )
     row = {
         "round": 0,
-        "strategy": f"kneser-ney-{order}",
+        "strategy": name,
         "selected": [],
         "aggregated": [],
         "val_ppl": val["ppl"],
@@ -192,9 +209,11 @@ def train_ngram(data: DataConfig, order: int, out_dir: str, ksr_sentences: int =
         "top1": test["top1"],
         "top3": test["top3"],
         "ksr": ksr if ksr_sentences else None,
+        **columns,
         "best_round": 0,
         "best_val_ppl": val["ppl"],
         "best_test_ppl": test["ppl"],
+        **{f"best_{k}": v for k, v in columns.items()},
         "bytes_up": 0,
         "bytes_down": 0,
         "epsilon": None,

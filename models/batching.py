@@ -65,6 +65,11 @@ def column_batches(seqs: list[list[int]], batch_size: int, order: list[int] | No
         yield pad_batch([[s[j] for s in chunk] for j in range(width)])
 
 
+def seeded_order(n: int, seed: int) -> list[int]:
+    """A shuffled order of n sentences that depends on the seed alone."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
 def count_targets(seqs: list[list[int]]) -> int:
     """Number of predicted tokens: everything after <s>."""
     return sum(len(s) - 1 for s in seqs)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.batching import IGNORE, batches, column_batches
+from models.batching import IGNORE, batches, column_batches, seeded_order
 from models.model import LanguageModel
 from models.tokenizers import Tokenizer, WordTokenizer
 
@@ -79,9 +79,8 @@ def column_perplexity(
     model.eval()
     model.to(device)
     seqs = [tokenizer.encode(s) for s in sentences]
-    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
     nll, count = 0.0, 0
-    for inputs, targets in column_batches(seqs, batch_size, order):
+    for inputs, targets in column_batches(seqs, batch_size, seeded_order(len(seqs), seed)):
         inputs, targets = inputs.to(device), targets.to(device)
         logits, _ = model(inputs)
         nll += float(

@@ -1,4 +1,5 @@
-"""An interpolated Kneser-Ney n-gram model: the baseline a keyboard would otherwise ship.
+"""N-gram baselines: interpolated Kneser-Ney, the model a keyboard would otherwise ship, and a
+unigram by position in the sentence, the best score on the seeds' column batches.
 
 Chen & Goodman's interpolated Kneser-Ney with one absolute discount per order
 (D = n1 / (n1 + 2 n2) from that order's count-of-counts): the highest order uses raw counts,
@@ -38,7 +39,37 @@ def _grouped(keys: np.ndarray, values: np.ndarray, vocab: int) -> dict[int, tupl
     }
 
 
-class KneserNey:
+class _Scored:
+    """Scoring shared by the n-gram models, through the `sentence_log_probs(ids)` each defines:
+    [len(ids) - 1, vocab] log-probabilities of each next token of an encoded sentence."""
+
+    tokenizer: WordTokenizer
+
+    def evaluate(self, sentences: list[str]) -> dict:
+        """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate."""
+        tok = self.tokenizer
+        nll, words, hits1, hits3, scored = 0.0, 0, 0, 0, 0
+        for s in sentences:
+            ids = tok.encode(s)
+            logp = self.sentence_log_probs(ids)
+            targets = np.asarray(ids[1:])
+            nll -= float(logp[np.arange(len(targets)), targets].sum())
+            words += len(targets)
+            real = (targets != tok.eos_id) & (targets != tok.unk_id)
+            top3 = np.argsort(-logp, axis=1)[:, :3]
+            hits1 += int(((top3[:, 0] == targets) & real).sum())
+            hits3 += int(((top3 == targets[:, None]).any(1) & real).sum())
+            scored += int(real.sum())
+        return {
+            "ppl": math.exp(nll / max(words, 1)),
+            "nll": nll,
+            "words": words,
+            "top1": hits1 / max(scored, 1),
+            "top3": hits3 / max(scored, 1),
+        }
+
+
+class KneserNey(_Scored):
     """Order-n interpolated Kneser-Ney over token ids (sentences padded with n-1 <s>)."""
 
     def __init__(self, tokenizer: WordTokenizer, order: int = 3):
@@ -96,25 +127,60 @@ class KneserNey:
         rows = [self.distribution(ctx[: len(pad) + i + 1]) for i in range(len(ids) - 1)]
         return np.log(np.stack(rows))
 
-    def evaluate(self, sentences: list[str]) -> dict:
-        """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate."""
-        tok = self.tokenizer
-        nll, words, hits1, hits3, scored = 0.0, 0, 0, 0, 0
-        for s in sentences:
-            ids = tok.encode(s)
-            logp = self.sentence_log_probs(ids)
-            targets = np.asarray(ids[1:])
-            nll -= float(logp[np.arange(len(targets)), targets].sum())
-            words += len(targets)
-            real = (targets != tok.eos_id) & (targets != tok.unk_id)
-            top3 = np.argsort(-logp, axis=1)[:, :3]
-            hits1 += int(((top3[:, 0] == targets) & real).sum())
-            hits3 += int(((top3 == targets[:, None]).any(1) & real).sum())
-            scored += int(real.sum())
-        return {
-            "ppl": math.exp(nll / max(words, 1)),
-            "nll": nll,
-            "words": words,
-            "top1": hits1 / max(scored, 1),
-            "top3": hits3 / max(scored, 1),
-        }
+
+class PositionalUnigram(_Scored):
+    """P(w | j): how often token j of a training sentence is w (<s> is token 0), blended with
+    the unigram by a pseudo-count `prior` so that unseen words keep some mass; positions past
+    `max_position` share one distribution.
+
+    It knows nothing but where a word stands in its sentence, so as a language model it is
+    weak; on the seeds' column batches (models.batching.column_batches), where everything
+    before a token is the same position of other sentences, that is all there is to know.
+    """
+
+    def __init__(self, tokenizer: WordTokenizer, max_position: int = 60, prior: float = 100.0):
+        self.tokenizer, self.max_position, self.prior = tokenizer, max_position, prior
+        self.vocab = tokenizer.vocab_size
+
+    def fit(self, sequences: Iterable[list[int]]) -> PositionalUnigram:
+        self.counts = np.zeros((self.max_position + 1, self.vocab))
+        for ids in sequences:
+            pos = np.minimum(np.arange(len(ids)), self.max_position)
+            np.add.at(self.counts, (pos, np.asarray(ids)), 1)
+        self.unigram = self.counts.sum(0) + 0.1  # add-0.1: every word possible
+        self.unigram /= self.unigram.sum()
+        return self.set_prior(self.prior)
+
+    def set_prior(self, prior: float) -> PositionalUnigram:
+        self.prior = prior
+        self.log_probs = np.log(
+            (self.counts + prior * self.unigram) / (self.counts.sum(1, keepdims=True) + prior)
+        )
+        return self
+
+    def choose_prior(
+        self, sentences: list[str], candidates=tuple(10 ** (k / 2) for k in range(2, 11))
+    ) -> PositionalUnigram:
+        """Keep the prior (10 ... 100k) with the lowest column perplexity on held-out
+        `sentences`."""
+        scores = {p: self.set_prior(p).column_perplexity(sentences) for p in candidates}
+        return self.set_prior(min(scores, key=scores.get))
+
+    def position_log_probs(self, position: int) -> np.ndarray:
+        return self.log_probs[min(position, self.max_position)]
+
+    def sentence_log_probs(self, ids: list[int]) -> np.ndarray:
+        return np.stack([self.position_log_probs(j) for j in range(1, len(ids))])
+
+    def column_perplexity(self, sentences: list[str], batch_size: int = 128, seed: int = 0):
+        """models.metrics.column_perplexity for this model: the targets of column j are token j
+        of their sentences, scored by P(. | j)."""
+        from models.batching import column_batches, seeded_order
+
+        seqs = [self.tokenizer.encode(s) for s in sentences]
+        nll, count = 0.0, 0
+        for _, targets in column_batches(seqs, batch_size, seeded_order(len(seqs), seed)):
+            for j, column in enumerate(targets.numpy()):
+                nll -= float(self.position_log_probs(j)[column].sum())
+                count += len(column)
+        return math.exp(nll / max(count, 1))

@@ -1,11 +1,12 @@
-"""The Kneser-Ney baseline: a proper distribution, the counts it is built from, its metrics."""
+"""The n-gram baselines: Kneser-Ney (a proper distribution, the counts it is built from, its
+metrics) and the unigram by position (the seeds' column measure)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from models.ngram import KneserNey
+from models.ngram import KneserNey, PositionalUnigram
 from models.tokenizers import WordTokenizer
 
 TRAIN = ["the cat sat on the mat", "the dog sat on the log", "a cat ate the fish"] * 3
@@ -49,3 +50,40 @@ def test_evaluate_counts_the_end_of_sentence_and_scores_top_k(lm):
 def test_order_below_two_is_refused():
     with pytest.raises(ValueError, match="order"):
         KneserNey(WordTokenizer.build(TRAIN), order=1)
+
+
+def test_positional_unigram_is_a_distribution_per_position_that_knows_the_position():
+    tok = WordTokenizer.build(TRAIN + ["zebra"], max_size=None)
+    lm = PositionalUnigram(tok, max_position=4, prior=1.0).fit(tok.encode(s) for s in TRAIN)
+    assert np.allclose(np.exp(lm.log_probs).sum(1), 1.0) and np.isfinite(lm.log_probs).all()
+    assert lm.position_log_probs(1).argmax() == tok.stoi["the"]  # 2 of 3 sentences start so
+    assert lm.position_log_probs(2).argmax() in (tok.stoi["cat"], tok.stoi["dog"])
+    assert (lm.position_log_probs(9) == lm.position_log_probs(4)).all()  # capped
+
+
+def test_positional_unigram_scores_the_seeds_columns_far_better_than_sentences():
+    text = [f"{a} {b} {c}" for a in ("i", "we") for b in ("like", "love", "want") for c in "xyz"]
+    tok = WordTokenizer.build(text, max_size=None)
+    lm = PositionalUnigram(tok).fit(tok.encode(s) for s in text).choose_prior(text)
+    # Column 0 is all <s> and column j only holds words seen at position j.
+    assert lm.column_perplexity(text) < 2.5 < lm.evaluate(text)["ppl"]
+    chosen = lm.column_perplexity(text)
+    for prior in (10.0, 1e5):
+        assert chosen <= lm.set_prior(prior).column_perplexity(text)
+
+
+def test_fedkey_ngram_positional_reports_the_column_measure(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    out = tmp_path / "pos"
+    args = ["ngram", "--data", "demo", "--positional", "--ksr-sentences", "0", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["strategy"].startswith("positional-unigram-prior-")
+    assert 1 < row["col_test_ppl"] < row["test_ppl"]
+    assert row["best_col_test_ppl"] == row["col_test_ppl"]
