@@ -432,7 +432,10 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command(spec, preset, data_root, run_dir)
     commit = _git("rev-parse", "HEAD")  # the code the run starts from
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    # Uncommitted changes to the code; results.json, which the bench itself rewrites, aside.
+    dirty = bool(
+        _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
+    )
     argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
     start = time.perf_counter()
     with (run_dir / "log.txt").open("w") as log:
