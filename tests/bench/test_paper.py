@@ -227,6 +227,11 @@ def test_code_runs_are_judged_by_the_seeds_measure():
     run = {**summary, "seed_ppl": 138.13}
     line = code_table([run]).splitlines()[-1]
     assert line == "| PTB | 0.1 | FedAvg | 199.00 | 138.13 | +44% | 299.00 | 1 |"
+    pos_spec = next(s for s in suite_runs("code", PRESETS["cpu"]) if s.kind == "ngram")
+    pos = {**summarize([{**rows[0], "val_ppl": 700, "test_ppl": 650, "col_val_ppl": 130,
+                         "col_test_ppl": 120}], pos_spec), "seed_ppl": None}  # fmt: skip
+    line = code_table([run, pos]).splitlines()[-1]
+    assert line == "| PTB | - | position-only unigram | 120.00 | - | - | 650.00 | 0 |"
     plain = [{k: r[k] for k in ("round", "val_ppl", "test_ppl")} for r in rows]
     assert summarize(plain, spec)["best_round"] == 2 and "col_test_ppl" not in summarize(
         plain, spec
