@@ -233,6 +233,5 @@ def test_code_runs_are_judged_by_the_seeds_measure():
     line = code_table([run, pos]).splitlines()[-1]
     assert line == "| PTB | - | position-only unigram | 120.00 | - | - | 650.00 | 0 |"
     plain = [{k: r[k] for k in ("round", "val_ppl", "test_ppl")} for r in rows]
-    assert summarize(plain, spec)["best_round"] == 2 and "col_test_ppl" not in summarize(
-        plain, spec
-    )
+    plain_summary = summarize(plain, spec)
+    assert plain_summary["best_round"] == 2 and "col_test_ppl" not in plain_summary
