@@ -496,6 +496,12 @@ class Coordinator:
             "upload": self._upload_flag(r, device_id),
         }
 
+    def everyone_told_finished(self) -> bool:
+        """The run is finished and every enrolled device has been answered so."""
+        return self.state == "finished" and all(
+            self._given.get(d, {}).get("state") == "finished" for d in self.devices
+        )
+
     async def wait_view(self, device_id: str, wait: float) -> dict:
         """Long-poll: at once when the view differs from the one this device was last given
         (so no transition is missed between two polls), else the first change within `wait`."""

@@ -48,8 +48,19 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
     server.coordinator = coordinator
 
     def finished() -> None:
-        # Let long-polls and the event stream deliver "finished" before closing.
-        asyncio.get_running_loop().call_later(1.0, setattr, server, "should_exit", True)
+        # Exit once every device has heard "finished" (or after finish_linger): a phone that
+        # finds the server gone instead retries it for minutes. The short first delay lets
+        # long-polls and the event stream deliver the news before closing.
+        loop = asyncio.get_running_loop()
+        end = loop.time() + settings.finish_linger
+
+        def check() -> None:
+            if coordinator.everyone_told_finished() or loop.time() >= end:
+                server.should_exit = True
+            else:
+                loop.call_later(0.1, check)
+
+        loop.call_later(0.5, check)
 
     coordinator.on_finished = finished
     return server

@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     quorum_fraction: float = Field(0.5, gt=0.0, le=1.0)  # ... else ceil(q * expected uploads)
     wait_devices: int = Field(1, ge=1)  # round 1 opens once this many devices enrolled
     exit_when_done: bool = False
+    # exit_when_done: how long the finished server waits for every enrolled device to hear
+    # "finished" (a phone in a retry backoff, up to 10 s, would otherwise find it gone)
+    finish_linger: float = Field(20.0, ge=0)
 
     # -- local training (the task sent to devices) -----------------------------------------------
     local_epochs: int = Field(_TRAIN.epochs, ge=1)

@@ -64,6 +64,7 @@ def test_sigkill_and_restart_finishes_the_run_once(tmp_path):
         "FEDKEY_KSR_SENTENCES": "5",
         "FEDKEY_WAIT_DEVICES": "2",
         "FEDKEY_EXIT_WHEN_DONE": "true",
+        "FEDKEY_FINISH_LINGER": "120",
     }
     log = tmp_path / "server.log"
     base = f"http://127.0.0.1:{port}"
@@ -102,7 +103,12 @@ def test_sigkill_and_restart_finishes_the_run_once(tmp_path):
                 p.client = client
             assert phones[0].upload().json() == receipt
             assert phones[1].upload().status_code == 200
-            assert proc.wait(timeout=60) == 0  # exit_when_done: the server leaves by itself
+            # exit_when_done: the server leaves by itself, once every phone heard "finished"
+            wait_for(lambda: phones[0].current()["state"] == "finished", timeout=60)
+            time.sleep(1.5)
+            assert proc.poll() is None  # phone 1 has not been told yet: a retrying phone would be
+            assert phones[1].current()["state"] == "finished"
+            assert proc.wait(timeout=15) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
