@@ -321,6 +321,11 @@ def code_suite(datasets=DATASETS) -> list[RunSpec]:
         for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt")):
             args = ("--strategy", strategy, *SEEDS_CODE_FLAGS)
             runs.append(RunSpec("code", ds, name, 0.1, args, full_train=True, full_eval=True))
+        # FedAtt with their code's own defaults (options.py): step 1 and scipy's matrix 2-norm,
+        # where fedkey's FedAtt (Plato's) takes 1.2 and the flattened L2 norm.
+        args = ("--strategy", "fedatt", "--epsilon", "1", "--norm", "spectral", *SEEDS_CODE_FLAGS)
+        runs.append(RunSpec("code", ds, "FedAtt, epsilon 1, spectral norm", 0.1, args,
+                            full_train=True, full_eval=True))  # fmt: skip
         args = ("--positional", "--vocab-size", "50000")
         runs.append(RunSpec("code", ds, "position-only unigram", None, args, kind="ngram",
                             full_train=True, full_eval=True))  # fmt: skip
