@@ -688,10 +688,15 @@ def run(
     **opts,
 ) -> None:
     """Start a server and a fleet of phones on loopback, run the rounds over real HTTP, stop both."""
-    from device_sim.fleet import run_fleet
+    from device_sim.fleet import fleet_pool, run_fleet
     from server.storage import RunStorage
 
     out.mkdir(parents=True, exist_ok=True)
+    # A fresh run, as `fedkey simulate` without --resume: these phones are new (a new secret), so
+    # an earlier run's devices, rounds and checkpoints here would only refuse or confuse them.
+    RunStorage(out).reset()
+    for stale in ("fedkey.db", "fedkey.db-wal", "fedkey.db-shm"):
+        (out / stale).unlink(missing_ok=True)
     port, secret = _free_port(), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{port}"
     settings = build_settings(
@@ -710,12 +715,15 @@ def run(
     proc = subprocess.Popen(
         [sys.executable, "-m", "server.main"], env=env, stdout=log, stderr=subprocess.STDOUT
     )
+    fleet = fleet_config(url, devices_count, secret, opts)
+    pool = fleet_pool(fleet)  # its processes start while the server does
     try:
         _wait_healthy(url, proc)
         typer.echo(f"server {url} (log: {out / 'server.log'}); {devices_count} phones training")
-        summary = run_fleet(fleet_config(url, devices_count, secret, opts))
+        summary = run_fleet(fleet, pool=pool)
         proc.wait(timeout=120)
     finally:
+        pool.close()
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)

@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
 from device_sim.dataset import DataConfig, device_shards
-from device_sim.pool import LocalTask, TrainerPool, default_workers
-from device_sim.trainer import TrainConfig, TrainResult, phone_round
+from device_sim.pool import LocalTask, TrainerPool, default_workers, run_task
+from device_sim.trainer import TrainConfig, TrainResult
 
 log = logging.getLogger("fedkey.device")
 
@@ -256,6 +256,7 @@ class _Phone:
             return self.trained[1]
         task = LocalTask(
             device_id=self.name,
+            shard=self.shard,
             seed=int(task["seed"]),
             model_config=model.config,
             train=_train_config(task),
@@ -342,21 +343,12 @@ class _Phone:
         return None
 
 
-def local_trainer(shard: list[list[int]], lock: threading.Lock | None = None) -> Trainer:
+def local_trainer(lock: threading.Lock | None = None) -> Trainer:
     """Train in the calling thread (under `lock`: torch's global seed is set per training run)."""
 
     def train(task: LocalTask, state: dict) -> TrainResult:
         with lock if lock is not None else contextlib.nullcontext():
-            return phone_round(
-                task.model_config,
-                state,
-                shard,
-                task.train,
-                task.seed,
-                task.beta,
-                task.sigma,
-                task.device,
-            )
+            return run_task(task, state)
 
     return train
 
@@ -382,7 +374,7 @@ def run_device(
         shard,
         secret,
         phone or PhoneConfig(),
-        local_trainer(shard, train_lock),
+        local_trainer(train_lock),
         stop,
         report,
     )
@@ -506,22 +498,30 @@ def _summarize(cfg, workers, reports, crashes, rounds_completed, interrupted, se
     }
 
 
-def run_fleet(cfg: FleetConfig, progress: bool = True) -> dict:
+def fleet_pool(cfg: FleetConfig) -> TrainerPool:
+    """The training processes of `cfg`'s phones: start them early, their start takes seconds."""
+    workers = default_workers() if cfg.workers is None else cfg.workers
+    return TrainerPool(min(workers, cfg.count))
+
+
+def run_fleet(cfg: FleetConfig, progress: bool = True, pool: TrainerPool | None = None) -> dict:
     """Run `cfg.count` phones against the server until it finishes (or Ctrl-C); returns a summary:
     uploads, rejections by reason, rounds seen and completed, per-device reports, errors.
 
     Every phone is a thread of this process that polls, downloads, reports and uploads; their
-    training goes to a pool of `workers` processes that hold every shard (device_sim.pool), so
-    the cores stay evenly loaded whichever phones a round selects, as in `fedkey simulate`.
+    training goes to `pool` (default: `fleet_pool(cfg)`, closed at the end; a pool passed in is
+    the caller's to close), so the cores stay evenly loaded whichever phones a round selects, as
+    in `fedkey simulate`.
     """
     start = time.monotonic()
     torch.set_num_threads(1)
+    own_pool = pool is None
+    pool = fleet_pool(cfg) if own_pool else pool
     http = _http_client(cfg.count)
     stop = threading.Event()
     reports: dict[str, DeviceReport] = {}
     rounds_completed: int | None = None
     interrupted = False
-    pool = None
     try:
         probe = DeviceClient(cfg.server, http, retry_seconds=cfg.retry_seconds)
         model = probe.download_model()  # the server's tokenizer encodes the private shards
@@ -530,9 +530,6 @@ def run_fleet(cfg: FleetConfig, progress: bool = True) -> dict:
             shards = {f"{cfg.name_prefix}-{k.split('-', 1)[1]}": v for k, v in shards.items()}
         names = list(shards)
         bad = set(names[len(names) - cfg.malicious :]) if cfg.malicious else set()
-        workers = default_workers() if cfg.workers is None else cfg.workers
-        workers = min(workers, len(names))
-        pool = TrainerPool(shards, workers)
         cache = ModelCache()  # one download per round serves every phone
         threads = []
         for name in names:
@@ -590,13 +587,13 @@ def run_fleet(cfg: FleetConfig, progress: bool = True) -> dict:
             poll_metrics()
             bar.close()
     finally:
-        if pool is not None:
+        if own_pool:
             pool.close()
         http.close()
 
     done = {n: r.to_dict() for n, r in reports.items()}
     summary = _summarize(
-        cfg, workers, done, [], rounds_completed, interrupted, time.monotonic() - start
+        cfg, pool.workers, done, [], rounds_completed, interrupted, time.monotonic() - start
     )
     if not interrupted and done and all(r["error"] for r in done.values()):
         first = next(iter(summary["errors"].items()))

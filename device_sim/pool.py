@@ -1,10 +1,11 @@
 """The processes that do the phones' training, for the in-process simulation and the HTTP fleet.
 
-Every worker process holds every phone's shard, so a phone's training goes to whichever core is
-free next: with phones pinned to processes, a random cohort would load the cores unevenly. One
-torch thread per process: on a 2-core machine two single-threaded trainers side by side beat one
-two-threaded trainer by far. The training seed comes with the task, so which process trains a
-phone never changes the result.
+A task carries its phone's shard (a few KB beside the model it also carries), so a phone's
+training goes to whichever core is free next (phones pinned to processes would load the cores
+unevenly with a random cohort) and the pool can start before any data is loaded: importing torch
+in the workers overlaps the server's start-up. One torch thread per process: on a 2-core machine
+two single-threaded trainers side by side beat one two-threaded trainer by far. The training seed
+comes with the task, so which process trains a phone never changes the result.
 """
 
 from __future__ import annotations
@@ -21,13 +22,10 @@ import torch
 from device_sim.trainer import TrainConfig, TrainResult, phone_round
 from models.model import ModelConfig
 
-_SHARDS: dict[str, list[list[int]]] = {}
 
-
-def _init_worker(shards: dict[str, list[list[int]]]) -> None:
+def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(1)
-    _SHARDS.update(shards)
 
 
 def _ready() -> int:
@@ -39,6 +37,7 @@ class LocalTask:
     """One phone's work for a round: train on its shard from the global model with `seed`."""
 
     device_id: str
+    shard: list[list[int]]  # the phone's training sentences (token ids)
     seed: int  # the task's training seed (server.engine.client_seed of seed, round, device)
     model_config: ModelConfig
     train: TrainConfig
@@ -51,7 +50,7 @@ def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainRes
     return phone_round(
         task.model_config,
         global_state,
-        _SHARDS[task.device_id],
+        task.shard,
         task.train,
         task.seed,
         task.beta,
@@ -61,9 +60,9 @@ def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainRes
 
 
 class TrainerPool:
-    """`workers` spawn-context processes holding every shard (workers == 0: this process)."""
+    """`workers` spawn-context processes (workers == 0: train in this process)."""
 
-    def __init__(self, shards: dict[str, list[list[int]]], workers: int):
+    def __init__(self, workers: int):
         self.workers = workers
         self._lock = threading.Lock()  # in-process: one training at a time (torch's global seed)
         if workers > 0:
@@ -71,14 +70,12 @@ class TrainerPool:
                 max_workers=workers,
                 mp_context=mp.get_context("spawn"),  # fork after torch has started is unsafe
                 initializer=_init_worker,
-                initargs=(shards,),
             )
             # Start the processes now (importing torch takes seconds), not at the first task.
             for _ in range(workers):
                 self.pool.submit(_ready)
         else:
             self.pool = None
-            _SHARDS.update(shards)
 
     def submit(self, task: LocalTask, global_state: dict[str, torch.Tensor]) -> Future:
         if self.pool is not None:

@@ -51,26 +51,27 @@ def simulate(
 
     With `resume`, a run directory that already holds checkpoints continues after its last one.
     """
-    prepared = prepare(data)
-    model_config = model_config_for(prepared.tokenizer.vocab_size)
-    federation = _federation(fed, model_config, prepared, prepared.shards, out_dir)
-    storage = federation.storage
-    if resume and federation.resume():
-        rows = storage.read_metrics()
-    else:
-        storage.reset()
-        rows = [federation.start()]
-    pool = TrainerPool(prepared.shards, default_workers() if workers is None else workers)
-    bar = tqdm(
-        range(federation.round, fed.rounds),
-        initial=federation.round,
-        total=fed.rounds,
-        desc=f"{fed.strategy} on {prepared.corpus.name}",
-        disable=not progress,
-        unit="round",
-    )
-    bar.set_postfix(test_ppl=f"{rows[0]['test_ppl']:.1f}")
+    # Start the workers first: they import torch while the data loads and round 0 is evaluated.
+    pool = TrainerPool(default_workers() if workers is None else workers)
     try:
+        prepared = prepare(data)
+        model_config = model_config_for(prepared.tokenizer.vocab_size)
+        federation = _federation(fed, model_config, prepared, prepared.shards, out_dir)
+        storage = federation.storage
+        if resume and federation.resume():
+            rows = storage.read_metrics()
+        else:
+            storage.reset()
+            rows = [federation.start()]
+        bar = tqdm(
+            range(federation.round, fed.rounds),
+            initial=federation.round,
+            total=fed.rounds,
+            desc=f"{fed.strategy} on {prepared.corpus.name}",
+            disable=not progress,
+            unit="round",
+        )
+        bar.set_postfix(test_ppl=f"{rows[0]['test_ppl']:.1f}")
         for _ in bar:
             if federation.budget_spent:
                 bar.write(
@@ -81,6 +82,7 @@ def simulate(
             tasks = [
                 LocalTask(
                     d,
+                    prepared.shards[d],
                     client_seed(fed.seed, plan.round, d),
                     model_config,
                     plan.train,

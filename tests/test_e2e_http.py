@@ -175,6 +175,20 @@ def test_ten_phones_three_rounds_match_the_simulation(tmp_path):
     assert [r["selected"] for r in rows(tmp_path / "sim")] == [r["selected"] for r in metrics]
 
 
+def test_fedkey_run_starts_afresh_in_a_used_directory_and_matches_the_simulation(tmp_path):
+    """`fedkey run` (server process + phone fleet, what the gpu preset and bench perf run) twice
+    into one --out: the second run is a new run, not a refusal of the new phones' names."""
+    args = [*DATA, *TRAIN, "--clients", "4", "--fraction", "0.5", "--rounds", "2"]
+    for _ in range(2):
+        result = CliRunner().invoke(
+            app, ["run", *args, "--workers", "2", "--out", str(tmp_path / "http")]
+        )
+        assert result.exit_code == 0, result.output
+        assert [r["round"] for r in rows(tmp_path / "http")] == [0, 1, 2]
+    simulate(tmp_path / "sim", 4, "--fraction", "0.5", "--rounds", "2")
+    assert same_weights(tmp_path / "http", tmp_path / "sim", 2)
+
+
 def test_vanishing_phones_round_completes_at_deadline_with_quorum(tmp_path):
     port = free_port()
     proc = start_server(
