@@ -721,6 +721,11 @@ def run(
         _wait_healthy(url, proc)
         typer.echo(f"server {url} (log: {out / 'server.log'}); {devices_count} phones training")
         summary = run_fleet(fleet, pool=pool)
+        pool.close()
+        # The phones heard "finished", so metrics.jsonl is complete: report while the server exits.
+        storage = RunStorage(out)
+        storage.plot(f"{settings.strategy} over HTTP on {settings.data}")
+        _report(storage.read_metrics(), out)
         proc.wait(timeout=120)
     finally:
         pool.close()
@@ -728,11 +733,10 @@ def run(
             proc.terminate()
             proc.wait(timeout=30)
         log.close()
-    storage = RunStorage(out)
-    storage.plot(f"{settings.strategy} over HTTP on {settings.data}")
-    _report(storage.read_metrics(), out)
     if summary.get("rejections"):
         typer.echo(f"rejected uploads: {summary['rejections']}")
+    if summary.get("interrupted"):
+        raise typer.Exit(130)
 
 
 def settings_env(settings: Settings) -> dict[str, Any]:
