@@ -465,17 +465,22 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
         "git_dirty": dirty,
         "device": device,
         "preset": preset.name,
-        "seed_ppl": seed_number(spec),
+        "seed_ppl": seed_number(spec.suite, spec.dataset, spec.method, spec.fraction, spec.group),
     }
 
 
-def seed_number(spec: RunSpec) -> float | None:
-    """The seeds' number for the same experiment, where they published one."""
-    if spec.suite in ("paper", "code") and spec.fraction is not None:
-        return SEEDS.get((spec.method, spec.fraction), {}).get(spec.dataset)
-    if spec.suite == "privacy" and spec.group.startswith("beta="):
-        pair = SEEDS_DP.get(float(spec.group.split("=")[1]))
-        return pair and pair[0 if spec.method.startswith("FedAvg") else 1]
+def seed_number(
+    suite: str, dataset: str, method: str, fraction: float | None, group: str = ""
+) -> float | None:
+    """The seeds' number for the same experiment, where they published one (a code-suite
+    variant, "FedAtt, ...", is held against the seeds' row of its method)."""
+    if suite == "code" and fraction is not None:
+        method = method.split(",")[0]
+    if suite in ("paper", "code") and fraction is not None:
+        return SEEDS.get((method, fraction), {}).get(dataset)
+    if suite == "privacy" and group.startswith("beta="):
+        pair = SEEDS_DP.get(float(group.split("=")[1]))
+        return pair and pair[0 if method.startswith("FedAvg") else 1]
     return None
 
 
@@ -566,5 +571,9 @@ def run_bench(
     from bench.paper_report import write_report
 
     runs = bench.read()
+    for r in runs:  # the seeds' numbers are this file's constants: as they are now
+        r["seed_ppl"] = seed_number(
+            r["suite"], r["dataset"], r["method"], r["fraction"], r["group"]
+        )
     write_report(runs, preset, out / preset.name, bench.commands())
     return runs

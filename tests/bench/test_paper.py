@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.paper import PRESETS, SUITES, RunSpec, command, suite_runs, summarize
+from bench.paper import PRESETS, SEEDS, SUITES, RunSpec, command, seed_number, suite_runs, summarize
 from bench.paper_report import code_table, lr_table, markdown, paper_table, targets_table
 from cli import app
 
@@ -199,8 +199,9 @@ def test_code_suite_runs_the_seeds_code_whatever_the_preset(preset):
     assert {(s.dataset, s.method, s.fraction) for s in specs} == {
         (ds, m, c)
         for ds in ("ptb", "wikitext-2")
-        for m, c in (("FedAvg", 0.1), ("FedAtt", 0.1), ("position-only unigram", None))
-    }
+        for m, c in (("FedAvg", 0.1), ("FedAtt", 0.1), ("FedAtt, epsilon 1, spectral norm", 0.1),
+                     ("position-only unigram", None))
+    }  # fmt: skip
     group = typer.main.get_command(app)
     for spec in specs:
         words = command(spec, PRESETS[preset], Path("d"), Path("o"))
@@ -213,6 +214,10 @@ def test_code_suite_runs_the_seeds_code_whatever_the_preset(preset):
             continue
         assert (params["rounds"], params["local_epochs"], params["lr"]) == (50, 5, 0.01)
         assert (params["clip"], params["batching"]) == (0, "columns")
+        if "spectral" in spec.method:  # their code's FedAtt defaults, held against their FedAtt
+            assert (params["epsilon"], params["norm"]) == (1.0, "spectral")
+            seeds = seed_number(spec.suite, spec.dataset, spec.method, spec.fraction)
+            assert seeds == SEEDS[("FedAtt", 0.1)][spec.dataset]
 
 
 def test_code_runs_are_judged_by_the_seeds_measure():
