@@ -250,12 +250,18 @@ def privacy_suite(dataset: str = "wikitext-2") -> list[RunSpec]:
     return runs
 
 
+#: The server optimizers of Reddi et al. 2021 on any strategy's aggregate: (label suffix, flags).
+SERVER_OPTS = (
+    (" + server momentum 0.9", ("--server-opt", "momentum", "--server-lr", "1.0")),
+    (" + FedAdam", ("--server-opt", "adam", "--server-lr", "0.01")),
+)
+
+
 def beyond_suite(datasets=DATASETS, base: str = "fedavg") -> list[RunSpec]:
     """Each known improvement as its own row on `base` at C = 0.1, plus ceiling and baseline."""
     name = {"fedavg": "FedAvg", "fedatt": "FedAtt"}[base]
     rows = (
-        (f"{name} + server momentum 0.9", ("--server-opt", "momentum", "--server-lr", "1.0")),
-        (f"{name} + FedAdam", ("--server-opt", "adam", "--server-lr", "0.01")),
+        *((name + suffix, flags) for suffix, flags in SERVER_OPTS),
         (f"{name} + lr decay 0.8/round", ("--lr-decay", "0.8")),
         (f"{name} + dropout 0.1", ("--dropout", "0.1")),
         (f"{name}, LSTM cell", ("--cell", "lstm")),
@@ -295,13 +301,19 @@ def lr_suite(preset: Preset) -> list[RunSpec]:
 
 def full_suite(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
     """The seeds' two headline methods at the preset's rounds, E and lr on all of the training
-    data: how much of the gap to the seeds is the preset's cut of the data?"""
+    data: how much of the gap to the seeds is the preset's cut of the data? And the server
+    optimizers on FedAvg, where the preset's cut leaves too few steps to rank them."""
     if preset.max_train_tokens is None:
         return []  # the paper suite has these runs already
-    return [
+    runs = [
         _fed("full", ds, name, 0.1, "--strategy", strategy, full_train=True)
         for ds in datasets
         for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt"))
+    ]
+    return runs + [
+        _fed("full", ds, "FedAvg" + suffix, 0.1, "--strategy", "fedavg", *flags, full_train=True)
+        for ds in datasets
+        for suffix, flags in SERVER_OPTS
     ]
 
 

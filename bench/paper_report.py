@@ -315,8 +315,9 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
         out += ["", "## The seeds' learning rate (evidence)", "", lr_table(by_suite["lr"])]
     if by_suite.get("full"):
         out += ["", "## All of the training data (evidence)", "",
-                "The paper suite's FedAvg and FedAtt at C 0.1 with the preset's rounds, E and lr, "
-                "but all of each dataset's training split:", "", paper_table(by_suite["full"])]  # fmt: skip
+                "The paper suite's FedAvg and FedAtt, and FedAvg with the server optimizers of "
+                "the beyond suite, at C 0.1 with the preset's rounds, E and lr, but all of each "
+                "dataset's training split:", "", paper_table(by_suite["full"])]  # fmt: skip
     if by_suite.get("code"):
         out += ["", "## The seeds' code, as it ran (evidence)", "", code_table(by_suite["code"])]
     out += ["", "## Targets (issue 5)", "", targets_table(runs)]
