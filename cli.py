@@ -721,7 +721,6 @@ def run(
         _wait_healthy(url, proc)
         typer.echo(f"server {url} (log: {out / 'server.log'}); {devices_count} phones training")
         summary = run_fleet(fleet, pool=pool)
-        pool.close()
         # The phones heard "finished", so metrics.jsonl is complete: report while the server exits.
         storage = RunStorage(out)
         storage.plot(f"{settings.strategy} over HTTP on {settings.data}")
