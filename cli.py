@@ -21,7 +21,6 @@ import inspect
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import typer
 
+from runners.processes import free_port, wait_healthy
 from server.settings import Settings
 
 app = typer.Typer(
@@ -473,7 +473,7 @@ def simulate(
     **opts,
 ) -> None:
     """Run federated rounds in-process and print perplexity per round."""
-    from device_sim.simulate import simulate as run_simulation
+    from runners.simulate import simulate as run_simulation
 
     settings = build_settings(opts, storage=out)
     rows = run_simulation(
@@ -644,30 +644,6 @@ def devices(
         raise typer.Exit(130)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(
-    url: str, proc: subprocess.Popen, timeout: float = 120.0, path: str = "/healthz"
-) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready")
-        try:
-            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the server at {url} was not healthy after {timeout:.0f} s")
-
-
 @app.command()
 @with_options(*SETTINGS_GROUPS, PHONES, ROUNDS, FLEET)
 def run(
@@ -697,7 +673,7 @@ def run(
     RunStorage(out).reset()
     for stale in ("fedkey.db", "fedkey.db-wal", "fedkey.db-shm"):
         (out / stale).unlink(missing_ok=True)
-    port, secret = _free_port(), secrets.token_urlsafe(16)
+    port, secret = free_port(), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{port}"
     settings = build_settings(
         opts,
@@ -718,7 +694,7 @@ def run(
     fleet = fleet_config(url, devices_count, secret, opts)
     pool = fleet_pool(fleet)  # its processes start while the server does
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, proc)
         typer.echo(f"server {url} (log: {out / 'server.log'}); {devices_count} phones training")
         summary = run_fleet(fleet, pool=pool)
         # The phones heard "finished", so metrics.jsonl is complete: report while the server exits.
@@ -774,7 +750,7 @@ def train_central_cmd(
     **opts,
 ) -> None:
     """Train the same model centrally on the union of the phones' data: the ceiling for federated quality."""
-    from device_sim.simulate import train_central
+    from runners.simulate import train_central
 
     settings = build_settings(opts, storage=out)
     rows = train_central(
@@ -812,7 +788,7 @@ def ngram(
     **opts,
 ) -> None:
     """The baseline a keyboard would otherwise ship: a Kneser-Ney n-gram on the union of the phones' data."""
-    from device_sim.simulate import train_ngram
+    from runners.simulate import train_ngram
 
     settings = build_settings(opts, storage=out)
     data = phone_data(settings, opts, clients)
@@ -844,7 +820,7 @@ def export(
     ),
 ) -> None:
     """Export a checkpoint to ONNX (recurrent state in and out); fails loudly if ONNX Runtime and PyTorch disagree."""
-    from device_sim.corpora import load_corpus
+    from corpora.loaders import load_corpus
     from export.onnx_export import ExportParityError, export_checkpoint
 
     held_out = load_corpus(data).test[:eval_sentences] if int8 else None
@@ -900,7 +876,7 @@ def demo(
     round, and the web keyboard following them. Ctrl-C stops every process."""
     out.mkdir(parents=True, exist_ok=True)
     export_dir = out / "export"
-    server_port, secret = _free_port(), secrets.token_urlsafe(16)
+    server_port, secret = free_port(), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{server_port}"
     fedkey = [sys.executable, "-m", "cli"]
     common = ["--data", "demo"]
@@ -938,7 +914,7 @@ def demo(
                 "120",
             ],
         )
-        _wait_healthy(url, server_proc)
+        wait_healthy(url, server_proc)
         typer.echo(f"federation server {url} (logs in {out}/)")
         start(
             "devices",
@@ -966,7 +942,7 @@ def demo(
             "keyboard",
             ["keyboard", "--watch", str(export_dir), "--events", url, "--port", str(port)],
         )
-        _wait_healthy(f"http://127.0.0.1:{port}", keyboard_proc, path="/")
+        wait_healthy(f"http://127.0.0.1:{port}", keyboard_proc, path="/")
         typer.secho(
             f"\n  keyboard: http://127.0.0.1:{port}/   (type, tap a suggestion; Ctrl-C stops everything)\n",
             bold=True,

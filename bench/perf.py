@@ -69,9 +69,10 @@ def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum, devic
 def bench_trainer(
     vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
 ) -> dict:
-    from device_sim.trainer import TrainConfig, train_local
+    from common.config import TrainConfig
+    from device_sim.trainer import train_local
     from models.checkpoint import build_model, model_state
-    from models.model import ModelConfig
+    from models.config import ModelConfig
 
     torch.set_num_threads(1)
     cfg = ModelConfig.preset(preset, vocab)
@@ -114,7 +115,7 @@ def _peak_rss_kib() -> int:
 def _aggregate_once(strategy: str, updates: int, vocab: int) -> dict:
     """Run in a fresh process: peak RSS of aggregating `updates` lazily generated updates."""
     from models.checkpoint import build_model, model_state
-    from models.model import ModelConfig
+    from models.config import ModelConfig
     from server.strategies import ClientUpdate, get_strategy
 
     torch.set_num_threads(1)
@@ -364,7 +365,7 @@ def _demo_model(p: dict, work: Path, shared: dict) -> tuple[Path, dict]:
 
 
 def _step_keyboard(p: dict, work: Path, shared: dict) -> dict:
-    from keyboard_web.bench import main as keyboard_bench
+    from bench.keyboard import main as keyboard_bench
 
     checkpoint, row = _demo_model(p, work, shared)
     k = p["keyboard"]
@@ -378,8 +379,8 @@ def _step_keyboard(p: dict, work: Path, shared: dict) -> dict:
 
 
 def _step_export(p: dict, work: Path, shared: dict) -> dict:
-    from device_sim.corpora import load_corpus
-    from export.bench import compare_exports
+    from bench.export import compare_exports
+    from corpora.loaders import load_corpus
     from export.onnx_export import export_checkpoint
 
     checkpoint, row = _demo_model(p, work, shared)

@@ -302,7 +302,7 @@ def markdown(result: dict) -> str:
             f"trained by `fedkey train-central --data demo --epochs "
             f"{params.get('model', {}).get('epochs', '?')}` (test perplexity "
             f"{_fmt(s.get('model_test_ppl'))}). Keystrokes type the demo test sentences "
-            "character by character (`keyboard_web/bench.py`).",
+            "character by character (`bench/keyboard.py`).",
             "",
             markdown_table(
                 ["path", "keystrokes", "p50 ms", "p90 ms", "p99 ms", "max ms"],
@@ -354,7 +354,7 @@ def markdown(result: dict) -> str:
         out += [
             f"The same model as in 4, exported by `export_checkpoint` (fp32, and int8 dynamic "
             f"quantization); perplexity on the {s['held_out_sentences']} held-out demo test "
-            "sentences; one-step latency in onnxruntime, one thread (`export/bench.py`).",
+            "sentences; one-step latency in onnxruntime, one thread (`bench/export.py`).",
             "",
             markdown_table(
                 ["model", "file MB", "held-out perplexity", "one step p50 ms", "one step p90 ms"],

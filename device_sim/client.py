@@ -26,7 +26,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from models.checkpoint import CheckpointError, check_state
-from models.model import ModelConfig
+from models.config import ModelConfig
 from models.tokenizers import Tokenizer, tokenizer_from_config
 
 log = logging.getLogger("fedkey.device")

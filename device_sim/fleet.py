@@ -32,10 +32,11 @@ import httpx
 import torch
 from tqdm import tqdm
 
+from common.config import DataConfig, TrainConfig
+from corpora.dataset import device_shards
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
-from device_sim.dataset import DataConfig, device_shards
 from device_sim.pool import LocalTask, TrainerPool, default_workers, run_task
-from device_sim.trainer import TrainConfig, TrainResult
+from device_sim.trainer import TrainResult
 
 log = logging.getLogger("fedkey.device")
 

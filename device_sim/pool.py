@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from device_sim.trainer import TrainConfig, TrainResult, phone_round
-from models.model import ModelConfig
+from common.config import TrainConfig
+from device_sim.trainer import TrainResult, phone_round
+from models.config import ModelConfig
 
 
 def _init_worker() -> None:

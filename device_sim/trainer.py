@@ -12,22 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from common.config import TrainConfig
+from common.noise import randomize
 from models.batching import IGNORE, batches, column_batches, count_targets, split_long
 from models.checkpoint import build_model, model_state
-from models.model import ModelConfig
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 5
-    batch_size: int = 10  # sentences per batch, as in the seeds
-    lr: float = 0.01
-    momentum: float = 0.5
-    clip: float = 5.0  # gradient-norm clipping; 0 turns it off
-    max_len: int = 80  # longer sentences are cut into chunks (training only)
-    # "sentences": language modelling. "columns": the batches the seeds' published code really
-    # trained on (models.batching.column_batches), to reproduce their numbers.
-    batching: str = "sentences"
+from models.config import ModelConfig
 
 
 @dataclass
@@ -104,8 +93,6 @@ def phone_round(
     """What a phone does with a round's task: train, then add the seeds' randomization
     beta * N(0, sigma^2) to its weights before upload (when beta > 0). Every transport calls
     this, so the same task seed gives the same upload in-process and over HTTP."""
-    from server.privacy import randomize
-
     result = train_local(model_config, global_state, sentences, config, seed, device)
     if beta > 0:
         result.state = randomize(result.state, beta, sigma, torch.Generator().manual_seed(seed + 1))

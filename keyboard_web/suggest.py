@@ -8,7 +8,7 @@ the next word) the bar shows the three most likely next words; while a word is b
 shows the three most likely vocabulary words that start with the typed prefix. The special
 tokens (<unk>, <s>, </s>) and punctuation-only tokens are never suggested.
 
-Context. The typed text is normalized like the training text (`device_sim.corpora.
+Context. The typed text is normalized like the training text (`corpora.loaders.
 normalize_text`: lowercase, punctuation split into tokens) and split into the completed words and
 the partial word being typed (the text does not end with whitespace). The model sees the words of
 the current sentence only: the context restarts with <s> after a ". ! ?" token, as every training
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from device_sim.corpora import normalize_text
+from common.text import normalize_text
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",

@@ -17,7 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models.model import LanguageModel, ModelConfig
+from models.config import ModelConfig
+from models.model import LanguageModel
 from models.tokenizers import Tokenizer, tokenizer_from_config
 
 FORMAT_VERSION = 1

@@ -6,45 +6,14 @@ state goes in and comes out of `forward`, so a keyboard can feed one new word at
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 from torch import Tensor, nn
 
-# The seeds' sizes: embedding = hidden, 1-layer GRU, tied embeddings for "small".
-PRESETS: dict[str, int] = {"small": 300, "medium": 650, "large": 1500}
+from models.config import PRESETS, ModelConfig
+
+__all__ = ["PRESETS", "LanguageModel", "ModelConfig", "State", "num_parameters"]
 
 State = Tensor | tuple[Tensor, Tensor]
-
-
-@dataclass
-class ModelConfig:
-    vocab_size: int
-    cell: str = "gru"  # "gru" | "lstm"
-    emb_size: int = 300
-    hidden_size: int = 300
-    num_layers: int = 1
-    tied: bool = True
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.cell not in ("gru", "lstm"):
-            raise ValueError(f"cell must be 'gru' or 'lstm', got {self.cell!r}")
-        if self.tied and self.emb_size != self.hidden_size:
-            raise ValueError(
-                f"tied embeddings need emb_size == hidden_size (got {self.emb_size} and {self.hidden_size})"
-            )
-
-    @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides) -> ModelConfig:
-        """small / medium / large as in the seeds (emb = hidden = 300 / 650 / 1500)."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-        size = PRESETS[name]
-        return cls(vocab_size=vocab_size, emb_size=size, hidden_size=size, **overrides)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class LanguageModel(nn.Module):

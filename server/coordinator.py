@@ -48,7 +48,7 @@ from safetensors.torch import load as st_load
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from device_sim.dataset import server_data
+from corpora.dataset import server_data
 from models.checkpoint import public_bytes
 from server import validation
 from server.db import Device, MetricRow, Receipt, Round, hash_token, make_sessionmaker

@@ -14,54 +14,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from device_sim.trainer import TrainConfig
+from common.config import TrainConfig
 from models.checkpoint import build_model, check_state, model_state, read_metadata, save_checkpoint
+from models.config import ModelConfig
 from models.metrics import evaluate
-from models.model import ModelConfig
 from models.tokenizers import Tokenizer
 from server import privacy
-from server.server_opt import ServerOptConfig, ServerOptimizer
+from server.config import FederationConfig
+from server.server_opt import ServerOptimizer
 from server.storage import RunStorage
 from server.strategies import ClientUpdate, get_strategy
-
-
-@dataclass
-class PrivacyConfig:
-    """Client-side randomization of the seeds (beta) and/or DP-FedAvg (clip + noise + accountant)."""
-
-    beta: float = 0.0  # seeds: each device adds beta * N(0, sigma^2) before upload; no guarantee
-    sigma: float = 1.0
-    clip_norm: float | None = None  # DP-FedAvg: clip each update's L2 norm to S ...
-    noise_multiplier: float = 0.0  # ... and add N(0, (z S)^2) to the sum of updates
-    delta: float = 1e-5
-    target_epsilon: float | None = None  # stop the run once this budget is spent
-
-    @property
-    def dp_fedavg(self) -> bool:
-        return self.clip_norm is not None
-
-
-@dataclass
-class FederationConfig:
-    strategy: str = "fedavg"
-    label: str | None = None  # what metrics and checkpoints call the run (default: the strategy)
-    strategy_params: dict = field(default_factory=dict)  # epsilon, norm, beta, selector, ...
-    fraction: float = 0.1
-    rounds: int = 10
-    seed: int = 0
-    train: TrainConfig = field(default_factory=TrainConfig)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-    server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
-    lr_decay: float = 1.0  # round r trains with lr * lr_decay ** (r - 1)
-    eval_batch_size: int = 64
-    ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
 
 
 @dataclass

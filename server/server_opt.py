@@ -14,27 +14,11 @@ in its JSON metadata.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-OPTIMIZERS = ("none", "momentum", "adam")
-
-
-@dataclass
-class ServerOptConfig:
-    name: str = "none"  # none | momentum | adam
-    lr: float = 1.0
-    momentum: float = 0.9  # FedAvgM's beta; Adam's beta1
-    beta2: float = 0.99  # Adam
-    tau: float = 1e-3  # Adam's adaptivity (Reddi et al.'s epsilon)
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ValueError(
-                f"unknown server optimizer {self.name!r}; valid: {', '.join(OPTIMIZERS)}"
-            )
+from server.config import ServerOptConfig
 
 
 def momentum_step(

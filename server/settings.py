@@ -17,11 +17,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from device_sim.dataset import DataConfig
-from device_sim.trainer import TrainConfig
-from models.model import ModelConfig
-from server.engine import FederationConfig, PrivacyConfig
-from server.server_opt import ServerOptConfig
+from common.config import DataConfig, TrainConfig
+from models.config import ModelConfig
+from server.config import FederationConfig, PrivacyConfig, ServerOptConfig
 
 #: The longest a long-poll may wait (seconds), as in the HTTP contract.
 MAX_WAIT = 60.0

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from models.checkpoint import CheckpointError, check_state
-from models.model import ModelConfig
+from models.config import ModelConfig
 
 NUM_SAMPLES_HEADER = "X-Fedkey-Num-Samples"
 TRAIN_LOSS_HEADER = "X-Fedkey-Train-Loss"

@@ -27,10 +27,12 @@ from fastapi.responses import JSONResponse, Response
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from common.config import DataConfig
+from corpora.dataset import device_shards, server_data
 from device_sim.client import ApiError, DeviceClient, ServerUnavailable
-from device_sim.dataset import DataConfig, device_shards, server_data
 from models.checkpoint import CheckpointError, check_state, model_state
-from models.model import LanguageModel, ModelConfig
+from models.config import ModelConfig
+from models.model import LanguageModel
 from server.engine import client_seed
 
 SECRET = "s3cret"

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load as st_load
 from test_client_http import SECRET, TASK, FakeFederation, FakeServer, shards_for
 
+from common.config import TrainConfig
 from device_sim.client import DeviceClient
 from device_sim.fleet import (
     SCALE_FACTOR,
@@ -22,7 +23,7 @@ from device_sim.fleet import (
     run_device,
     run_fleet,
 )
-from device_sim.trainer import TrainConfig, phone_round
+from device_sim.trainer import phone_round
 from server.engine import client_seed
 
 FAST = {"poll_wait": 5.0, "loss_wait": 2.0, "device": "cpu"}

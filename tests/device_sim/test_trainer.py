@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from device_sim.trainer import TrainConfig, resolve_device, train_local
+from common.config import TrainConfig
+from device_sim.trainer import resolve_device, train_local
 from models.checkpoint import build_model, model_state
+from models.config import ModelConfig
 from models.metrics import evaluate
-from models.model import ModelConfig
 from models.tokenizers import WordTokenizer
 
 TEXT = ["see you later", "see you soon", "on my way home", "see you at the station"] * 10

@@ -20,10 +20,12 @@ TRAIN_SENTENCES = 3000
 def models(tmp_path_factory) -> Models:
     import torch
 
-    from device_sim.corpora import load_corpus
-    from device_sim.trainer import TrainConfig, train_local
+    from common.config import TrainConfig
+    from corpora.loaders import load_corpus
+    from device_sim.trainer import train_local
     from models.checkpoint import model_state, save_checkpoint
-    from models.model import LanguageModel, ModelConfig
+    from models.config import ModelConfig
+    from models.model import LanguageModel
     from models.tokenizers import SentencePieceTokenizer, WordTokenizer
 
     root = tmp_path_factory.mktemp("kw-models")

@@ -197,7 +197,7 @@ def test_context_is_capped(sugg):
 
 
 def test_split_text_follows_normalize_text():
-    from device_sim.corpora import normalize_text
+    from corpora.loaders import normalize_text
 
     assert split_text("Hello, World! ") == (["hello", ",", "world", "!"], "")
     assert split_text("See you T") == (["see", "you"], "t")

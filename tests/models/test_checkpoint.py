@@ -12,7 +12,7 @@ from models.checkpoint import (
     model_state,
     save_checkpoint,
 )
-from models.model import ModelConfig
+from models.config import ModelConfig
 from models.tokenizers import WordTokenizer
 
 TOK = WordTokenizer.build(["see you later", "see you soon"])

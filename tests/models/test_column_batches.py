@@ -8,8 +8,8 @@ from torch import nn
 
 from models.batching import IGNORE, batches, column_batches
 from models.checkpoint import build_model
+from models.config import ModelConfig
 from models.metrics import column_perplexity
-from models.model import ModelConfig
 from models.tokenizers import WordTokenizer
 
 TEXT = [

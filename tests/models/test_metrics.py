@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+from models.config import ModelConfig
 from models.metrics import evaluate, keystroke_savings
-from models.model import LanguageModel, ModelConfig
+from models.model import LanguageModel
 from models.tokenizers import SentencePieceTokenizer, WordTokenizer
 
 

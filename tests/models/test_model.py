@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from models.model import LanguageModel, ModelConfig, num_parameters
+from models.config import ModelConfig
+from models.model import LanguageModel, num_parameters
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])

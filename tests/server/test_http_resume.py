@@ -62,8 +62,8 @@ def test_stop_mid_round_and_continue(tmp_path):
         assert client.get("/healthz").json()["state"] == "finished"
 
     # the interrupted run equals an uninterrupted simulation, bit for bit
-    from device_sim.dataset import DataConfig
-    from device_sim.simulate import simulate
+    from common.config import DataConfig
+    from runners.simulate import simulate
 
     out = tmp_path / "simulated"
     simulate(

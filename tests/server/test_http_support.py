@@ -17,9 +17,10 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from device_sim.dataset import DataConfig, device_shards, server_data
-from device_sim.trainer import TrainConfig, TrainResult, phone_round
-from models.model import ModelConfig
+from common.config import DataConfig, TrainConfig
+from corpora.dataset import device_shards, server_data
+from device_sim.trainer import TrainResult, phone_round
+from models.config import ModelConfig
 from models.tokenizers import tokenizer_from_config
 from server.app import create_app
 from server.settings import Settings

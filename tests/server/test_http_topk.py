@@ -13,8 +13,8 @@ from test_http_support import (
     wait_round,
 )
 
-from device_sim.dataset import DataConfig
-from device_sim.simulate import simulate
+from common.config import DataConfig
+from runners.simulate import simulate
 
 
 def simulated(tmp_path, settings, clients):

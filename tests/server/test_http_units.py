@@ -5,8 +5,8 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from device_sim.trainer import TrainConfig
-from server.engine import FederationConfig, PrivacyConfig
+from common.config import TrainConfig
+from server.config import FederationConfig, PrivacyConfig
 from server.events import EventBus
 from server.settings import Settings
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from server.server_opt import ServerOptConfig, ServerOptimizer, adam_step, momentum_step
+from server.config import ServerOptConfig
+from server.server_opt import ServerOptimizer, adam_step, momentum_step
 
 
 def test_momentum_step_accumulates_the_pseudo_gradients():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
 
+from common.noise import randomize
 from server.privacy import (
     DPConfig,
     PrivacyAccountant,
@@ -16,7 +17,6 @@ from server.privacy import (
     clip_updates,
     dp_fedavg,
     noise_std,
-    randomize,
     update_norm,
 )
 from server.strategies import ClientUpdate

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from device_sim.corpora import Corpus
+from corpora.loaders import Corpus
 
 __all__ = [
     "SCHEMES",

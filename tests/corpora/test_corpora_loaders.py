@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from device_sim.corpora import (
+from corpora.loaders import (
     Corpus,
     load_corpus,
     load_jsonl,

@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from device_sim.corpora import Corpus, split_user_messages
-from device_sim.partition import (
+from corpora.loaders import Corpus, split_user_messages
+from corpora.partition import (
     block_labels,
     by_user,
     dirichlet,

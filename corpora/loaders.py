@@ -6,7 +6,7 @@ training item. Tokenization into ids (start/end tokens, vocabulary) happens late
 
 Layouts (see :func:`load_corpus` for the dispatch):
 
-* ``"demo"``: the embedded, generated demo corpus (:mod:`device_sim.demo`), the default.
+* ``"demo"``: the embedded, generated demo corpus (:mod:`corpora.demo`), the default.
 * a directory with ``train.txt``, ``valid.txt``, ``test.txt`` (PTB, WikiText-2): :func:`load_text_dir`.
   Read as is (already tokenized), or with the seed papers' preprocessing (``paper_protocol=True``).
 * a ``.jsonl`` file of ``{"user": ..., "text": ...}`` lines: :func:`load_jsonl`.
@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import random
 import re
-import unicodedata
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+
+from common.text import normalize_text
 
 __all__ = [
     "ACCEPTED_LAYOUTS",
@@ -80,29 +81,7 @@ class Corpus:
 # Normalization of raw text
 # --------------------------------------------------------------------------------------------
 
-# A word is a run of letters/digits, optionally joined by an apostrophe, hyphen or dot to more
-# letters/digits ("don't", "well-known", "3.5", "e.g"). Anything else that is not whitespace is
-# punctuation; a run of the same punctuation character stays one token ("...", "!!", "--").
-_TOKEN_RE = re.compile(r"\w+(?:['\-.]\w+)*|([^\w\s])\1*")
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 _TERMINATOR_CHARS = frozenset(".!?")
-
-
-def normalize_text(s: str) -> str:
-    """Normalize raw typed text into the corpus convention: lowercase, space-separated tokens.
-
-    Steps: Unicode NFKC, curly apostrophes to ``'``, lowercase, then a regex tokenizer that keeps
-    words with inner apostrophes, hyphens or dots whole (``don't``, ``well-known``, ``3.5``) and
-    makes every other non-space character a token of its own, a run of one repeated character
-    counting as one token (``...``, ``!!``). Examples::
-
-        "Hello, world!"        -> "hello , world !"
-        "Don't panic... OK?"   -> "don't panic ... ok ?"
-
-    An empty or whitespace-only string gives ``""``.
-    """
-    s = unicodedata.normalize("NFKC", s).translate(_APOSTROPHES).lower()
-    return " ".join(m.group(0) for m in _TOKEN_RE.finditer(s))
 
 
 def _is_terminator(token: str) -> bool:
@@ -438,7 +417,7 @@ def load_corpus(spec: str | Path, paper_protocol: bool = False, seed: int = 0) -
     no layout, both naming the accepted layouts.
     """
     if isinstance(spec, str) and spec.strip() == "demo":
-        from device_sim.demo import demo_corpus
+        from corpora.demo import demo_corpus
 
         return demo_corpus(seed=seed)
     p = Path(spec).expanduser()

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from device_sim.corpora import normalize_text
-from device_sim.demo import PERSONAS, demo_corpus
-from device_sim.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
+from corpora.demo import PERSONAS, demo_corpus
+from corpora.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
+from corpora.loaders import normalize_text
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Per-keystroke latency of the web keyboard; prints JSON.
 
-    python -m keyboard_web.bench --model runs/x/model.onnx            # WS + in-browser wasm
-    python -m keyboard_web.bench --checkpoint runs/demo/checkpoints/round_0008.safetensors
-    python -m keyboard_web.bench --model m.onnx --no-browser --keystrokes 2000
+    python -m bench.keyboard --model runs/x/model.onnx            # WS + in-browser wasm
+    python -m bench.keyboard --checkpoint runs/demo/checkpoints/round_0008.safetensors
+    python -m bench.keyboard --model m.onnx --no-browser --keystrokes 2000
 
 WS: the app runs in its own process (uvicorn, loopback); a client types the demo corpus's test
 sentences character by character (each sentence from an empty text box, then a space) and
@@ -205,7 +205,7 @@ def export_to_temp(checkpoint: Path, tmp: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m keyboard_web.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.keyboard", description=__doc__)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", type=Path, help="an exported model.onnx (model.json beside it)")
     src.add_argument("--checkpoint", type=Path, help="a checkpoint to export first (needs torch)")
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-browser", action="store_true", help="skip the in-browser (wasm) part")
     a = p.parse_args(argv)
 
-    from device_sim.corpora import load_corpus
+    from corpora.loaders import load_corpus
 
     sentences = load_corpus(a.data).test
     with tempfile.TemporaryDirectory(prefix="fedkey-bench-") as tmp:

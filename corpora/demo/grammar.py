@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from device_sim.corpora import normalize_text
+from common.text import normalize_text
 
 _SLOT_RE = re.compile(r"\{(\w+)\}")
 _TERMINATORS = frozenset({".", "!", "?"})

@@ -12,28 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_sim.corpora import Corpus, load_corpus
-from device_sim.partition import partition
+from common.config import DataConfig
+from corpora.loaders import Corpus, load_corpus
+from corpora.partition import partition
 from models.tokenizers import Tokenizer, build_tokenizer
-
-
-@dataclass
-class DataConfig:
-    data: str = "demo"  # "demo" or a directory (see device_sim.corpora.load_corpus)
-    paper_protocol: bool = (
-        False  # seeds' preprocessing: lowercase, split on " . ", vocab from all splits
-    )
-    tokenizer: str = "word"
-    vocab_size: int = 10_000
-    clients: int = 100
-    partition: str = "iid"
-    alpha: float = 0.5  # Dirichlet concentration
-    max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
-    max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
-    seed: int = 0
-    tokenizer_text: str | None = (
-        None  # SentencePiece: public text the server holds (a corpus spec or .txt)
-    )
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Measure an export: file sizes, parity, int8 perplexity change and one-step latency.
 
-    python -m export.bench --corpus demo --epochs 2
-    python -m export.bench --corpus ../shared/data/ptb --vocab 10000 --max-train 6000
+    python -m bench.export --corpus demo --epochs 2
+    python -m bench.export --corpus ../shared/data/ptb --vocab 10000 --max-train 6000
 
 trains the "small" preset (emb = hidden = 300, tied GRU unless told otherwise) a little with
 device_sim.trainer.train_local, saves a checkpoint, exports it fp32 and int8 with the held-out
@@ -87,11 +87,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from device_sim.corpora import load_corpus
-    from device_sim.trainer import TrainConfig, train_local
+    from common.config import TrainConfig
+    from corpora.loaders import load_corpus
+    from device_sim.trainer import train_local
     from export.onnx_export import export_checkpoint
     from models.checkpoint import build_model, model_state, save_checkpoint
-    from models.model import ModelConfig
+    from models.config import ModelConfig
     from models.tokenizers import WordTokenizer
 
     torch.set_num_threads(1)

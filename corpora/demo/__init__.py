@@ -3,19 +3,19 @@
 The generator code *is* the shipped corpus, so a fresh install needs no download:
 ``demo_corpus(seed)`` writes the same messages for the same seed on every machine (each owner
 has a random stream seeded with ``(seed, owner)``; Python's string seeding does not depend on
-``PYTHONHASHSEED``). Owners, their topics and typing styles: :mod:`device_sim.demo.personas`;
-phrases everyone uses: :mod:`device_sim.demo.shared`; the template engine:
-:mod:`device_sim.demo.grammar`.
+``PYTHONHASHSEED``). Owners, their topics and typing styles: :mod:`corpora.demo.personas`;
+phrases everyone uses: :mod:`corpora.demo.shared`; the template engine:
+:mod:`corpora.demo.grammar`.
 """
 
 from __future__ import annotations
 
 import random
 
-from device_sim.corpora import Corpus, split_user_messages
-from device_sim.demo.grammar import Persona, Style, Writer
-from device_sim.demo.personas import PERSONAS
-from device_sim.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
+from corpora.demo.grammar import Persona, Style, Writer
+from corpora.demo.personas import PERSONAS
+from corpora.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
+from corpora.loaders import Corpus, split_user_messages
 
 __all__ = ["PERSONAS", "Persona", "Style", "demo_corpus", "demo_messages"]
 

@@ -14,10 +14,12 @@ import time
 import torch
 from tqdm import tqdm
 
-from device_sim.dataset import DataConfig, prepare
+from common.config import DataConfig, TrainConfig
+from corpora.dataset import prepare
 from device_sim.pool import LocalTask, TrainerPool, default_workers
-from device_sim.trainer import TrainConfig, train_local
-from server.engine import Federation, FederationConfig, client_seed
+from device_sim.trainer import train_local
+from server.config import FederationConfig
+from server.engine import Federation, client_seed
 from server.storage import RunStorage
 from server.strategies import ClientUpdate
 

@@ -1,0 +1,48 @@
+"""The plain configs both the server and the phones read: how a phone trains (`TrainConfig`, sent
+inside every round task) and what the federation is trained on (`DataConfig`). Standard library
+only, so the command line can build them without importing torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+#: "sentences": language modelling. "columns": the batches the seed papers' published code really
+#: trained on (token j of each sentence of a batch, models.batching.column_batches), to reproduce
+#: their numbers.
+Batching = Literal["sentences", "columns"]
+BATCHINGS: tuple[Batching, ...] = get_args(Batching)
+
+
+@dataclass
+class TrainConfig:
+    """Local training on a phone: SGD with momentum over its private sentences."""
+
+    epochs: int = 5
+    batch_size: int = 10  # sentences per batch, as in the seed papers
+    lr: float = 1.0  # the seed papers' 0.01 learns far slower (bench/results: the lr suite)
+    momentum: float = 0.5
+    clip: float = 5.0  # gradient-norm clipping; 0 turns it off
+    max_len: int = 80  # longer sentences are cut into chunks (training only)
+    batching: Batching = "sentences"
+
+    def __post_init__(self) -> None:
+        if self.batching not in BATCHINGS:
+            raise ValueError(f"unknown batching {self.batching!r}; choose one of {BATCHINGS}")
+
+
+@dataclass
+class DataConfig:
+    """The corpus, the server's tokenizer and how it is cut into the phones' shards."""
+
+    data: str = "demo"  # "demo" or a directory (see corpora.loaders.load_corpus)
+    paper_protocol: bool = False  # the seed papers' preprocessing: lowercase, split on " . ", ...
+    tokenizer: str = "word"  # models.tokenizers.TOKENIZER_KINDS
+    vocab_size: int = 10_000
+    clients: int = 100
+    partition: str = "iid"  # corpora.partition.SCHEMES
+    alpha: float = 0.5  # Dirichlet concentration
+    max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
+    max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
+    seed: int = 0
+    tokenizer_text: str | None = None  # SentencePiece: public text the server holds

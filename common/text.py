@@ -1,0 +1,30 @@
+"""The one text normalization every part of fedkey agrees on: what a phone's corpus, the demo
+generator and the web keyboard turn raw typed text into (lowercase, space-separated tokens)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# A word is a run of letters/digits, optionally joined by an apostrophe, hyphen or dot to more
+# letters/digits ("don't", "well-known", "3.5", "e.g"). Anything else that is not whitespace is
+# punctuation; a run of the same punctuation character stays one token ("...", "!!", "--").
+_TOKEN_RE = re.compile(r"\w+(?:['\-.]\w+)*|([^\w\s])\1*")
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
+
+
+def normalize_text(s: str) -> str:
+    """Normalize raw typed text into the corpus convention: lowercase, space-separated tokens.
+
+    Steps: Unicode NFKC, curly apostrophes to ``'``, lowercase, then a regex tokenizer that keeps
+    words with inner apostrophes, hyphens or dots whole (``don't``, ``well-known``, ``3.5``) and
+    makes every other non-space character a token of its own, a run of one repeated character
+    counting as one token (``...``, ``!!``). Examples::
+
+        "Hello, world!"        -> "hello , world !"
+        "Don't panic... OK?"   -> "don't panic ... ok ?"
+
+    An empty or whitespace-only string gives ``""``.
+    """
+    s = unicodedata.normalize("NFKC", s).translate(_APOSTROPHES).lower()
+    return " ".join(m.group(0) for m in _TOKEN_RE.finditer(s))
