@@ -32,9 +32,10 @@ import httpx
 import torch
 from tqdm import tqdm
 
-from common.config import DataConfig, TrainConfig
+from common.config import TrainConfig
 from corpora.dataset import device_shards
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
+from device_sim.config import ATTACKS, FleetConfig, PhoneConfig
 from device_sim.pool import LocalTask, TrainerPool, default_workers, run_task
 from device_sim.trainer import TrainResult
 
@@ -42,7 +43,6 @@ log = logging.getLogger("fedkey.device")
 
 Trainer = Callable[[LocalTask, dict], TrainResult]  # trains a phone's task from a global state
 
-ATTACKS = ("scale", "nan", "shape")
 SCALE_FACTOR = 100.0
 
 __all__ = [
@@ -57,27 +57,6 @@ __all__ = [
 
 
 # -- one phone --------------------------------------------------------------------------------
-
-
-@dataclass
-class PhoneConfig:
-    """How one phone behaves (the honest default: always there, never slow, no attack)."""
-
-    dropout_rate: float = 0.0  # per selected round: vanish (no loss report, no upload)
-    slow_rate: float = 0.0  # per selected round: wait slow_seconds before uploading
-    slow_seconds: float = 5.0
-    attack: str | None = None  # None | "scale" | "nan" | "shape"
-    seed: int = 0  # seeds the dropout / slow draws (with the name, round and attempt)
-    device: str = "auto"  # where phone_round trains
-    poll_wait: float = 30.0  # long-poll of GET /v1/rounds/current
-    loss_wait: float = 30.0  # wait of POST /v1/rounds/{n}/loss
-
-    def __post_init__(self) -> None:
-        if self.attack is not None and self.attack not in ATTACKS:
-            raise ValueError(f"unknown attack {self.attack!r}; choose one of {ATTACKS}")
-        for name in ("dropout_rate", "slow_rate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 @dataclass
@@ -388,65 +367,6 @@ def run_device(
 
 
 # -- the fleet ---------------------------------------------------------------------------------
-
-
-@dataclass
-class FleetConfig:
-    server: str = "http://127.0.0.1:8000"
-    count: int = 10  # N phones: device_shards(clients=N), names device-0.. as in `fedkey simulate`
-    # The data fields must match the server's, so that the shards are those of `fedkey simulate`.
-    data: str = "demo"
-    partition: str = "iid"
-    alpha: float = 0.5
-    max_train_tokens: int | None = None
-    paper_protocol: bool = False
-    seed: int = 0  # the partition's seed, and the seed of the dropout / slow draws
-    device: str = "auto"  # auto | cpu | cuda (the processes share the GPU)
-    # Processes, one torch thread each; None: min(cpus, 8); 0: the phones run in this process.
-    workers: int | None = None
-    enrollment_secret: str = ""
-    dropout_rate: float = 0.0
-    slow_rate: float = 0.0
-    slow_seconds: float = 5.0
-    malicious: int = 0  # the last `malicious` phones attack
-    attack: str = "scale"  # scale | nan | shape
-    retry_seconds: float = 300.0  # how long a phone keeps retrying an unavailable server
-    poll_wait: float = 30.0
-    # Phone names are device-00.. as in `fedkey simulate`; another prefix keeps several fleets apart.
-    name_prefix: str = ""
-
-    def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ValueError(f"count must be >= 1, got {self.count}")
-        if not 0 <= self.malicious <= self.count:
-            raise ValueError(f"malicious must be in [0, count={self.count}], got {self.malicious}")
-        if self.attack not in ATTACKS:
-            raise ValueError(f"unknown attack {self.attack!r}; choose one of {ATTACKS}")
-        if self.workers is not None and self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
-
-    def data_config(self) -> DataConfig:
-        return DataConfig(
-            data=self.data,
-            paper_protocol=self.paper_protocol,
-            clients=self.count,
-            partition=self.partition,
-            alpha=self.alpha,
-            max_train_tokens=self.max_train_tokens,
-            seed=self.seed,
-        )
-
-    def phone_config(self, malicious: bool) -> PhoneConfig:
-        return PhoneConfig(
-            dropout_rate=self.dropout_rate,
-            slow_rate=self.slow_rate,
-            slow_seconds=self.slow_seconds,
-            attack=self.attack if malicious else None,
-            seed=self.seed,
-            device=self.device,
-            poll_wait=self.poll_wait,
-            loss_wait=self.poll_wait,
-        )
 
 
 class FleetError(FedkeyError):
