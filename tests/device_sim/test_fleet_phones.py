@@ -1,18 +1,15 @@
-"""Phones (run_device) and the fleet (run_fleet) against the fake server of test_client_http.py:
+"""Phones (run_device) and the fleet (run_fleet) against the fake server of tests/support:
 uploads equal phone_round in-process bit for bit; 409, topK "no", dropout, attacks, restarts."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
 import torch
 from safetensors.torch import load as st_load
-from test_client_http import SECRET, TASK, FakeFederation, FakeServer, shards_for
 
-from common.config import TrainConfig
 from device_sim.client import DeviceClient
 from device_sim.fleet import (
     SCALE_FACTOR,
@@ -25,26 +22,19 @@ from device_sim.fleet import (
 )
 from device_sim.trainer import phone_round
 from server.engine import client_seed
+from tests.support.fake_server import SECRET, TRAIN, FakeFederation, FakeServer, shards_for
+from tests.support.wait import wait_for
 
 FAST = {"poll_wait": 5.0, "loss_wait": 2.0, "device": "cpu"}
 
 
 def expected_upload(fed: FakeFederation, shard, name: str, r: int) -> dict[str, torch.Tensor]:
     """What phone_round gives in-process for the task the fake sent in round r."""
-    train = TrainConfig(
-        epochs=TASK["local_epochs"],
-        batch_size=TASK["batch_size"],
-        lr=TASK["lr"],
-        momentum=TASK["momentum"],
-        clip=TASK["clip"],
-        max_len=TASK["max_len"],
-        batching=TASK["batching"],
-    )
     res = phone_round(
         fed.config,
         fed.models[r - 1],
         shard,
-        train,
+        TRAIN,
         seed=client_seed(0, r, name),
         beta=fed.beta,
         sigma=1.0,
@@ -203,7 +193,18 @@ def test_fleet_in_spawned_workers_with_a_malicious_phone():
         assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_fleet_survives_a_server_restart_mid_round():
+def test_fleet_survives_a_server_restart_mid_round(monkeypatch):
+    refused = []  # requests of the phones (in this process) that found nothing listening
+    send = httpx.HTTPTransport.handle_request
+
+    def counting(self, request):
+        try:
+            return send(self, request)
+        except httpx.ConnectError:
+            refused.append(request.url.path)
+            raise
+
+    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", counting)
     fed = FakeFederation(n_devices=2, defer=True)
     srv = FakeServer(fed).start()
     cfg = FleetConfig(
@@ -221,12 +222,9 @@ def test_fleet_survives_a_server_restart_mid_round():
     fed.fail["update"] = 10**6  # hold the round open: uploads fail until the restart
     t.start()
     try:
-        deadline = time.monotonic() + 20
-        while fed.hits["update"] < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(lambda: fed.hits["update"] >= 2, timeout=20)
         srv.stop()  # the server goes away (connections refused) ...
-        time.sleep(0.5)
+        wait_for(lambda: refused, timeout=20, what="no phone tried the stopped server")
         fed.fail["update"] = 0
         srv.start()  # ... and comes back on the same port with its state
         t.join(timeout=30)

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `export` is a top-level package of the checkout
-    sys.path.insert(0, str(ROOT))
-
-from common.config import TrainConfig  # noqa: E402
-from corpora.demo import demo_corpus  # noqa: E402
-from device_sim.trainer import train_local  # noqa: E402
-from models.checkpoint import build_model, model_state, save_checkpoint  # noqa: E402
-from models.model import ModelConfig  # noqa: E402
-from models.tokenizers import WordTokenizer  # noqa: E402
+from common.config import TrainConfig
+from corpora.demo import demo_corpus
+from device_sim.trainer import train_local
+from models.checkpoint import build_model, model_state, save_checkpoint
+from models.model import ModelConfig
+from models.tokenizers import WordTokenizer
 
 
 @pytest.fixture(scope="session")

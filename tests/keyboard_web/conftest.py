@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kw_support import Models, export_model
+
+from tests.support.keyboard import Models, export_model
 
 HIDDEN = 32
 TRAIN_SENTENCES = 3000

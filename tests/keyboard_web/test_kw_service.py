@@ -10,9 +10,10 @@ import time
 import pytest
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.testclient import TestClient
-from kw_support import ThreadServer, free_port, save_round
 
 from keyboard_web.app import MAX_TEXT, ORT_DIST, create_app
+from runners.processes import free_port
+from tests.support.keyboard import ThreadServer, save_round
 
 SPECIALS = {"<unk>", "<s>", "</s>"}
 

@@ -1,14 +1,7 @@
-"""Shared setup for the server tests: one torch thread, the repository root importable."""
-
-import sys
-from pathlib import Path
+"""Shared setup for the server tests: one torch thread."""
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 torch.set_num_threads(1)
 

@@ -3,16 +3,17 @@
 import time
 
 from sqlalchemy import create_engine, text
-from test_http_support import (
+
+from tests.support.http import (
     enroll_phones,
     make_settings,
     metrics,
     run_round,
     running,
     snapshot,
-    wait_for,
     wait_round,
 )
+from tests.support.wait import wait_for
 
 
 def test_quorum_at_the_deadline_then_a_failed_attempt_is_rerun(tmp_path):

@@ -5,16 +5,17 @@ import math
 import pytest
 import torch
 from safetensors.torch import save as st_save
-from test_http_support import (
+
+from tests.support.http import (
     SECRET,
     Phone,
     enroll_phones,
     make_settings,
     running,
     snapshot,
-    wait_for,
     wait_round,
 )
+from tests.support.wait import wait_for
 
 
 def _save(state: dict) -> bytes:

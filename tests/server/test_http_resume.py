@@ -5,16 +5,17 @@ import json
 import torch
 from safetensors.torch import load_file
 from sqlalchemy import create_engine, text
-from test_http_support import (
+
+from tests.support.http import (
     DATA,
     enroll_phones,
     make_settings,
     metrics,
     run_round,
     running,
-    wait_for,
     wait_round,
 )
+from tests.support.wait import wait_for
 
 
 def jsonl(storage):

@@ -6,7 +6,9 @@ import threading
 import time
 
 from sqlalchemy import create_engine, text
-from test_http_support import (
+
+from server.db import hash_token
+from tests.support.http import (
     SECRET,
     Phone,
     enroll_phones,
@@ -15,11 +17,9 @@ from test_http_support import (
     run_round,
     running,
     shards,
-    wait_for,
     wait_round,
 )
-
-from server.db import hash_token
+from tests.support.wait import wait_for
 
 
 def test_enrollment_secret_names_and_hashed_tokens(tmp_path):

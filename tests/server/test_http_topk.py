@@ -3,18 +3,18 @@
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_http_support import (
+
+from common.config import DataConfig
+from runners.simulate import simulate
+from tests.support.http import (
     DATA,
     enroll_phones,
     make_settings,
     run_round,
     running,
-    wait_for,
     wait_round,
 )
-
-from common.config import DataConfig
-from runners.simulate import simulate
+from tests.support.wait import wait_for
 
 
 def simulated(tmp_path, settings, clients):

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_http_support import SECRET, Phone, shards, wait_for
 from websockets.sync.client import connect
+
+from tests.support.http import SECRET, Phone, shards
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

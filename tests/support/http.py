@@ -1,6 +1,6 @@
 """Helpers for the HTTP server tests: a tiny model on the demo corpus, phones driven by hand.
 
-No tests here; the test_http_* modules import from it. Phones train with the same
+No tests here; tests/server/test_http_* import from it. Phones train with the same
 `device_sim.trainer.phone_round` as `fedkey simulate`, on the same shards.
 """
 
@@ -10,20 +10,21 @@ import contextlib
 import hashlib
 import json
 import struct
-import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from common.config import DataConfig, TrainConfig
+from common.config import DataConfig
+from common.task import RoundTask
 from corpora.dataset import device_shards, server_data
 from device_sim.trainer import TrainResult, phone_round
 from models.config import ModelConfig
 from models.tokenizers import tokenizer_from_config
 from server.app import create_app
 from server.settings import Settings
+from tests.support.wait import wait_for
 
 SECRET = "test-secret"
 DATA = dict(data="demo", max_train_tokens=3000, max_eval_sentences=30, seed=0)
@@ -115,24 +116,9 @@ class Phone:
         meta = header_metadata(r.content)
         config = ModelConfig(**meta["model"])
         tokenizer_from_config(meta["tokenizer"])  # the phone would encode with it
-        train = TrainConfig(
-            epochs=task["local_epochs"],
-            batch_size=task["batch_size"],
-            lr=task["lr"],
-            momentum=task["momentum"],
-            clip=task["clip"],
-            max_len=task["max_len"],
-            batching=task["batching"],
-        )
+        t = RoundTask.from_json(task)
         self.result = phone_round(
-            config,
-            st_load(r.content),
-            self.shard,
-            train,
-            task["seed"],
-            task["beta"],
-            task["sigma"],
-            "cpu",
+            config, st_load(r.content), self.shard, t.train, t.seed, t.beta, t.sigma, "cpu"
         )
         self.round = view["round"]
         return self.result
@@ -165,16 +151,6 @@ class Phone:
 
 def enroll_phones(client: TestClient, clients: int) -> list[Phone]:
     return [Phone(client, name, shard).enroll() for name, shard in shards(clients).items()]
-
-
-def wait_for(predicate, timeout: float = 30.0, every: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not met in time")
 
 
 def metrics(client: TestClient) -> list[dict]:

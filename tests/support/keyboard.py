@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from runners.processes import free_port
+from tests.support.wait import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -54,12 +55,6 @@ def save_round(models: Models, round_idx: int, dest_dir: Path, val_ppl: float = 
     return export_model(ckpt, dest_dir / "model.onnx")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ThreadServer:
     """An ASGI app under uvicorn in a background thread, on a free loopback port."""
 
@@ -77,11 +72,13 @@ class ThreadServer:
 
     def __enter__(self) -> ThreadServer:
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
+
+        def started() -> bool:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start: its thread ended")
+            return self.server.started
+
+        wait_for(started, timeout=20, every=0.02, what="uvicorn did not start")
         return self
 
     def __exit__(self, *exc) -> None:
