@@ -44,7 +44,7 @@ def batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = No
 
 
 def column_batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = None):
-    """Yield the batches the seeds' published code (fed-att) trained and evaluated on.
+    """Yield the batches the seed papers' published code (fed-att) trained and evaluated on.
 
     It fed lists of token ids of unequal length to a DataLoader with the default collate, which
     in the PyTorch of its day transposed each batch and let zip() cut it to the shortest

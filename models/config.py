@@ -34,7 +34,7 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, vocab_size: int, **overrides) -> ModelConfig:
-        """small / medium / large as in the seeds (emb = hidden = 300 / 650 / 1500)."""
+        """small / medium / large as in the seed papers (emb = hidden = 300 / 650 / 1500)."""
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
         size = PRESETS[name]

@@ -73,8 +73,8 @@ def column_perplexity(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> float:
-    """The perplexity the seeds' published code reported: over the columns of shuffled batches
-    of 128 sentences (models.batching.column_batches), not over the sentences. The seeds
+    """The perplexity the seed papers' published code reported: over the columns of shuffled batches
+    of 128 sentences (models.batching.column_batches), not over the sentences. That code
     reshuffled at every evaluation; here the order is seeded so that rounds compare."""
     model.eval()
     model.to(device)

@@ -1,5 +1,5 @@
 """N-gram baselines: interpolated Kneser-Ney, the model a keyboard would otherwise ship, and a
-unigram by position in the sentence, the best score on the seeds' column batches.
+unigram by position in the sentence, the best score on the seed papers' column batches.
 
 Chen & Goodman's interpolated Kneser-Ney with one absolute discount per order
 (D = n1 / (n1 + 2 n2) from that order's count-of-counts): the highest order uses raw counts,
@@ -134,7 +134,7 @@ class PositionalUnigram(_Scored):
     `max_position` share one distribution.
 
     It knows nothing but where a word stands in its sentence, so as a language model it is
-    weak; on the seeds' column batches (models.batching.column_batches), where everything
+    weak; on the seed papers' column batches (models.batching.column_batches), where everything
     before a token is the same position of other sentences, that is all there is to know.
     """
 

@@ -1,7 +1,7 @@
 """Tokenizers behind one interface: a word vocabulary and SentencePiece.
 
 Every sentence is encoded as  <s> w_1 ... w_n </s> : <s> is input only, so the model predicts
-every word and the end of the sentence (the seeds count the end-of-sentence prediction).
+every word and the end of the sentence (the seed papers count the end-of-sentence prediction).
 `num_words(sentence) + 1` is the number of predicted units, which makes perplexity per *word*
 comparable between a word model and a SentencePiece model (whose piece log-probs are summed).
 """
