@@ -40,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.files import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The seeds' test perplexity (DESIGN.md section 4): (method, C) -> {dataset: ppl}.
@@ -528,9 +530,7 @@ class Bench:
             cmds = data["bench_commands"] + [
                 c for c in [bench_command] if c not in data["bench_commands"]
             ]
-            tmp = self.path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps({"bench_commands": cmds, "runs": runs}, indent=1))
-            tmp.replace(self.path)
+            atomic_write(self.path, json.dumps({"bench_commands": cmds, "runs": runs}, indent=1))
         return runs
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from runners.processes import free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `-m cli`, `-m bench.perf` from here
 
 
@@ -210,7 +212,7 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
     from safetensors.torch import save as st_save
 
     out = str(Path(out).resolve())  # the server runs in ROOT
-    port, secret = _free_port(), "bench"
+    port, secret = free_port(), "bench"
     env = {
         **os.environ,
         "FEDKEY_DATA": data,
@@ -232,13 +234,8 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
     )
     url = f"http://127.0.0.1:{port}"
     try:
+        wait_healthy(url, proc)
         with httpx.Client(base_url=url, timeout=60) as http:
-            for _ in range(600):
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
             tokens = [
                 http.post(
                     "/v1/devices",
@@ -269,9 +266,8 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
             first.raise_for_status()
             first_s = time.perf_counter() - t
             t = time.perf_counter()
-            for _ in range(
-                repeats
-            ):  # identical re-uploads: the whole body crosses, then the receipt
+            # Identical re-uploads: the whole body crosses, then the receipt.
+            for _ in range(repeats):
                 http.post("/v1/rounds/1/update", content=update, headers=headers).raise_for_status()
             up = len(update) * repeats / (time.perf_counter() - t) / 2**20
     finally:
@@ -283,14 +279,6 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
         "upload_mb_per_s": round(up, 1),
         "first_upload_validated_seconds": round(first_s, 3),
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- fedkey bench perf: every benchmark, one report ---------------------------------------------

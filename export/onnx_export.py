@@ -25,7 +25,7 @@ Choices:
 - int8: ``onnxruntime.quantization.quantize_dynamic`` with int8 weights, per tensor, on MatMul,
   Gather and LSTM (what it supports; a GRU stays fp32). The held-out perplexity of fp32 and int8
   is computed with onnxruntime, with the definition of models.metrics.evaluate.
-- Files are written atomically (temp + os.replace): the .onnx first, then the .json beside it,
+- Files are written atomically (common.files): the .onnx first, then the .json beside it,
   so a watcher that sees a new .json finds a complete .onnx.
 """
 
@@ -35,7 +35,6 @@ import io
 import json
 import logging
 import math
-import os
 import tempfile
 import time
 import warnings
@@ -49,6 +48,7 @@ import torch
 from onnx import helper, numpy_helper
 from torch import Tensor, nn
 
+from common.files import atomic_write as _atomic_write  # a module name the tests can patch
 from export.metadata import FORMAT, METADATA_KEY, metadata_path
 from models.checkpoint import load_checkpoint
 from models.model import LanguageModel
@@ -362,19 +362,6 @@ def public_metadata(meta: dict) -> dict:
         "strategy": meta.get("strategy"),
         "metrics": {k: metrics[k] for k in ("val_ppl", "test_ppl") if metrics.get(k) is not None},
     }
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def export_checkpoint(

@@ -8,8 +8,6 @@ rename when the server writes it. Read the config with `safetensors.safe_open(p,
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -17,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from common.files import atomic_write
 from models.config import ModelConfig
 from models.model import LanguageModel
 from models.tokenizers import Tokenizer, tokenizer_from_config
@@ -82,7 +81,7 @@ def save_checkpoint(
     strategy: str,
     extra: dict | None = None,
 ) -> Path:
-    """Write atomically (temp file + rename): a crash never leaves a half-written checkpoint."""
+    """Write atomically (common.files): a crash never leaves a half-written checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -96,11 +95,7 @@ def save_checkpoint(
     data = st_save(
         {k: v.contiguous() for k, v in state.items()}, metadata={"fedkey": json.dumps(meta)}
     )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, data, mode=0o600)  # holds the server's private memory: owner only
 
 
 def public_bytes(path: str | Path) -> bytes:

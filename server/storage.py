@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.files import atomic_write
+
 
 class RunStorage:
     def __init__(self, out_dir: str | Path):
@@ -43,9 +45,7 @@ class RunStorage:
 
     def write_metrics(self, rows: list[dict]) -> None:
         """Replace metrics.jsonl atomically (used when a resumed run repairs it)."""
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(self.metrics_path)
+        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def read_metrics(self) -> list[dict]:
         if not self.metrics_path.exists():
