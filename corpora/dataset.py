@@ -40,10 +40,11 @@ def cut_tokens(sentences: list[str], max_tokens: int | None) -> int:
 def tokenizer_text(cfg: DataConfig, corpus: Corpus) -> list[str]:
     """The text the server builds its tokenizer from.
 
-    Word vocabulary: the benchmark protocol (the seeds build it from all three splits, the usual
-    PTB/WikiText protocol from the training split). SentencePiece is never trained on the phones'
-    data: on `tokenizer_text` when given, and for the demo on a fresh draw of the demo generator
-    (same owners and styles, other messages), which stands for public text the server holds.
+    Word vocabulary: the benchmark protocol (the seed papers build it from all three splits,
+    the usual PTB/WikiText protocol from the training split). SentencePiece is never trained on
+    the phones' data: on `tokenizer_text` when given, and for the demo on a fresh draw of the demo
+    generator (same owners and styles, other messages), which stands for public text the server
+    holds.
     """
     if cfg.tokenizer == "word":
         return corpus.train + corpus.valid + corpus.test if cfg.paper_protocol else corpus.train

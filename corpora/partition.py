@@ -48,7 +48,7 @@ def iid_shards(
 ) -> list[list[int]]:
     """Shuffle ``range(n_items)`` and cut it into ``num_clients`` equal shards.
 
-    As in the seeds' code, each shard holds ``n_items // num_clients`` items and the
+    As in the seed papers' code, each shard holds ``n_items // num_clients`` items and the
     ``n_items % num_clients`` items left over are not given to anyone (``drop_remainder=True``;
     e.g. PTB's 42,068 lines over 100 clients leave 68 lines out). With ``drop_remainder=False``
     the leftovers go one each to the first shards, so sizes differ by at most one.
