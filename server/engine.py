@@ -22,6 +22,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from common.config import TrainConfig
+from common.files import atomic_write
 from models.checkpoint import build_model, check_state, model_state, read_metadata, save_checkpoint
 from models.config import ModelConfig
 from models.metrics import evaluate
@@ -291,9 +292,8 @@ class Federation:
         }
         if self.server_opt.active and opt_buffers:
             # Written before the checkpoint, which is the commit point of the round.
-            tmp = self.storage.server_opt_path(r).with_suffix(".tmp")
-            tmp.write_bytes(st_save({k: v.contiguous() for k, v in opt_buffers.items()}))
-            tmp.replace(self.storage.server_opt_path(r))
+            buffers = st_save({k: v.contiguous() for k, v in opt_buffers.items()})
+            atomic_write(self.storage.server_opt_path(r), buffers)
         save_checkpoint(
             self.storage.checkpoint_path(r),
             new_state,
