@@ -117,7 +117,7 @@ class Federation:
             "top3": test["top3"],
             "ksr": ksr,
         }
-        if self.config.train.batching == "columns":  # the seeds' code's measure, beside ours
+        if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
             scores["col_val_ppl"] = column_perplexity(model, self.tokenizer, self.valid)
             scores["col_test_ppl"] = column_perplexity(model, self.tokenizer, self.test)
         return scores
@@ -272,7 +272,8 @@ class Federation:
     ) -> dict:
         """Evaluate `new_state`, checkpoint it (atomic) and append its metrics row."""
         scores = self.evaluator(new_state)
-        # Column-batched runs pick their best model as the seeds' code did: by column perplexity.
+        # Column-batched runs pick their best model as the seed papers' code did: by column
+        # perplexity.
         key = "col_val_ppl" if "col_val_ppl" in scores else "val_ppl"
         if self.best is None or scores[key] < self.best[key]:
             kept = ("val_ppl", "test_ppl", "col_val_ppl", "col_test_ppl")

@@ -1,10 +1,11 @@
-"""Privacy: the seeds' client-side randomization and DP-FedAvg with an RDP accountant.
+"""Privacy: the seed papers' client-side randomization and DP-FedAvg with an RDP accountant.
 
 Two different things live here:
 
-1. :func:`randomize` is the seeds' "differential privacy" (000 eq. 11, 001 eq. 6): each client adds
-   ``beta * N(0, sigma^2)`` to its parameters before uploading. It carries **no formal privacy
-   guarantee** (nothing bounds a client's influence); it reproduces 001 Table III.
+1. :func:`randomize` is the seed papers' "differential privacy" (FedAttOpt, Jiang et al. 2020,
+   eq. 11; FedAtt, Ji et al. 2019, eq. 6): each client adds ``beta * N(0, sigma^2)`` to its
+   parameters before uploading. It carries **no formal privacy guarantee** (nothing bounds a
+   client's influence); it reproduces FedAtt's Table III (Ji et al. 2019).
 2. DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models"),
    which does carry one: each client's whole-model update ``theta_k - theta`` is clipped to L2 norm
    S (:func:`clip_update`), the m clipped updates are averaged *uniformly*, and Gaussian noise
