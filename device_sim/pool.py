@@ -42,7 +42,7 @@ class LocalTask:
     seed: int  # the task's training seed (server.engine.client_seed of seed, round, device)
     model_config: ModelConfig
     train: TrainConfig
-    beta: float = 0.0  # the seeds' client-side randomization
+    beta: float = 0.0  # the seed papers' client-side randomization
     sigma: float = 1.0
     device: str = "auto"
 

@@ -90,7 +90,7 @@ def phone_round(
     sigma: float = 1.0,
     device: str = "auto",
 ) -> TrainResult:
-    """What a phone does with a round's task: train, then add the seeds' randomization
+    """What a phone does with a round's task: train, then add the seed papers' randomization
     beta * N(0, sigma^2) to its weights before upload (when beta > 0). Every transport calls
     this, so the same task seed gives the same upload in-process and over HTTP."""
     result = train_local(model_config, global_state, sentences, config, seed, device)
