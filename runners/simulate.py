@@ -180,8 +180,8 @@ def train_ngram(
     positional: bool = False,
 ) -> list[dict]:
     """The baseline: a Kneser-Ney n-gram on the union of every phone's data, scored as a round.
-    `positional`: a unigram by position in the sentence instead, with the seeds' column
-    perplexity (models.ngram.PositionalUnigram)."""
+    `positional`: a unigram by position in the sentence instead, with the seed papers'
+    column perplexity (models.ngram.PositionalUnigram)."""
     from models.metrics import keystroke_savings_of
     from models.ngram import KneserNey, PositionalUnigram
 
