@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
@@ -14,6 +13,7 @@ from fastapi.testclient import TestClient
 from keyboard_web.app import MAX_TEXT, ORT_DIST, create_app
 from runners.processes import free_port
 from tests.support.keyboard import ThreadServer, save_round
+from tests.support.wait import wait_for
 
 SPECIALS = {"<unk>", "<s>", "</s>"}
 
@@ -141,12 +141,12 @@ def test_hot_reload_swaps_the_model_without_restart(models, watch_dir):
 
             save_round(models, 4, watch_dir, val_ppl=120.0)  # a newer export, written in place
 
-            deadline = time.monotonic() + 15
-            reply = first
-            while reply["round"] != 4 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            def round_4():
                 ws.send_json({"text": "see you at the "})
                 reply = ws.receive_json()
+                return reply if reply["round"] == 4 else None
+
+            reply = wait_for(round_4, timeout=15, what="the new export was not picked up")
             assert reply["round"] == 4, "the new export was not picked up"
             # Same weights here, so the same words: the state cache was rebuilt consistently.
             assert reply["suggestions"] == first["suggestions"]
@@ -164,10 +164,11 @@ def test_a_broken_export_keeps_the_served_model(models, watch_dir):
     app = create_app(None, watch_dir=watch_dir, poll_seconds=0.05)
     with TestClient(app) as client:
         (watch_dir / "model.json").write_text('{"format": "fedkey-onnx-1", "round": 9}')
-        deadline = time.monotonic() + 10
-        while client.get("/api/info").json()["reload_error"] is None:
-            assert time.monotonic() < deadline, "the broken export was not noticed"
-            time.sleep(0.05)
+        wait_for(
+            lambda: client.get("/api/info").json()["reload_error"] is not None,
+            timeout=10,
+            what="the broken export was not noticed",
+        )
         with client.websocket_connect("/ws/suggest") as ws:
             ws.send_json({"text": "see you "})
             reply = ws.receive_json()

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,11 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from runners.processes import free_port
 from tests.support.http import SECRET, Phone, shards
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(env: dict, log: Path) -> subprocess.Popen:
@@ -107,7 +101,11 @@ def test_sigkill_and_restart_finishes_the_run_once(tmp_path):
             assert phones[1].upload().status_code == 200
             # exit_when_done: the server leaves by itself, once every phone heard "finished"
             wait_for(lambda: phones[0].current()["state"] == "finished", timeout=60)
-            time.sleep(1.5)
+            # A long-poll held for its full wait: 1.5 s after "finished" the server is still up
+            # and not shutting down (shutting down would answer it at once).
+            t = time.monotonic()
+            assert phones[0].current(wait=1.5)["state"] == "finished"
+            assert time.monotonic() - t >= 1.5
             assert proc.poll() is None  # phone 1 has not been told yet: a retrying phone would be
             assert phones[1].current()["state"] == "finished"
             assert proc.wait(timeout=15) == 0
