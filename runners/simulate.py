@@ -10,6 +10,7 @@ on the number of workers or on the transport.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from tqdm import tqdm
@@ -144,7 +145,7 @@ def train_central(
     storage = federation.storage
     storage.reset()
     rows = [federation.start()]
-    one_epoch = TrainConfig(**{**train.__dict__, "epochs": 1})
+    one_epoch = replace(train, epochs=1)
     for epoch in tqdm(
         range(1, epochs + 1),
         desc=f"central on {prepared.corpus.name}",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from server import privacy
 from server.config import FederationConfig
 from server.server_opt import ServerOptimizer
 from server.storage import RunStorage
-from server.strategies import ClientUpdate, get_strategy
+from server.strategies import ClientUpdate, Info, get_strategy
 
 
 @dataclass
@@ -140,13 +140,11 @@ class Federation:
         # Strategies count rounds from 0; the engine's round 0 is the initial model.
         cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))
         train = self.config.train
-        epochs = getattr(self.strategy, "local_epochs_override", None)
+        epochs = self.strategy.local_epochs_override
         if epochs is not None:
-            train = TrainConfig(**{**asdict(train), "epochs": epochs})
+            train = replace(train, epochs=epochs)
         if self.config.lr_decay != 1.0:
-            train = TrainConfig(
-                **{**asdict(train), "lr": train.lr * self.config.lr_decay ** (r - 1)}
-            )
+            train = replace(train, lr=train.lr * self.config.lr_decay ** (r - 1))
         return RoundPlan(
             round=r, cohort=cohort, train=train, started=time.perf_counter(), attempt=attempt
         )
@@ -184,7 +182,9 @@ class Federation:
             self.load_server_state(snapshot)
             raise
 
-    def _aggregate(self, plan: RoundPlan, updates: list[ClientUpdate]):
+    def _aggregate(
+        self, plan: RoundPlan, updates: list[ClientUpdate]
+    ) -> tuple[dict[str, torch.Tensor], Info]:
         p = self.config.privacy
         if p.dp_fedavg:
             # McMahan et al. 2018: clip each delta to S, average uniformly, noise z S / m. The
@@ -200,8 +200,7 @@ class Federation:
             )
             self.accountant.step()
         else:
-            new_state = self.strategy.aggregate(self.global_state, updates)
-            info = dict(getattr(self.strategy, "last_info", {}) or {})
+            new_state, info = self.strategy.aggregate(self.global_state, updates)
         self.strategy.after_round(plan.round - 1, new_state, updates)
         return {k: v.contiguous() for k, v in new_state.items()}, info
 

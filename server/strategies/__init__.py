@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from server.strategies.base import ClientUpdate, Strategy
+from server.strategies.base import ClientUpdate, Info, Strategy
 from server.strategies.methods import AdaFL, FedAtt, FedAttOpt, FedAvg, FedMed, FedSGD
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -26,6 +26,7 @@ __all__ = [
     "FedAvg",
     "FedMed",
     "FedSGD",
+    "Info",
     "Strategy",
     "get_strategy",
     "strategy_options",
@@ -36,9 +37,10 @@ def strategy_options(cls: type[Strategy]) -> list[str]:
     """The keyword options ``cls`` accepts (its own plus, through ``**selection``, its bases')."""
     names: list[str] = []
     for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
+        init = vars(klass).get("__init__")
+        if init is None:
             continue
-        params = inspect.signature(klass.__init__).parameters.values()
+        params = inspect.signature(init).parameters.values()
         names += [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in names]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break

@@ -135,7 +135,7 @@ def js_divergence_softmax(a: Tensor, b: Tensor) -> float:
     """FedMed's layer score: Jensen-Shannon divergence (natural log) between softmax(flatten(a))
     and softmax(flatten(b)).
 
-    Weights are not distributions; FedMed (004) does not say how it maps them to one, so we use
+    Weights are not distributions; FedMed (Wu et al. 2020) does not say how it maps them to one, so we use
     the softmax of the flattened layer (computed in log space in float64). Consequences worth
     knowing: a 1-element layer always maps to [1] (JS = 0), and a large layer maps to a nearly
     uniform distribution, so its JS values are small and its weights close to uniform.
@@ -248,7 +248,7 @@ class WeightedAverage:
 
 
 class LayerwiseAttention:
-    """Layer-wise softmax attention over clients, shared by FedAtt (001) and FedMed (004).
+    """Layer-wise softmax attention over clients, shared by FedAtt (Ji et al. 2019) and FedMed (Wu et al. 2020).
 
     For every layer l: ``s_k^l = score_fn(w^l, w_k^l)``, ``alpha_k^l = softmax_k(s_k^l)`` and
     ``theta^l_{t+1} = theta^l - step * sum_k alpha_k^l (theta^l - theta_k^l)``
@@ -332,7 +332,7 @@ class LayerwiseAttention:
 
 
 class AttOptGradient:
-    r"""Streaming exact gradient of FedAttOpt's log loss (000, eqs. 2-5).
+    r"""Streaming exact gradient of FedAttOpt's log loss (Jiang et al. 2020, eqs. 2-5).
 
     With theta the concatenated global parameters (length n), theta_k the m client vectors,
     ``s_k = theta^T theta_k / sqrt(n)``, ``a_k = softmax_k(s_k)``, ``d_k = ||theta - theta_k||_2``:
@@ -455,7 +455,7 @@ def fedatt(
     epsilon: float = 1.2,
     norm: str = "l2",
 ) -> StateDict:
-    """FedAtt (001, eqs. 2-4): layer-wise attention on parameter distances.
+    """FedAtt (Ji et al. 2019, eqs. 2-4): layer-wise attention on parameter distances.
 
     ``s_k^l = ||w^l - w_k^l||``, ``alpha_k^l = softmax_k(s_k^l)``,
     ``theta^l_{t+1} = theta^l_t - epsilon * sum_k alpha_k^l (theta^l_t - theta_k^l)``.
@@ -470,7 +470,7 @@ def fedatt(
 def fedattopt_gradient(
     global_state: Mapping[str, Tensor], client_states: Iterable[Mapping[str, Tensor]]
 ) -> dict[str, Tensor]:
-    """Exact ``grad_theta L'`` of FedAttOpt (000) at the global model (float64); see
+    """Exact ``grad_theta L'`` of FedAttOpt (Jiang et al. 2020) at the global model (float64); see
     :class:`AttOptGradient` for the derivation."""
     acc = AttOptGradient(global_state)
     for state in client_states:
@@ -483,7 +483,7 @@ def fedattopt(
     client_states: Iterable[Mapping[str, Tensor]],
     epsilon: float = 1.2,
 ) -> StateDict:
-    """FedAttOpt (000, eq. 7): one gradient step ``theta_t - epsilon * grad L'(theta_t)``."""
+    """FedAttOpt (Jiang et al. 2020, eq. 7): one gradient step ``theta_t - epsilon * grad L'(theta_t)``."""
     acc = AttOptGradient(global_state)
     for state in client_states:
         acc.add(state)
@@ -495,7 +495,7 @@ def fedmed_adaptive(
     client_states: Iterable[Mapping[str, Tensor]],
     eta: float = 1.0,
 ) -> StateDict:
-    """FedMed adaptive aggregation (004, eqs. 2-5).
+    """FedMed adaptive aggregation (Wu et al. 2020, eqs. 2-5).
 
     ``d_k^l = JS(softmax(w^l) || softmax(w_k^l))``, ``gamma_k^l = softmax_k(d_k^l)``,
     ``theta^l_{t+1} = theta^l_t - eta * sum_k gamma_k^l (theta^l_t - theta_k^l)``

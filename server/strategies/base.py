@@ -2,7 +2,8 @@
 
 A strategy answers four questions per round: who trains (:meth:`Strategy.select`), who of those
 uploads (:meth:`Strategy.select_uploaders`), how the uploads become the next global model
-(:meth:`Strategy.aggregate`) and what to remember for later rounds (:meth:`Strategy.after_round`).
+(:meth:`Strategy.aggregate`, which returns it with a JSON-serializable info dict for the round's
+metrics row) and what to remember for later rounds (:meth:`Strategy.after_round`).
 The arithmetic lives in :mod:`server.strategies.aggregate`; classes here only hold hyperparameters
 and cross-round memory, which :meth:`Strategy.state_dict` makes JSON-serializable so a restarted
 server resumes where it stopped.
@@ -10,15 +11,20 @@ server resumes where it stopped.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 from torch import Tensor
 
 from server.strategies.aggregate import StateDict
 from server.strategies.selection import make_selector
+
+#: What :meth:`Strategy.aggregate` reports about a round besides the new model (JSON-serializable:
+#: it goes into the metrics row as ``info``).
+Info: TypeAlias = dict[str, Any]
 
 
 @dataclass
@@ -31,19 +37,24 @@ class ClientUpdate:
     device_id: str
 
 
-class Strategy:
+class Strategy(ABC):
     """Base class: uniform or AdaFL selection, everyone uploads, subclasses aggregate.
+
+    A subclass sets :attr:`name` and implements :meth:`_aggregate` (the non-empty case of
+    :meth:`aggregate`); it may override :meth:`select_uploaders`, :meth:`config` and the
+    persistence methods when it has options or memory of its own.
 
     Selection options (every strategy except FedSGD accepts them):
       fraction: C, the share of available devices sampled per round by the uniform selector.
-      selector: ``"uniform"`` (default) or ``"adafl"`` (002; then ``fraction`` is unused and the
-        dynamic fraction gamma_t is used instead).
+      selector: ``"uniform"`` (default) or ``"adafl"`` (AdaFL, Chen et al.; then ``fraction`` is
+        unused and the dynamic fraction gamma_t is used instead).
       alpha, gamma_start, gamma_end, gamma_steps: AdaFL's decay and fraction schedule.
     """
 
-    name: ClassVar[str] = "base"
+    #: The strategy's name in :data:`server.strategies.STRATEGIES`, checkpoints and metrics.
+    name: ClassVar[str]
     #: Local epochs the engine must use instead of its own setting (FedSGD: 1); None = no override.
-    local_epochs_override: int | None = None
+    local_epochs_override: ClassVar[int | None] = None
 
     def __init__(
         self,
@@ -60,7 +71,7 @@ class Strategy:
         self.selector = make_selector(
             selector, fraction, alpha, gamma_start, gamma_end, gamma_steps
         )
-        self._selection_config = {
+        self._selection_config: dict[str, Any] = {
             "fraction": self.fraction,
             "selector": selector,
             "alpha": alpha,
@@ -70,7 +81,6 @@ class Strategy:
         }
         self.client_sizes: dict[str, int] = {}
         self.total_rounds = 0
-        self.last_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ round hooks
 
@@ -92,20 +102,23 @@ class Strategy:
 
     def aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]
-    ) -> StateDict:
-        """The next global model. ``updates`` is iterated exactly once; with no updates the global
+    ) -> tuple[StateDict, Info]:
+        """The next global model and the round's info (``strategy``, ``mode``, ``num_updates`` and
+        what the method reports). ``updates`` is iterated exactly once; with no updates the global
         model is returned unchanged (copied)."""
         it = iter(updates)
         first = next(it, None)
         if first is None:
-            self.last_info = {"strategy": self.name, "mode": "none", "num_updates": 0}
-            return {k: v.detach().clone() for k, v in global_state.items()}
+            info: Info = {"strategy": self.name, "mode": "none", "num_updates": 0}
+            return {k: v.detach().clone() for k, v in global_state.items()}, info
         return self._aggregate(global_state, _chain(first, it))
 
+    @abstractmethod
     def _aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
-    ) -> StateDict:
-        raise NotImplementedError
+    ) -> tuple[StateDict, Info]:
+        """:meth:`aggregate` for at least one update: iterate ``updates`` once, return the next
+        global model and the info dict."""
 
     def after_round(
         self, round_idx: int, new_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]

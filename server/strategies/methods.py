@@ -16,7 +16,7 @@ from server.strategies.aggregate import (
     StateDict,
     WeightedAverage,
 )
-from server.strategies.base import ClientUpdate, Strategy
+from server.strategies.base import ClientUpdate, Info, Strategy
 from server.strategies.selection import top_k_lowest
 
 
@@ -27,7 +27,7 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
-def _attention_summary(att: LayerwiseAttention) -> dict[str, Any]:
+def _attention_summary(att: LayerwiseAttention) -> Info:
     """Per client: its attention weight averaged over layers, and the largest weight seen."""
     weights = att.weights()
     mean = {str(tag): sum(w.values()) / len(w) for tag, w in weights if w}
@@ -52,7 +52,7 @@ class FedAvg(Strategy):
 
     def _aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
-    ) -> StateDict:
+    ) -> tuple[StateDict, Info]:
         acc = WeightedAverage(global_state)
         weights: dict[str, float] = {}
         for u in updates:
@@ -61,14 +61,14 @@ class FedAvg(Strategy):
             weights[u.device_id] = w
         new = acc.result()
         total = acc.total_weight
-        self.last_info = {
+        info: Info = {
             "strategy": self.name,
             "mode": "fedavg",
             "num_updates": acc.count,
             "total_weight": total,
             "weights": {k: w / total for k, w in weights.items()},
         }
-        return new
+        return new, info
 
 
 class FedSGD(FedAvg):
@@ -91,7 +91,7 @@ class FedSGD(FedAvg):
 
 
 class AdaFL(FedAvg):
-    """AdaFL as published (002): FedAvg aggregation with the AdaFL selector.
+    """AdaFL as published (Chen et al.): FedAvg aggregation with the AdaFL selector.
 
     The same as ``get_strategy("fedavg", selector="adafl")``; any other strategy can use the AdaFL
     selector the same way.
@@ -104,9 +104,9 @@ class AdaFL(FedAvg):
 
 
 class FedAtt(Strategy):
-    """FedAtt (001): layer-wise attention ``softmax_k ||w^l - w_k^l||`` and a server step epsilon.
+    """FedAtt (Ji et al. 2019): layer-wise attention ``softmax_k ||w^l - w_k^l||`` and a server step epsilon.
 
-    epsilon: server step size, default 1.2 (the published code and Plato, 003).
+    epsilon: server step size, default 1.2 (the published code and the Plato framework's FedAtt).
     norm: ``"l2"`` (flattened L2, default, Plato) or ``"spectral"`` (largest singular value for
       matrices, as the original scipy-based code).
     """
@@ -125,28 +125,28 @@ class FedAtt(Strategy):
 
     def _aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
-    ) -> StateDict:
+    ) -> tuple[StateDict, Info]:
         att = LayerwiseAttention(global_state, LayerwiseAttention.fedatt_scorer(self.norm))
         for u in updates:
             att.add(u.state, tag=u.device_id)
         new = att.result(self.epsilon)
-        self.last_info = {
+        info: Info = {
             "strategy": self.name,
             "mode": "fedatt",
             "num_updates": att.count,
             "epsilon": self.epsilon,
             **_attention_summary(att),
         }
-        return new
+        return new, info
 
 
 class FedAttOpt(Strategy):
-    """FedAttOpt (000): one exact gradient step on ``L' = sum_k (log a_k + log d_k)``.
+    """FedAttOpt (Jiang et al. 2020): one exact gradient step on ``L' = sum_k (log a_k + log d_k)``.
 
-    epsilon: server step size. 000 gives no value; the default 1.2 is the authors' published
-    FedAtt default (001/003). Note the step is not scale-free: the distance term moves theta
+    epsilon: server step size. The FedAttOpt paper gives no value; the default 1.2 is the authors'
+    published FedAtt default (FedAtt's code and Plato's). Note the step is not scale-free: the distance term moves theta
     towards each theta_k by the fraction ``epsilon / d_k^2`` of the way, so epsilon should be tuned
-    to the typical squared update norm of the model at hand (``last_info["distance"]``).
+    to the typical squared update norm of the model at hand (the info's ``"distance"``).
     """
 
     name = "fedattopt"
@@ -160,7 +160,7 @@ class FedAttOpt(Strategy):
 
     def _aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
-    ) -> StateDict:
+    ) -> tuple[StateDict, Info]:
         acc = AttOptGradient(global_state)
         for u in updates:
             acc.add(u.state, tag=u.device_id)
@@ -168,7 +168,7 @@ class FedAttOpt(Strategy):
         grad_norm = math.sqrt(sum(float(g.square().sum()) for g in grad.values()))
         new = acc.result(self.epsilon)
         loss = acc.loss()
-        self.last_info = {
+        info: Info = {
             "strategy": self.name,
             "mode": "fedattopt",
             "num_updates": acc.count,
@@ -179,11 +179,11 @@ class FedAttOpt(Strategy):
             "grad_norm": grad_norm,
             "zero_distance": acc.zero_distance,
         }
-        return new
+        return new, info
 
 
 class FedMed(Strategy):
-    """FedMed (004): adaptive JS-attention aggregation, the mediation incentive scheme, topK.
+    """FedMed (Wu et al. 2020): adaptive JS-attention aggregation, the mediation incentive scheme, topK.
 
     eta: server step of the adaptive aggregation (1.0: a gamma-weighted average).
     epsilon_med: the mediator's threshold. With ``L_t`` the mean reported train loss of the
@@ -192,7 +192,7 @@ class FedMed(Strategy):
       round (no previous loss) is adaptive. Both results are accumulated in the single pass over
       the updates; the choice is made at the end.
     beta: topK fraction; of the M devices that report a loss, the ``max(1, round(beta M))`` with
-      the lowest loss upload. 1.0 (default) turns topK off; 0.8 was best in 004.
+      the lowest loss upload. 1.0 (default) turns topK off; 0.8 was best in the FedMed paper.
     """
 
     name = "fedmed"
@@ -231,7 +231,7 @@ class FedMed(Strategy):
 
     def _aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
-    ) -> StateDict:
+    ) -> tuple[StateDict, Info]:
         att = LayerwiseAttention(global_state, LayerwiseAttention.fedmed_scorer())
         avg = WeightedAverage(global_state)
         loss_sum = 0.0
@@ -241,7 +241,7 @@ class FedMed(Strategy):
         loss = loss_sum / att.count
         delta = None if self.prev_loss is None else abs(loss - self.prev_loss)
         adaptive = delta is None or not math.isfinite(delta) or delta >= self.epsilon_med
-        info: dict[str, Any] = {
+        info: Info = {
             "strategy": self.name,
             "mode": "adaptive" if adaptive else "fedavg",
             "num_updates": att.count,
@@ -257,8 +257,7 @@ class FedMed(Strategy):
             new = avg.result()
         if math.isfinite(loss):
             self.prev_loss = loss
-        self.last_info = info
-        return new
+        return new, info
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "prev_loss": self.prev_loss}

@@ -1,4 +1,4 @@
-"""Client selection: uniform sampling, AdaFL's attention-based sampling (002) and FedMed's topK.
+"""Client selection: uniform sampling, AdaFL's attention-based sampling (Chen et al.) and FedMed's topK.
 
 Selectors are small stateful objects owned by a strategy. They are deterministic under the numpy
 ``Generator`` the engine passes and always return device ids sorted, so a cohort does not depend on
@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch import Tensor
 
 from server.strategies.aggregate import model_distance
+
+if TYPE_CHECKING:  # base imports this module; the record is only needed for the annotations
+    from server.strategies.base import ClientUpdate
 
 SELECTORS = ("uniform", "adafl")
 
@@ -32,7 +35,7 @@ def cohort_size(fraction: float, num_available: int) -> int:
 
 
 def top_k_lowest(losses: Mapping[str, float], beta: float) -> list[str]:
-    """FedMed's topK (004, eqs. 8-9): of the M reporters, the ``K = max(1, round(beta * M))`` with
+    """FedMed's topK (Wu et al. 2020, eqs. 8-9): of the M reporters, the ``K = max(1, round(beta * M))`` with
     the lowest loss. Ties are broken by device id; a NaN loss ranks last. Returned sorted by id."""
     if not losses:
         return []
@@ -75,7 +78,9 @@ class UniformSelector:
     def needs_after_round(self) -> bool:
         return False
 
-    def after_round(self, round_idx: int, new_state: Mapping[str, Tensor], updates) -> None:
+    def after_round(
+        self, round_idx: int, new_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]
+    ) -> None:
         """Stateless: does not touch ``updates``."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -86,7 +91,7 @@ class UniformSelector:
 
 
 class AdaFLSelector:
-    """AdaFL (002): attention-based sampling with a dynamic fraction.
+    """AdaFL (Chen et al.): attention-based sampling with a dynamic fraction.
 
     Scores start at ``a_k = n_k / n``. Round t samples ``K = max(1, round(gamma_t * M))`` of the M
     available ids without replacement with probabilities proportional to their scores
@@ -95,11 +100,11 @@ class AdaFLSelector:
     ``d_i = ||theta_{t+1} - theta_i||_2`` over the whole model; the others keep theirs, so the sum
     of the scores is preserved. Selected clients that did not upload count as unselected.
 
-    Dynamic fraction ("fixed steps", 002): the run is cut into ``gamma_steps`` equal blocks of
+    Dynamic fraction ("fixed steps" in AdaFL): the run is cut into ``gamma_steps`` equal blocks of
     rounds and block j uses ``gamma_start + j (gamma_end - gamma_start) / (gamma_steps - 1)``;
     with the defaults (0.1 -> 0.5 in 5 steps) and 50 rounds that is 0.1 for rounds 0-9, 0.2 for
     10-19, ..., 0.5 for 40-49. ``gamma_start == gamma_end`` gives a constant fraction
-    ("Attn.-0.1" in 002).
+    ("Attn.-0.1" in AdaFL).
 
     Devices enrolling later (``setup`` called again) get ``n_k / n_total`` and the existing scores
     are scaled by ``n_old / n_total`` so the scores still sum to 1. An id never passed to ``setup``
@@ -193,7 +198,9 @@ class AdaFLSelector:
     def needs_after_round(self) -> bool:
         return True
 
-    def after_round(self, round_idx: int, new_state: Mapping[str, Tensor], updates) -> None:
+    def after_round(
+        self, round_idx: int, new_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]
+    ) -> None:
         """Score update from the new global model; iterates ``updates`` once."""
         dists: dict[str, float] = {}
         for u in updates:

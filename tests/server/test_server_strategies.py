@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from server.strategies import STRATEGIES, ClientUpdate, get_strategy
+from server.strategies import STRATEGIES, ClientUpdate, Strategy, get_strategy
 from server.strategies.aggregate import fedatt, fedmed_adaptive, model_distance
 from server.strategies.selection import AdaFLSelector, cohort_size, top_k_lowest
 
@@ -55,6 +55,18 @@ def test_defaults():
     assert get_strategy("fedsgd").local_epochs_override == 1
     assert get_strategy("fedavg").local_epochs_override is None
     assert get_strategy("FedAvg").name == "fedavg"
+
+
+def test_strategy_is_abstract():
+    """A strategy must say how it aggregates: the base class and a subclass without
+    ``_aggregate`` cannot be built."""
+
+    class NoAggregate(Strategy):
+        name = "none"
+
+    for cls in (Strategy, NoAggregate):
+        with pytest.raises(TypeError, match="abstract"):
+            cls()
 
 
 # --------------------------------------------------------------------------- selection
@@ -152,7 +164,7 @@ def test_adafl_preserves_score_sum_and_uses_only_available(make_states):
         assert set(cohort) <= set(available) and cohort == sorted(cohort)
         assert len(cohort) == cohort_size(s.selector.gamma(r), len(available))
         ups = [ClientUpdate(by_id[d], sizes[d], 2.0, d) for d in cohort]
-        state = s.aggregate(state, iter(ups))
+        state, _ = s.aggregate(state, iter(ups))
         s.after_round(r, state, iter(ups))
         assert sum(s.selector.scores.values()) == pytest.approx(1.0, abs=1e-12)
 
@@ -171,7 +183,7 @@ def test_adafl_state_dict_round_trip_resumes_selection(make_states):
     s.setup(dict.fromkeys(ids, 10), 4)
     cohort = s.select(0, ids, np.random.default_rng(1))
     ups = [ClientUpdate(clients[ids.index(d)], 10, 1.0, d) for d in cohort]
-    new = s.aggregate(glob, ups)
+    new, _ = s.aggregate(glob, ups)
     s.after_round(0, new, ups)
     saved = json.loads(json.dumps(s.state_dict()))
     s2 = get_strategy("adafl", gamma_start=0.5, gamma_end=0.5)
@@ -193,7 +205,7 @@ def test_fedmed_mediation_modes_by_hand():
 
     def run(losses):
         ups = [ClientUpdate(a, 1, losses[0], "a"), ClientUpdate(b, 3, losses[1], "b")]
-        return s.aggregate(glob, (u for u in ups)), s.last_info
+        return s.aggregate(glob, (u for u in ups))
 
     out, info = run([5.0, 5.0])  # first round: adaptive
     assert info["mode"] == "adaptive" and info["delta"] is None
@@ -218,8 +230,8 @@ def test_fedmed_state_dict_round_trip():
     assert saved["prev_loss"] == 2.0
     s2 = get_strategy("fedmed")
     s2.load_state_dict(saved)
-    s2.aggregate(glob, ups)  # same loss again: Delta = 0 -> FedAvg
-    assert s2.last_info["mode"] == "fedavg"
+    _, info = s2.aggregate(glob, ups)  # same loss again: Delta = 0 -> FedAvg
+    assert info["mode"] == "fedavg"
 
 
 # --------------------------------------------------------------------------- all strategies
@@ -238,39 +250,39 @@ def test_every_strategy_runs_on_a_generator(name, make_states):
             consumed.append(u.device_id)
             yield u
 
-    new = s.aggregate(glob, gen())
+    new, info = s.aggregate(glob, gen())
     assert consumed == ids  # iterated exactly once
     assert set(new) == set(glob) and new["steps"].item() == 4
     assert all(new[k].dtype == glob[k].dtype for k in glob)
     s.after_round(0, new, iter(updates_from(clients)))
-    json.dumps(s.last_info, allow_nan=False)
+    json.dumps(info, allow_nan=False)
     json.dumps(s.state_dict(), allow_nan=False)
     s2 = get_strategy(name)
     s2.load_state_dict(json.loads(json.dumps(s.state_dict())))
     assert s2.state_dict() == s.state_dict()
-    empty = s.aggregate(glob, iter([]))
-    assert s.last_info["num_updates"] == 0
+    empty, info = s.aggregate(glob, iter([]))
+    assert info["num_updates"] == 0
     torch.testing.assert_close(empty["emb.weight"], glob["emb.weight"])
 
 
 def test_strategy_results_match_pure_functions(make_states):
     glob, clients = make_states(3, seed=6)
     ups = updates_from(clients, sizes=[1, 2, 3])
-    out = get_strategy("fedatt", epsilon=0.8, norm="spectral").aggregate(glob, ups)
+    out, _ = get_strategy("fedatt", epsilon=0.8, norm="spectral").aggregate(glob, ups)
     torch.testing.assert_close(
         out["rnn.weight"], fedatt(glob, clients, 0.8, "spectral")["rnn.weight"]
     )
     s = get_strategy("fedatt")
-    s.aggregate(glob, ups)
-    assert sum(s.last_info["attention_mean"].values()) == pytest.approx(1.0)
-    avg = get_strategy("fedavg", weighted=False).aggregate(glob, ups)
+    _, info = s.aggregate(glob, ups)
+    assert sum(info["attention_mean"].values()) == pytest.approx(1.0)
+    avg, _ = get_strategy("fedavg", weighted=False).aggregate(glob, ups)
     mean = sum(c["rnn.bias"] for c in clients) / 3
     torch.testing.assert_close(avg["rnn.bias"], mean, rtol=0, atol=1e-6)
-    w = get_strategy("fedsgd").aggregate(glob, ups)
+    w, _ = get_strategy("fedsgd").aggregate(glob, ups)
     wmean = sum(n * c["rnn.bias"] for n, c in zip([1, 2, 3], clients, strict=True)) / 6
     torch.testing.assert_close(w["rnn.bias"], wmean, rtol=0, atol=1e-6)
     opt = get_strategy("fedattopt", epsilon=0.01)
-    opt.aggregate(glob, ups)
-    assert opt.last_info["distance"]["d0"] == pytest.approx(model_distance(glob, clients[0]))
-    assert sum(opt.last_info["attention"].values()) == pytest.approx(1.0)
-    assert math.isfinite(opt.last_info["loss"])
+    _, info = opt.aggregate(glob, ups)
+    assert info["distance"]["d0"] == pytest.approx(model_distance(glob, clients[0]))
+    assert sum(info["attention"].values()) == pytest.approx(1.0)
+    assert math.isfinite(info["loss"])
