@@ -24,46 +24,55 @@ from server.config import FederationConfig, PrivacyConfig, ServerOptConfig
 #: The longest a long-poll may wait (seconds), as in the HTTP contract.
 MAX_WAIT = 60.0
 
-_TRAIN = TrainConfig()
-_PRIVACY = PrivacyConfig()
+# The defaults of every field below that is also a dataclass field are read from the dataclass,
+# so `fedkey server` and `fedkey simulate` start from the same values.
+_DATA = DataConfig()
+_MODEL = ModelConfig(vocab_size=_DATA.vocab_size)
+_FEDERATION = FederationConfig()
+_SERVER_OPT = _FEDERATION.server_opt
+_TRAIN = _FEDERATION.train
+_PRIVACY = _FEDERATION.privacy
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FEDKEY_", extra="forbid")
 
     # -- data: the server's side (tokenizer + evaluation text), as DataConfig -----------------
-    data: str = "demo"
-    paper_protocol: bool = False
-    tokenizer: Literal["word", "sentencepiece"] = "word"
-    vocab_size: int = Field(10_000, ge=4)
-    tokenizer_text: str | None = None  # SentencePiece: public text it is trained on
-    max_train_tokens: int | None = Field(None, ge=1)
-    max_eval_sentences: int | None = Field(None, ge=1)
-    seed: int = 0
+    data: str = _DATA.data
+    paper_protocol: bool = _DATA.paper_protocol
+    tokenizer: Literal["word", "sentencepiece"] = _DATA.tokenizer
+    vocab_size: int = Field(_DATA.vocab_size, ge=4)
+    tokenizer_text: str | None = _DATA.tokenizer_text  # SentencePiece: public text it is trained on
+    max_train_tokens: int | None = Field(_DATA.max_train_tokens, ge=1)
+    max_eval_sentences: int | None = Field(_DATA.max_eval_sentences, ge=1)
+    seed: int = _DATA.seed  # also the federation's seed
 
     # -- model ---------------------------------------------------------------------------------
     model: Literal["small", "medium", "large"] = "small"
     hidden_size: int | None = Field(None, ge=1)  # overrides the preset's size (emb = hidden)
-    cell: Literal["gru", "lstm"] = "gru"
-    layers: int = Field(1, ge=1, le=4)
-    tied: bool = True
-    dropout: float = Field(0.0, ge=0.0, le=0.9)
+    cell: Literal["gru", "lstm"] = _MODEL.cell
+    layers: int = Field(_MODEL.num_layers, ge=1, le=4)
+    tied: bool = _MODEL.tied
+    dropout: float = Field(_MODEL.dropout, ge=0.0, le=0.9)
 
     # -- federation ----------------------------------------------------------------------------
-    strategy: Literal["fedsgd", "fedavg", "fedatt", "fedattopt", "fedmed"] = "fedavg"
+    strategy: Literal["fedsgd", "fedavg", "fedatt", "fedattopt", "fedmed"] = _FEDERATION.strategy
     epsilon: float | None = None  # fedatt / fedattopt server step (strategy default 1.2)
     norm: Literal["l2", "spectral"] = "l2"  # fedatt distance
     eta: float = 1.0  # fedmed step
     epsilon_med: float = 0.1  # fedmed mediation threshold
     topk_beta: float = Field(1.0, gt=0.0, le=1.0)  # fedmed topK share of uploaders (1 = off)
     adafl: bool = False  # AdaFL client selection
-    fraction: float = Field(0.1, gt=0.0, le=1.0)
-    rounds: int = Field(10, ge=1)
-    server_opt: Literal["none", "momentum", "adam"] = "none"  # on the aggregate's pseudo-gradient
-    server_lr: float = Field(1.0, gt=0)
-    server_momentum: float = Field(0.9, ge=0, lt=1)  # FedAvgM beta / Adam beta1
-    lr_decay: float = Field(1.0, gt=0, le=1)  # round r's local lr = lr * lr_decay ** (r - 1)
-    ksr_sentences: int = Field(100, ge=0)  # keystroke savings measured on N test sentences
+    fraction: float = Field(_FEDERATION.fraction, gt=0.0, le=1.0)
+    rounds: int = Field(_FEDERATION.rounds, ge=1)
+    # the server optimizer, on the aggregate's pseudo-gradient
+    server_opt: Literal["none", "momentum", "adam"] = _SERVER_OPT.name
+    server_lr: float = Field(_SERVER_OPT.lr, gt=0)
+    server_momentum: float = Field(_SERVER_OPT.momentum, ge=0, lt=1)  # FedAvgM beta / Adam beta1
+    # round r's local lr = lr * lr_decay ** (r - 1)
+    lr_decay: float = Field(_FEDERATION.lr_decay, gt=0, le=1)
+    # keystroke savings measured on N test sentences
+    ksr_sentences: int = Field(_FEDERATION.ksr_sentences, ge=0)
 
     # -- round lifecycle -----------------------------------------------------------------------
     round_deadline: float = Field(600.0, gt=0)  # seconds from a round's opening
@@ -79,19 +88,20 @@ class Settings(BaseSettings):
     # -- local training (the task sent to devices) -----------------------------------------------
     local_epochs: int = Field(_TRAIN.epochs, ge=1)
     batch_size: int = Field(_TRAIN.batch_size, ge=1)
-    lr: float = Field(1.0, gt=0)  # as `fedkey simulate` (the seeds' 0.01 learns far slower)
+    lr: float = Field(_TRAIN.lr, gt=0)  # the seed papers' 0.01 learns far slower
     momentum: float = Field(_TRAIN.momentum, ge=0)
     clip: float = Field(_TRAIN.clip, ge=0)
     max_len: int = Field(_TRAIN.max_len, ge=2)
-    batching: Literal["sentences", "columns"] = "sentences"  # columns: the seeds' code's batches
+    # columns: the batches of the seed papers' code
+    batching: Literal["sentences", "columns"] = _TRAIN.batching
 
     # -- privacy ---------------------------------------------------------------------------------
     dp_beta: float = Field(_PRIVACY.beta, ge=0)
     dp_sigma: float = Field(_PRIVACY.sigma, ge=0)
-    dp_clip: float | None = Field(None, gt=0)
-    dp_noise_multiplier: float = Field(1.0, ge=0)
+    dp_clip: float | None = Field(_PRIVACY.clip_norm, gt=0)
+    dp_noise_multiplier: float = Field(_PRIVACY.noise_multiplier, ge=0)
     dp_delta: float = Field(_PRIVACY.delta, gt=0, lt=1)
-    dp_target_epsilon: float | None = Field(None, gt=0)
+    dp_target_epsilon: float | None = Field(_PRIVACY.target_epsilon, gt=0)
 
     # -- service ---------------------------------------------------------------------------------
     storage: Path = Path("runs/server")

@@ -1,0 +1,56 @@
+"""`fedkey server`'s Settings start from the engine's dataclass defaults: a server and a simulation
+left at their defaults run the same federation."""
+
+import os
+
+import pytest
+
+from common.config import DataConfig, TrainConfig
+from models.config import ModelConfig
+from server.config import FederationConfig, PrivacyConfig, ServerOptConfig
+from server.settings import Settings
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No FEDKEY_ variable in the environment (Settings would read it)."""
+    for name in list(os.environ):
+        if name.upper().startswith("FEDKEY_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def settings(clean_env):
+    return Settings()
+
+
+def test_train_and_privacy_configs_are_the_dataclass_defaults(settings):
+    assert settings.train_config() == TrainConfig()
+    assert settings.privacy_config() == PrivacyConfig()
+    # The two defaults that once disagreed between the layers.
+    assert (settings.lr, settings.dp_noise_multiplier) == (1.0, 1.0)
+
+
+def test_federation_config_is_the_dataclass_default(settings):
+    fed = settings.federation_config()
+    default = FederationConfig()
+    assert fed.server_opt == ServerOptConfig()
+    for name in ("strategy", "strategy_params", "fraction", "rounds", "seed", "lr_decay"):
+        assert getattr(fed, name) == getattr(default, name), name
+    assert fed.ksr_sentences == default.ksr_sentences
+    assert fed == default  # and the fields Settings does not set (label, eval_batch_size)
+
+
+def test_data_and_model_configs_are_the_dataclass_defaults(settings):
+    assert settings.data_config() == DataConfig()
+    assert settings.data_config().seed == settings.federation_config().seed
+    vocab = 1234
+    assert settings.build_model_config(vocab) == ModelConfig(vocab_size=vocab)
+
+
+@pytest.mark.parametrize("name", ["fedatt", "fedattopt", "fedmed"])
+def test_strategy_options_are_the_strategy_defaults(clean_env, name):
+    from server.strategies import get_strategy
+
+    params = Settings(strategy=name).strategy_params()
+    assert get_strategy(name, **params).config() == get_strategy(name).config()
