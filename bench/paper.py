@@ -1,29 +1,31 @@
-"""`fedkey bench paper`: the seeds' experiments, run by the project's own commands.
+"""`fedkey bench paper`: the seed papers' experiments, run by the project's own commands.
 
 Every run is one `fedkey simulate` (in-process) or `fedkey run` (server + phones over HTTP)
 command line, executed as a child process; its metrics.jsonl is summarized into one object of
 results.json with the command, the git commit and the device beside the numbers. Then
-results.md puts our numbers beside the seeds' (../shared/DESIGN.md section 4) and curves_*.png
-show perplexity per round.
+results.md puts our numbers beside the seed papers' table (FedAtt, Ji et al. 2019, Table II;
+FedAttOpt, Jiang et al. 2020, Table 2; FedMed, Wu et al. 2020, Table 2) and curves_*.png show
+perplexity per round.
 
 Suites:
-  paper    DESIGN.md section 4: FedSGD, FedAvg, FedAtt, FedAttOpt, FedMed (+ topK 0.8),
+  paper    the seed papers' table: FedSGD, FedAvg, FedAtt, FedAttOpt, FedMed (+ topK 0.8),
            AdaFL + FedAvg / FedAtt, at C = 0.1 and 0.5, on PTB and WikiText-2
-  privacy  the seeds' randomization sweep (001 Table III) and DP-FedAvg at a few noise levels
+  privacy  the seed papers' randomization sweep (FedAtt, Ji et al. 2019, Table III) and DP-FedAvg
+           at a few noise levels
   beyond   server optimizers, a learning-rate schedule, dropout, an LSTM cell, the centralized
            ceiling and a Kneser-Ney 3-gram baseline
-  lr       evidence for the gap to the seeds: the seeds' local optimizer (SGD lr 0.01, momentum
+  lr       evidence for the gap to the seed papers: their local optimizer (SGD lr 0.01, momentum
            0.5, B 10) trained centrally on all of PTB for 2 epochs (80% of the steps one
            client takes in their 50 rounds), beside the lr fedkey uses
   full     evidence too: FedAvg and FedAtt at C 0.1 with the preset's rounds, E and lr but all
            of the training data (presets that cut the data only)
-  code     the seeds' published code as it ran: their whole protocol (all data, 50 rounds, E 5,
-           lr 0.01, no clipping) with the column batches of models.batching.column_batches,
+  code     the seed papers' published code as it ran: their whole protocol (all data, 50 rounds,
+           E 5, lr 0.01, no clipping) with the column batches of models.batching.column_batches,
            scored by their column perplexity, for FedAvg and FedAtt at C 0.1, whatever the preset
 
-Presets: `gpu` is the seeds' full protocol; `cpu` cuts rounds, local epochs and data so that the
-paper suite fits an hour on two cores (the cut is written at the top of results.md). A run whose
-command is already in results.json is not run again, so an interrupted bench resumes.
+Presets: `gpu` is the seed papers' full protocol; `cpu` cuts rounds, local epochs and data so that
+the paper suite fits an hour on two cores (the cut is written at the top of results.md). A run
+whose command is already in results.json is not run again, so an interrupted bench resumes.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from common.files import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The seeds' test perplexity (DESIGN.md section 4): (method, C) -> {dataset: ppl}.
+#: The seed papers' test perplexity (FedAtt, Ji et al. 2019, Table II; FedAttOpt, Jiang et al.
+#: 2020, Table 2; FedMed, Wu et al. 2020, Table 2): (method, C) -> {dataset: ppl}.
 SEEDS: dict[tuple[str, float], dict[str, float]] = {
     ("FedSGD", 1.0): {"wikitext-2": 112.45, "ptb": 155.27},
     ("FedAvg", 0.1): {"wikitext-2": 95.27, "ptb": 138.13},
@@ -56,7 +59,8 @@ SEEDS: dict[tuple[str, float], dict[str, float]] = {
     ("FedAttOpt", 0.5): {"wikitext-2": 75.58, "ptb": 117.82},
     ("FedMed", 0.5): {"wikitext-2": 68.42, "ptb": 122.23},
 }
-#: 001 Table III (the paper does not name the dataset): beta -> (FedAvg, FedAtt).
+#: FedAtt, Ji et al. 2019, Table III (the paper does not name the dataset):
+#: beta -> (FedAvg, FedAtt).
 SEEDS_DP = {0.0: (88.21, 77.66), 0.001: (88.17, 77.76), 0.005: (88.36, 78.59),
             0.01: (89.74, 79.51), 0.05: (103.17, 101.82)}  # fmt: skip
 DATASETS = ("ptb", "wikitext-2")
@@ -65,7 +69,7 @@ SUITES = ("paper", "privacy", "beyond", "lr", "full", "code")
 
 @dataclass(frozen=True)
 class Preset:
-    """How much of the seeds' protocol a preset runs."""
+    """How much of the seed papers' protocol a preset runs."""
 
     name: str
     rounds: int
@@ -101,12 +105,12 @@ PRESETS = {
         lr=0.01,
         max_train_tokens=None,
         max_eval_sentences=None,
-        vocab_size=50_000,  # WikiText-2's whole vocabulary (33k), as the seeds built it
+        vocab_size=50_000,  # WikiText-2's whole vocabulary (33k), as the seed papers built it
         ksr_sentences=200,
         central_epochs=20,
         transport="http",
-        note="The seeds' protocol: 100 IID clients, small tied GRU, E 5, B 10, SGD lr 0.01 "
-        "momentum 0.5, 50 rounds, vocabulary from all splits, full validation and test sets; "
+        note="The seed papers' protocol: 100 IID clients, small tied GRU, E 5, B 10, SGD lr "
+        "0.01 momentum 0.5, 50 rounds, vocabulary from all splits, full validation and test sets; "
         "every run through the real server and phone fleet over HTTP.",
     ),
     # For tests and a first look: minutes, numbers near the initial model's.
@@ -138,9 +142,9 @@ PRESETS = {
         note="Cut to fit an hour on 2 CPU cores: 8 rounds (not 50), E 1 (not 5), the first 30k "
         "training words of each dataset (3.4% of PTB's, 1.4% of WikiText-2's; 100 clients of ~300 "
         "words, 1-2 local steps a round), the first 300 validation and test sentences, WikiText-2's vocabulary capped at "
-        "10k words, and local lr 1.0 instead of the seeds' 0.01 (with 1-2 local steps a round lr "
-        "0.01 leaves the model at its initial perplexity; the 'lr 0.01' row shows it). Runs "
-        "in-process (`fedkey simulate`), which gives the same weights as the HTTP path "
+        "10k words, and local lr 1.0 instead of the seed papers' 0.01 (with 1-2 local steps a "
+        "round lr 0.01 leaves the model at its initial perplexity; the 'lr 0.01' row shows it). "
+        "Runs in-process (`fedkey simulate`), which gives the same weights as the HTTP path "
         "(`fedkey run`, the gpu preset's) bit for bit (tests/test_e2e_http.py).",
     ),
 }
@@ -195,14 +199,15 @@ def paper_suite(datasets=DATASETS) -> list[RunSpec]:
     return runs
 
 
-#: FedAttOpt's server step at C 0.5: 000 gives no epsilon, and its gradient is a sum over the m
-#: clients of terms of norm ~1/d_k, so the step grows with m. 1.2 (003's FedAtt default) x 10/50
+#: FedAttOpt's server step at C 0.5: the paper (Jiang et al. 2020) gives no epsilon, and its
+#: gradient is a sum over the m clients of terms of norm ~1/d_k, so the step grows with m. 1.2
+#: (FedAtt's default, in its published code and the FedAtt/Plato summary) x 10/50
 #: takes the step 1.2 takes at C 0.1.
 ATTOPT_EPSILON_C05 = 0.24
 
 
 def paper_suite_extra(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
-    """Evidence rows: FedAvg with the seeds' lr where the preset changed it, and FedAttOpt at
+    """Evidence rows: FedAvg with the seed papers' lr where the preset changed it, and FedAttOpt at
     C 0.5 with its step scaled to the number of clients."""
     runs = []
     for ds in datasets:
@@ -276,15 +281,15 @@ def beyond_suite(datasets=DATASETS, base: str = "fedavg") -> list[RunSpec]:
     return runs
 
 
-#: SGD steps one client takes in the seeds' protocol: 50 rounds x E 5 x 42 batches of 10 of its
-#: ~420 PTB sentences. FedAvg of IID clients at a small lr moves about as far as one of them.
+#: SGD steps one client takes in the seed papers' protocol: 50 rounds x E 5 x 42 batches of 10 of
+#: its ~420 PTB sentences. FedAvg of IID clients at a small lr moves about as far as one of them.
 SEEDS_CLIENT_STEPS = 50 * 5 * 42
 
 
 def lr_suite(preset: Preset) -> list[RunSpec]:
-    """The seeds' optimizer against ours, centrally on all of PTB for 2 epochs (~8.4k steps of
+    """The seed papers' optimizer against ours, centrally on all of PTB for 2 epochs (~8.4k steps of
     B 10, 80% of SEEDS_CLIENT_STEPS; two hours of CPU would cover it all, the curve shows the
-    trend): how far can lr 0.01 get in the steps the seeds' protocol gives it?"""
+    trend): how far can lr 0.01 get in the steps the seed papers' protocol gives it?"""
     epochs = str(min(2, preset.central_epochs))
     return [
         RunSpec(
@@ -302,8 +307,8 @@ def lr_suite(preset: Preset) -> list[RunSpec]:
 
 
 def full_suite(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
-    """The seeds' two headline methods at the preset's rounds, E and lr on all of the training
-    data: how much of the gap to the seeds is the preset's cut of the data? And the server
+    """The seed papers' two headline methods at the preset's rounds, E and lr on all of the training
+    data: how much of the gap to the seed papers is the preset's cut of the data? And the server
     optimizers on FedAvg, where the preset's cut leaves too few steps to rank them."""
     if preset.max_train_tokens is None:
         return []  # the paper suite has these runs already
@@ -319,7 +324,7 @@ def full_suite(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
     ]
 
 
-#: The seeds' local training as their code ran it (fed-att src/utils/options.py, Update.py):
+#: The seed papers' local training as their code ran it (fed-att src/utils/options.py, Update.py):
 #: 50 rounds, E 5, SGD lr 0.01, no gradient clipping, every word in the vocabulary, batches of
 #: columns. The preset's rounds, E and lr come first on the command line; these win.
 SEEDS_CODE_FLAGS = ("--rounds", "50", "--local-epochs", "5", "--lr", "0.01", "--clip", "0",
@@ -327,7 +332,7 @@ SEEDS_CODE_FLAGS = ("--rounds", "50", "--local-epochs", "5", "--lr", "0.01", "--
 
 
 def code_suite(datasets=DATASETS) -> list[RunSpec]:
-    """FedAvg and FedAtt at C 0.1 as the seeds' published code ran them, and a unigram by
+    """FedAvg and FedAtt at C 0.1 as the seed papers' published code ran them, and a unigram by
     position in the sentence on the same measure: is the gap to their table the measure
     (column perplexity) rather than the methods?"""
     runs = []
@@ -406,7 +411,7 @@ def _data_flags(preset: Preset, full_train: bool = False, full_eval: bool = Fals
 
 def summarize(rows: list[dict], spec: RunSpec) -> dict:
     """One results.json object from a run's metrics rows (round 0 = the initial model)."""
-    # Column-batched runs (the code suite) choose their best model by the seeds' measure.
+    # Column-batched runs (the code suite) choose their best model by the seed papers' measure.
     key = "col_val_ppl" if "col_val_ppl" in rows[-1] else "val_ppl"
     best = min(rows, key=lambda r: r[key])
     below_90 = [r["round"] for r in rows if r["round"] > 0 and r["test_ppl"] < 90]
@@ -417,7 +422,7 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "fraction": spec.fraction,
         "group": spec.group,
         "kind": spec.kind,
-        "test_ppl": best["test_ppl"],  # of the best-validation model, as the seeds report
+        "test_ppl": best["test_ppl"],  # of the best-validation model, as the seed papers report
         "best_val_ppl": best["val_ppl"],
         "best_round": best["round"],
         "final_test_ppl": rows[-1]["test_ppl"],
@@ -486,8 +491,8 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
 def seed_number(
     suite: str, dataset: str, method: str, fraction: float | None, group: str = ""
 ) -> float | None:
-    """The seeds' number for the same experiment, where they published one (a code-suite
-    variant, "FedAtt, ...", is held against the seeds' row of its method)."""
+    """The seed papers' number for the same experiment, where they published one (a code-suite
+    variant, "FedAtt, ...", is held against the seed papers' row of its method)."""
     if suite == "code" and fraction is not None:
         method = method.split(",")[0]
     if suite in ("paper", "code") and fraction is not None:
@@ -583,7 +588,7 @@ def run_bench(
     from bench.paper_report import write_report
 
     runs = bench.read()
-    for r in runs:  # the seeds' numbers are this file's constants: as they are now
+    for r in runs:  # the seed papers' numbers are this file's constants, as they are now
         r["seed_ppl"] = seed_number(
             r["suite"], r["dataset"], r["method"], r["fraction"], r["group"]
         )

@@ -1,4 +1,5 @@
-"""The report of `fedkey bench paper`: results.md (our numbers beside the seeds') and PNG curves.
+"""The report of `fedkey bench paper`: results.md (our numbers beside the seed papers') and PNG
+curves.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything: `python -m bench.paper_report bench/results/cpu`.
@@ -46,7 +47,7 @@ def _diverged(r: dict) -> bool:
 
 
 def paper_table(runs: list[dict]) -> str:
-    """One row per (C, method): each dataset's test perplexity beside the seeds' number."""
+    """One row per (C, method): each dataset's test perplexity beside the seed papers' number."""
     keyed = {(r["method"], r["fraction"], r["dataset"]): r for r in runs}
     order = []
     for r in runs:
@@ -56,7 +57,7 @@ def paper_table(runs: list[dict]) -> str:
     order.sort(key=lambda k: rank.get(k[1], 4))
     header = ["C", "method"]
     for ds in DATASET_NAMES:
-        header += [f"{DATASET_NAMES[ds]} ours", "seeds", "ours vs seeds"]
+        header += [f"{DATASET_NAMES[ds]} ours", "seed papers", "ours vs seed papers"]
     rows = []
     for method, c in order:
         row = [_c(c), method]
@@ -112,7 +113,10 @@ def privacy_tables(runs: list[dict]) -> str:
         for i, method in enumerate(("FedAvg", "FedAtt")):
             ours = {r["group"]: r["test_ppl"] for r in rand if r["method"].startswith(method)}
             rows.append([f"{method} (ours)"] + [_f(ours.get(f"beta={b:g}")) for b in betas])
-            rows.append([f"{method} (seeds, 001 Table III)"] + [_f(SEEDS_DP[b][i]) for b in betas])
+            rows.append(
+                [f"{method} (FedAtt paper, Ji et al. 2019, Table III)"]
+                + [_f(SEEDS_DP[b][i]) for b in betas]
+            )
         ds = DATASET_NAMES.get(rand[0]["dataset"], rand[0]["dataset"])
         parts.append(
             f"Randomization (each phone adds beta * N(0, 1) to its weights; no formal guarantee), "
@@ -177,7 +181,8 @@ def beyond_table(runs: list[dict], paper: list[dict]) -> str:
 
 
 def lr_table(runs: list[dict]) -> str:
-    """Test perplexity after each epoch of the centralized runs with the seeds' lr and ours."""
+    """Test perplexity after each epoch of the centralized runs with the seed papers' lr and
+    ours."""
     epochs = max(len(r["curve"]) - 1 for r in runs)
     header = ["optimizer (centralized, all of PTB)"] + [
         f"after epoch {e}" for e in range(1, epochs + 1)
@@ -185,31 +190,31 @@ def lr_table(runs: list[dict]) -> str:
     rows = [[r["method"]] + [_f(p[2]) for p in r["curve"][1:]] for r in runs]
     seeds = {m: v["ptb"] for (m, c), v in SEEDS.items() if c == 0.1}
     return (
-        f"One epoch is ~4.2k SGD steps of 10 sentences; one client of the seeds' protocol takes "
-        f"{SEEDS_CLIENT_STEPS:,} (50 rounds x E 5 x 42 batches), and FedAvg of IID clients at a "
-        f"small lr moves about as far as one client does. The seeds report {_f(seeds['FedAvg'])} "
-        f"for FedAvg and {_f(min(seeds.values()))} for their best method on PTB at C 0.1.\n\n"
-        + markdown_table(header, rows)
+        f"One epoch is ~4.2k SGD steps of 10 sentences; one client of the seed papers' protocol "
+        f"takes {SEEDS_CLIENT_STEPS:,} (50 rounds x E 5 x 42 batches), and FedAvg of IID clients "
+        f"at a small lr moves about as far as one client does. The seed papers report "
+        f"{_f(seeds['FedAvg'])} for FedAvg and {_f(min(seeds.values()))} for their best method "
+        f"on PTB at C 0.1.\n\n" + markdown_table(header, rows)
     )
 
 
 def code_table(runs: list[dict]) -> str:
-    """The code suite: the seeds' measure (column perplexity) beside their table, and the
+    """The code suite: the seed papers' measure (column perplexity) beside their table, and the
     sentence-level perplexity of the same models."""
-    header = ["dataset", "C", "method", "column ppl (their measure)", "seeds", "ours vs seeds",
-              "sentence ppl of the same model", "best round"]  # fmt: skip
+    header = ["dataset", "C", "method", "column ppl (their measure)", "seed papers",
+              "ours vs seed papers", "sentence ppl of the same model", "best round"]  # fmt: skip
     rows = [[DATASET_NAMES[r["dataset"]], _c(r["fraction"]) if r["kind"] == "federated" else "-",
              r["method"], _f(r.get("col_test_ppl")),
              _f(r["seed_ppl"]), _ratio(r.get("col_test_ppl"), r["seed_ppl"]), _f(r["test_ppl"]),
              str(r["best_round"])] for r in runs]  # fmt: skip
     return (
-        "The seeds' published code (fed-att) gave its DataLoader lists of token ids of unequal "
-        "length; the default collate of the PyTorch of its day transposed each batch and cut it "
-        "to the shortest sentence (pytorch/pytorch#23141), so it trained on, and scored, "
+        "The seed papers' published code (fed-att) gave its DataLoader lists of token ids of "
+        "unequal length; the default collate of the PyTorch of its day transposed each batch and "
+        "cut it to the shortest sentence (pytorch/pytorch#23141), so it trained on, and scored, "
         "*columns*: token j of every sentence in a batch of 10 (training) or 128 (evaluation), "
         "the first column all start tokens (`models/batching.py: column_batches`). These runs "
-        "train that way (`--batching columns`) with the seeds' whole protocol (all data, 50 "
-        "rounds, E 5, lr 0.01, no clipping) and pick the best round by that measure, as their "
+        "train that way (`--batching columns`) with the seed papers' whole protocol (all data, "
+        "50 rounds, E 5, lr 0.01, no clipping) and pick the best round by that measure, as their "
         "code did. The position-only unigram knows nothing but where a word stands in its "
         "sentence (`fedkey ngram --positional`): on columns, where the context is the same "
         "position of other sentences, that is all a model can learn. The sentence ppl column "
@@ -252,7 +257,7 @@ def plot_curves(
     runs: list[dict], out: Path, name: str, title: str, curve: str = "curve"
 ) -> Path | None:
     """Test perplexity per round, one line per run (log scale); `curve` names the results.json
-    field (col_curve: the seeds' column perplexity)."""
+    field (col_curve: the seed papers' column perplexity)."""
     runs = [dict(r, curve=r[curve]) for r in runs if len(r.get(curve, ())) > 1]
     if not runs:
         return None
@@ -302,14 +307,17 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
         + "; with `--jobs 2` two run at once, each slower for sharing the cores)",
         _not_run(runs, preset),
         "- test ppl = the test perplexity of the model with the best validation perplexity over "
-        "the rounds (as the seeds report); perplexity counts the end-of-sentence prediction.",
+        "the rounds (as the seed papers report); perplexity counts the end-of-sentence "
+        "prediction.",
     ]
     if by_suite.get("paper"):
-        out += ["", "## The seeds' table (DESIGN.md section 4)", "", paper_table(by_suite["paper"])]
+        out += ["", "## The seed papers' table (FedAtt, Ji et al. 2019, Table II; FedAttOpt, "
+                "Jiang et al. 2020, Table 2; FedMed, Wu et al. 2020, Table 2)", "",
+                paper_table(by_suite["paper"])]  # fmt: skip
     if by_suite.get("privacy"):
         out += ["", "## Privacy", "", privacy_tables(by_suite["privacy"])]
     if by_suite.get("beyond"):
-        out += ["", "## Beyond the seeds (C 0.1)", "",
+        out += ["", "## Beyond the seed papers (C 0.1)", "",
                 beyond_table(by_suite["beyond"], by_suite.get("paper", []))]  # fmt: skip
     if by_suite.get("lr"):
         out += ["", "## The seeds' learning rate (evidence)", "", lr_table(by_suite["lr"])]
@@ -319,7 +327,8 @@ def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots:
                 "the beyond suite, at C 0.1 with the preset's rounds, E and lr, but all of each "
                 "dataset's training split:", "", paper_table(by_suite["full"])]  # fmt: skip
     if by_suite.get("code"):
-        out += ["", "## The seeds' code, as it ran (evidence)", "", code_table(by_suite["code"])]
+        out += ["", "## The seed papers' code, as it ran (evidence)", "",
+                code_table(by_suite["code"])]  # fmt: skip
     out += ["", "## Targets (issue 5)", "", targets_table(runs)]
     if plots:
         out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
@@ -356,7 +365,7 @@ def write_report(
                     title = f"{DATASET_NAMES[ds]}, C {c:g} (+ FedSGD, AdaFL)"
                     plots.append(plot_curves(part, out, f"curves_{suite}_{ds}_{tag}.png", title))
             elif suite == "code":
-                title = f"{DATASET_NAMES[ds]}, as the seeds' code ran (column perplexity)"
+                title = f"{DATASET_NAMES[ds]}, as the seed papers' code ran (column perplexity)"
                 plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title, "col_curve"))
             else:
                 title = f"{DATASET_NAMES[ds]}, {suite}"
