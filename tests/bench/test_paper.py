@@ -1,5 +1,5 @@
 """`fedkey bench paper`: every command it would run is a valid fedkey command, the report puts
-our numbers beside the seeds', and a smoke run goes end to end and resumes."""
+our numbers beside the seed papers', and a smoke run goes end to end and resumes."""
 
 import json
 import shlex
@@ -120,7 +120,8 @@ def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
     runs[2]["group"], runs[3]["group"] = "lr=0.01", "lr=1"
     table = lr_table(runs[2:])
     assert "| centralized, SGD lr 0.01 | 900.00 | 700.00 |" in table
-    assert "after epoch 2" in table and "10,500" in table  # one client's steps in the seeds' runs
+    # 10,500: the steps one client takes in the seed papers' runs
+    assert "after epoch 2" in table and "10,500" in table
     # the ceiling of the targets is the one trained on the same data as the federated runs
     assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets_table(
         runs

@@ -1,5 +1,6 @@
-"""The seeds' code's batches and measure (models.batching.column_batches, column_perplexity),
-checked against the seeds' own evaluation loop run on the collate of their PyTorch."""
+"""The seed papers' code's batches and measure (models.batching.column_batches,
+column_perplexity), checked against that code's own evaluation loop run on the collate of their
+PyTorch."""
 
 import math
 

@@ -1,5 +1,5 @@
 """The n-gram baselines: Kneser-Ney (a proper distribution, the counts it is built from, its
-metrics) and the unigram by position (the seeds' column measure)."""
+metrics) and the unigram by position (the seed papers' column measure)."""
 
 import math
 

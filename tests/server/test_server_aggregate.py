@@ -97,7 +97,8 @@ def test_fedatt_spectral_by_hand():
 
 
 def py_attopt_loss(theta, clients):
-    """L' = sum_k (log a_k + log d_k), straight from 000 eqs. 2-5, in plain python."""
+    """L' = sum_k (log a_k + log d_k), straight from FedAttOpt (Jiang et al. 2020), eqs. 2-5, in
+    plain python."""
     n = len(theta)
     s = [sum(x * y for x, y in zip(theta, c, strict=True)) / math.sqrt(n) for c in clients]
     a = py_softmax(s)

@@ -1,4 +1,5 @@
-"""Privacy: seeds' randomization, clipping, calibrated Gaussian noise, the RDP accountant."""
+"""Privacy: the seed papers' randomization, clipping, calibrated Gaussian noise, the RDP
+accountant."""
 
 import json
 import math
