@@ -6,6 +6,8 @@ Targets past a sentence's end are IGNORE, so padding never counts in the loss.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -36,14 +38,18 @@ def pad_batch(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
     return inputs, targets
 
 
-def batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = None):
+def batches(
+    seqs: list[list[int]], batch_size: int, order: list[int] | None = None
+) -> Iterator[tuple[Tensor, Tensor]]:
     """Yield padded batches of `batch_size` sentences, in `order` (default: as given)."""
     order = list(range(len(seqs))) if order is None else order
     for i in range(0, len(order), batch_size):
         yield pad_batch([seqs[j] for j in order[i : i + batch_size]])
 
 
-def column_batches(seqs: list[list[int]], batch_size: int, order: list[int] | None = None):
+def column_batches(
+    seqs: list[list[int]], batch_size: int, order: list[int] | None = None
+) -> Iterator[tuple[Tensor, Tensor]]:
     """Yield the batches the seed papers' published code (fed-att) trained and evaluated on.
 
     It fed lists of token ids of unequal length to a DataLoader with the default collate, which

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -79,7 +80,7 @@ def save_checkpoint(
     *,
     round_idx: int,
     strategy: str,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write atomically (common.files): a crash never leaves a half-written checkpoint."""
     path = Path(path)
@@ -107,15 +108,16 @@ def public_bytes(path: str | Path) -> bytes:
     return st_save(state, metadata={"fedkey": json.dumps(meta)})
 
 
-def read_metadata(path: str | Path) -> dict:
+def read_metadata(path: str | Path) -> dict[str, Any]:
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     if "fedkey" not in meta:
         raise CheckpointError(f"{path} is not a fedkey checkpoint (no 'fedkey' metadata)")
-    return json.loads(meta["fedkey"])
+    config: dict[str, Any] = json.loads(meta["fedkey"])
+    return config
 
 
-def load_checkpoint(path: str | Path):
+def load_checkpoint(path: str | Path) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
     """-> (model, tokenizer, metadata). Fails with CheckpointError if tensors and config disagree."""
     meta = read_metadata(path)
     config = ModelConfig(**meta["model"])

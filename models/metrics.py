@@ -8,6 +8,8 @@ the number of words + 1 per sentence and the numbers compare with word-level mod
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -18,6 +20,16 @@ from models.model import LanguageModel
 from models.tokenizers import Tokenizer, WordTokenizer
 
 
+class Evaluation(TypedDict):
+    """What :func:`evaluate` (and the n-gram models' `evaluate`) report on held-out sentences."""
+
+    ppl: float
+    nll: float
+    words: int
+    top1: float | None  # None for SentencePiece, or when no target is a real word
+    top3: float | None
+
+
 @torch.no_grad()
 def evaluate(
     model: LanguageModel,
@@ -25,7 +37,7 @@ def evaluate(
     sentences: list[str],
     batch_size: int = 64,
     device: torch.device | str = "cpu",
-) -> dict:
+) -> Evaluation:
     """-> {"ppl", "nll", "words", "top1", "top3"} on held-out sentences.
 
     top-k accuracy (word tokenizers only; None for SentencePiece) counts the predictions whose
@@ -103,14 +115,15 @@ def keystroke_savings(
 
     def scores(ids: list[int]) -> np.ndarray:
         logits, _ = model(torch.tensor([ids[:-2]], device=device))  # the context before each word
-        return logits[0].float().cpu().numpy()
+        row_scores: np.ndarray = logits[0].float().cpu().numpy()
+        return row_scores
 
     return keystroke_savings_of(scores, tokenizer, sentences, slots)
 
 
 def keystroke_savings_of(
-    scores_for,  # Callable[[list[int]], np.ndarray]: encoded sentence -> [words, vocab] scores
-    tokenizer: WordTokenizer,
+    scores_for: Callable[[list[int]], np.ndarray],  # encoded sentence -> [words, vocab] scores
+    tokenizer: Tokenizer,
     sentences: list[str],
     slots: int = 3,
 ) -> float:

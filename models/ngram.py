@@ -15,11 +15,16 @@ with two or three vector operations over the vocabulary.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.tokenizers import WordTokenizer
+
+if TYPE_CHECKING:  # models.metrics imports torch; this module does not
+    from models.metrics import Evaluation
 
 
 def _discount(counts: np.ndarray) -> float:
@@ -27,7 +32,9 @@ def _discount(counts: np.ndarray) -> float:
     return n1 / (n1 + 2 * n2) if n1 + n2 else 0.5
 
 
-def _grouped(keys: np.ndarray, values: np.ndarray, vocab: int) -> dict[int, tuple]:
+def _grouped(
+    keys: np.ndarray, values: np.ndarray, vocab: int
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """context key -> (next-word ids, values), from sorted keys context * vocab + word."""
     contexts, words = np.divmod(keys, vocab)
     cut = np.flatnonzero(np.diff(contexts)) + 1
@@ -39,13 +46,16 @@ def _grouped(keys: np.ndarray, values: np.ndarray, vocab: int) -> dict[int, tupl
     }
 
 
-class _Scored:
-    """Scoring shared by the n-gram models, through the `sentence_log_probs(ids)` each defines:
-    [len(ids) - 1, vocab] log-probabilities of each next token of an encoded sentence."""
+class _Scored(ABC):
+    """Scoring shared by the n-gram models, through the `sentence_log_probs(ids)` each defines."""
 
     tokenizer: WordTokenizer
 
-    def evaluate(self, sentences: list[str]) -> dict:
+    @abstractmethod
+    def sentence_log_probs(self, ids: list[int]) -> np.ndarray:
+        """[len(ids) - 1, vocab] log-probabilities of each next token of an encoded sentence."""
+
+    def evaluate(self, sentences: list[str]) -> Evaluation:
         """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate."""
         tok = self.tokenizer
         nll, words, hits1, hits3, scored = 0.0, 0, 0, 0, 0
@@ -93,7 +103,8 @@ class KneserNey(_Scored):
         # The highest order: raw counts. Each lower order: continuation counts N1+(. context w),
         # the number of distinct words before it, read off the unique keys of the order above.
         keys, counts = np.unique(np.concatenate(grams), return_counts=True)
-        self.levels = []  # [(discount, {context: (words, counts)})], highest order first
+        # [(discount, {context: (words, counts)})], highest order first
+        self.levels: list[tuple[float, dict[int, tuple[np.ndarray, np.ndarray]]]] = []
         for level in range(n, 1, -1):
             self.levels.append((_discount(counts), _grouped(keys, counts, V)))
             keys, counts = np.unique(keys % V ** (level - 1), return_counts=True)
@@ -106,7 +117,7 @@ class KneserNey(_Scored):
 
     def distribution(self, context: list[int]) -> np.ndarray:
         """P(next word | the last order-1 ids of `context`), a vector over the vocabulary."""
-        p = self.unigram
+        p: np.ndarray = self.unigram
         for k, (d, table) in enumerate(reversed(self.levels), start=1):  # bigram, trigram, ...
             key = 0
             for t in context[-k:]:
@@ -125,7 +136,12 @@ class KneserNey(_Scored):
         pad = [self.tokenizer.bos_id] * (self.order - 2)
         ctx = pad + list(ids)
         rows = [self.distribution(ctx[: len(pad) + i + 1]) for i in range(len(ids) - 1)]
-        return np.log(np.stack(rows))
+        log_probs: np.ndarray = np.log(np.stack(rows))
+        return log_probs
+
+
+#: The priors PositionalUnigram.choose_prior tries: 10, 31.6, 100, ... 100k.
+PRIORS = tuple(10 ** (k / 2) for k in range(2, 11))
 
 
 class PositionalUnigram(_Scored):
@@ -153,26 +169,31 @@ class PositionalUnigram(_Scored):
 
     def set_prior(self, prior: float) -> PositionalUnigram:
         self.prior = prior
-        self.log_probs = np.log(
+        self.log_probs: np.ndarray = np.log(
             (self.counts + prior * self.unigram) / (self.counts.sum(1, keepdims=True) + prior)
         )
         return self
 
     def choose_prior(
-        self, sentences: list[str], candidates=tuple(10 ** (k / 2) for k in range(2, 11))
+        self,
+        sentences: list[str],
+        candidates: Iterable[float] = PRIORS,
     ) -> PositionalUnigram:
         """Keep the prior (10 ... 100k) with the lowest column perplexity on held-out
         `sentences`."""
         scores = {p: self.set_prior(p).column_perplexity(sentences) for p in candidates}
-        return self.set_prior(min(scores, key=scores.get))
+        return self.set_prior(min(scores, key=scores.__getitem__))
 
     def position_log_probs(self, position: int) -> np.ndarray:
-        return self.log_probs[min(position, self.max_position)]
+        row: np.ndarray = self.log_probs[min(position, self.max_position)]
+        return row
 
     def sentence_log_probs(self, ids: list[int]) -> np.ndarray:
         return np.stack([self.position_log_probs(j) for j in range(1, len(ids))])
 
-    def column_perplexity(self, sentences: list[str], batch_size: int = 128, seed: int = 0):
+    def column_perplexity(
+        self, sentences: list[str], batch_size: int = 128, seed: int = 0
+    ) -> float:
         """models.metrics.column_perplexity for this model: the targets of column j are token j
         of their sentences, scored by P(. | j)."""
         from models.batching import column_batches, seeded_order
