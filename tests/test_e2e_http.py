@@ -5,11 +5,9 @@ reference the HTTP path must reproduce bit for bit."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +19,8 @@ from typer.testing import CliRunner
 from cli import app
 from device_sim.fleet import FleetConfig, run_fleet
 from export.metadata import load_metadata
+from runners.processes import free_port, wait_healthy
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "e2e-secret"
@@ -39,12 +39,6 @@ TRAIN = ["--local-epochs", "1", "--ksr-sentences", "20"]
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(storage: Path, port: int, *args: str) -> subprocess.Popen:
     cmd = [
         sys.executable,
@@ -61,19 +55,13 @@ def start_server(storage: Path, port: int, *args: str) -> subprocess.Popen:
         *TRAIN,
         *args,
     ]
-    log = (storage.parent / f"{storage.name}-server.log").open("a")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (storage.parent / f"{storage.name}-server.log").read_text()[
-            -3000:
-        ]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("server did not come up")
+    log = storage.parent / f"{storage.name}-server.log"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("a"), stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
+    except RuntimeError as e:
+        raise AssertionError(f"server did not come up: {e}\n{log.read_text()[-3000:]}") from e
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -152,11 +140,12 @@ def test_ten_phones_three_rounds_match_the_simulation(tmp_path):
     try:
         summary = run_fleet(fleet(port, 10), progress=False)
         metrics = httpx.get(f"http://127.0.0.1:{port}/v1/metrics").json()["rounds"]
-        deadline = time.monotonic() + 60  # the export of the last round runs in the background
-        while time.monotonic() < deadline and "model_exported" not in [
-            (e["type"] if e.get("round") == 3 else None) for e in events
-        ]:
-            time.sleep(0.2)
+        wait_for(  # the export of the last round runs in the background
+            lambda: any(e["type"] == "model_exported" and e.get("round") == 3 for e in events),
+            timeout=60,
+            every=0.2,
+            what="round 3 was not exported",
+        )
     finally:
         done.set()
         stop(proc)
@@ -233,12 +222,11 @@ def test_sigkilled_server_restarts_and_records_every_round_once(tmp_path):
     )
     phones.start()
     try:
-        deadline = time.monotonic() + 120
-        while (
-            time.monotonic() < deadline
-            and not (storage / "checkpoints" / "round_0002.safetensors").exists()
-        ):
-            time.sleep(0.05)
+        wait_for(
+            (storage / "checkpoints" / "round_0002.safetensors").exists,
+            timeout=120,
+            what="round 2 was not checkpointed",
+        )
         os.kill(proc.pid, signal.SIGKILL)  # in the middle of the run: round 3 is open or training
         proc.wait()
         proc = start_server(storage, port, *args)
