@@ -32,7 +32,7 @@ import httpx
 import torch
 from tqdm import tqdm
 
-from common.config import TrainConfig
+from common.task import RoundTask
 from corpora.dataset import device_shards
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
 from device_sim.config import ATTACKS, FleetConfig, PhoneConfig
@@ -110,18 +110,6 @@ def apply_attack(
 
 def _num_samples(shard: list[list[int]]) -> int:
     return sum(len(s) - 1 for s in shard)
-
-
-def _train_config(task: dict) -> TrainConfig:
-    return TrainConfig(
-        epochs=int(task["local_epochs"]),
-        batch_size=int(task["batch_size"]),
-        lr=float(task["lr"]),
-        momentum=float(task["momentum"]),
-        clip=float(task["clip"]),
-        max_len=int(task["max_len"]),
-        batching=str(task["batching"]),
-    )
 
 
 class _Phone:
@@ -230,21 +218,21 @@ class _Phone:
             and self.tries[key] < self.MAX_TRIES
         )
 
-    def train(self, task: dict, key: tuple[int, int], model) -> TrainResult:
-        task_key = (key, model.round, tuple(sorted((k, str(v)) for k, v in task.items())))
+    def train(self, task: RoundTask, key: tuple[int, int], model) -> TrainResult:
+        task_key = (key, model.round, repr(task))
         if self.trained is not None and self.trained[0] == task_key:
             return self.trained[1]
-        task = LocalTask(
+        local = LocalTask(
             device_id=self.name,
             shard=self.shard,
-            seed=int(task["seed"]),
+            seed=task.seed,
             model_config=model.config,
-            train=_train_config(task),
-            beta=float(task.get("beta") or 0.0),
-            sigma=float(task.get("sigma") if task.get("sigma") is not None else 1.0),
+            train=task.train,
+            beta=task.beta,
+            sigma=task.sigma,
             device=self.phone.device,
         )
-        result = self.trainer(task, model.state)
+        result = self.trainer(local, model.state)
         self.report.trained += 1
         self.trained = (task_key, result)
         return result
@@ -252,7 +240,7 @@ class _Phone:
     def participate(self, view: dict, key: tuple[int, int]) -> dict | None:
         """Act on a task; returns a newer view when one was fetched on the way."""
         r, attempt = key
-        task = view["task"]
+        task = RoundTask.from_json(view["task"])
         draws = random.Random(f"fedkey-phone:{self.phone.seed}:{self.name}:{r}:{attempt}")
         vanish = draws.random() < self.phone.dropout_rate
         slow = draws.random() < self.phone.slow_rate
@@ -265,8 +253,8 @@ class _Phone:
             log.info("%s: vanishes from round %d (dropout)", self.name, r)
             return None
         model = self.client.download_model()
-        want = task.get("model_round")
-        if want is not None and model.round != int(want):
+        want = task.model_round
+        if model.round != want:
             # The global model is not the one the task is for: look at the round again.
             log.info("%s: task wants model %s, server has %s", self.name, want, model.round)
             self.tries[key] -= 1

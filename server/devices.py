@@ -1,0 +1,184 @@
+"""Devices: enrollment, bearer tokens, and what a device sees of the round (its view, its task,
+the long-poll that waits for the view to change)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+
+from common.task import RoundTask
+from server.db import Device, hash_token
+from server.engine import client_seed
+from server.rounds import ApiError, CoordinatorState, OpenRound
+from server.settings import MAX_WAIT
+
+DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class DevicesMixin(CoordinatorState):
+    """Enrollment, authentication and the views of the round (part of Coordinator)."""
+
+    # -- devices -----------------------------------------------------------------------------------
+
+    def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
+        if not isinstance(secret, str) or not hmac.compare_digest(
+            secret.encode(), self.enrollment_secret.encode()
+        ):
+            raise ApiError(401, "wrong or missing enrollment secret", "unauthorized")
+        if name is not None and (not isinstance(name, str) or not DEVICE_NAME.match(name)):
+            raise ApiError(
+                422,
+                "name must be 1-64 characters: letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit",
+                "bad_request",
+            )
+        if num_samples is None:
+            num_samples = 1
+        elif isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+            raise ApiError(422, "num_samples must be a non-negative integer", "bad_request")
+        device_id = name or f"dev-{secrets.token_hex(6)}"
+        if device_id in self.devices:
+            raise ApiError(409, f"device name {device_id!r} is already enrolled", "name_taken")
+        token = secrets.token_urlsafe(32)
+        token_hash = hash_token(token)
+        now = time.time()
+        try:
+            with self.sessions.begin() as db:
+                db.add(
+                    Device(
+                        id=device_id,
+                        name=device_id,
+                        token_hash=token_hash,
+                        num_samples=num_samples,
+                        enrolled_at=now,
+                        last_seen=now,
+                    )
+                )
+        except IntegrityError:
+            raise ApiError(
+                409, f"device name {device_id!r} is already enrolled", "name_taken"
+            ) from None
+        self.devices[device_id] = num_samples
+        self._tokens[token_hash] = device_id
+        self.telemetry.devices.set(len(self.devices))
+        self.events.publish("device_enrolled", device_id=device_id, devices=len(self.devices))
+        self._poke.set()
+        return {"device_id": device_id, "token": token}
+
+    def authenticate(self, authorization: str | None) -> str:
+        """`Authorization: Bearer <token>` -> device id, or 401."""
+        if not authorization:
+            raise ApiError(401, "missing 'Authorization: Bearer <token>' header", "unauthorized")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "the Authorization header must be 'Bearer <token>'", "unauthorized")
+        device_id = self._tokens.get(hash_token(token.strip()))
+        if device_id is None:
+            raise ApiError(401, "unknown device token: enroll first", "unauthorized")
+        now = time.time()
+        if now - self._last_seen.get(device_id, 0.0) > 30:
+            self._last_seen[device_id] = now
+            with self.sessions.begin() as db:
+                dev = db.get(Device, device_id)
+                if dev is not None:
+                    dev.last_seen = now
+        return device_id
+
+    # -- what a device sees --------------------------------------------------------------------------
+
+    def _upload_flag(self, r: OpenRound, device_id: str) -> bool | None:
+        if device_id not in r.plan.cohort:
+            return False
+        if not self.settings.topk:
+            return True
+        if r.uploaders is None:
+            return None
+        return device_id in r.uploaders
+
+    def task(self, r: OpenRound, device_id: str) -> dict:
+        p = self.federation.config.privacy
+        return RoundTask(
+            train=r.plan.train,
+            seed=client_seed(self.federation.config.seed, r.number, device_id),
+            beta=p.beta,
+            sigma=p.sigma,
+            deadline=r.deadline,
+            model_round=r.number - 1,
+        ).to_json()
+
+    def view(self, device_id: str) -> dict:
+        """GET /v1/rounds/current for `device_id`."""
+        r = self.current
+        if r is None:
+            done = self.federation.round
+            return {
+                "round": done if self.state == "finished" else done + 1,
+                "attempt": 0 if self.state == "finished" else self._next_attempt,
+                "state": self.state,
+                "selected": False,
+                "task": None,
+                "loss_reported": False,
+                "uploaded": False,
+                "upload": False,
+            }
+        selected = device_id in r.plan.cohort
+        return {
+            "round": r.number,
+            "attempt": r.attempt,
+            "state": self.state,
+            "selected": selected,
+            "task": self.task(r, device_id) if selected else None,
+            "loss_reported": device_id in r.losses,
+            "uploaded": device_id in r.uploads,
+            "upload": self._upload_flag(r, device_id),
+        }
+
+    def everyone_told_finished(self) -> bool:
+        """The run is finished and every enrolled device has been answered so."""
+        return self.state == "finished" and all(
+            self._given.get(d, {}).get("state") == "finished" for d in self.devices
+        )
+
+    async def wait_view(self, device_id: str, wait: float) -> dict:
+        """Long-poll: at once when the view differs from the one this device was last given
+        (so no transition is missed between two polls), else the first change within `wait`."""
+        view = self.view(device_id)
+        if wait > 0 and view == self._given.get(device_id):
+            await self._wait_until(lambda: self.view(device_id) != view, wait)
+            view = self.view(device_id)
+        self._given[device_id] = view
+        return view
+
+    async def _wait_until(self, predicate: Callable[[], bool], wait: float) -> bool:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, min(float(wait), MAX_WAIT))
+        while not predicate():
+            remaining = end - loop.time()
+            if remaining <= 0 or self._stopping:
+                return False
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+        return True
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def health(self) -> dict:
+        r = self.current
+        if r is not None:
+            n = r.number
+        elif self.federation is None:
+            n = 0
+        else:
+            n = self.federation.round + (0 if self.state == "finished" else 1)
+        return {"status": "ok", "round": n, "state": self.state}

@@ -1,0 +1,264 @@
+"""The round driver: one asyncio task makes every transition of the round lifecycle (open, the
+FedMed topK decision, aggregate, fail, finish), so transitions never race."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from safetensors.torch import load as st_load
+
+from server.db import MetricRow, Round
+from server.engine import RoundPlan
+from server.rounds import CoordinatorState, OpenRound, Upload
+from server.strategies import ClientUpdate
+from server.strategies.selection import cohort_size
+
+log = logging.getLogger("fedkey.server")
+
+
+class DriverMixin(CoordinatorState):
+    """The transitions of the round lifecycle (part of Coordinator)."""
+
+    async def _drive(self) -> None:
+        while not self._stopping:
+            self._poke.clear()
+            try:
+                while not self._stopping and await self._step():
+                    pass
+            except Exception:  # keep serving; the next poke or deadline tries again
+                log.exception("round driver step failed")
+                await asyncio.sleep(1.0)
+            if self._stopping:
+                break
+            timeout = None
+            if self.state == "open" and self.current is not None:
+                timeout = max(0.0, self.current.deadline - time.time()) + 0.01
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), timeout)
+
+    async def _step(self) -> bool:
+        """Make at most one transition; True when something changed (then step again)."""
+        if self.state == "finished":
+            return False
+        if self.state == "waiting":
+            if self._finished():
+                self._finish()
+                return True
+            if len(self.devices) >= self.settings.wait_devices:
+                self._open_round()
+                return True
+            return False
+        r = self.current
+        if self.state != "open" or r is None:
+            return False
+        now = time.time()
+        if self.settings.topk and r.uploaders is None:
+            if set(r.losses) >= set(r.plan.cohort):
+                self._decide(r, now)
+                return True
+            if now < r.deadline:
+                return False
+            if not r.losses:
+                self._fail(r, "no loss reports before the deadline")
+                return True
+            self._decide(r, now)
+            quorum = self._quorum(r)
+            if len(r.uploaders) < quorum:
+                self._fail(r, f"{len(r.uploaders)} uploaders chosen, quorum {quorum}")
+            return True
+        expected = self._expected(r)
+        if set(r.uploads) >= set(expected):
+            await self._aggregate(r)
+            return True
+        if now >= r.deadline:
+            quorum = self._quorum(r)
+            if len(r.uploads) >= quorum:
+                await self._aggregate(r)
+            else:
+                self._fail(r, f"{len(r.uploads)} updates received, quorum {quorum}")
+            return True
+        return False
+
+    def _expected(self, r: OpenRound) -> list[str] | None:
+        """Who must upload: the topK uploaders once chosen (None before), else the cohort."""
+        if self.settings.topk:
+            return r.uploaders
+        return r.plan.cohort
+
+    def _quorum(self, r: OpenRound) -> int:
+        if self.settings.topk:
+            expected = cohort_size(self.settings.topk_beta, len(r.plan.cohort))
+        else:
+            expected = len(r.plan.cohort)
+        return self.settings.quorum_for(expected)
+
+    def _finished(self) -> bool:
+        fed = self.federation
+        return fed.round >= fed.config.rounds or fed.budget_spent
+
+    def _finish_reason(self) -> str:
+        fed = self.federation
+        if fed.round >= fed.config.rounds:
+            return f"all {fed.config.rounds} rounds done"
+        return (
+            f"privacy budget: another round would pass epsilon {fed.config.privacy.target_epsilon}"
+        )
+
+    def _finish(self) -> None:
+        self.state = "finished"
+        self.current = None
+        self.finish_reason = self._finish_reason()
+        self._set_round_gauge()
+        log.info("run finished: %s", self.finish_reason)
+        self.events.publish("run_finished", round=self.federation.round, reason=self.finish_reason)
+        self._notify()
+        if self.settings.exit_when_done and self.on_finished is not None:
+            self.on_finished()
+
+    def _setup_strategy(self, available: list[str]) -> None:
+        """strategy.setup for devices it has not seen yet (AdaFL's n_k), before a plan_round."""
+        strategy = self.federation.strategy
+        new = {d: self.devices.get(d, 1) for d in available if d not in strategy.client_sizes}
+        if new:
+            strategy.setup(new, self.federation.config.rounds)
+
+    def _open_round(self) -> None:
+        fed = self.federation
+        available = sorted(self.devices)
+        self._setup_strategy(available)
+        attempt = self._next_attempt
+        plan = fed.plan_round(available, attempt)
+        now = time.time()
+        deadline = now + self.settings.round_deadline
+        with self.sessions.begin() as db:
+            row = Round(
+                number=plan.round,
+                attempt=attempt,
+                state="open",
+                available=available,
+                cohort=plan.cohort,
+                uploaders=None,
+                opened_at=now,
+                deadline=deadline,
+            )
+            db.add(row)
+            db.flush()
+            row_id = row.id
+        self.current = OpenRound(row_id, plan, now, deadline)
+        self.state = "open"
+        self._set_round_gauge()
+        log.info(
+            "round %d (attempt %d) open: %d of %d devices selected",
+            plan.round,
+            attempt,
+            len(plan.cohort),
+            len(available),
+        )
+        self.events.publish(
+            "round_opened",
+            round=plan.round,
+            attempt=attempt,
+            cohort=plan.cohort,
+            deadline=deadline,
+            model_round=fed.round,
+        )
+        self._notify()
+
+    def _decide(self, r: OpenRound, now: float) -> None:
+        """FedMed topK: the engine chooses the uploaders among the devices that reported."""
+        losses = {d: loss for d, (loss, _) in r.losses.items()}
+        r.uploaders = self.federation.choose_uploaders(r.plan, losses)
+        r.deadline = max(r.deadline, now + self.settings.upload_grace)
+        with self.sessions.begin() as db:
+            row = db.get(Round, r.row_id)
+            row.uploaders = r.uploaders
+            row.deadline = r.deadline
+        log.info("round %d: topK chose %s of %d reporters", r.number, r.uploaders, len(losses))
+        self._notify()
+
+    def _fail(self, r: OpenRound, why: str) -> None:
+        """Quorum missed: nothing applied; the same round opens again with attempt + 1."""
+        with self.sessions.begin() as db:
+            db.get(Round, r.row_id).state = "failed"
+        for up in r.uploads.values():
+            Path(up.path).unlink(missing_ok=True)
+        self.current = None
+        self.state = "waiting"
+        self._next_attempt = r.attempt + 1
+        self.telemetry.rounds_failed.inc()
+        log.warning("round %d attempt %d failed: %s", r.number, r.attempt, why)
+        self.events.publish(
+            "round_failed",
+            round=r.number,
+            attempt=r.attempt,
+            reason=why,
+            received=len(r.uploads),
+            quorum=self._quorum(r),
+        )
+        self._notify()
+
+    async def _aggregate(self, r: OpenRound) -> None:
+        self.state = "aggregating"
+        with self.sessions.begin() as db:
+            db.get(Round, r.row_id).state = "aggregating"
+        self._notify()
+        uploads = sorted(r.uploads.items())
+        start = time.perf_counter()
+        try:
+            row = await asyncio.to_thread(self._complete, r.plan, uploads)
+        except Exception as e:  # all or nothing: the engine left everything as before
+            log.exception("round %d: aggregation failed", r.number)
+            self.state = "open"
+            self._fail(r, f"aggregation failed: {type(e).__name__}: {e}")
+            return
+        self.telemetry.aggregation_seconds.observe(time.perf_counter() - start)
+        # The checkpoint and metrics.jsonl are written: record it (a crash here is reconciled).
+        with self.sessions.begin() as db:
+            db.get(Round, r.row_id).state = "aggregated"
+            db.merge(MetricRow(round=row["round"], row=row))
+        self._load_model()
+        self._schedule_export()
+        if not self.settings.keep_uploads:
+            shutil.rmtree(self._round_dir(r.number), ignore_errors=True)
+        self.current = None
+        self.state = "waiting"
+        self._next_attempt = 0
+        self.telemetry.rounds_completed.inc()
+        log.info(
+            "round %d aggregated %d updates: val_ppl %.2f test_ppl %.2f",
+            row["round"],
+            len(row["aggregated"]),
+            row["val_ppl"],
+            row["test_ppl"],
+        )
+        self.events.publish(
+            "round_aggregated",
+            round=row["round"],
+            attempt=r.attempt,
+            aggregated=row["aggregated"],
+            val_ppl=row["val_ppl"],
+            test_ppl=row["test_ppl"],
+            epsilon=row["epsilon"],
+        )
+        self._notify()
+
+    def _complete(self, plan: RoundPlan, uploads: list[tuple[str, Upload]]) -> dict:
+        """In a worker thread: load the uploads and let the engine complete the round."""
+        updates = [
+            ClientUpdate(
+                state=st_load(Path(up.path).read_bytes()),
+                num_samples=up.num_samples,
+                train_loss=up.train_loss,
+                device_id=device_id,
+            )
+            for device_id, up in uploads
+        ]
+        return self.federation.complete_round(plan, updates)
+
+    def _set_round_gauge(self) -> None:
+        self.telemetry.current_round.set(self.health()["round"])

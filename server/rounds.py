@@ -1,0 +1,87 @@
+"""What the coordinator holds: the open round and its uploads, a refused request, and the state
+its parts share (server.devices, server.uploads, server.driver, server.recovery are mixins of
+server.coordinator.Coordinator over one `CoordinatorState`)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from server.engine import RoundPlan
+from server.validation import ValidationError
+
+if TYPE_CHECKING:
+    from server.engine import Federation
+    from server.events import EventBus
+    from server.settings import Settings
+    from server.telemetry import Telemetry
+
+
+class ApiError(ValidationError):
+    """A refused request: HTTP status, a message for people, a short reason for metrics/events."""
+
+
+@dataclass
+class Upload:
+    receipt: str
+    sha256: str
+    bytes: int
+    path: str
+    num_samples: int
+    train_loss: float
+
+    def reply(self, round_idx: int) -> dict:
+        return {
+            "receipt": self.receipt,
+            "round": round_idx,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+        }
+
+
+@dataclass
+class OpenRound:
+    row_id: int
+    plan: RoundPlan
+    opened_at: float
+    deadline: float
+    losses: dict[str, tuple[float, int]] = field(default_factory=dict)
+    uploaders: list[str] | None = None  # the topK decision (None: pending, or no topK)
+    uploads: dict[str, Upload] = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        return self.plan.round
+
+    @property
+    def attempt(self) -> int:
+        return self.plan.attempt
+
+
+class CoordinatorState:
+    """The state the coordinator's parts share; Coordinator.__init__ and start() set it. Request
+    handlers only record what devices send and poke the driver; the driver makes every
+    transition."""
+
+    settings: Settings
+    telemetry: Telemetry
+    events: EventBus
+    root: Path
+    uploads_dir: Path
+    enrollment_secret: str
+    upload_limit: int  # bytes of an upload: the model's plus settings.max_upload_margin
+    state: str  # starting | waiting | open | aggregating | finished
+    current: OpenRound | None
+    federation: Federation | None
+    sessions: Any  # sqlalchemy sessionmaker
+    devices: dict[str, int]  # device id -> num_samples
+    finish_reason: str | None
+    _tokens: dict[str, str]  # token hash -> device id
+    _last_seen: dict[str, float]
+    _given: dict[str, dict]  # device id -> the view it was last answered
+    _next_attempt: int
+    _changed: asyncio.Event  # replaced on every change: long-polls wait on it
+    _poke: asyncio.Event  # wakes the driver
+    _stopping: bool

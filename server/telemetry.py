@@ -1,0 +1,36 @@
+"""Prometheus metrics of `fedkey server`: counters and gauges of the round lifecycle."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Telemetry:
+    """Prometheus metrics in a registry of their own (several apps can live in one process)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.uploads_accepted = Counter(
+            "fedkey_uploads_accepted", "Updates accepted (duplicates not counted)", registry=r
+        )
+        self.uploads_rejected = Counter(
+            "fedkey_uploads_rejected",
+            "Updates (kind=update) and loss reports (kind=loss) refused",
+            ["reason", "kind"],
+            registry=r,
+        )
+        self.loss_reports = Counter("fedkey_loss_reports", "Loss reports accepted", registry=r)
+        self.rounds_completed = Counter(
+            "fedkey_rounds_completed", "Rounds aggregated into the global model", registry=r
+        )
+        self.rounds_failed = Counter(
+            "fedkey_rounds_failed", "Round attempts that missed their quorum", registry=r
+        )
+        self.current_round = Gauge("fedkey_current_round", "The round open or next", registry=r)
+        self.devices = Gauge("fedkey_devices_enrolled", "Enrolled devices", registry=r)
+        self.aggregation_seconds = Histogram(
+            "fedkey_aggregation_seconds",
+            "Aggregate + privacy + evaluate + checkpoint, per round",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )

@@ -1,0 +1,253 @@
+"""Requests of selected devices: loss reports (FedMed topK) and uploads, validated, written
+atomically, one Receipt each. They only record what devices send and poke the driver."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+from common.files import publish, write_temp
+from server import validation
+from server.db import Receipt
+from server.rounds import ApiError, CoordinatorState, OpenRound, Upload
+from server.validation import ValidationError
+
+
+class UploadsMixin(CoordinatorState):
+    """POST /v1/rounds/{n}/loss and /v1/rounds/{n}/update (part of Coordinator)."""
+
+    def _open_round_for(self, device_id: str, n: int) -> OpenRound:
+        """The open round `n` with `device_id` selected, or 409 / 403."""
+        r = self.current
+        if self.state == "finished":
+            raise ApiError(
+                409, f"the run is finished after round {self.federation.round}", "stale_round"
+            )
+        if r is None:
+            nxt = self.federation.round + 1
+            reason = "stale_round" if n < nxt else "future_round" if n > nxt else "not_open"
+            raise ApiError(409, f"round {n} is not open: round {nxt} has not opened yet", reason)
+        if n != r.number:
+            which = "stale" if n < r.number else "future"
+            raise ApiError(
+                409,
+                f"round {n} is not the open round ({which}); round {r.number} is",
+                f"{which}_round",
+            )
+        if self.state != "open":
+            raise ApiError(
+                409, f"round {n} is closed and being aggregated; wait for the next", "stale_round"
+            )
+        if device_id not in r.plan.cohort:
+            raise ApiError(
+                403, f"device {device_id!r} is not selected in round {n}", "not_selected"
+            )
+        return r
+
+    def _reject(self, device_id: str | None, n: int | None, kind: str, e: ValidationError) -> None:
+        self.telemetry.uploads_rejected.labels(reason=e.reason, kind=kind).inc()
+        self.events.publish(
+            "update_rejected",
+            round=n,
+            device_id=device_id,
+            kind=kind,
+            reason=e.reason,
+            status=e.status,
+            detail=e.message,
+        )
+
+    async def report_loss(
+        self, authorization: str | None, n: int, body: bytes, wait: float = 0.0
+    ) -> dict:
+        """POST /v1/rounds/{n}/loss -> {"upload": true|false|null}."""
+        device_id = None
+        try:
+            device_id = self.authenticate(authorization)
+            r = self._open_round_for(device_id, n)
+            train_loss, num_samples = _parse_loss_body(body)
+            if device_id in r.losses:
+                if r.losses[device_id] != (train_loss, num_samples):
+                    raise ApiError(
+                        409,
+                        f"device {device_id!r} already reported a different loss for round {n}",
+                        "duplicate",
+                    )
+            else:
+                if r.uploaders is not None:
+                    raise ApiError(
+                        403,
+                        f"round {n}'s uploaders were already chosen without device {device_id!r}",
+                        "not_selected",
+                    )
+                now = time.time()
+                with self.sessions.begin() as db:
+                    db.add(
+                        Receipt(
+                            receipt=secrets.token_hex(16),
+                            round=n,
+                            attempt=r.attempt,
+                            device_id=device_id,
+                            kind="loss",
+                            train_loss=train_loss,
+                            num_samples=num_samples,
+                            created_at=now,
+                        )
+                    )
+                r.losses[device_id] = (train_loss, num_samples)
+                self.telemetry.loss_reports.inc()
+                self._notify()
+                self._poke.set()
+        except ValidationError as e:
+            self._reject(device_id, n, "loss", e)
+            raise
+        if wait > 0:
+            await self._wait_until(
+                lambda: self.current is not r or self._upload_flag(r, device_id) is not None, wait
+            )
+        return {"upload": self._upload_flag(r, device_id) if self.current is r else None}
+
+    async def receive_update(
+        self,
+        authorization: str | None,
+        n: int,
+        headers: Mapping[str, str],
+        body: AsyncIterator[bytes],
+    ) -> dict:
+        """POST /v1/rounds/{n}/update: validate, store atomically, record a receipt."""
+        device_id = None
+        tmp: Path | None = None
+        try:
+            device_id = self.authenticate(authorization)
+            r = self._open_round_for(device_id, n)
+            self._check_may_upload(r, device_id)
+            existing = r.uploads.get(device_id)
+            try:
+                validation.check_content_length(headers.get("content-length"), self.upload_limit)
+                data = await validation.read_limited(body, self.upload_limit)
+            except ValidationError as e:
+                if e.status == 413 and existing is not None:  # surely not the same bytes
+                    raise _different_duplicate(device_id, n) from None
+                raise
+            sha = hashlib.sha256(data).hexdigest()
+            if existing is not None:
+                if existing.sha256 == sha:
+                    return existing.reply(n)
+                raise _different_duplicate(device_id, n)
+            config = self.federation.model_config
+            await asyncio.to_thread(validation.parse_update, data, config)
+            num_samples = validation.parse_num_samples(headers.get(validation.NUM_SAMPLES_HEADER))
+            train_loss = validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
+            tmp = await asyncio.to_thread(self._write_temp, n, device_id, data)
+            # The round may have moved on while the body streamed in: check again, then commit.
+            if self.current is not r:
+                raise ApiError(
+                    409, f"round {n} closed while the update was received", "stale_round"
+                )
+            r = self._open_round_for(device_id, n)
+            existing = r.uploads.get(device_id)
+            if existing is not None:
+                if existing.sha256 == sha:
+                    return existing.reply(n)
+                raise _different_duplicate(device_id, n)
+            final = self._round_dir(n) / f"{device_id}.safetensors"
+            publish(tmp, final)
+            tmp = None
+            up = Upload(secrets.token_hex(16), sha, len(data), str(final), num_samples, train_loss)
+            with self.sessions.begin() as db:
+                db.add(
+                    Receipt(
+                        receipt=up.receipt,
+                        round=n,
+                        attempt=r.attempt,
+                        device_id=device_id,
+                        kind="update",
+                        train_loss=train_loss,
+                        num_samples=num_samples,
+                        sha256=sha,
+                        bytes=len(data),
+                        path=str(final),
+                        created_at=time.time(),
+                    )
+                )
+            r.uploads[device_id] = up
+        except ValidationError as e:
+            self._reject(device_id, n, "update", e)
+            raise
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+        self.telemetry.uploads_accepted.inc()
+        self.events.publish(
+            "update_received",
+            round=n,
+            attempt=r.attempt,
+            device_id=device_id,
+            bytes=up.bytes,
+            sha256=sha,
+            received=len(r.uploads),
+            expected=len(self._expected(r)) if self._expected(r) is not None else None,
+        )
+        self._notify()
+        self._poke.set()
+        return up.reply(n)
+
+    def _check_may_upload(self, r: OpenRound, device_id: str) -> None:
+        flag = self._upload_flag(r, device_id)
+        if flag is None:
+            raise ApiError(
+                403,
+                f"round {r.number}: the topK decision is pending; report your loss and poll "
+                "/v1/rounds/current until 'upload' is true",
+                "not_selected",
+            )
+        if flag is False:
+            raise ApiError(
+                403,
+                f"device {device_id!r} was not chosen to upload in round {r.number} (topK)",
+                "not_selected",
+            )
+
+    def _round_dir(self, n: int) -> Path:
+        return self.uploads_dir / f"round_{n:04d}"
+
+    def _write_temp(self, n: int, device_id: str, data: bytes) -> Path:
+        d = self._round_dir(n)
+        d.mkdir(parents=True, exist_ok=True)
+        # Owner-only: an update says something about the device's text.
+        return write_temp(d, data, prefix=f".tmp-{device_id}-", suffix=".safetensors", mode=0o600)
+
+
+def _different_duplicate(device_id: str, n: int) -> ApiError:
+    return ApiError(
+        409,
+        f"device {device_id!r} already uploaded a different update for round {n}",
+        "duplicate",
+    )
+
+
+def _parse_loss_body(raw: bytes) -> tuple[float, int]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ApiError(
+            422,
+            'the body must be a JSON object {"train_loss": float, "num_samples": int}',
+            "bad_loss",
+        )
+    loss, n = body.get("train_loss"), body.get("num_samples")
+    if isinstance(loss, bool) or not isinstance(loss, int | float):
+        raise ApiError(422, "train_loss must be a number", "bad_loss")
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ApiError(422, "num_samples must be an integer", "bad_loss")
+    try:
+        validation.check_loss_report(float(loss), n)
+    except ValidationError as e:
+        raise ApiError(e.status, e.message, e.reason) from None
+    return float(loss), n
