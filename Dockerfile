@@ -9,8 +9,12 @@ ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     PYTHONUNBUFFERED=1
 
 WORKDIR /app
-COPY requirements.txt constraints.txt ./
-RUN pip install -r requirements.txt -c constraints.txt
+# The runtime dependencies alone (pyproject.toml's [project] dependencies, not the dev group), at
+# the versions constraints.txt pins; a layer of its own, rebuilt only when those two files change.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/runtime.txt \
+    && pip install -r /tmp/runtime.txt -c constraints.txt \
+    && rm /tmp/runtime.txt
 COPY . .
 RUN pip install --no-deps -e .
 

@@ -1,19 +1,22 @@
 # Two commands on a fresh machine:  make demo  and  make test.
-# Both create or refresh .venv from the pinned requirements first (and the keyboard's pinned
-# onnxruntime-web, for its in-browser mode, when npm is there).
+# Both create or refresh .venv first: fedkey (editable) with its runtime dependencies
+# (pyproject.toml's [project] dependencies) and its dev group (tests, lint, types), every package
+# at the exact version constraints.txt pins; and the keyboard's pinned onnxruntime-web, for its
+# in-browser mode, when npm is there.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format clean
+.PHONY: venv demo test test-fast lint imports format clean
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml keyboard_web/package-lock.json
+# pip >= 25.1 installs a PEP 735 dependency group (--group); setuptools >= 68 is the build
+# backend pyproject.toml names, used from the venv (--no-build-isolation).
+$(STAMP): pyproject.toml constraints.txt keyboard_web/package-lock.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --upgrade "pip>=25.1" "setuptools>=68"
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e . --group dev
 	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --ignore-scripts --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: the keyboard's in-browser (wasm) mode will be unavailable"; fi
 	touch $(STAMP)
@@ -28,13 +31,25 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q
 
+# The tests that take at most a few seconds each (no @pytest.mark.slow).
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+# Style, types (pyproject.toml [tool.mypy]: strict for models/ and server/strategies/) and the
+# layer contracts (pyproject.toml [tool.importlinter]).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+# Which top-level packages each top-level package imports (tools/import_graph.py).
+imports: venv
+	$(PY) tools/import_graph.py
 
 format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache keyboard_web/node_modules
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache keyboard_web/node_modules
