@@ -15,6 +15,7 @@ Schemes:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from corpora.loaders import Corpus
 
 __all__ = [
     "SCHEMES",
+    "Scheme",
     "block_labels",
     "by_user",
     "dirichlet",
@@ -30,7 +32,8 @@ __all__ = [
     "shard_sizes",
 ]
 
-SCHEMES = ("iid", "user", "dirichlet")
+Scheme = Literal["iid", "user", "dirichlet"]
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 
 
 def _check_clients(num_clients: int, n_items: int) -> None:

@@ -12,6 +12,7 @@ import base64
 import io
 from collections import Counter
 from collections.abc import Iterable
+from typing import Literal, get_args
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 
@@ -113,7 +114,8 @@ class SentencePieceTokenizer:
 
 
 Tokenizer = WordTokenizer | SentencePieceTokenizer
-TOKENIZER_KINDS = ("word", "sentencepiece")
+TokenizerKind = Literal["word", "sentencepiece"]
+TOKENIZER_KINDS: tuple[TokenizerKind, ...] = get_args(TokenizerKind)
 
 
 def build_tokenizer(kind: str, sentences: list[str], vocab_size: int = 10_000) -> Tokenizer:

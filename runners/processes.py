@@ -4,11 +4,26 @@ benchmarks and the tests, so there is one way to do each."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
 
-__all__ = ["free_port", "wait_healthy"]
+__all__ = [
+    "ProcessError",
+    "ProcessGroup",
+    "free_port",
+    "listen_problem",
+    "wait_for",
+    "wait_healthy",
+]
+
+
+class ProcessError(RuntimeError):
+    """A child process exited, or did not get ready, when it was needed."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -18,23 +33,111 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port (e.g. "Address already in use"), or None."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is fine
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def wait_healthy(
     url: str,
     proc: subprocess.Popen | None = None,
     timeout: float = 120.0,
     path: str = "/healthz",
+    name: str = "the server",
 ) -> None:
-    """Wait until GET url+path answers 200; RuntimeError if `proc` exits first or time runs out."""
+    """Wait until GET url+path answers 200; ProcessError if `proc` exits first or time runs out."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready")
+            raise ProcessError(f"{name} exited with code {proc.returncode} before it was ready")
         try:
             if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"the server at {url} was not healthy after {timeout:.0f} s")
+    raise ProcessError(f"{name} at {url} was not healthy after {timeout:.0f} s")
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    interval: float = 0.5,
+) -> bool:
+    """Poll `condition` until it holds (True); False once `timeout` seconds pass or `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+            return False
+        time.sleep(interval)
+    return True
+
+
+class ProcessGroup:
+    """Child processes that stop together.
+
+    `start(name, argv)` runs a command with its stdout and stderr in `log_dir/<name>.log` and
+    `env` added to this process's environment. `stop()`, also run on leaving a `with` block
+    (an exception or Ctrl-C included), terminates every child still running, waits up to `grace`
+    seconds for each, then kills those left."""
+
+    def __init__(
+        self, log_dir: Path, env: Mapping[str, str] | None = None, grace: float = 20.0
+    ) -> None:
+        self.log_dir = Path(log_dir)
+        self.env = dict(env or {})
+        self.grace = grace
+        self.procs: list[subprocess.Popen] = []
+        self._logs: list[IO[str]] = []
+
+    def log(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen:
+        log = self.log(name).open("w")
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
+        self.procs.append(proc)
+        return proc
+
+    def first_exit(
+        self, ignore: Iterable[subprocess.Popen] = (), interval: float = 1.0
+    ) -> subprocess.Popen:
+        """Block until a child (other than those in `ignore`) exits; return it."""
+        skip = {id(p) for p in ignore}
+        watched = [p for p in self.procs if id(p) not in skip]
+        while True:
+            for p in watched:
+                if p.poll() is not None:
+                    return p
+            time.sleep(interval)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for log in self._logs:
+            log.close()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -12,14 +12,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.config import DataConfig, TrainConfig
-from models.config import ModelConfig
-from server.config import FederationConfig, PrivacyConfig, ServerOptConfig
+from common.config import Batching, DataConfig, TrainConfig
+from models.config import Cell, ModelConfig, Preset
+from models.tokenizers import TokenizerKind
+from server.config import (
+    FederationConfig,
+    Norm,
+    PrivacyConfig,
+    ServerOptConfig,
+    ServerOptName,
+    StrategyName,
+)
 
 #: The longest a long-poll may wait (seconds), as in the HTTP contract.
 MAX_WAIT = 60.0
@@ -40,7 +47,7 @@ class Settings(BaseSettings):
     # -- data: the server's side (tokenizer + evaluation text), as DataConfig -----------------
     data: str = _DATA.data
     paper_protocol: bool = _DATA.paper_protocol
-    tokenizer: Literal["word", "sentencepiece"] = _DATA.tokenizer
+    tokenizer: TokenizerKind = _DATA.tokenizer
     vocab_size: int = Field(_DATA.vocab_size, ge=4)
     tokenizer_text: str | None = _DATA.tokenizer_text  # SentencePiece: public text it is trained on
     max_train_tokens: int | None = Field(_DATA.max_train_tokens, ge=1)
@@ -48,17 +55,17 @@ class Settings(BaseSettings):
     seed: int = _DATA.seed  # also the federation's seed
 
     # -- model ---------------------------------------------------------------------------------
-    model: Literal["small", "medium", "large"] = "small"
+    model: Preset = "small"
     hidden_size: int | None = Field(None, ge=1)  # overrides the preset's size (emb = hidden)
-    cell: Literal["gru", "lstm"] = _MODEL.cell
+    cell: Cell = _MODEL.cell
     layers: int = Field(_MODEL.num_layers, ge=1, le=4)
     tied: bool = _MODEL.tied
     dropout: float = Field(_MODEL.dropout, ge=0.0, le=0.9)
 
     # -- federation ----------------------------------------------------------------------------
-    strategy: Literal["fedsgd", "fedavg", "fedatt", "fedattopt", "fedmed"] = _FEDERATION.strategy
+    strategy: StrategyName = _FEDERATION.strategy
     epsilon: float | None = None  # fedatt / fedattopt server step (strategy default 1.2)
-    norm: Literal["l2", "spectral"] = "l2"  # fedatt distance
+    norm: Norm = "l2"  # fedatt distance
     eta: float = 1.0  # fedmed step
     epsilon_med: float = 0.1  # fedmed mediation threshold
     topk_beta: float = Field(1.0, gt=0.0, le=1.0)  # fedmed topK share of uploaders (1 = off)
@@ -66,7 +73,7 @@ class Settings(BaseSettings):
     fraction: float = Field(_FEDERATION.fraction, gt=0.0, le=1.0)
     rounds: int = Field(_FEDERATION.rounds, ge=1)
     # the server optimizer, on the aggregate's pseudo-gradient
-    server_opt: Literal["none", "momentum", "adam"] = _SERVER_OPT.name
+    server_opt: ServerOptName = _SERVER_OPT.name
     server_lr: float = Field(_SERVER_OPT.lr, gt=0)
     server_momentum: float = Field(_SERVER_OPT.momentum, ge=0, lt=1)  # FedAvgM beta / Adam beta1
     # round r's local lr = lr * lr_decay ** (r - 1)
@@ -93,7 +100,7 @@ class Settings(BaseSettings):
     clip: float = Field(_TRAIN.clip, ge=0)
     max_len: int = Field(_TRAIN.max_len, ge=2)
     # columns: the batches of the seed papers' code
-    batching: Literal["sentences", "columns"] = _TRAIN.batching
+    batching: Batching = _TRAIN.batching
 
     # -- privacy ---------------------------------------------------------------------------------
     dp_beta: float = Field(_PRIVACY.beta, ge=0)

@@ -172,7 +172,8 @@ def test_every_step_skipped_writes_a_report(tmp_path):
 
 
 def test_bench_perf_help():
-    from cli import BenchStep, app
+    from cli import app
+    from cli.bench import BenchStep
 
     result = CliRunner().invoke(app, ["bench", "perf", "--help"])
     assert result.exit_code == 0, result.output

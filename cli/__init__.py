@@ -1,0 +1,57 @@
+"""fedkey: one command line for the federated keyboard.
+
+    fedkey simulate       federated rounds in-process (phones in local worker processes)
+    fedkey server         the federation server (FastAPI) for real devices over HTTP
+    fedkey devices        a fleet of simulated phones that train against a server
+    fedkey run            a server and a fleet on loopback: `simulate`, over real HTTP
+    fedkey export         a checkpoint to ONNX (parity-checked; --int8)
+    fedkey keyboard       the web keyboard: suggestions from an ONNX model
+    fedkey demo           all of it on the demo corpus (what `make demo` runs)
+    fedkey train-central  the same model trained on all the data at once: the quality ceiling
+    fedkey info           what a checkpoint holds
+    fedkey bench          the benchmarks (perf, paper)
+
+Every subcommand has --help. The federation's options are defined once, from server.settings
+(their defaults are the Settings defaults); every one can also be set by an environment variable
+FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
+
+The package: options.py (the shared option tables), errors.py (every failure as one line),
+federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
+keyboard, info), demo.py, bench.py. Nothing here imports torch until a command runs, so --help
+is quick.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cli import bench, checkpoints, demo, federation
+from cli.errors import FedkeyGroup
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    cls=FedkeyGroup,
+    help="fedkey: a federated next-word keyboard. Train by federated learning, compare aggregation methods.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command()(federation.simulate)
+app.command()(federation.server)
+app.command()(federation.devices)
+app.command()(federation.run)
+app.command("train-central")(federation.train_central_cmd)
+app.command()(federation.ngram)
+app.command()(checkpoints.export)
+app.command()(checkpoints.keyboard)
+app.command()(demo.demo)
+app.command()(checkpoints.info)
+app.add_typer(bench.bench_app, name="bench")
+
+
+def main() -> None:
+    """The `fedkey` script. FedkeyGroup (cli.errors.user_errors) turns the errors a user can cause
+    into one `error: ...` line on stderr and an exit status (1; 2 for usage; 130 for Ctrl-C)."""
+    app()

@@ -1,0 +1,109 @@
+"""`fedkey bench`: the benchmarks (bench.perf, bench.paper), with their targets, in a report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+from bench.paper import PRESETS, SUITES
+from bench.report import STEPS
+from cli.errors import UserError
+
+
+def choices(name: str, values: tuple[str, ...] | list[str]) -> type[StrEnum]:
+    """The choice type of a repeatable option, built from the tuple its module defines: typer takes
+    Literal[...] for an option of one value but not list[Literal[...]]."""
+    return StrEnum(name, {v: v for v in values})
+
+
+BenchStep = choices("BenchStep", STEPS)
+PaperPreset = choices("PaperPreset", sorted(PRESETS))
+PaperSuite = choices("PaperSuite", SUITES)
+
+bench_app = typer.Typer(
+    help="Benchmarks: the figures, with their targets, in a report.", no_args_is_help=True
+)
+
+
+@bench_app.command("perf")
+def bench_perf(
+    quick: bool = typer.Option(
+        False, "--quick", help="Shrink every step (fewer repeats, keystrokes, updates): ~3 minutes."
+    ),
+    out: Path = typer.Option(
+        Path("bench/results"), "--out", help="Where perf.json and perf.md are written."
+    ),
+    skip: list[BenchStep] = typer.Option(
+        [], "--skip", help="Leave a step out (repeat the option for several)."
+    ),
+) -> None:
+    """Performance benchmark: trainer vs a bare PyTorch loop, HTTP vs in-process, aggregation
+    memory, keyboard latency (WebSocket and in-browser wasm), int8 export; writes OUT/perf.json
+    and OUT/perf.md with each figure beside its target. Exits 1 if a step failed."""
+    from bench.perf import run_perf
+
+    result = run_perf(
+        quick=quick,
+        out=out,
+        skip=[s.value for s in skip],
+        command=shlex.join(["fedkey", *sys.argv[1:]]),
+    )
+    if any("error" in s for s in result["steps"].values()):
+        raise typer.Exit(1)
+
+
+@bench_app.command("paper")
+def bench_paper(
+    preset: PaperPreset = typer.Option(
+        PaperPreset("cpu"),
+        "--preset",
+        help="gpu: the seed papers' full protocol over HTTP; cpu: cut to ~1 hour on 2 cores (how is in the report); smoke: minutes, for a first look.",
+    ),
+    suite: list[PaperSuite] = typer.Option(
+        [PaperSuite("paper")],
+        "--suite",
+        help="paper: the seed papers' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seed papers' lr 0.01 against ours, centrally on all of PTB; full: FedAvg and FedAtt on all the training data at the preset's rounds; code: FedAvg and FedAtt as the seed papers' published code ran them (column batches and column perplexity, their whole protocol) (repeat the option for several).",
+    ),
+    data_root: Path = typer.Option(
+        Path("../shared/data"),
+        "--data-root",
+        help="The folder that holds ptb/ and wikitext-2/ (train/valid/test.txt).",
+    ),
+    out: Path = typer.Option(
+        Path("bench/results"),
+        "--out",
+        help="Results go to OUT/<preset>/: results.json, results.md, curves_*.png.",
+    ),
+    runs_dir: Path = typer.Option(
+        Path("runs/bench"), "--runs-dir", help="Each run's own folder (checkpoints, metrics, log)."
+    ),
+    only: list[str] = typer.Option(
+        [], "--only", help="Run only the runs whose id matches this glob (repeatable)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+    jobs: int = typer.Option(
+        1, "--jobs", min=1, help="Runs at once (2 keeps both cores of a 2-core machine busy)."
+    ),
+) -> None:
+    """The seed papers' experiments through fedkey's own commands; a run already in results.json
+    with the same command is not run again, so an interrupted bench resumes where it stopped."""
+    from bench.paper import run_bench
+
+    try:
+        run_bench(
+            preset.value,
+            [s.value for s in suite],
+            data_root,
+            out,
+            runs_dir,
+            only=only or None,
+            dry_run=dry_run,
+            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+            jobs=jobs,
+        )
+    except (FileNotFoundError, RuntimeError) as e:
+        raise UserError(str(e)) from None

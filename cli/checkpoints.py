@@ -1,0 +1,102 @@
+"""What is done with a trained model: export a checkpoint to ONNX, serve the web keyboard from
+an export, show what a checkpoint holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cli.errors import UserError, check_can_listen
+
+
+def not_a_checkpoint(path: Path, e: Exception) -> UserError:
+    return UserError(f"{path} is not a .safetensors checkpoint ({e})")
+
+
+def export(
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", exists=True, dir_okay=False, help="A .safetensors checkpoint."
+    ),
+    out: Path = typer.Option(
+        Path("model.onnx"), "--out", help="The ONNX file; its metadata JSON is written beside it."
+    ),
+    int8: bool = typer.Option(
+        False,
+        "--int8",
+        help="Also quantize the embedding and output matrices to int8 (onnxruntime dynamic).",
+    ),
+    data: str = typer.Option(
+        "demo",
+        "--data",
+        help="Held-out text for the int8 perplexity change (the corpus' test split).",
+    ),
+    eval_sentences: int = typer.Option(
+        500, "--eval-sentences", min=1, help="Held-out sentences for the int8 report."
+    ),
+) -> None:
+    """Export a checkpoint to ONNX (recurrent state in and out); fails loudly if ONNX Runtime and PyTorch disagree."""
+    from safetensors import SafetensorError
+
+    from corpora.loaders import load_corpus
+    from export.onnx_export import ExportParityError, export_checkpoint
+
+    held_out = load_corpus(data).test[:eval_sentences] if int8 else None
+    try:
+        report = export_checkpoint(checkpoint, out, int8=int8, parity_text=held_out)
+    except ExportParityError as e:
+        typer.echo(f"export failed the parity check: {e}", err=True)
+        raise typer.Exit(1) from None
+    except SafetensorError as e:
+        raise not_a_checkpoint(checkpoint, e) from None
+    typer.echo(
+        json.dumps(
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in report.__dict__.items()},
+            indent=2,
+        )
+    )
+
+
+def keyboard(
+    model: Path | None = typer.Option(
+        None, "--model", help="The exported model.onnx (default: DIR/model.onnx with --watch)."
+    ),
+    watch: Path | None = typer.Option(
+        None, "--watch", help="Follow new exports written to this directory (no restart)."
+    ),
+    events: str | None = typer.Option(
+        None, "--events", help="The federation server's URL, for the live perplexity chart."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(8080, "--port", help="Port to listen on."),
+) -> None:
+    """Serve the web keyboard: next-word suggestions from an ONNX model (onnxruntime, no torch)."""
+    from keyboard_web.app import serve as serve_keyboard
+
+    if model is None and watch is None:
+        raise typer.BadParameter("give --model or --watch", param_hint="--model")
+    check_can_listen(host, port)
+    typer.echo(f"keyboard on http://{host}:{port}/")
+    serve_keyboard(model, host=host, port=port, watch_dir=watch, events_url=events)
+
+
+def info(
+    checkpoint: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="A .safetensors checkpoint."
+    ),
+) -> None:
+    """Print what a checkpoint holds: model config, tokenizer, round, strategy, parameters."""
+    from safetensors import SafetensorError
+
+    from models.checkpoint import load_checkpoint
+    from models.model import num_parameters
+
+    try:
+        model, tok, meta = load_checkpoint(checkpoint)
+    except SafetensorError as e:
+        raise not_a_checkpoint(checkpoint, e) from None
+    summary = {k: v for k, v in meta.items() if k not in ("tokenizer", "server")}
+    summary["tokenizer"] = {"kind": tok.kind, "vocab_size": tok.vocab_size}
+    summary["parameters"] = num_parameters(model)
+    typer.echo(json.dumps(summary, indent=2))

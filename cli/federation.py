@@ -1,0 +1,344 @@
+"""The federation's commands: simulate, server, devices, run, train-central, ngram."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import typer
+
+from cli.errors import INTERRUPTED, UserError, check_can_listen
+from cli.options import (
+    DATA,
+    FEDERATION,
+    FLEET,
+    MODEL,
+    PHONES,
+    ROUNDS,
+    SETTINGS_GROUPS,
+    TRAIN,
+    build_settings,
+    opt,
+    phone_data,
+    with_options,
+)
+from device_sim.config import FleetConfig
+from runners.processes import free_port
+
+
+def _print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="perplexity per round")
+    for col in (
+        "round",
+        "aggregated",
+        "val_ppl",
+        "test_ppl",
+        "top1",
+        "top3",
+        "ksr",
+        "epsilon",
+        "seconds",
+    ):
+        table.add_column(col, justify="right")
+
+    def fmt(v, spec=".2f"):
+        return "-" if v is None else format(v, spec)
+
+    for r in rows:
+        table.add_row(
+            str(r["round"]),
+            str(len(r["aggregated"])),
+            fmt(r["val_ppl"]),
+            fmt(r["test_ppl"]),
+            fmt(r["top1"], ".3f"),
+            fmt(r["top3"], ".3f"),
+            fmt(r["ksr"], ".3f"),
+            fmt(r["epsilon"]),
+            fmt(r["seconds"], ".1f"),
+        )
+    Console().print(table)
+
+
+def _report(rows: list[dict], out: Path) -> None:
+    _print_table(rows)
+    typer.echo(
+        f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}  checkpoints: {out / 'checkpoints'}"
+    )
+
+
+@with_options(*SETTINGS_GROUPS, PHONES)
+def simulate(
+    clients: int = typer.Option(100, "--clients", "-K", min=1, help="Number of simulated phones."),
+    out: Path = typer.Option(
+        Path("runs/simulate"),
+        "--out",
+        help="Run directory: checkpoints/, metrics.jsonl, perplexity.png.",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in --out after its last checkpoint (same settings).",
+    ),
+    **opts,
+) -> None:
+    """Run federated rounds in-process and print perplexity per round."""
+    from runners.simulate import simulate as run_simulation
+
+    settings = build_settings(opts, storage=out)
+    rows = run_simulation(
+        phone_data(settings, opts, clients),
+        settings.federation_config(),
+        settings.build_model_config,
+        str(out),
+        opts["workers"],
+        opts["device"],
+        resume=resume,
+    )
+    _report(rows, out)
+
+
+@with_options(*SETTINGS_GROUPS, ROUNDS)
+def server(
+    storage: Path = opt(
+        "storage",
+        "--storage",
+        help="Run directory: database, checkpoints/, metrics.jsonl, uploads.",
+    ),
+    host: str = opt("host", "--host", help="Interface to listen on."),
+    port: int = opt("port", "--port", help="Port to listen on (0: any free port)."),
+    enrollment_secret: str | None = typer.Option(
+        None,
+        "--enrollment-secret",
+        envvar="FEDKEY_ENROLLMENT_SECRET",
+        help="Devices must present it to enroll (default: a random one, printed).",
+    ),
+    wait_devices: int = opt(
+        "wait_devices",
+        "--wait-devices",
+        min=1,
+        help="Round 1 opens once this many devices have enrolled.",
+    ),
+    database_url: str | None = opt(
+        "database_url", "--database-url", help="SQLAlchemy URL (default: SQLite in --storage)."
+    ),
+    exit_when_done: bool = opt(
+        "exit_when_done", "--exit-when-done", help="Exit once the last round is recorded."
+    ),
+    export_dir: Path | None = opt(
+        "export_dir",
+        "--export-dir",
+        help="Export every new global model to DIR/model.onnx (+ model.json) for the keyboard.",
+    ),
+    **opts,
+) -> None:
+    """Run the federation server: devices enroll, train and upload over HTTP (see README)."""
+    from server.main import serve
+
+    own = dict(
+        storage=storage,
+        host=host,
+        port=port,
+        enrollment_secret=enrollment_secret,
+        wait_devices=wait_devices,
+        database_url=database_url,
+        exit_when_done=exit_when_done,
+        export_dir=export_dir,
+    )
+    settings = build_settings({**opts, **own})
+    check_can_listen(settings.host, settings.port)
+    serve(settings)
+
+
+def fleet_config(url: str, count: int, secret: str, opts: dict, **extra) -> FleetConfig:
+    """The FleetConfig of `count` phones against `url`, from a command's options."""
+    return FleetConfig(
+        server=url,
+        count=count,
+        data=opts["data"],
+        partition=opts["partition"],
+        alpha=opts["alpha"],
+        max_train_tokens=opts["max_train_tokens"],
+        paper_protocol=opts["paper_protocol"],
+        seed=opts["seed"],
+        device=opts["device"],
+        workers=opts["workers"],
+        enrollment_secret=secret,
+        dropout_rate=opts["dropout_rate"],
+        slow_rate=opts["slow_rate"],
+        slow_seconds=opts["slow_seconds"],
+        malicious=opts["malicious"],
+        attack=opts["attack"],
+        **extra,
+    )
+
+
+@with_options(
+    {k: DATA[k] for k in ("data", "paper_protocol", "max_train_tokens", "seed")}, PHONES, FLEET
+)
+def devices(
+    server_url: str = typer.Option(
+        "http://127.0.0.1:8000", "--server", help="The federation server's URL."
+    ),
+    count: int = typer.Option(
+        10,
+        "--count",
+        "-N",
+        min=1,
+        help="Number of phones (shards are cut as `simulate --clients N`).",
+    ),
+    name_prefix: str = typer.Option(
+        "",
+        "--name-prefix",
+        help="Name the phones <prefix>-00.. (default device-00.., as in simulate).",
+    ),
+    enrollment_secret: str = typer.Option(
+        ...,
+        "--enrollment-secret",
+        envvar="FEDKEY_ENROLLMENT_SECRET",
+        help="The server's enrollment secret.",
+    ),
+    retry_seconds: float = typer.Option(
+        FleetConfig.retry_seconds,
+        "--retry-seconds",
+        min=0.0,
+        help="How long a phone keeps retrying a server that does not answer before it gives up.",
+    ),
+    **opts,
+) -> None:
+    """Run N simulated phones, each with its own private shard, against a server until it finishes."""
+    from device_sim.client import FedkeyError, ServerUnavailable
+    from device_sim.fleet import run_fleet
+
+    fleet = fleet_config(
+        server_url,
+        count,
+        enrollment_secret,
+        opts,
+        name_prefix=name_prefix,
+        retry_seconds=retry_seconds,
+    )
+    try:
+        summary = run_fleet(fleet)
+    except ServerUnavailable as e:
+        raise UserError(f"{e}; is a fedkey server running at {server_url} (--server)?") from None
+    except FedkeyError as e:  # FleetError (every phone failed the same way), a refused request
+        raise UserError(str(e)) from None
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "per_device"}, indent=2))
+    if summary.get("interrupted"):
+        raise typer.Exit(INTERRUPTED)
+
+
+@with_options(*SETTINGS_GROUPS, PHONES, ROUNDS, FLEET)
+def run(
+    devices_count: int = typer.Option(
+        10,
+        "--devices",
+        "--clients",
+        "-N",
+        "-K",
+        min=1,
+        help="Number of phones (--clients as in simulate).",
+    ),
+    out: Path = typer.Option(
+        Path("runs/run"),
+        "--out",
+        help="Run directory: checkpoints/, metrics.jsonl, perplexity.png, server.log.",
+    ),
+    **opts,
+) -> None:
+    """Start a server and a fleet of phones on loopback, run the rounds over real HTTP, stop both."""
+    from runners.loopback import fresh_run_dir, run_loopback
+
+    port, secret = free_port(), secrets.token_urlsafe(16)
+    settings = build_settings(
+        opts,
+        storage=out,
+        port=port,
+        wait_devices=devices_count,
+        exit_when_done=True,
+        enrollment_secret=secret,
+    )
+    fleet = fleet_config(f"http://127.0.0.1:{port}", devices_count, secret, opts)
+    fresh_run_dir(out)  # only once the options are known to be valid
+    summary = run_loopback(
+        settings,
+        fleet,
+        on_ready=lambda url: typer.echo(
+            f"server {url} (log: {out / 'server.log'}); {devices_count} phones training"
+        ),
+        on_metrics=lambda rows: _report(rows, out),
+    )
+    if summary.get("rejections"):
+        typer.echo(f"rejected uploads: {summary['rejections']}")
+    if summary.get("interrupted"):
+        raise typer.Exit(INTERRUPTED)
+
+
+@with_options(
+    DATA,
+    MODEL,
+    {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip")},
+    {"ksr_sentences": FEDERATION["ksr_sentences"]},
+    PHONES,
+)
+def train_central_cmd(
+    epochs: int = typer.Option(
+        5, "--epochs", min=1, help="Passes over the union of the phones' data."
+    ),
+    clients: int = typer.Option(
+        100, "--clients", "-K", min=1, help="Phones whose data is pooled (as in simulate)."
+    ),
+    out: Path = typer.Option(
+        Path("runs/central"), "--out", help="Run directory, same layout as simulate."
+    ),
+    **opts,
+) -> None:
+    """Train the same model centrally on the union of the phones' data: the ceiling for federated quality."""
+    from runners.simulate import train_central
+
+    settings = build_settings(opts, storage=out)
+    rows = train_central(
+        phone_data(settings, opts, clients),
+        settings.train_config(),
+        settings.build_model_config,
+        str(out),
+        epochs,
+        settings.seed,
+        opts["device"],
+        ksr_sentences=settings.ksr_sentences,
+    )
+    _report(rows, out)
+
+
+@with_options(
+    DATA,
+    {"ksr_sentences": FEDERATION["ksr_sentences"]},
+    {k: PHONES[k] for k in ("partition", "alpha")},
+)
+def ngram(
+    order: int = typer.Option(3, "--order", min=2, max=5, help="n of the n-gram."),
+    positional: bool = typer.Option(
+        False,
+        "--positional",
+        help="A unigram by position in the sentence instead of Kneser-Ney: the best score on the seed papers' column batches (adds their column perplexity).",
+    ),
+    clients: int = typer.Option(
+        100, "--clients", "-K", min=1, help="Phones whose data is pooled (as in simulate)."
+    ),
+    out: Path = typer.Option(
+        Path("runs/ngram"), "--out", help="Run directory: metrics.jsonl with one row."
+    ),
+    **opts,
+) -> None:
+    """The baseline a keyboard would otherwise ship: a Kneser-Ney n-gram on the union of the phones' data."""
+    from runners.simulate import train_ngram
+
+    settings = build_settings(opts, storage=out)
+    data = phone_data(settings, opts, clients)
+    rows = train_ngram(data, order, str(out), settings.ksr_sentences, positional)
+    _print_table(rows)
+    typer.echo(f"metrics: {out / 'metrics.jsonl'}")

@@ -1,0 +1,390 @@
+"""The options several commands share, defined once: name -> (type, typer.Option) tables that
+`with_options` adds to a command, and the Settings, DataConfig and FleetConfig built from them.
+
+The federation's options come from server.settings: their defaults are the Settings defaults and
+each one can be set by an environment variable FEDKEY_<NAME> (flags win). The lists of choices are
+the Literal types of the modules whose logic they choose (server.config, models.config, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import replace
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+
+from cli.errors import UserError, validation_problems
+from common.config import Batching, DataConfig
+from corpora.partition import Scheme
+from device_sim.config import Attack
+from models.config import Cell, Preset
+from models.tokenizers import TokenizerKind
+from server.config import Norm, ServerOptName, StrategyName
+from server.settings import Settings
+
+
+def opt(name: str, *flags: str, default: Any = ..., **kw) -> Any:
+    """An option whose default is the Settings default and whose env variable is FEDKEY_<NAME>."""
+    if default is ...:
+        default = Settings.model_fields[name].default
+    return typer.Option(default, *flags, envvar=f"FEDKEY_{name.upper()}", **kw)
+
+
+def check_device(value: str) -> str:
+    """--device: auto, cpu, cuda, cuda:N (or mps); a CUDA device only where torch sees a GPU."""
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+        raise typer.BadParameter(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
+    if value.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter(f"{value}: torch sees no CUDA GPU here; use cpu or auto")
+    return value
+
+
+# name -> (type, typer.Option). Groups of options shared by several commands.
+DATA = {
+    "data": (
+        str,
+        opt(
+            "data",
+            "--data",
+            help="'demo' (the embedded corpus) or a directory: train/valid/test.txt (PTB, WikiText-2), one .txt per user, a .jsonl of {user, text}, or a StackExchange Posts.xml.",
+        ),
+    ),
+    "paper_protocol": (
+        bool,
+        opt(
+            "paper_protocol",
+            "--paper-protocol",
+            help="The seed papers' preprocessing: lowercase, split lines on ' . ', vocabulary from all splits.",
+        ),
+    ),
+    "tokenizer": (
+        TokenizerKind,
+        opt(
+            "tokenizer",
+            "--tokenizer",
+            help="Word vocabulary or SentencePiece.",
+        ),
+    ),
+    "vocab_size": (
+        int,
+        opt("vocab_size", "--vocab-size", help="Maximum vocabulary size (specials included)."),
+    ),
+    "tokenizer_text": (
+        str | None,
+        opt(
+            "tokenizer_text",
+            "--tokenizer-text",
+            help="SentencePiece: public text the server trains it on (.txt or a corpus dir); never the phones' data. The demo has its own.",
+        ),
+    ),
+    "max_train_tokens": (
+        int | None,
+        opt(
+            "max_train_tokens",
+            "--max-train-tokens",
+            help="Keep only the first N training words (reduced CPU runs).",
+        ),
+    ),
+    "max_eval_sentences": (
+        int | None,
+        opt(
+            "max_eval_sentences",
+            "--max-eval-sentences",
+            help="Keep only the first N validation and test sentences.",
+        ),
+    ),
+    "seed": (
+        int,
+        opt(
+            "seed",
+            "--seed",
+            help="Seeds partitioning, initialization, selection, training and noise.",
+        ),
+    ),
+}
+MODEL = {
+    "model": (
+        Preset,
+        opt(
+            "model",
+            "--model",
+            help="Size preset: small 300, medium 650, large 1500 (embedding = hidden).",
+        ),
+    ),
+    "cell": (Cell, opt("cell", "--cell", help="Recurrent cell.")),
+    "layers": (int, opt("layers", "--layers", min=1, max=4, help="Recurrent layers.")),
+    "tied": (bool, opt("tied", "--tied/--untied", help="Share input and output embeddings.")),
+    "dropout": (
+        float,
+        opt("dropout", "--dropout", min=0.0, max=0.9, help="Dropout on embeddings and outputs."),
+    ),
+}
+TRAIN = {
+    "local_epochs": (
+        int,
+        opt("local_epochs", "--local-epochs", "-E", min=1, help="Local epochs per round."),
+    ),
+    "batch_size": (
+        int,
+        opt("batch_size", "--batch-size", "-B", min=1, help="Sentences per batch."),
+    ),
+    "lr": (
+        float,
+        opt(
+            "lr",
+            "--lr",
+            help="Local SGD learning rate (the seed papers use 0.01, which learns far slower).",
+        ),
+    ),
+    "momentum": (float, opt("momentum", "--momentum", help="Local SGD momentum.")),
+    "clip": (
+        float,
+        opt("clip", "--clip", help="Gradient-norm clipping in local training (0: off)."),
+    ),
+    "batching": (
+        Batching,
+        opt(
+            "batching",
+            "--batching",
+            help="sentences: language modelling. columns: the batches the seed papers' published code trained on (token j of each sentence in a batch, cut to the shortest), to reproduce their numbers; adds their column perplexity to the metrics.",
+        ),
+    ),
+}
+FEDERATION = {
+    "strategy": (
+        StrategyName,
+        opt("strategy", "--strategy", help="Aggregation method."),
+    ),
+    "fraction": (
+        float,
+        opt(
+            "fraction",
+            "--fraction",
+            "-C",
+            min=0.0,
+            max=1.0,
+            help="Share of phones selected per round (fedsgd uses all).",
+        ),
+    ),
+    "rounds": (int, opt("rounds", "--rounds", "-R", min=1, help="Federated rounds.")),
+    "epsilon": (
+        float | None,
+        opt("epsilon", "--epsilon", help="Server step size of fedatt / fedattopt (default 1.2)."),
+    ),
+    "norm": (Norm, opt("norm", "--norm", help="fedatt distance: l2 (flattened) or spectral.")),
+    "eta": (float, opt("eta", "--eta", help="fedmed step size (1 = weighted average).")),
+    "epsilon_med": (
+        float,
+        opt(
+            "epsilon_med",
+            "--epsilon-med",
+            help="fedmed mediation threshold on the change of mean loss.",
+        ),
+    ),
+    "topk_beta": (
+        float,
+        opt(
+            "topk_beta",
+            "--topk-beta",
+            help="fedmed topK: share of trained phones that upload (1 = off; paper best 0.8).",
+        ),
+    ),
+    "adafl": (
+        bool,
+        opt(
+            "adafl",
+            "--adafl",
+            help="AdaFL attention-based client selection with a dynamic fraction (0.1 -> 0.5).",
+        ),
+    ),
+    "server_opt": (
+        ServerOptName,
+        opt(
+            "server_opt",
+            "--server-opt",
+            help="Server optimizer on the aggregate's pseudo-gradient: momentum (FedAvgM) or adam (FedAdam).",
+        ),
+    ),
+    "server_lr": (float, opt("server_lr", "--server-lr", help="Server optimizer step size.")),
+    "server_momentum": (
+        float,
+        opt("server_momentum", "--server-momentum", help="FedAvgM momentum / FedAdam beta1."),
+    ),
+    "lr_decay": (
+        float,
+        opt(
+            "lr_decay",
+            "--lr-decay",
+            help="Local lr schedule: round r trains with lr * decay^(r-1) (1 = constant).",
+        ),
+    ),
+    "ksr_sentences": (
+        int,
+        opt(
+            "ksr_sentences",
+            "--ksr-sentences",
+            min=0,
+            help="Keystroke savings are measured on the first N test sentences (0: off).",
+        ),
+    ),
+    "dp_beta": (
+        float,
+        opt(
+            "dp_beta",
+            "--dp-beta",
+            help="The seed papers' randomization: each phone adds beta * N(0, 1) to its weights (no formal guarantee).",
+        ),
+    ),
+    "dp_clip": (
+        float | None,
+        opt(
+            "dp_clip",
+            "--dp-clip",
+            help="DP-FedAvg: clip each update to this L2 norm (turns DP-FedAvg on).",
+        ),
+    ),
+    "dp_noise_multiplier": (
+        float,
+        opt(
+            "dp_noise_multiplier",
+            "--dp-noise-multiplier",
+            help="DP-FedAvg noise multiplier z: N(0, (z S)^2) on the sum.",
+        ),
+    ),
+    "dp_delta": (
+        float,
+        opt("dp_delta", "--dp-delta", help="DP-FedAvg delta for the reported epsilon."),
+    ),
+    "dp_target_epsilon": (
+        float | None,
+        opt(
+            "dp_target_epsilon",
+            "--dp-target-epsilon",
+            help="DP-FedAvg: stop before epsilon would pass this budget.",
+        ),
+    ),
+}
+PHONES = {
+    "partition": (
+        Scheme,
+        typer.Option(
+            "iid",
+            "--partition",
+            help="iid: the seed papers' equal shards; user: one phone per user; dirichlet: non-IID.",
+        ),
+    ),
+    "alpha": (
+        float,
+        typer.Option(0.5, "--alpha", help="Dirichlet concentration (with --partition dirichlet)."),
+    ),
+    "device": (
+        str,
+        typer.Option(
+            "auto",
+            "--device",
+            callback=lambda value: check_device(value),
+            help="auto (CUDA when available), cpu or cuda.",
+        ),
+    ),
+    "workers": (
+        int | None,
+        typer.Option(
+            None,
+            "--workers",
+            help="Training processes, one torch thread each (default: one per core; 0: in this process).",
+        ),
+    ),
+}
+ROUNDS = {
+    "quorum": (
+        int | None,
+        opt(
+            "quorum",
+            "--quorum",
+            help="Updates needed to aggregate at the deadline (default: half of those asked).",
+        ),
+    ),
+    "round_deadline": (
+        float,
+        opt("round_deadline", "--round-deadline", help="Seconds a round stays open."),
+    ),
+}
+
+FLEET = {
+    "dropout_rate": (
+        float,
+        typer.Option(
+            0.0,
+            "--dropout-rate",
+            min=0.0,
+            max=1.0,
+            help="Chance that a selected phone vanishes for the round (never uploads).",
+        ),
+    ),
+    "slow_rate": (
+        float,
+        typer.Option(
+            0.0,
+            "--slow-rate",
+            min=0.0,
+            max=1.0,
+            help="Chance that a selected phone is slow (waits --slow-seconds before uploading).",
+        ),
+    ),
+    "slow_seconds": (
+        float,
+        typer.Option(5.0, "--slow-seconds", help="How long a slow phone waits."),
+    ),
+    "malicious": (int, typer.Option(0, "--malicious", min=0, help="The last N phones attack.")),
+    "attack": (
+        Attack,
+        typer.Option(
+            "scale",
+            "--attack",
+            help="scale: a 100x update; nan: a NaN tensor; shape: wrong tensors.",
+        ),
+    ),
+}
+
+SETTINGS_GROUPS = (DATA, MODEL, TRAIN, FEDERATION)
+
+
+def with_options(*groups: dict):
+    """Give a command the shared options of `groups`; they arrive in its **opts."""
+
+    def decorate(fn):
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        extra = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+            for group in groups
+            for name, (kind, option) in group.items()
+        ]
+        fn.__signature__ = sig.replace(parameters=own + extra)
+        fn.__annotations__ = {**fn.__annotations__, **{p.name: p.annotation for p in extra}}
+        return fn
+
+    return decorate
+
+
+def build_settings(opts: dict, **overrides) -> Settings:
+    """Settings from the options a command received (only the names Settings knows); a value
+    Settings refuses is a UserError, one line per problem."""
+    values = {k: v for k, v in opts.items() if k in Settings.model_fields}
+    try:
+        return Settings(**{**values, **overrides})
+    except ValidationError as e:
+        raise UserError(validation_problems(e, flags=set(values))) from None
+
+
+def phone_data(settings: Settings, opts: dict, clients: int) -> DataConfig:
+    """The DataConfig of the phones: the server's data settings plus how shards are cut."""
+    return replace(
+        settings.data_config(), clients=clients, partition=opts["partition"], alpha=opts["alpha"]
+    )
