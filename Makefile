@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 # backend pyproject.toml names, used from the venv (--no-build-isolation).
 $(STAMP): pyproject.toml constraints.txt keyboard_web/package-lock.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade "pip>=25.1" "setuptools>=68"
+	$(PY) -m pip install -q "pip>=25.1" "setuptools>=68"
 	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e . --group dev
 	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --ignore-scripts --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: the keyboard's in-browser (wasm) mode will be unavailable"; fi

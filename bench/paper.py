@@ -338,7 +338,7 @@ def code_suite(datasets=DATASETS) -> list[RunSpec]:
     runs = []
     for ds in datasets:
         for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt")):
-            args = ("--strategy", strategy, *SEEDS_CODE_FLAGS)
+            args: tuple[str, ...] = ("--strategy", strategy, *SEEDS_CODE_FLAGS)
             runs.append(RunSpec("code", ds, name, 0.1, args, full_train=True, full_eval=True))
         # FedAtt with their code's own defaults (options.py): step 1 and scipy's matrix 2-norm,
         # where fedkey's FedAtt (Plato's) takes 1.2 and the flattened L2 norm.

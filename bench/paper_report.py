@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.paper import PRESETS, SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, SUITES, Preset
@@ -62,10 +63,10 @@ def paper_table(runs: list[dict]) -> str:
     for method, c in order:
         row = [_c(c), method]
         for ds in DATASET_NAMES:
-            r = keyed.get((method, c, ds))
+            run = keyed.get((method, c, ds))
             theirs = SEEDS.get((method, c), {}).get(ds)
-            ours = r["test_ppl"] if r else None
-            row += [_f(ours) + (" (diverged)" if r and _diverged(r) else ""), _f(theirs),
+            ours = run["test_ppl"] if run else None
+            row += [_f(ours) + (" (diverged)" if run and _diverged(run) else ""), _f(theirs),
                     _ratio(ours, theirs)]  # fmt: skip
         rows.append(row)
     table = markdown_table(header, rows)
@@ -351,7 +352,7 @@ def _not_run(runs: list[dict], preset: Preset) -> str:
 
 
 def write_report(
-    runs: list[dict], preset: Preset, out: Path, bench_commands: list[str] = ()
+    runs: list[dict], preset: Preset, out: Path, bench_commands: Sequence[str] = ()
 ) -> Path:
     """OUT/results.md and OUT/curves_*.png from results.json's run objects."""
     out.mkdir(parents=True, exist_ok=True)
@@ -370,9 +371,9 @@ def write_report(
             else:
                 title = f"{DATASET_NAMES[ds]}, {suite}"
                 plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title))
-    plots = [p for p in plots if p is not None]
+    drawn = [p for p in plots if p is not None]
     path = out / "results.md"
-    path.write_text(markdown(runs, preset, list(bench_commands), plots))
+    path.write_text(markdown(runs, preset, list(bench_commands), drawn))
     return path
 
 

@@ -26,6 +26,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -180,7 +181,8 @@ def bench_http(args: list[str], repeats: int, out: str) -> dict:
     also the summed per-round `seconds` of each run's metrics (no process start-up in them)."""
     out = str(Path(out).resolve())  # the commands run in ROOT
     fedkey = [sys.executable, "-m", "cli"]
-    sim, http, sim_rounds, http_rounds = [], [], [], []
+    sim, http = list[float](), list[float]()  # each command's wall seconds
+    sim_rounds, http_rounds = list[float](), list[float]()  # and its summed round seconds
     for i in range(repeats):
         # Alternate which goes first (A B, B A, ...), so neither always follows the other.
         for kind in ("simulate", "run") if i % 2 == 0 else ("run", "simulate"):
@@ -495,7 +497,7 @@ def run_perf(
     if unknown:
         raise ValueError(f"unknown step(s) {unknown}; the steps are {list(STEPS)}")
     params = perf_params(quick)
-    result = {
+    result: dict[str, Any] = {
         "meta": {
             "command": command,
             "quick": quick,

@@ -66,6 +66,7 @@ class TrainerPool:
     def __init__(self, workers: int):
         self.workers = workers
         self._lock = threading.Lock()  # in-process: one training at a time (torch's global seed)
+        self.pool: ProcessPoolExecutor | None = None
         if workers > 0:
             self.pool = ProcessPoolExecutor(
                 max_workers=workers,
@@ -75,8 +76,6 @@ class TrainerPool:
             # Start the processes now (importing torch takes seconds), not at the first task.
             for _ in range(workers):
                 self.pool.submit(_ready)
-        else:
-            self.pool = None
 
     def submit(self, task: LocalTask, global_state: dict[str, torch.Tensor]) -> Future:
         if self.pool is not None:

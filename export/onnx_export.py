@@ -123,7 +123,7 @@ def _to_onnx(model: LanguageModel, opset: int = 17) -> onnx.ModelProto:
         torch.onnx.export(
             _Exported(model),
             _example_inputs(model),
-            buf,
+            buf,  # type: ignore[arg-type]  # the TorchScript exporter writes file objects too
             input_names=inputs,
             output_names=outputs,
             dynamic_axes=dynamic,

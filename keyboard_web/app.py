@@ -127,9 +127,11 @@ class ModelHolder:
     def changed(self) -> bool:
         """True when the watched model.json differs from the served model's metadata."""
         path = self.watched_json()
+        if path is None:
+            return False
         try:
             st = path.stat()
-        except (OSError, AttributeError):
+        except OSError:
             return False
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self.watch_stamp:
@@ -143,11 +145,13 @@ class ModelHolder:
     def load_watched(self) -> Suggester:
         """Build a Suggester from the watch dir (worker thread); retried if model.json moved on
         while the model was read, so the metadata and the weights are one export."""
-        path = self.watch_dir / "model.onnx"
+        if self.watch_dir is None:
+            raise RuntimeError("no watch directory to load a model from")
+        path, json_path = self.watch_dir / "model.onnx", self.watch_dir / "model.json"
         for _ in range(5):
-            before = self.watched_json().read_bytes()
+            before = json_path.read_bytes()
             s = Suggester(path)
-            if s.metadata_bytes == before == self.watched_json().read_bytes():
+            if s.metadata_bytes == before == json_path.read_bytes():
                 return s
         return s
 
@@ -186,7 +190,7 @@ def create_app(
     holder = ModelHolder(Path(model_path), watch)
     hub = EventHub()
     events_base = events_url.rstrip("/") if events_url else None
-    upstream = {"connected": False, "error": None}
+    upstream: dict[str, bool | str | None] = {"connected": False, "error": None}
 
     async def watcher() -> None:
         while True:
@@ -205,16 +209,16 @@ def create_app(
             log.info("hot reload: round %s -> %s", old, new.round)
             hub.publish_event("model_loaded", **_model_event(new))
 
-    async def relay() -> None:
+    async def relay(base: str) -> None:
         from websockets.asyncio.client import connect
 
-        url = _ws_url(events_base) + "/v1/events"
+        url = _ws_url(base) + "/v1/events"
         backoff = 0.5
         while True:
             try:
                 async with connect(url, open_timeout=5, max_size=2**20) as ws:
                     upstream.update(connected=True, error=None)
-                    hub.publish_event("upstream", connected=True, url=events_base)
+                    hub.publish_event("upstream", connected=True, url=base)
                     backoff = 0.5
                     async for msg in ws:
                         if isinstance(msg, bytes):
@@ -225,7 +229,7 @@ def create_app(
             except Exception as e:  # refused, closed, timed out: try again later
                 upstream.update(error=f"{type(e).__name__}: {e}")
             if upstream["connected"]:
-                hub.publish_event("upstream", connected=False, url=events_base)
+                hub.publish_event("upstream", connected=False, url=base)
             upstream["connected"] = False
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
@@ -236,7 +240,7 @@ def create_app(
         if watch is not None:
             tasks.append(asyncio.create_task(watcher()))
         if events_base:
-            tasks.append(asyncio.create_task(relay()))
+            tasks.append(asyncio.create_task(relay(events_base)))
         try:
             yield
         finally:
@@ -412,7 +416,7 @@ def _parse_request(raw: str) -> tuple[dict, str | None]:
         return {}, f"message too long ({len(raw)} characters; at most {MAX_FRAME})"
     try:
         request = json.loads(raw)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         return {}, f'not JSON ({e.msg} at position {e.pos}): send {{"text": "..."}}'
     if not isinstance(request, dict) or "text" not in request:
         return {}, 'expected a JSON object {"text": "..."}'

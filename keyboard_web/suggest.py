@@ -246,7 +246,9 @@ class Suggester:
         h = np.zeros((self.num_layers, 1, self.hidden_size), dtype=np.float32)
         return tuple(h.copy() for _ in self.state_inputs)
 
-    def run(self, tokens: list[int], state: tuple[np.ndarray, ...]):
+    def run(
+        self, tokens: list[int], state: tuple[np.ndarray, ...]
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """Feed `tokens` after `state` in one call -> (logprobs [time, vocab], state after)."""
         self.calls += 1
         feed = {"tokens": np.asarray([tokens], dtype=np.int64)}
@@ -257,6 +259,13 @@ class Suggester:
     def _initial_entry(self) -> _Entry:
         logprobs, state = self.run([self.bos_id], self.zero_state())
         return _Entry(self.bos_id, state, logprobs[0])
+
+    def start(self) -> _Entry:
+        """The entry after <s>, where every suggestion starts (a model that cannot suggest,
+        see `error`, has none)."""
+        if self.initial is None:
+            raise SuggestError(str(self.error))
+        return self.initial
 
     def encode(self, words: list[str]) -> list[int]:
         get, unk = self.stoi.get, self.unk_id
@@ -302,9 +311,9 @@ class Suggester:
     def suggest_fresh(self, text: str) -> dict:
         """From scratch, with no cache: the reference a `Session` must agree with."""
         ids, partial = self.context_ids(text)
-        logprobs = self.initial.logprobs
+        logprobs = self.start().logprobs
         if ids:
-            lp, _ = self.run(ids, self.initial.state)
+            lp, _ = self.run(ids, self.start().state)
             logprobs = lp[-1]
         return self.reply(self.rank(logprobs, partial))
 
@@ -330,7 +339,7 @@ class Session:
         return self.suggester.round
 
     def _top(self) -> _Entry:
-        return self.stack[-1] if self.stack else self.suggester.initial
+        return self.stack[-1] if self.stack else self.suggester.start()
 
     def advance(self, ids: list[int]) -> np.ndarray:
         """Make the stack hold exactly `ids`; -> the log-probs of the word after them.

@@ -17,7 +17,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.config import Batching, DataConfig, TrainConfig
-from models.config import Cell, ModelConfig, Preset
+from models.config import Cell, ModelConfig, ModelOverrides, Preset
 from models.tokenizers import TokenizerKind
 from server.config import (
     FederationConfig,
@@ -147,7 +147,9 @@ class Settings(BaseSettings):
         return DataConfig(**{name: getattr(self, name) for name in names})
 
     def build_model_config(self, vocab_size: int) -> ModelConfig:
-        extra = dict(cell=self.cell, num_layers=self.layers, tied=self.tied, dropout=self.dropout)
+        extra = ModelOverrides(
+            cell=self.cell, num_layers=self.layers, tied=self.tied, dropout=self.dropout
+        )
         if self.hidden_size is not None:
             return ModelConfig(
                 vocab_size=vocab_size,

@@ -11,6 +11,7 @@ from common.config import TrainConfig
 from corpora.demo import demo_corpus
 from device_sim.trainer import train_local
 from models.checkpoint import build_model, model_state, save_checkpoint
+from models.config import Cell
 from models.model import ModelConfig
 from models.tokenizers import WordTokenizer
 
@@ -27,7 +28,7 @@ def make_checkpoint(demo, tmp_path_factory):
     """(cell, layers, tied) -> path of a checkpoint trained one short epoch on demo text."""
     cache: dict[tuple, Path] = {}
 
-    def make(cell: str = "gru", num_layers: int = 1, tied: bool = True) -> Path:
+    def make(cell: Cell = "gru", num_layers: int = 1, tied: bool = True) -> Path:
         key = (cell, num_layers, tied)
         if key not in cache:
             torch.manual_seed(0)

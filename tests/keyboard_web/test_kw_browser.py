@@ -72,8 +72,7 @@ def stable_answer(sugg: Suggester, text: str, margin: float = 1e-3) -> list[str]
     """The Python answer for `text` when its ranking does not hinge on float noise (wasm and
     native onnxruntime may differ in the last bits), else None."""
     ids, partial = sugg.context_ids(text)
-    lp, _ = sugg.run(ids, sugg.initial.state) if ids else (None, None)
-    logprobs = lp[-1] if ids else sugg.initial.logprobs
+    logprobs = sugg.run(ids, sugg.start().state)[0][-1] if ids else sugg.start().logprobs
     cands = [
         i
         for i, w in enumerate(sugg.words)
