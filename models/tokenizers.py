@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import io
 from collections import Counter
-from collections.abc import Iterable
-from typing import Literal, get_args
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, get_args
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 
@@ -54,7 +54,7 @@ class WordTokenizer:
     def num_words(self, sentence: str) -> int:
         return len(sentence.split())
 
-    def to_config(self) -> dict:
+    def to_config(self) -> dict[str, str | list[str]]:
         return {"kind": self.kind, "words": self.itos}
 
 
@@ -104,12 +104,13 @@ class SentencePieceTokenizer:
         return [self.bos_id, *self.sp.encode(sentence), self.eos_id]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.sp.decode([i for i in ids if i not in (self.bos_id, self.eos_id)])
+        text: str = self.sp.decode([i for i in ids if i not in (self.bos_id, self.eos_id)])
+        return text
 
     def num_words(self, sentence: str) -> int:
         return len(sentence.split())
 
-    def to_config(self) -> dict:
+    def to_config(self) -> dict[str, str]:
         return {"kind": self.kind, "model": base64.b64encode(self.model_proto).decode("ascii")}
 
 
@@ -127,7 +128,7 @@ def build_tokenizer(kind: str, sentences: list[str], vocab_size: int = 10_000) -
     raise ValueError(f"unknown tokenizer {kind!r}; choose one of {TOKENIZER_KINDS}")
 
 
-def tokenizer_from_config(config: dict) -> Tokenizer:
+def tokenizer_from_config(config: Mapping[str, Any]) -> Tokenizer:
     kind = config.get("kind")
     if kind == "word":
         return WordTokenizer(config["words"])
