@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from cli.errors import UserError, check_can_listen
+from cli.options import check_url
 
 
 def not_a_checkpoint(path: Path, e: Exception) -> UserError:
@@ -66,7 +67,10 @@ def keyboard(
         None, "--watch", help="Follow new exports written to this directory (no restart)."
     ),
     events: str | None = typer.Option(
-        None, "--events", help="The federation server's URL, for the live perplexity chart."
+        None,
+        "--events",
+        callback=check_url,
+        help="The federation server's URL, for the live perplexity chart.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),

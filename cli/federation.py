@@ -19,6 +19,8 @@ from cli.options import (
     SETTINGS_GROUPS,
     TRAIN,
     build_settings,
+    check_server_data,
+    check_url,
     opt,
     phone_data,
     with_options,
@@ -149,6 +151,7 @@ def server(
         export_dir=export_dir,
     )
     settings = build_settings({**opts, **own})
+    check_server_data(settings)
     check_can_listen(settings.host, settings.port)
     serve(settings)
 
@@ -181,7 +184,10 @@ def fleet_config(url: str, count: int, secret: str, opts: dict, **extra) -> Flee
 )
 def devices(
     server_url: str = typer.Option(
-        "http://127.0.0.1:8000", "--server", help="The federation server's URL."
+        "http://127.0.0.1:8000",
+        "--server",
+        callback=check_url,
+        help="The federation server's URL.",
     ),
     count: int = typer.Option(
         10,
@@ -263,6 +269,7 @@ def run(
         enrollment_secret=secret,
     )
     fleet = fleet_config(f"http://127.0.0.1:{port}", devices_count, secret, opts)
+    check_server_data(settings)
     fresh_run_dir(out)  # only once the options are known to be valid
     summary = run_loopback(
         settings,

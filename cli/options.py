@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -42,6 +43,17 @@ def check_device(value: str) -> str:
 
         if not torch.cuda.is_available():
             raise typer.BadParameter(f"{value}: torch sees no CUDA GPU here; use cpu or auto")
+    return value
+
+
+def check_url(value: str | None) -> str | None:
+    """A server's URL: http(s)://HOST[:PORT]."""
+    from urllib.parse import urlsplit
+
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise typer.BadParameter(f"{value!r} is not a server URL: give http://HOST:PORT")
     return value
 
 
@@ -381,6 +393,16 @@ def build_settings(opts: dict, **overrides) -> Settings:
         return Settings(**{**values, **overrides})
     except ValidationError as e:
         raise UserError(validation_problems(e, flags=set(values))) from None
+
+
+def check_server_data(settings: Settings) -> None:
+    """A corpus path that does not exist, found before a server process starts (its loader
+    would say so only inside a traceback in the server's log)."""
+    from corpora.loaders import ACCEPTED_LAYOUTS
+
+    for flag, spec in (("--data", settings.data), ("--tokenizer-text", settings.tokenizer_text)):
+        if spec is not None and spec.strip() != "demo" and not Path(spec).expanduser().exists():
+            raise UserError(f"{flag}: corpus {spec!r} not found; {ACCEPTED_LAYOUTS}")
 
 
 def phone_data(settings: Settings, opts: dict, clients: int) -> DataConfig:
