@@ -13,6 +13,9 @@ from typing import Literal, get_args
 Batching = Literal["sentences", "columns"]
 BATCHINGS: tuple[Batching, ...] = get_args(Batching)
 
+#: The server's tokenizer (models.tokenizers builds it; TOKENIZER_KINDS there lists these).
+TokenizerKind = Literal["word", "sentencepiece"]
+
 
 @dataclass
 class TrainConfig:
@@ -37,7 +40,7 @@ class DataConfig:
 
     data: str = "demo"  # "demo" or a directory (see corpora.loaders.load_corpus)
     paper_protocol: bool = False  # the seed papers' preprocessing: lowercase, split on " . ", ...
-    tokenizer: str = "word"  # models.tokenizers.TOKENIZER_KINDS
+    tokenizer: TokenizerKind = "word"
     vocab_size: int = 10_000
     clients: int = 100
     partition: str = "iid"  # corpora.partition.SCHEMES

@@ -425,7 +425,8 @@ def run_fleet(cfg: FleetConfig, progress: bool = True, pool: TrainerPool | None 
     start = time.monotonic()
     torch.set_num_threads(1)
     own_pool = pool is None
-    pool = fleet_pool(cfg) if own_pool else pool
+    if pool is None:
+        pool = fleet_pool(cfg)
     http = _http_client(cfg.count)
     stop = threading.Event()
     reports: dict[str, DeviceReport] = {}
@@ -475,8 +476,11 @@ def run_fleet(cfg: FleetConfig, progress: bool = True, pool: TrainerPool | None 
             if rounds_completed is None or n != rounds_completed:
                 rounds_completed = n
                 bar.n = n
-                post = {k: f"{last[k]:.1f}" for k in ("val_ppl", "test_ppl") if k in last}
-                bar.set_postfix(**post, uploads=sum(r.uploads for r in reports.values()))
+                post: dict[str, object] = {
+                    k: f"{last[k]:.1f}" for k in ("val_ppl", "test_ppl") if k in last
+                }
+                post["uploads"] = sum(r.uploads for r in reports.values())
+                bar.set_postfix(dict(sorted(post.items())))  # sorted, as tqdm orders **kwargs
                 bar.refresh()
 
         for t in threads:

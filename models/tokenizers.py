@@ -12,7 +12,9 @@ import base64
 import io
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, get_args
+from typing import Any, get_args
+
+from common.config import TokenizerKind as TokenizerKind  # defined there, re-exported here
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 
@@ -115,7 +117,6 @@ class SentencePieceTokenizer:
 
 
 Tokenizer = WordTokenizer | SentencePieceTokenizer
-TokenizerKind = Literal["word", "sentencepiece"]
 TOKENIZER_KINDS: tuple[TokenizerKind, ...] = get_args(TokenizerKind)
 
 

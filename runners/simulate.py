@@ -185,26 +185,33 @@ def train_ngram(
     column perplexity (models.ngram.PositionalUnigram)."""
     from models.metrics import keystroke_savings_of
     from models.ngram import KneserNey, PositionalUnigram
+    from models.tokenizers import WordTokenizer
 
     prepared = prepare(data)
+    tokenizer = prepared.tokenizer
+    if not isinstance(tokenizer, WordTokenizer):
+        raise ValueError(
+            f"the n-gram baselines need a word vocabulary (tokenizer 'word'), not {data.tokenizer!r}"
+        )
     start = time.perf_counter()
     union = [s for shard in prepared.shards.values() for s in shard]
+    lm: KneserNey | PositionalUnigram
     if positional:
-        lm = PositionalUnigram(prepared.tokenizer).fit(union).choose_prior(prepared.corpus.valid)
+        lm = PositionalUnigram(tokenizer).fit(union).choose_prior(prepared.corpus.valid)
         name = f"positional-unigram-prior-{lm.prior:.0f}"
         columns = {
             "col_val_ppl": lm.column_perplexity(prepared.corpus.valid),
             "col_test_ppl": lm.column_perplexity(prepared.corpus.test),
         }
     else:
-        lm = KneserNey(prepared.tokenizer, order).fit(union)
+        lm = KneserNey(tokenizer, order).fit(union)
         name, columns = f"kneser-ney-{order}", {}
     val = lm.evaluate(prepared.corpus.valid)
     test = lm.evaluate(prepared.corpus.test)
     ksr = keystroke_savings_of(
-        lm.sentence_log_probs, prepared.tokenizer, prepared.corpus.test[:ksr_sentences]
+        lm.sentence_log_probs, tokenizer, prepared.corpus.test[:ksr_sentences]
     )
-    row = {
+    row: dict[str, object] = {
         "round": 0,
         "strategy": name,
         "selected": [],

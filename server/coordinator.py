@@ -164,7 +164,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
     # -- the global model ------------------------------------------------------------------------
 
     def _load_model(self) -> None:
-        fed = self.federation
+        fed = self.fed
         data = public_bytes(fed.storage.checkpoint_path(fed.round))
         self._model = (fed.round, data, hashlib.sha256(data).hexdigest())
 
@@ -173,17 +173,18 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
     def _schedule_export(self) -> None:
         """With export_dir, export the newest global model to ONNX in the background: one export
         at a time, always of the newest round (rounds finished meanwhile are skipped)."""
-        if self.settings.export_dir is None or self._exporting:
+        export_dir = self.settings.export_dir
+        if export_dir is None or self._exporting:
             return
-        self._exporting = asyncio.create_task(self._export_newest(), name="fedkey-export")
+        self._exporting = asyncio.create_task(self._export_newest(export_dir), name="fedkey-export")
 
-    async def _export_newest(self) -> None:
+    async def _export_newest(self, export_dir: Path) -> None:
         try:
-            while self._exported_round != self.federation.round:
-                r = self.federation.round
-                path = self.federation.storage.checkpoint_path(r)
+            while self._exported_round != self.fed.round:
+                r = self.fed.round
+                path = self.fed.storage.checkpoint_path(r)
                 try:
-                    report = await asyncio.to_thread(self._export, path)
+                    report = await asyncio.to_thread(self._export, path, export_dir)
                 except Exception as e:  # an export failure never stops the federation
                     log.exception("round %d: ONNX export failed", r)
                     self.events.publish("export_failed", round=r, reason=f"{type(e).__name__}: {e}")
@@ -195,14 +196,16 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         finally:
             self._exporting = None
 
-    def _export(self, checkpoint: Path):
+    def _export(self, checkpoint: Path, export_dir: Path):
         from export.onnx_export import export_checkpoint
 
-        out = Path(self.settings.export_dir) / "model.onnx"
+        out = export_dir / "model.onnx"
         return export_checkpoint(checkpoint, out)
 
     def model(self) -> tuple[int, bytes, str]:
         """(round, checkpoint bytes, sha256) of the current global model."""
+        if self._model is None:
+            raise RuntimeError("the coordinator is not started: start() loads the global model")
         return self._model
 
     def metrics_rows(self) -> list[dict]:

@@ -104,10 +104,10 @@ class DevicesMixin(CoordinatorState):
         return device_id in r.uploaders
 
     def task(self, r: OpenRound, device_id: str) -> dict:
-        p = self.federation.config.privacy
+        p = self.fed.config.privacy
         return RoundTask(
             train=r.plan.train,
-            seed=client_seed(self.federation.config.seed, r.number, device_id),
+            seed=client_seed(self.fed.config.seed, r.number, device_id),
             beta=p.beta,
             sigma=p.sigma,
             deadline=r.deadline,
@@ -118,7 +118,7 @@ class DevicesMixin(CoordinatorState):
         """GET /v1/rounds/current for `device_id`."""
         r = self.current
         if r is None:
-            done = self.federation.round
+            done = self.fed.round
             return {
                 "round": done if self.state == "finished" else done + 1,
                 "attempt": 0 if self.state == "finished" else self._next_attempt,

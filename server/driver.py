@@ -66,12 +66,14 @@ class DriverMixin(CoordinatorState):
             if not r.losses:
                 self._fail(r, "no loss reports before the deadline")
                 return True
-            self._decide(r, now)
+            uploaders = self._decide(r, now)
             quorum = self._quorum(r)
-            if len(r.uploaders) < quorum:
-                self._fail(r, f"{len(r.uploaders)} uploaders chosen, quorum {quorum}")
+            if len(uploaders) < quorum:
+                self._fail(r, f"{len(uploaders)} uploaders chosen, quorum {quorum}")
             return True
         expected = self._expected(r)
+        if expected is None:  # the topK branch above returns until the uploaders are chosen
+            raise RuntimeError(f"round {r.number}: the uploaders are not chosen yet")
         if set(r.uploads) >= set(expected):
             await self._aggregate(r)
             return True
@@ -98,11 +100,11 @@ class DriverMixin(CoordinatorState):
         return self.settings.quorum_for(expected)
 
     def _finished(self) -> bool:
-        fed = self.federation
+        fed = self.fed
         return fed.round >= fed.config.rounds or fed.budget_spent
 
     def _finish_reason(self) -> str:
-        fed = self.federation
+        fed = self.fed
         if fed.round >= fed.config.rounds:
             return f"all {fed.config.rounds} rounds done"
         return (
@@ -115,20 +117,20 @@ class DriverMixin(CoordinatorState):
         self.finish_reason = self._finish_reason()
         self._set_round_gauge()
         log.info("run finished: %s", self.finish_reason)
-        self.events.publish("run_finished", round=self.federation.round, reason=self.finish_reason)
+        self.events.publish("run_finished", round=self.fed.round, reason=self.finish_reason)
         self._notify()
         if self.settings.exit_when_done and self.on_finished is not None:
             self.on_finished()
 
     def _setup_strategy(self, available: list[str]) -> None:
         """strategy.setup for devices it has not seen yet (AdaFL's n_k), before a plan_round."""
-        strategy = self.federation.strategy
+        strategy = self.fed.strategy
         new = {d: self.devices.get(d, 1) for d in available if d not in strategy.client_sizes}
         if new:
-            strategy.setup(new, self.federation.config.rounds)
+            strategy.setup(new, self.fed.config.rounds)
 
     def _open_round(self) -> None:
-        fed = self.federation
+        fed = self.fed
         available = sorted(self.devices)
         self._setup_strategy(available)
         attempt = self._next_attempt
@@ -169,10 +171,12 @@ class DriverMixin(CoordinatorState):
         )
         self._notify()
 
-    def _decide(self, r: OpenRound, now: float) -> None:
-        """FedMed topK: the engine chooses the uploaders among the devices that reported."""
+    def _decide(self, r: OpenRound, now: float) -> list[str]:
+        """FedMed topK: the engine chooses the uploaders among the devices that reported; they
+        are recorded in `r` and returned."""
         losses = {d: loss for d, (loss, _) in r.losses.items()}
-        r.uploaders = self.federation.choose_uploaders(r.plan, losses)
+        uploaders = self.fed.choose_uploaders(r.plan, losses)
+        r.uploaders = uploaders
         r.deadline = max(r.deadline, now + self.settings.upload_grace)
         with self.sessions.begin() as db:
             row = db.get(Round, r.row_id)
@@ -180,6 +184,7 @@ class DriverMixin(CoordinatorState):
             row.deadline = r.deadline
         log.info("round %d: topK chose %s of %d reporters", r.number, r.uploaders, len(losses))
         self._notify()
+        return uploaders
 
     def _fail(self, r: OpenRound, why: str) -> None:
         """Quorum missed: nothing applied; the same round opens again with attempt + 1."""
@@ -258,7 +263,7 @@ class DriverMixin(CoordinatorState):
             )
             for device_id, up in uploads
         ]
-        return self.federation.complete_round(plan, updates)
+        return self.fed.complete_round(plan, updates)
 
     def _set_round_gauge(self) -> None:
         self.telemetry.current_round.set(self.health()["round"])

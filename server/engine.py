@@ -186,9 +186,12 @@ class Federation:
         self, plan: RoundPlan, updates: list[ClientUpdate]
     ) -> tuple[dict[str, torch.Tensor], Info]:
         p = self.config.privacy
-        if p.dp_fedavg:
+        if p.clip_norm is not None:  # p.dp_fedavg, spelled out so S is a float below
             # McMahan et al. 2018: clip each delta to S, average uniformly, noise z S / m. The
             # guarantee needs exactly this plain average, so it replaces the strategy's aggregate.
+            accountant = self.accountant
+            if accountant is None:  # __init__ builds one whenever DP-FedAvg is on
+                raise RuntimeError("DP-FedAvg needs the privacy accountant")
             gen = torch.Generator().manual_seed(
                 client_seed(self.config.seed, plan.round, "server-noise")
             )
@@ -198,7 +201,7 @@ class Federation:
             new_state, info = privacy.dp_fedavg(
                 self.global_state, (u.state for u in updates), dp, gen
             )
-            self.accountant.step()
+            accountant.step()
         else:
             new_state, info = self.strategy.aggregate(self.global_state, updates)
         self.strategy.after_round(plan.round - 1, new_state, updates)

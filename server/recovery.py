@@ -20,7 +20,7 @@ class RecoveryMixin(CoordinatorState):
     """Reconciliation on start (part of Coordinator)."""
 
     def _reconcile(self) -> None:
-        fed = self.federation
+        fed = self.fed
         done = fed.round
         rows = fed.storage.read_metrics()  # already repaired by resume(): rounds 0..done
         with self.sessions.begin() as db:
@@ -58,7 +58,7 @@ class RecoveryMixin(CoordinatorState):
 
     def _continue_round(self, db, row: Round) -> None:
         """Rebuild the open round `row` from the database: cohort, attempt, receipts, uploads."""
-        fed = self.federation
+        fed = self.fed
         # Replay the draw exactly as it was made: same devices known, same attempt.
         self._setup_strategy(list(row.available))
         plan = fed.plan_round(list(row.available), row.attempt)
@@ -103,7 +103,7 @@ class RecoveryMixin(CoordinatorState):
                 n = int(d.name.split("_", 1)[1])
             except ValueError:
                 continue
-            if n <= self.federation.round:
+            if n <= self.fed.round:
                 shutil.rmtree(d, ignore_errors=True)
         cur = self.current
         if cur is not None:  # stale temp files of an interrupted upload

@@ -5,6 +5,7 @@ server.coordinator.Coordinator over one `CoordinatorState`)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,7 +64,8 @@ class OpenRound:
 class CoordinatorState:
     """The state the coordinator's parts share; Coordinator.__init__ and start() set it. Request
     handlers only record what devices send and poke the driver; the driver makes every
-    transition."""
+    transition. The methods one part calls on another are declared at the end (for the type
+    checker only; the mixins define them)."""
 
     settings: Settings
     telemetry: Telemetry
@@ -76,6 +78,7 @@ class CoordinatorState:
     current: OpenRound | None
     federation: Federation | None
     sessions: Any  # sqlalchemy sessionmaker
+    on_finished: Callable[[], None] | None  # serve() shuts uvicorn down with it
     devices: dict[str, int]  # device id -> num_samples
     finish_reason: str | None
     _tokens: dict[str, str]  # token hash -> device id
@@ -85,3 +88,32 @@ class CoordinatorState:
     _changed: asyncio.Event  # replaced on every change: long-polls wait on it
     _poke: asyncio.Event  # wakes the driver
     _stopping: bool
+
+    @property
+    def fed(self) -> Federation:
+        """The federation start() built; asking for it earlier is a programming error."""
+        if self.federation is None:
+            raise RuntimeError("the coordinator is not started: start() builds the federation")
+        return self.federation
+
+    if TYPE_CHECKING:
+        # server.devices.DevicesMixin
+        def authenticate(self, authorization: str | None) -> str: ...
+        def _upload_flag(self, r: OpenRound, device_id: str) -> bool | None: ...
+        async def _wait_until(self, predicate: Callable[[], bool], wait: float) -> bool: ...
+        def _notify(self) -> None: ...
+        def health(self) -> dict: ...
+
+        # server.uploads.UploadsMixin
+        def _round_dir(self, n: int) -> Path: ...
+
+        # server.driver.DriverMixin
+        def _expected(self, r: OpenRound) -> list[str] | None: ...
+        def _finished(self) -> bool: ...
+        def _finish_reason(self) -> str: ...
+        def _setup_strategy(self, available: list[str]) -> None: ...
+        def _set_round_gauge(self) -> None: ...
+
+        # server.coordinator.Coordinator
+        def _load_model(self) -> None: ...
+        def _schedule_export(self) -> None: ...

@@ -16,9 +16,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.config import Batching, DataConfig, TrainConfig
+from common.config import Batching, DataConfig, TokenizerKind, TrainConfig
 from models.config import Cell, ModelConfig, ModelOverrides, Preset
-from models.tokenizers import TokenizerKind
 from server.config import (
     FederationConfig,
     Norm,

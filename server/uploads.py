@@ -25,11 +25,9 @@ class UploadsMixin(CoordinatorState):
         """The open round `n` with `device_id` selected, or 409 / 403."""
         r = self.current
         if self.state == "finished":
-            raise ApiError(
-                409, f"the run is finished after round {self.federation.round}", "stale_round"
-            )
+            raise ApiError(409, f"the run is finished after round {self.fed.round}", "stale_round")
         if r is None:
-            nxt = self.federation.round + 1
+            nxt = self.fed.round + 1
             reason = "stale_round" if n < nxt else "future_round" if n > nxt else "not_open"
             raise ApiError(409, f"round {n} is not open: round {nxt} has not opened yet", reason)
         if n != r.number:
@@ -138,7 +136,7 @@ class UploadsMixin(CoordinatorState):
                 if existing.sha256 == sha:
                     return existing.reply(n)
                 raise _different_duplicate(device_id, n)
-            config = self.federation.model_config
+            config = self.fed.model_config
             await asyncio.to_thread(validation.parse_update, data, config)
             num_samples = validation.parse_num_samples(headers.get(validation.NUM_SAMPLES_HEADER))
             train_loss = validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
@@ -182,6 +180,7 @@ class UploadsMixin(CoordinatorState):
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
         self.telemetry.uploads_accepted.inc()
+        expected = self._expected(r)
         self.events.publish(
             "update_received",
             round=n,
@@ -190,7 +189,7 @@ class UploadsMixin(CoordinatorState):
             bytes=up.bytes,
             sha256=sha,
             received=len(r.uploads),
-            expected=len(self._expected(r)) if self._expected(r) is not None else None,
+            expected=len(expected) if expected is not None else None,
         )
         self._notify()
         self._poke.set()

@@ -17,6 +17,8 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection
+from typing import cast
 
 import torch
 import uvicorn
@@ -78,10 +80,10 @@ class FakeFederation:
         rounds: int = 2,
         deadline: float = 30.0,
         beta: float = 0.0,
-        decline: set[str] = frozenset(),
+        decline: Collection[str] = frozenset(),
         defer: bool = False,
-        stale_once: set[str] = frozenset(),
-        dont_wait_for: set[str] = frozenset(),
+        stale_once: Collection[str] = frozenset(),
+        dont_wait_for: Collection[str] = frozenset(),
     ):
         self.n_devices, self.rounds, self.deadline, self.beta = n_devices, rounds, deadline, beta
         self.decline, self.defer, self.stale_once = set(decline), defer, set(stale_once)
@@ -100,7 +102,7 @@ class FakeFederation:
         self.bodies: list[tuple[int, str, bytes]] = []  # every upload body received
         self.losses_seen: list[tuple[int, str, float, int]] = []
         self.accepted: dict[int, dict[str, bytes]] = {}
-        self.rows = []
+        self.rows: list[dict[str, float]] = []
         self._stale_done: set[str] = set()
         self._checkpoints: dict[int, bytes] = {}
         self.last_sent: dict[str, dict] = {}  # name -> the last view it was sent
@@ -130,7 +132,12 @@ class FakeFederation:
             if self.selected <= done or time.monotonic() > self.opened + self.deadline:
                 states = [st_load(b) for b in self.uploads.values()]
                 prev = self.models[self.round - 1]
-                new = {k: sum(s[k] for s in states) / len(states) for k in prev} if states else prev
+                # sum() of tensors is a tensor (the stubs add its start value, 0, to the type)
+                new = (
+                    {k: cast(torch.Tensor, sum(s[k] for s in states)) / len(states) for k in prev}
+                    if states
+                    else prev
+                )
                 self.models[self.round] = new
                 self.accepted[self.round] = dict(self.uploads)
                 self.rows.append({"round": self.round, "val_ppl": 50.0, "test_ppl": 50.0})
@@ -262,9 +269,7 @@ class FakeFederation:
                 headers={"ETag": etag, "X-Fedkey-Round": str(r)},
             )
 
-        def check_round(name: str | None, n: int) -> JSONResponse | None:
-            if name is None:
-                return err(401, "bad token")
+        def check_round(name: str, n: int) -> JSONResponse | None:
             if fed.state != "open" or n != fed.round:
                 return err(409, f"round {n} is not open (the open round is {fed.round})")
             if name not in fed.selected or name in fed.excluded:
@@ -274,6 +279,8 @@ class FakeFederation:
         @app.post("/v1/rounds/{n}/loss")
         async def loss(n: int, request: Request, wait: float = 0.0):
             name = who(request)
+            if name is None:
+                return err(401, "bad token")
             if (bad := check_round(name, n)) is not None:
                 return bad
             body = await request.json()
@@ -285,6 +292,8 @@ class FakeFederation:
         @app.post("/v1/rounds/{n}/update")
         async def update(n: int, request: Request):
             name = who(request)
+            if name is None:
+                return err(401, "bad token")
             if (bad := check_round(name, n)) is not None:
                 return bad
             if fed.decision(name) is False:
@@ -355,13 +364,14 @@ class FakeServer:
             port=self.port,
             log_level="error",
             lifespan="off",
-            timeout_graceful_shutdown=0.2,
+            # uvicorn annotates an int, but it is a timeout in seconds (asyncio.wait_for's)
+            timeout_graceful_shutdown=0.2,  # type: ignore[arg-type]
         )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        server = self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=server.run, daemon=True)
         self.thread.start()
         wait_for(
-            lambda: self.server.started,
+            lambda: server.started,
             timeout=10,
             every=0.01,
             what="the fake server did not start",

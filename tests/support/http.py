@@ -11,6 +11,7 @@ import hashlib
 import json
 import struct
 from pathlib import Path
+from typing import Any, TypedDict
 
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
@@ -27,11 +28,22 @@ from server.settings import Settings
 from tests.support.wait import wait_for
 
 SECRET = "test-secret"
-DATA = dict(data="demo", max_train_tokens=3000, max_eval_sentences=30, seed=0)
+
+
+class DataFields(TypedDict):
+    """The DataConfig fields (and Settings fields) every server test shares."""
+
+    data: str
+    max_train_tokens: int
+    max_eval_sentences: int
+    seed: int
+
+
+DATA: DataFields = {"data": "demo", "max_train_tokens": 3000, "max_eval_sentences": 30, "seed": 0}
 
 
 def make_settings(tmp_path: Path, **overrides) -> Settings:
-    base = dict(
+    base: dict[str, Any] = dict(
         storage=tmp_path / "run",
         enrollment_secret=SECRET,
         hidden_size=16,
@@ -85,6 +97,13 @@ class Phone:
         self.round: int | None = None
 
     @property
+    def trained(self) -> TrainResult:
+        """The result of the last train()."""
+        if self.result is None:
+            raise AssertionError(f"phone {self.name} has not trained: call train() first")
+        return self.result
+
+    @property
     def num_samples(self) -> int:
         return sum(len(s) - 1 for s in self.shard)
 
@@ -127,18 +146,18 @@ class Phone:
         return self.client.post(
             f"/v1/rounds/{self.round}/loss",
             params={"wait": wait},
-            json={"train_loss": self.result.train_loss, "num_samples": self.result.num_tokens},
+            json={"train_loss": self.trained.train_loss, "num_samples": self.trained.num_tokens},
             headers=self.auth,
         )
 
     def body(self) -> bytes:
-        return st_save({k: v.contiguous() for k, v in self.result.state.items()})
+        return st_save({k: v.contiguous() for k, v in self.trained.state.items()})
 
     def upload_headers(self) -> dict:
         return {
             **self.auth,
-            "X-Fedkey-Num-Samples": str(self.result.num_tokens),
-            "X-Fedkey-Train-Loss": repr(self.result.train_loss),
+            "X-Fedkey-Num-Samples": str(self.trained.num_tokens),
+            "X-Fedkey-Train-Loss": repr(self.trained.train_loss),
         }
 
     def upload(self, body: bytes | None = None, headers: dict | None = None, n: int | None = None):
