@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -14,15 +16,20 @@ from bench.report import STEPS
 from cli.errors import UserError
 
 
-def choices(name: str, values: tuple[str, ...] | list[str]) -> type[StrEnum]:
-    """The choice type of a repeatable option, built from the tuple its module defines: typer takes
-    Literal[...] for an option of one value but not list[Literal[...]]."""
-    return StrEnum(name, {v: v for v in values})
+def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
+    """The choice type of an option, built from the names its module defines: typer takes
+    Literal[...] for an option of one value but not list[Literal[...]] (a repeatable option)."""
+    return cast(type[StrEnum], StrEnum(name, {v: v for v in values}))
 
 
-BenchStep = choices("BenchStep", STEPS)
-PaperPreset = choices("PaperPreset", sorted(PRESETS))
-PaperSuite = choices("PaperSuite", SUITES)
+if TYPE_CHECKING:  # built at run time; to a type checker, a StrEnum
+    BenchStep = StrEnum
+    PaperPreset = StrEnum
+    PaperSuite = StrEnum
+else:
+    BenchStep = choices("BenchStep", STEPS)
+    PaperPreset = choices("PaperPreset", sorted(PRESETS))
+    PaperSuite = choices("PaperSuite", SUITES)
 
 bench_app = typer.Typer(
     help="Benchmarks: the figures, with their targets, in a report.", no_args_is_help=True

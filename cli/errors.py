@@ -4,13 +4,14 @@
 setting that contradicts another, a server that cannot be reached, a child process that would not
 start, Ctrl-C) into that line. `FedkeyGroup`, the click group of `fedkey`, applies it around the
 parsing and the running of every command, so `fedkey ...`, `python -m cli ...` and typer's
-CliRunner all fail the same way. Anything else (a bug) still ends in its traceback.
+CliRunner all fail the same way. Anything else (a bug) still ends in its traceback, and
+FEDKEY_TRACEBACK=1 shows the traceback of the one-line errors too (a ValueError may be a bug).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,7 +36,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def validation_problems(e: ValidationError, flags: set[str] = frozenset()) -> str:
+def validation_problems(e: ValidationError, flags: Collection[str] = ()) -> str:
     """One line per problem of a pydantic ValidationError, without pydantic's URLs and types.
 
     A field the command took as an option is named by its flag (`--vocab-size 2: ...`), one
@@ -103,9 +104,11 @@ def user_errors() -> Iterator[None]:
         raise fail(validation_problems(e)) from None
     except BrokenPipeError:  # `fedkey ... | head`: typer exits quietly
         raise
-    except OSError as e:  # a missing file or directory, a refused connection, a port in use
-        raise fail(_os_message(e)) from None
-    except (ValueError, ProcessError) as e:
+    except (OSError, ValueError, ProcessError) as e:
+        if os.environ.get("FEDKEY_TRACEBACK"):
+            raise
+        if isinstance(e, OSError):  # a missing file or directory, a refused connection
+            raise fail(_os_message(e)) from None
         # ValueError: a value the loaders or configs refuse (a corpus, a checkpoint, --clients
         # larger than the corpus); ProcessError: a child process (a server, the keyboard) that
         # exited or never answered.

@@ -53,12 +53,13 @@ class ServerProcess:
     """`python -m server.main` with `settings`, its output in `log`; a context manager that
     starts it on entry and stops it on exit (terminate, wait up to `grace` s, then kill)."""
 
+    proc: subprocess.Popen[bytes]  # started on entering the `with` block
+
     def __init__(self, settings: Settings, log: Path, grace: float = 30.0) -> None:
         self.settings = settings
         self.log_path = Path(log)
         self.grace = grace
         self.url = f"http://127.0.0.1:{settings.port}"
-        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
         env = {

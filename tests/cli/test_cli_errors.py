@@ -138,9 +138,16 @@ def test_phones_without_a_server_end_with_one_line():
     assert lines[-1].endswith(f"is a fedkey server running at {url} (--server)?")
 
 
-def test_user_errors_turns_ctrl_c_into_130_and_leaves_bugs_alone():
+def test_user_errors_turns_ctrl_c_into_130_and_leaves_bugs_alone(monkeypatch, capsys):
     with pytest.raises(typer.Exit) as e, user_errors():
         raise KeyboardInterrupt
     assert e.value.exit_code == 130
     with pytest.raises(KeyError), user_errors():  # a bug keeps its traceback
         raise KeyError("bug")
+    with pytest.raises(typer.Exit) as e, user_errors():
+        raise ValueError("alpha must be > 0\n(got -1)")
+    assert e.value.exit_code == 1
+    assert capsys.readouterr().err == "error: alpha must be > 0; (got -1)\n"
+    monkeypatch.setenv("FEDKEY_TRACEBACK", "1")  # the traceback of a one-line error, on demand
+    with pytest.raises(ValueError), user_errors():
+        raise ValueError("alpha must be > 0")
