@@ -18,11 +18,10 @@ import typer
 from pydantic import ValidationError
 
 from cli.errors import UserError, validation_problems
-from common.config import Batching, DataConfig
+from common.config import Batching, DataConfig, TokenizerKind
 from corpora.partition import Scheme
 from device_sim.config import Attack
 from models.config import Cell, Preset
-from models.tokenizers import TokenizerKind
 from server.config import Norm, ServerOptName, StrategyName
 from server.settings import Settings
 
