@@ -18,8 +18,7 @@ import typer
 from pydantic import ValidationError
 
 from cli.errors import UserError, validation_problems
-from common.config import Batching, DataConfig, TokenizerKind
-from corpora.partition import Scheme
+from common.config import Batching, DataConfig, Scheme, TokenizerKind
 from device_sim.config import Attack
 from models.config import Cell, Preset
 from server.config import Norm, ServerOptName, StrategyName

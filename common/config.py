@@ -15,6 +15,8 @@ BATCHINGS: tuple[Batching, ...] = get_args(Batching)
 
 #: The server's tokenizer (models.tokenizers builds it; TOKENIZER_KINDS there lists these).
 TokenizerKind = Literal["word", "sentencepiece"]
+#: How the training text is cut into the phones' shards (corpora.partition does it).
+Scheme = Literal["iid", "user", "dirichlet"]
 
 
 @dataclass
@@ -43,7 +45,7 @@ class DataConfig:
     tokenizer: TokenizerKind = "word"
     vocab_size: int = 10_000
     clients: int = 100
-    partition: str = "iid"  # corpora.partition.SCHEMES
+    partition: Scheme = "iid"
     alpha: float = 0.5  # Dirichlet concentration
     max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
     max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)

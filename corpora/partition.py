@@ -15,10 +15,11 @@ Schemes:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import get_args
 
 import numpy as np
 
+from common.config import Scheme
 from corpora.loaders import Corpus
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "shard_sizes",
 ]
 
-Scheme = Literal["iid", "user", "dirichlet"]
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 
 

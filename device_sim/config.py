@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from common.config import DataConfig
+from common.config import DataConfig, Scheme
 
 #: What a malicious phone uploads: scale: its delta times 100 (a valid upload); nan: a NaN
 #: tensor; shape: wrong tensors.
@@ -41,7 +41,7 @@ class FleetConfig:
     count: int = 10  # N phones: device_shards(clients=N), names device-0.. as in `fedkey simulate`
     # The data fields must match the server's, so that the shards are those of `fedkey simulate`.
     data: str = "demo"
-    partition: str = "iid"
+    partition: Scheme = "iid"
     alpha: float = 0.5
     max_train_tokens: int | None = None
     paper_protocol: bool = False
