@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"
+# Debian's chromium, headless and quiet (this machine's closed network refuses its background calls).
+CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -124,10 +125,10 @@ def bench_ws(port: int, texts: list[str], warmup: int) -> dict:
 def bench_wasm(port: int, sentences: list[str], keystrokes: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    if not Path(CHROMIUM).exists():
+    if not CHROMIUM.exists():
         return {"skipped": f"{CHROMIUM} not found"}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 390, "height": 844})
             errors: list[str] = []

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.keyboard import CHROMIUM, CHROMIUM_ARGS
 from keyboard_web.app import ORT_DIST, create_app
 from keyboard_web.suggest import Suggester
-from tests.support.keyboard import CHROMIUM, CHROMIUM_ARGS, ThreadServer, save_round
+from tests.support.keyboard import ThreadServer, save_round
 
 pytestmark = [
     pytest.mark.slow,

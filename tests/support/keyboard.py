@@ -9,16 +9,6 @@ from pathlib import Path
 from runners.processes import free_port
 from tests.support.wait import wait_for
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
 
 @dataclass
 class Models:
