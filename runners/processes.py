@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 __all__ = [
     "ProcessError",
@@ -20,6 +20,8 @@ __all__ = [
     "wait_for",
     "wait_healthy",
 ]
+
+T = TypeVar("T")
 
 
 class ProcessError(RuntimeError):
@@ -54,32 +56,33 @@ def wait_healthy(
     """Wait until GET url+path answers 200; ProcessError if `proc` exits first or time runs out."""
     import httpx
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise ProcessError(f"{name} exited with code {proc.returncode} before it was ready")
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
-                return
+            return httpx.get(f"{url}{path}", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+            return False
+
+    if wait_for(healthy, timeout, proc=proc, interval=0.2):
+        return
+    if proc is not None and proc.poll() is not None:
+        raise ProcessError(f"{name} exited with code {proc.returncode} before it was ready")
     raise ProcessError(f"{name} at {url} was not healthy after {timeout:.0f} s")
 
 
 def wait_for(
-    condition: Callable[[], bool],
+    condition: Callable[[], T],
     timeout: float,
     proc: subprocess.Popen | None = None,
     interval: float = 0.5,
-) -> bool:
-    """Poll `condition` until it holds (True); False once `timeout` seconds pass or `proc` exits."""
+) -> T | None:
+    """Poll `condition` until it returns something truthy, and return that; None once `timeout`
+    seconds pass or `proc` exits. The one polling loop: wait_healthy and the tests' wait_for use it."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
-            return False
+            return None
         time.sleep(interval)
-    return True
+    return value
 
 
 class ProcessGroup:

@@ -1,10 +1,12 @@
-"""Waiting on a condition with a deadline: the one polling loop of the tests."""
+"""Waiting on a condition with a deadline, for the tests: runners.processes.wait_for (the one
+polling loop), failing the test when time runs out."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from runners.processes import wait_for as poll
 
 T = TypeVar("T")
 
@@ -17,11 +19,7 @@ def wait_for(
 ) -> T:
     """Call `predicate` every `every` seconds until it returns something truthy, and return that;
     AssertionError(`what`) once `timeout` seconds have passed without it."""
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            raise AssertionError(f"{what} (waited {timeout:g} s)")
-        time.sleep(every)
+    value = poll(predicate, timeout, interval=every)
+    if not value:
+        raise AssertionError(f"{what} (waited {timeout:g} s)")
+    return value
