@@ -8,7 +8,6 @@ is stopped (terminate, then kill) however the run ends.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from device_sim.config import FleetConfig
-from runners.processes import ProcessError, wait_healthy
+from runners.processes import ProcessError, ProcessGroup, wait_healthy
 from server.settings import Settings
 from server.storage import RunStorage
 
@@ -50,29 +49,20 @@ def _env(value: Any) -> str:
 
 
 class ServerProcess:
-    """`python -m server.main` with `settings`, its output in `log`; a context manager that
-    starts it on entry and stops it on exit (terminate, wait up to `grace` s, then kill)."""
+    """`python -m server.main` with `settings`, its output in `log_dir/server.log`; a context
+    manager that starts it on entry and stops it on exit (a ProcessGroup of one: terminate, wait
+    up to `grace` s, then kill)."""
 
-    proc: subprocess.Popen[bytes]  # started on entering the `with` block
+    proc: subprocess.Popen[str]  # started on entering the `with` block
 
-    def __init__(self, settings: Settings, log: Path, grace: float = 30.0) -> None:
-        self.settings = settings
-        self.log_path = Path(log)
-        self.grace = grace
+    def __init__(self, settings: Settings, log_dir: Path, grace: float = 30.0) -> None:
+        env = {f"FEDKEY_{k.upper()}": _env(v) for k, v in settings_env(settings).items()}
+        self.group = ProcessGroup(log_dir, env=env, grace=grace)
+        self.log_path = self.group.log("server")
         self.url = f"http://127.0.0.1:{settings.port}"
 
     def __enter__(self) -> ServerProcess:
-        env = {
-            **os.environ,
-            **{f"FEDKEY_{k.upper()}": _env(v) for k, v in settings_env(self.settings).items()},
-        }
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.main"],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self.proc = self.group.start("server", [sys.executable, "-m", "server.main"])
         return self
 
     def wait_healthy(self) -> None:
@@ -85,14 +75,7 @@ class ServerProcess:
         return self.proc.wait(timeout=timeout)
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=self.grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        self.group.stop()
 
 
 def run_loopback(
@@ -109,7 +92,7 @@ def run_loopback(
     from device_sim.fleet import fleet_pool, run_fleet
 
     storage_dir = Path(settings.storage)
-    with ServerProcess(settings, storage_dir / "server.log") as server:
+    with ServerProcess(settings, storage_dir) as server:
         with closing(fleet_pool(fleet)) as pool:  # its processes start while the server does
             server.wait_healthy()
             on_ready(server.url)
