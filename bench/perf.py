@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runners.processes import free_port, wait_healthy
+from runners.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `-m cli`, `-m bench.perf` from here
 
@@ -213,30 +213,24 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
     from safetensors.torch import load as st_load
     from safetensors.torch import save as st_save
 
-    out = str(Path(out).resolve())  # the server runs in ROOT
+    from runners.loopback import ServerProcess
+    from server.settings import Settings
+
     port, secret = free_port(), "bench"
-    env = {
-        **os.environ,
-        "FEDKEY_DATA": data,
-        "FEDKEY_STORAGE": out,
-        "FEDKEY_PORT": str(port),
-        "FEDKEY_ENROLLMENT_SECRET": secret,
-        "FEDKEY_WAIT_DEVICES": "2",
-        "FEDKEY_FRACTION": "1.0",
-        "FEDKEY_MAX_EVAL_SENTENCES": "50",
-        "FEDKEY_KSR_SENTENCES": "0",
-        "FEDKEY_ROUND_DEADLINE": "600",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.main"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    settings = Settings(
+        data=data,
+        storage=Path(out).resolve(),
+        port=port,
+        enrollment_secret=secret,
+        wait_devices=2,
+        fraction=1.0,
+        max_eval_sentences=50,
+        ksr_sentences=0,
+        round_deadline=600,
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with ServerProcess(settings, Path(out)) as server:
+        server.wait_healthy()
+        url = server.url
         with httpx.Client(base_url=url, timeout=60) as http:
             tokens = [
                 http.post(
@@ -272,9 +266,6 @@ def bench_transport(data: str, repeats: int, out: str) -> dict:
             for _ in range(repeats):
                 http.post("/v1/rounds/1/update", content=update, headers=headers).raise_for_status()
             up = len(update) * repeats / (time.perf_counter() - t) / 2**20
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return {
         "model_mb": round(len(update) / 2**20, 2),
         "download_mb_per_s": round(down, 1),

@@ -97,6 +97,7 @@ class ProcessGroup:
         self, log_dir: Path, env: Mapping[str, str] | None = None, grace: float = 20.0
     ) -> None:
         self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env or {})
         self.grace = grace
         self.procs: list[subprocess.Popen] = []
