@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,6 +26,7 @@ from common.files import atomic_write
 from models.checkpoint import build_model, check_state, model_state, read_metadata, save_checkpoint
 from models.config import ModelConfig
 from models.metrics import evaluate
+from models.model import LanguageModel
 from models.tokenizers import Tokenizer
 from server import privacy
 from server.config import FederationConfig
@@ -44,6 +45,9 @@ class RoundPlan:
 
 
 Evaluator = Callable[[dict[str, torch.Tensor]], dict]
+#: A round metric besides perplexity (a backdoor's success, a canary's exposure): called with the
+#: evaluated model and the tokenizer, its dict is merged into the round's metrics row.
+Probe = Callable[[LanguageModel, Tokenizer], dict]
 
 
 def client_seed(seed: int, round_idx: int, device_id: str) -> int:
@@ -68,6 +72,7 @@ class Federation:
         test: list[str],
         storage: RunStorage,
         evaluator: Evaluator | None = None,
+        probes: Sequence[Probe] = (),
     ):
         self.config = config
         self.model_config = model_config
@@ -75,6 +80,7 @@ class Federation:
         self.valid, self.test = valid, test
         self.storage = storage
         self.evaluator = evaluator or self.evaluate
+        self.probes = list(probes)
         self.strategy = get_strategy(
             config.strategy, fraction=config.fraction, **config.strategy_params
         )
@@ -120,6 +126,8 @@ class Federation:
         if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
             scores["col_val_ppl"] = column_perplexity(model, self.tokenizer, self.valid)
             scores["col_test_ppl"] = column_perplexity(model, self.tokenizer, self.test)
+        for probe in self.probes:
+            scores.update(probe(model, self.tokenizer))
         return scores
 
     def start(self) -> dict:
