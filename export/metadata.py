@@ -9,7 +9,10 @@ ONNX export. Both live in one JSON document, stored twice: beside the model as `
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 METADATA_KEY = "fedkey"
 FORMAT = "fedkey-onnx-1"
@@ -37,8 +40,9 @@ def load_metadata(onnx_path: str | Path) -> dict:
     Keys: "format" ("fedkey-onnx-1"), "model" (the ModelConfig dict: vocab_size, cell,
     emb_size, hidden_size, num_layers, tied, dropout), "tokenizer" (as in the checkpoint: for a
     word tokenizer {"kind": "word", "words": [...]}), "round", "strategy", "metrics"
-    ({"val_ppl", "test_ppl"} when the checkpoint had them), "int8", "inputs", "outputs" and
-    "export" (file sizes and held-out numbers measured at export time).
+    ({"val_ppl", "test_ppl"} when the checkpoint had them), "privacy" (:func:`privacy_facts`;
+    absent from exports made before it existed), "int8", "inputs", "outputs" and "export" (file
+    sizes and held-out numbers measured at export time).
     """
     side = metadata_path(onnx_path)
     if side.exists():
@@ -50,3 +54,93 @@ def load_metadata(onnx_path: str | Path) -> dict:
             f"{onnx_path}: metadata format {meta.get('format')!r}, expected {FORMAT!r}"
         )
     return meta
+
+
+# The bounding facts a keyboard may show: scalars only (never per-device numbers).
+CLIP_KEYS = ("mode", "scope", "norm", "multiple", "clipped", "clipped_fraction", "median_norm")
+
+
+def _number(x: Any) -> float | None:
+    """A finite JSON number, else None (bools and strings are not numbers here)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return x
+
+
+def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What an export tells its users about privacy and bounded influence, from a checkpoint's
+    metadata (models.checkpoint: "strategy", "metrics" = the round's metrics row, "server" = the
+    server state with the accountant's state_dict). Only public facts: the accountant's settings
+    and step count, and the round's clip summary; no per-device scores.
+
+    Keys:
+      dp: True (DP noise was added: an accountant or a recorded epsilon), False (the row
+        records ``"epsilon": null``: no differential privacy), None (not recorded: a checkpoint
+        written without a metrics row).
+      epsilon: the epsilon spent so far at ``delta`` (a number; the string "inf" when the bound
+        is infinite, e.g. noise multiplier 0; None without DP).
+      delta, target_epsilon (the budget; None: no budget set), noise_multiplier, sampling
+        ("fixed": a fixed-size cohort per round, "poisson"), sampling_rate (Poisson's q; None
+        under fixed-size sampling), steps (noised rounds accounted): the accountant's state
+        (server.privacy.PrivacyAccountant.state_dict), None when not recorded.
+      clip: the round's bounding summary from the metrics row's ``info["clip"]`` (mode, norm S,
+        clipped count, ...), None when the row has none.
+      dp_clip: the DP clip of the round (``info``: norm S, clipped_fraction, noise_std) when the
+        row reports it, else None.
+    """
+    metrics = checkpoint_meta.get("metrics") or {}
+    server = checkpoint_meta.get("server") or {}
+    raw_accountant = server.get("accountant") if isinstance(server, Mapping) else None
+    accountant: Mapping[str, Any] = raw_accountant if isinstance(raw_accountant, Mapping) else {}
+    raw_info = metrics.get("info")
+    info: Mapping[str, Any] = raw_info if isinstance(raw_info, Mapping) else {}
+    raw_eps = metrics.get("epsilon")
+    if accountant or raw_eps is not None:
+        dp: bool | None = True
+    elif "epsilon" in metrics:
+        dp = False
+    else:
+        dp = None
+    epsilon: float | str | None = None
+    if isinstance(raw_eps, (int, float)) and not isinstance(raw_eps, bool):
+        epsilon = "inf" if math.isinf(raw_eps) else _number(raw_eps)
+    steps = accountant.get("steps")
+    events = accountant.get("events")  # [[population or q, cohort, rounds], ...]
+    if steps is None and isinstance(events, list):
+        counts = [e[-1] for e in events if isinstance(e, list) and e]
+        steps = sum(counts) if all(_is_int(c) for c in counts) else None
+    sampling = accountant.get("sampling")
+    sampling = sampling if sampling in ("fixed", "poisson") else None
+    clip = info.get("clip")
+    clip = (
+        {k: clip[k] for k in CLIP_KEYS if k in clip and _scalar(clip[k])}
+        if isinstance(clip, Mapping)
+        else None
+    )
+    dp_clip = None
+    if dp and _number(info.get("clip_norm")) is not None:
+        dp_clip = {
+            "norm": _number(info.get("clip_norm")),
+            "clipped_fraction": _number(info.get("clipped_fraction")),
+            "noise_std": _number(info.get("noise_std")),
+        }
+    return {
+        "dp": dp,
+        "epsilon": epsilon,
+        "delta": _number(accountant.get("delta")),
+        "target_epsilon": _number(accountant.get("target_epsilon")),
+        "noise_multiplier": _number(accountant.get("noise_multiplier")),
+        "sampling": sampling,
+        "sampling_rate": None if sampling == "fixed" else _number(accountant.get("sampling_rate")),
+        "steps": steps if _is_int(steps) else None,
+        "clip": clip,
+        "dp_clip": dp_clip,
+    }
+
+
+def _scalar(x: Any) -> bool:
+    return isinstance(x, str) or x is None or _number(x) is not None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

@@ -49,7 +49,7 @@ from onnx import helper, numpy_helper
 from torch import Tensor, nn
 
 from common.files import atomic_write as _atomic_write  # a module name the tests can patch
-from export.metadata import FORMAT, METADATA_KEY, metadata_path
+from export.metadata import FORMAT, METADATA_KEY, metadata_path, privacy_facts
 from models.checkpoint import load_checkpoint
 from models.model import LanguageModel
 from models.tokenizers import Tokenizer
@@ -353,7 +353,8 @@ def quantize_int8(fp32: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def public_metadata(meta: dict) -> dict:
-    """The checkpoint metadata a keyboard may see: no server state, metrics reduced to ppl."""
+    """The checkpoint metadata a keyboard may see: no server state, metrics reduced to ppl, and
+    the privacy facts (export.metadata.privacy_facts: epsilon, the budget, the bounding)."""
     metrics = meta.get("metrics") or {}
     return {
         "model": meta["model"],
@@ -361,6 +362,7 @@ def public_metadata(meta: dict) -> dict:
         "round": meta.get("round"),
         "strategy": meta.get("strategy"),
         "metrics": {k: metrics[k] for k in ("val_ppl", "test_ppl") if metrics.get(k) is not None},
+        "privacy": privacy_facts(meta),
     }
 
 

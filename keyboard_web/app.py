@@ -2,8 +2,9 @@
 
     GET  /               the keyboard page (static/index.html, app.js, suggest.js, style.css)
     GET  /model.onnx     the served model (for the page's in-browser mode); header X-Fedkey-Round
-    GET  /model.json     its metadata (vocabulary, shape, round, strategy, metrics)
-    GET  /api/info       round, strategy, perplexity, int8, and whether browser mode is available
+    GET  /model.json     its metadata (vocabulary, shape, round, strategy, metrics, privacy)
+    GET  /api/info       round, strategy, perplexity, privacy (epsilon so far, delta, the budget,
+                         the noise multiplier, the bounding), int8, whether browser mode works
     GET  /api/metrics    {"rounds": [...]}: the federation server's /v1/metrics (with events_url),
                          else the rounds this process has served
     WS   /ws/suggest     client sends {"text": "..."} (optional "id", echoed back), receives
@@ -406,6 +407,7 @@ def _model_event(s: Suggester) -> dict:
         "val_ppl": s.metrics.get("val_ppl"),
         "test_ppl": s.metrics.get("test_ppl"),
         "perplexity": s.perplexity,
+        "privacy": s.privacy,
         "int8": bool(s.metadata.get("int8", False)),
     }
 

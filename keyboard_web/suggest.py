@@ -214,6 +214,16 @@ class Suggester:
         return self.metadata.get("metrics") or {}
 
     @property
+    def privacy(self) -> dict:
+        """The export's privacy facts (export.metadata.privacy_facts): epsilon so far, delta, the
+        budget, the noise multiplier, the bounding; an export made before they were recorded
+        answers with every fact None ("dp": None: not recorded), never with a guess."""
+        from export.metadata import privacy_facts  # stdlib only
+
+        facts = self.metadata.get("privacy")
+        return dict(facts) if isinstance(facts, dict) else privacy_facts({})
+
+    @property
     def perplexity(self) -> float | None:
         m = self.metrics
         for key in ("test_ppl", "val_ppl", "ppl"):
@@ -230,6 +240,7 @@ class Suggester:
             "perplexity": self.perplexity,
             "val_ppl": m.get("val_ppl"),
             "test_ppl": m.get("test_ppl"),
+            "privacy": self.privacy,
             "int8": bool(self.metadata.get("int8", False)),
             "cell": model.get("cell"),
             "vocab_size": self.vocab_size,

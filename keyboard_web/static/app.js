@@ -375,9 +375,70 @@
     drawChart();
   }
 
+  // The privacy block: what the served export records (export.metadata.privacy_facts), said as
+  // it is: epsilon so far against the budget, "none" without DP, "not recorded" for an old export.
+  const isNum = (x) => typeof x === "number" && isFinite(x);
+  const sig = (x) => String(Number(x.toPrecision(3)));
+  const sci = (x) => Number(x.toPrecision(3)).toExponential();
+
+  function privacyText(p) {
+    if (!p || p.dp === null || p.dp === undefined) return ["not recorded in this export", ""];
+    if (!p.dp) return ["no differential privacy (epsilon: none)", ""];
+    const details = [];
+    let eps = "not recorded";
+    if (p.epsilon === "inf") {
+      eps = "∞";
+      details.push("no guarantee (infinite epsilon)");
+    } else if (isNum(p.epsilon)) {
+      eps = sig(p.epsilon);
+    }
+    const budget = isNum(p.target_epsilon) ? ` of budget ${sig(p.target_epsilon)}` : ", no budget set";
+    const delta = isNum(p.delta) ? ` (delta ${sci(p.delta)})` : "";
+    if (isNum(p.target_epsilon) && (p.epsilon === "inf" || p.epsilon >= p.target_epsilon)) {
+      details.push("budget spent");
+    }
+    if (isNum(p.noise_multiplier)) details.push(`noise multiplier ${sig(p.noise_multiplier)}`);
+    if (p.sampling === "fixed") details.push("fixed-size cohorts");
+    else if (isNum(p.sampling_rate)) details.push(`Poisson sampling q = ${sig(p.sampling_rate)}`);
+    if (Number.isInteger(p.steps)) details.push(`${p.steps} noised round${p.steps === 1 ? "" : "s"}`);
+    return [`epsilon ${eps}${budget}${delta}`, details.join(" · ")];
+  }
+
+  function boundingText(p) {
+    const parts = [];
+    const c = p && p.clip;
+    if (c && c.mode === "off") {
+      parts.push("none (clip off)");
+    } else if (c) {
+      let t = `${c.mode || "norm"} clip${c.scope === "layer" ? " per layer" : ""}`;
+      if (isNum(c.norm)) t += `, S = ${sig(c.norm)}`;
+      if (Number.isInteger(c.clipped)) t += `, ${c.clipped} clipped`;
+      else if (isNum(c.clipped_fraction)) t += `, ${Math.round(100 * c.clipped_fraction)}% clipped`;
+      parts.push(t);
+    }
+    const d = p && p.dp_clip;
+    if (d && isNum(d.norm)) {
+      let t = `DP clip S = ${sig(d.norm)}`;
+      if (isNum(d.clipped_fraction)) t += `, ${Math.round(100 * d.clipped_fraction)}% clipped`;
+      parts.push(t);
+    }
+    return parts.join(" · ");
+  }
+
+  function showPrivacy(p) {
+    const [main, detail] = privacyText(p);
+    $("privacy").textContent = main;
+    $("privacy-detail").textContent = detail;
+    $("privacy-detail").hidden = !detail;
+    const bounding = boundingText(p);
+    $("bounding").textContent = bounding;
+    $("bounding-row").hidden = !bounding;
+  }
+
   function showModel(m) {
     setRound(m.round);
     $("strategy").textContent = m.strategy || "–";
+    showPrivacy(m.privacy);
     const ppl = m.perplexity ?? m.test_ppl ?? m.val_ppl;
     $("perplexity").textContent = fmt(ppl) + (m.int8 ? " · int8" : "");
     if (m.round !== null && m.round !== undefined && (m.val_ppl != null || m.test_ppl != null)) {

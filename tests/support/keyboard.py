@@ -26,8 +26,19 @@ def export_model(checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def save_round(models: Models, round_idx: int, dest_dir: Path, val_ppl: float = 150.0) -> Path:
-    """Export the trained weights as round `round_idx` into dest_dir/model.onnx (+ .json)."""
+def save_round(
+    models: Models,
+    round_idx: int,
+    dest_dir: Path,
+    val_ppl: float = 150.0,
+    *,
+    metrics: dict | None = None,
+    server: dict | None = None,
+) -> Path:
+    """Export the trained weights as round `round_idx` into dest_dir/model.onnx (+ .json).
+
+    `metrics` (the round's metrics row) and `server` (the server state) replace the checkpoint's
+    defaults ({"val_ppl", "test_ppl"}, no server state), as server.engine writes them."""
     from models.checkpoint import load_checkpoint, model_state, save_checkpoint
 
     model, tok, meta = load_checkpoint(models.checkpoint)
@@ -39,7 +50,12 @@ def save_round(models: Models, round_idx: int, dest_dir: Path, val_ppl: float = 
         tok,
         round_idx=round_idx,
         strategy="fedatt",
-        extra={"metrics": {"val_ppl": val_ppl, "test_ppl": val_ppl + 5}},
+        extra={
+            "metrics": metrics
+            if metrics is not None
+            else {"val_ppl": val_ppl, "test_ppl": val_ppl + 5},
+            **({"server": server} if server is not None else {}),
+        },
     )
     dest_dir.mkdir(parents=True, exist_ok=True)
     return export_model(ckpt, dest_dir / "model.onnx")

@@ -1,0 +1,66 @@
+"""export.metadata.privacy_facts: what an export says about privacy, from checkpoint metadata
+in the shapes the server writes (and has written), never more than the checkpoint records."""
+
+from __future__ import annotations
+
+import math
+
+from export.metadata import privacy_facts
+
+
+def test_poisson_accountant_of_an_older_checkpoint():
+    meta = {
+        "metrics": {"epsilon": 1.25, "info": {}},
+        "server": {
+            "accountant": {
+                "steps": 7,
+                "noise_multiplier": 1.0,
+                "sampling_rate": 0.05,
+                "delta": 1e-6,
+                "target_epsilon": None,
+            }
+        },
+    }
+    p = privacy_facts(meta)
+    assert p["dp"] is True and p["epsilon"] == 1.25 and p["delta"] == 1e-6
+    assert p["steps"] == 7 and p["sampling_rate"] == 0.05 and p["target_epsilon"] is None
+    assert p["clip"] is None and p["dp_clip"] is None
+
+
+def test_round_zero_with_dp_has_spent_nothing_yet():
+    acc = {"events": [], "sampling": "fixed", "noise_multiplier": 1.1, "delta": 1e-5}
+    p = privacy_facts({"metrics": {"epsilon": 0.0, "info": {}}, "server": {"accountant": acc}})
+    assert p["dp"] is True and p["epsilon"] == 0.0 and p["steps"] == 0
+
+
+def test_fixed_size_events_are_counted_as_rounds():
+    acc = {
+        "events": [[100.0, 10, 3], [120.0, 10, 2]],
+        "sampling": "fixed",
+        "sampling_rate": 0.0,
+        "noise_multiplier": 1.1,
+        "delta": 1e-5,
+        "target_epsilon": 4.0,
+    }
+    p = privacy_facts({"metrics": {"epsilon": 2.0}, "server": {"accountant": acc}})
+    assert p["steps"] == 5 and p["sampling"] == "fixed" and p["sampling_rate"] is None
+    assert p["target_epsilon"] == 4.0
+
+
+def test_a_public_checkpoint_keeps_epsilon_but_not_the_accountant():
+    # models.checkpoint.public_bytes drops "server": epsilon is still known, delta is not.
+    p = privacy_facts({"metrics": {"epsilon": 3.0}})
+    assert p["dp"] is True and p["epsilon"] == 3.0 and p["delta"] is None
+
+
+def test_infinite_epsilon_and_non_scalar_clip_fields():
+    info = {"clip": {"mode": "fixed", "norm": {"emb": 1.0}, "clipped": 1, "norms": [3.0, 0.1]}}
+    p = privacy_facts({"metrics": {"epsilon": math.inf, "info": info}, "server": {}})
+    assert p["epsilon"] == "inf"
+    assert p["clip"] == {"mode": "fixed", "clipped": 1}  # per-layer / per-device lists dropped
+
+
+def test_no_dp_and_not_recorded_are_different_answers():
+    assert privacy_facts({"metrics": {"epsilon": None}})["dp"] is False
+    assert privacy_facts({"metrics": {"val_ppl": 100.0}})["dp"] is None
+    assert privacy_facts({})["dp"] is None

@@ -1,0 +1,75 @@
+"""The page's privacy block in chromium on a phone: epsilon so far against the budget, the noise,
+the bounding; after a hot reload to a run without DP it says so."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.keyboard import CHROMIUM, CHROMIUM_ARGS
+from keyboard_web.app import create_app
+from tests.keyboard_web.test_kw_privacy import engine_round
+from tests.support.keyboard import ThreadServer, save_round
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed"),
+]
+PHONE = {"width": 390, "height": 844}
+SCREENSHOT = "/tmp/keyboard-privacy.png"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp_path):
+    from playwright.sync_api import expect
+
+    watch = tmp_path / "watch"
+    row, server = engine_round()
+    save_round(models, row["round"], watch, metrics=row, server=server)
+    app = create_app(None, watch_dir=watch, poll_seconds=0.2)
+    with ThreadServer(app) as srv:
+        context = browser.new_context(
+            viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True
+        )
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(srv.url + "/")
+
+        privacy = page.get_by_test_id("privacy")
+        expect(privacy).to_have_text(re.compile(r"^epsilon [\d.]+ of budget 8 \(delta 1e-5\)$"))
+        shown = float(privacy.text_content().split()[1])
+        assert shown == pytest.approx(row["epsilon"], rel=5e-3)  # three significant digits
+        expect(page.get_by_test_id("privacy-detail")).to_have_text(
+            "noise multiplier 1.1 · fixed-size cohorts · 3 noised rounds"
+        )
+        expect(page.get_by_test_id("bounding")).to_have_text(
+            "adaptive clip, S = 0.84, 2 clipped · DP clip S = 1, 25% clipped"
+        )
+        expect(page.get_by_test_id("strategy")).to_have_text("fedatt")
+        # Readable on a phone: nothing wider than the screen, the keyboard still on it.
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        box = page.locator(".privacy-card").bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+        keys = page.locator(".keyboard").bounding_box()
+        assert keys is not None and keys["y"] + keys["height"] <= PHONE["height"] + 1
+        page.screenshot(path=SCREENSHOT)
+
+        plain, plain_server = engine_round(steps=4, noise_multiplier=None, clip={"mode": "off"})
+        save_round(models, 4, watch, metrics=plain, server=plain_server)  # hot reload
+        expect(page.get_by_test_id("round")).to_have_text("4")
+        expect(privacy).to_have_text("no differential privacy (epsilon: none)")
+        expect(page.get_by_test_id("privacy-detail")).to_be_hidden()
+        expect(page.get_by_test_id("bounding")).to_have_text("none (clip off)")
+        context.close()
+        assert not errors, errors
