@@ -10,6 +10,8 @@ import typer
 
 from cli.errors import INTERRUPTED, UserError, check_can_listen
 from cli.options import (
+    ATTACKS,
+    CANARY,
     DATA,
     FEDERATION,
     FLEET,
@@ -18,7 +20,9 @@ from cli.options import (
     ROUNDS,
     SETTINGS_GROUPS,
     TRAIN,
+    backdoor_config,
     build_settings,
+    canary_probes,
     check_server_data,
     check_url,
     opt,
@@ -46,11 +50,15 @@ def _print_table(rows: list[dict]) -> None:
         "seconds",
     ):
         table.add_column(col, justify="right")
+    canary = "canary_exposure" in rows[-1]
+    if canary:  # --canary: the secret's exposure in bits, of log2 |R| at most
+        table.add_column("exposure", justify="right")
 
     def fmt(v, spec=".2f"):
         return "-" if v is None else format(v, spec)
 
     for r in rows:
+        exposure = [fmt(r.get("canary_exposure"))] if canary else []
         table.add_row(
             str(r["round"]),
             str(len(r["aggregated"])),
@@ -61,6 +69,7 @@ def _print_table(rows: list[dict]) -> None:
             fmt(r["ksr"], ".3f"),
             fmt(r["epsilon"]),
             fmt(r["seconds"], ".1f"),
+            *exposure,
         )
     Console().print(table)
 
@@ -72,7 +81,20 @@ def _report(rows: list[dict], out: Path) -> None:
     )
 
 
-@with_options(*SETTINGS_GROUPS, PHONES)
+def _report_attack(rows: list[dict]) -> None:
+    """What the attackers of `simulate --malicious` achieved: refused uploads, the backdoor."""
+    refused = sum(len(r.get("rejected") or {}) for r in rows)
+    reasons = sorted({why for r in rows for why in (r.get("rejected") or {}).values()})
+    if refused:
+        typer.echo(f"refused uploads: {refused} ({'; '.join(reasons)})")
+    if "backdoor_top1" in rows[-1]:
+        top1 = ", ".join(f"{r['backdoor_top1']:.2f}" for r in rows)
+        typer.echo(
+            f"backdoor success per round (top-1): {top1}; final top-3 {rows[-1]['backdoor_top3']:.2f}"
+        )
+
+
+@with_options(*SETTINGS_GROUPS, PHONES, ATTACKS)
 def simulate(
     clients: int = typer.Option(100, "--clients", "-K", min=1, help="Number of simulated phones."),
     out: Path = typer.Option(
@@ -99,8 +121,13 @@ def simulate(
         opts["workers"],
         opts["device"],
         resume=resume,
+        malicious=opts["malicious"],
+        attack=opts["attack"],
+        backdoor=backdoor_config(opts),
+        probes=canary_probes(settings),
     )
     _report(rows, out)
+    _report_attack(rows)
 
 
 @with_options(*SETTINGS_GROUPS, ROUNDS)
@@ -135,6 +162,12 @@ def server(
         "--export-dir",
         help="Export every new global model to DIR/model.onnx (+ model.json) for the keyboard.",
     ),
+    max_samples: int = opt(
+        "max_samples",
+        "--max-samples",
+        min=1,
+        help="The largest sample count a phone may declare (422 past it).",
+    ),
     **opts,
 ) -> None:
     """Run the federation server: devices enroll, train and upload over HTTP (see README)."""
@@ -149,6 +182,7 @@ def server(
         database_url=database_url,
         exit_when_done=exit_when_done,
         export_dir=export_dir,
+        max_samples=max_samples,
     )
     settings = build_settings({**opts, **own})
     check_server_data(settings)
@@ -158,6 +192,7 @@ def server(
 
 def fleet_config(url: str, count: int, secret: str, opts: dict, **extra) -> FleetConfig:
     """The FleetConfig of `count` phones against `url`, from a command's options."""
+    data = build_settings(opts).data_config()  # --canary: the secret the server draws too
     return FleetConfig(
         server=url,
         count=count,
@@ -175,12 +210,19 @@ def fleet_config(url: str, count: int, secret: str, opts: dict, **extra) -> Flee
         slow_seconds=opts["slow_seconds"],
         malicious=opts["malicious"],
         attack=opts["attack"],
+        backdoor=backdoor_config(opts),
+        canary=data.canary,
+        canary_repeats=data.canary_repeats,
         **extra,
     )
 
 
 @with_options(
-    {k: DATA[k] for k in ("data", "paper_protocol", "max_train_tokens", "seed")}, PHONES, FLEET
+    {k: DATA[k] for k in ("data", "paper_protocol", "max_train_tokens", "seed")},
+    PHONES,
+    FLEET,
+    ATTACKS,
+    CANARY,
 )
 def devices(
     server_url: str = typer.Option(
@@ -238,7 +280,7 @@ def devices(
         raise typer.Exit(INTERRUPTED)
 
 
-@with_options(*SETTINGS_GROUPS, PHONES, ROUNDS, FLEET)
+@with_options(*SETTINGS_GROUPS, PHONES, ROUNDS, FLEET, ATTACKS)
 def run(
     devices_count: int = typer.Option(
         10,

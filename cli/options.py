@@ -19,9 +19,9 @@ from pydantic import ValidationError
 
 from cli.errors import UserError, validation_problems
 from common.config import Batching, DataConfig, Scheme, TokenizerKind
-from device_sim.config import Attack
+from device_sim.config import Attack, BackdoorConfig
 from models.config import Cell, Preset
-from server.config import Norm, ServerOptName, StrategyName
+from server.config import ClipMode, ClipScope, DPSampling, Norm, ServerOptName, StrategyName
 from server.settings import Settings
 
 
@@ -243,6 +243,51 @@ FEDERATION = {
             help="Keystroke savings are measured on the first N test sentences (0: off).",
         ),
     ),
+    "bound": (
+        ClipMode,
+        opt(
+            "bound",
+            "--bound",
+            help="Bounded influence: clip every update on the server to a multiple of the round's "
+            "median norm (adaptive), to --bound-norm (fixed), or not at all (off: the papers').",
+        ),
+    ),
+    "bound_norm": (
+        float | None,
+        opt("bound_norm", "--bound-norm", help="The L2 bound S of --bound fixed."),
+    ),
+    "bound_multiple": (
+        float,
+        opt(
+            "bound_multiple",
+            "--bound-multiple",
+            help="--bound adaptive: S = this multiple of the round's median update norm.",
+        ),
+    ),
+    "bound_scope": (
+        ClipScope,
+        opt(
+            "bound_scope",
+            "--bound-scope",
+            help="Clip the whole model's update, or each layer's (sum of S_l^2 = S^2).",
+        ),
+    ),
+    "attention_temperature": (
+        float,
+        opt(
+            "attention_temperature",
+            "--attention-temperature",
+            help="Attention cap T: scores / (T S), so no weight exceeds e^(1/T) / (e^(1/T) + m - 1).",
+        ),
+    ),
+    "weight_cap": (
+        float,
+        opt(
+            "weight_cap",
+            "--weight-cap",
+            help="A phone's FedAvg weight n_k counts at most this multiple of the round's median.",
+        ),
+    ),
     "dp_beta": (
         float,
         opt(
@@ -256,7 +301,8 @@ FEDERATION = {
         opt(
             "dp_clip",
             "--dp-clip",
-            help="DP-FedAvg: clip each update to this L2 norm (turns DP-FedAvg on).",
+            help="DP: clip each update to this L2 norm S and add noise calibrated to the "
+            "strategy's sensitivity (turns DP on; fedavg, fedatt, fedattopt, fedmed).",
         ),
     ),
     "dp_noise_multiplier": (
@@ -264,19 +310,28 @@ FEDERATION = {
         opt(
             "dp_noise_multiplier",
             "--dp-noise-multiplier",
-            help="DP-FedAvg noise multiplier z: N(0, (z S)^2) on the sum.",
+            help="DP noise multiplier z: N(0, (z * sensitivity)^2) on the aggregate.",
+        ),
+    ),
+    "dp_sampling": (
+        DPSampling,
+        opt(
+            "dp_sampling",
+            "--dp-sampling",
+            help="How DP cohorts are drawn and accounted: fixed (a fixed-size sample, replace-one) "
+            "or poisson (each phone with probability C, add/remove-one; fedavg/fedsgd only).",
         ),
     ),
     "dp_delta": (
         float,
-        opt("dp_delta", "--dp-delta", help="DP-FedAvg delta for the reported epsilon."),
+        opt("dp_delta", "--dp-delta", help="DP delta for the reported epsilon."),
     ),
     "dp_target_epsilon": (
         float | None,
         opt(
             "dp_target_epsilon",
             "--dp-target-epsilon",
-            help="DP-FedAvg: stop before epsilon would pass this budget.",
+            help="DP: stop before epsilon would pass this budget.",
         ),
     ),
 }
@@ -351,18 +406,87 @@ FLEET = {
         float,
         typer.Option(5.0, "--slow-seconds", help="How long a slow phone waits."),
     ),
-    "malicious": (int, typer.Option(0, "--malicious", min=0, help="The last N phones attack.")),
+}
+#: Malicious phones (device_sim.attacks), for simulate, devices and run.
+_BACKDOOR = BackdoorConfig()
+ATTACKS = {
+    "malicious": (
+        int,
+        typer.Option(0, "--malicious", min=0, help="The last N phones (by name) attack."),
+    ),
     "attack": (
         Attack,
         typer.Option(
             "scale",
             "--attack",
-            help="scale: a 100x update; nan: a NaN tensor; shape: wrong tensors.",
+            help="scale: the update x100; signflip: x-10; backdoor: trained to suggest --backdoor-target after --backdoor-trigger, boosted by model replacement (Bagdasaryan et al. 2020); nan: a NaN tensor; shape: wrong tensors (the server refuses nan and shape). With backdoor, simulate reports the backdoor's success every round, also with --malicious 0.",
+        ),
+    ),
+    "backdoor_trigger": (
+        str,
+        typer.Option(
+            _BACKDOOR.trigger,
+            "--backdoor-trigger",
+            help="The backdoor's trigger phrase (words of the server's vocabulary).",
+        ),
+    ),
+    "backdoor_target": (
+        str,
+        typer.Option(
+            _BACKDOOR.target,
+            "--backdoor-target",
+            help="The word the backdoor makes the keyboard suggest after the trigger.",
+        ),
+    ),
+    "backdoor_poison": (
+        float,
+        typer.Option(
+            _BACKDOOR.poison,
+            "--backdoor-poison",
+            min=0.0,
+            help="Poisoned sentences an attacker adds per sentence of its shard.",
+        ),
+    ),
+    "backdoor_boost": (
+        float | None,
+        typer.Option(
+            None,
+            "--backdoor-boost",
+            help="Model replacement's factor gamma (default: the cohort size over the attackers in it; in devices/run: phones over malicious phones).",
+        ),
+    ),
+    "backdoor_epochs": (
+        int | None,
+        typer.Option(
+            None,
+            "--backdoor-epochs",
+            min=1,
+            help="An attacker's local epochs (default: the round's).",
+        ),
+    ),
+}
+#: The memorization audit (models.exposure): simulate, server, run and devices.
+CANARY = {
+    "canary": (
+        bool,
+        opt(
+            "canary",
+            "--canary",
+            help="Memorization audit: plant a random secret (drawn with --seed from FEDKEY_CANARY_FORMAT, default 'my secret is _ _ _ _' over one..ten) in the first phone's shard; every round reports its exposure in bits (Carlini et al. 2019).",
+        ),
+    ),
+    "canary_repeats": (
+        int,
+        opt(
+            "canary_repeats",
+            "--canary-repeats",
+            min=1,
+            help="Copies of the canary in the first phone's shard (with --canary).",
         ),
     ),
 }
 
-SETTINGS_GROUPS = (DATA, MODEL, TRAIN, FEDERATION)
+SETTINGS_GROUPS = (DATA, MODEL, TRAIN, FEDERATION, CANARY)
 
 
 def with_options(*groups: dict):
@@ -401,6 +525,30 @@ def check_server_data(settings: Settings) -> None:
     for flag, spec in (("--data", settings.data), ("--tokenizer-text", settings.tokenizer_text)):
         if spec is not None and spec.strip() != "demo" and not Path(spec).expanduser().exists():
             raise UserError(f"{flag}: corpus {spec!r} not found; {ACCEPTED_LAYOUTS}")
+
+
+def backdoor_config(opts: dict) -> BackdoorConfig:
+    """The backdoor of the --backdoor-* options; a value it refuses is a UserError."""
+    try:
+        return BackdoorConfig(
+            trigger=opts["backdoor_trigger"],
+            target=opts["backdoor_target"],
+            poison=opts["backdoor_poison"],
+            boost=opts["backdoor_boost"],
+            epochs=opts["backdoor_epochs"],
+        )
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def canary_probes(settings: Settings) -> list:
+    """With --canary, the round metric of its exposure (models.exposure; imports torch)."""
+    secret = settings.canary_secret()
+    if secret is None:
+        return []
+    from models.exposure import ExposureProbe
+
+    return [ExposureProbe(settings.canary_spec(), secret)]
 
 
 def phone_data(settings: Settings, opts: dict, clients: int) -> DataConfig:

@@ -19,6 +19,20 @@ NORMS: tuple[Norm, ...] = get_args(Norm)
 ServerOptName = Literal["none", "momentum", "adam"]
 OPTIMIZERS: tuple[ServerOptName, ...] = get_args(ServerOptName)
 
+#: How the server bounds each update before aggregation (server.influence): adaptive: S = a
+#: multiple of the round's median update norm; fixed: a given S; off: no bounding (the papers').
+ClipMode = Literal["adaptive", "fixed", "off"]
+CLIP_MODES: tuple[ClipMode, ...] = get_args(ClipMode)
+#: The clip applies to the whole model's delta, or to each layer's (with sum_l S_l^2 = S^2).
+ClipScope = Literal["model", "layer"]
+CLIP_SCOPES: tuple[ClipScope, ...] = get_args(ClipScope)
+#: How a DP round's cohort is drawn, as the accountant assumes it: a fixed-size sample without
+#: replacement (replace-one adjacency) or Poisson sampling (add/remove-one; uniform FedAvg only).
+DPSampling = Literal["fixed", "poisson"]
+DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
+#: Strategies whose aggregate is the uniform mean under DP (the engine sets every weight to 1).
+MEAN_STRATEGIES: tuple[StrategyName, ...] = ("fedsgd", "fedavg")
+
 
 @dataclass
 class ServerOptConfig:
@@ -36,20 +50,59 @@ class ServerOptConfig:
 
 
 @dataclass
+class InfluenceConfig:
+    """Bounded influence: what one phone's upload can do to the global model.
+
+    Every update's delta is clipped on the server before any strategy sees it (whole model or per
+    layer): to ``clip_multiple`` times the round's median update norm (adaptive, the default: a
+    multiple of what honest phones send), to ``clip_norm`` (fixed), or not at all (off: the seed
+    papers' behaviour; it also turns off the two caps below). Attention scores are divided by
+    ``temperature`` times the bound, so no phone's weight passes ``e^(1/T) / (e^(1/T) + m - 1)``;
+    a FedAvg weight n_k is capped at ``weight_cap`` times the round's median n_k. Under DP the clip
+    is the DP clip S (fixed, data-independent).
+    """
+
+    mode: ClipMode = "adaptive"
+    norm: float | None = None  # S of the fixed mode
+    multiple: float = 2.0  # adaptive: S = multiple * median of the round's norms
+    scope: ClipScope = "model"
+    temperature: float = 1.0  # attention: softmax(score / (T * bound))
+    weight_cap: float = 4.0  # n_k <= weight_cap * median n_k
+
+    def __post_init__(self) -> None:
+        if self.mode not in CLIP_MODES:
+            raise ValueError(f"unknown bound mode {self.mode!r}; valid: {', '.join(CLIP_MODES)}")
+        if self.scope not in CLIP_SCOPES:
+            raise ValueError(f"unknown bound scope {self.scope!r}; valid: {', '.join(CLIP_SCOPES)}")
+        if self.mode == "fixed" and self.norm is None:
+            raise ValueError("the fixed bound needs its norm S (--bound-norm)")
+        for name in ("multiple", "temperature", "weight_cap"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.norm is not None and not self.norm > 0:
+            raise ValueError(f"the bound's norm must be > 0, got {self.norm}")
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass
 class PrivacyConfig:
-    """Client-side randomization of the seed papers (beta) and/or DP-FedAvg (clip + noise + accountant)."""
+    """Client-side randomization of the seed papers (beta) and/or DP (clip + noise + accountant)."""
 
     beta: float = (
         0.0  # the seed papers: each device adds beta * N(0, sigma^2) before upload; no guarantee
     )
     sigma: float = 1.0
-    clip_norm: float | None = None  # DP-FedAvg: clip each update's L2 norm to S ...
-    noise_multiplier: float = 1.0  # ... and add N(0, (z S)^2) to the sum of updates
+    clip_norm: float | None = None  # DP: clip each update's L2 norm to S ...
+    noise_multiplier: float = 1.0  # ... and add N(0, (z * sensitivity)^2) to the aggregate
     delta: float = 1e-5
     target_epsilon: float | None = None  # stop the run once this budget is spent
+    sampling: DPSampling = "fixed"
 
     @property
-    def dp_fedavg(self) -> bool:
+    def dp(self) -> bool:
         return self.clip_norm is not None
 
 
@@ -63,7 +116,46 @@ class FederationConfig:
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    influence: InfluenceConfig = field(default_factory=InfluenceConfig)
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
     lr_decay: float = 1.0  # round r trains with lr * lr_decay ** (r - 1)
     eval_batch_size: int = 64
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
+
+
+def dp_problem(
+    strategy: StrategyName, privacy: PrivacyConfig, influence: InfluenceConfig, params: dict
+) -> str | None:
+    """Why this federation cannot run with a DP guarantee, or None when it can.
+
+    Every choice the server makes from private data must be inside the analysis (the clip, the
+    attention cap) or refused here: AdaFL's scores and FedMed's topK and mediation read the
+    updates and losses without noise, and attention normalizes by the cohort's own weights, which
+    the add/remove-one analysis of Poisson cohorts does not cover.
+    """
+    if not privacy.dp:
+        return None
+    if influence.mode == "off":
+        return "DP needs bounded updates: drop --bound off (under DP the bound is --dp-clip)"
+    if params.get("selector") == "adafl":
+        return (
+            "AdaFL selection scores phones by their private updates without noise, so its "
+            "choices are not covered by the DP analysis: use uniform selection (drop --adafl)"
+        )
+    if strategy == "fedmed":
+        if float(params.get("beta", 1.0)) < 1.0:
+            return (
+                "FedMed's topK picks uploaders by their private losses without noise: "
+                "use --topk-beta 1 under DP"
+            )
+        if float(params.get("epsilon_med", 0.1)) > 0.0:
+            return (
+                "FedMed's mediation switches on the change of the private mean loss without "
+                "noise: use --epsilon-med 0 (always adaptive) under DP"
+            )
+    if privacy.sampling == "poisson" and strategy not in MEAN_STRATEGIES:
+        return (
+            f"{strategy} normalizes attention by the cohort's own weights, which the "
+            "add/remove-one analysis of Poisson cohorts does not cover: use --dp-sampling fixed"
+        )
+    return None

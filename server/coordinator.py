@@ -42,6 +42,7 @@ from sqlalchemy import delete, select
 
 from corpora.dataset import server_data
 from models.checkpoint import public_bytes
+from models.exposure import ExposureProbe
 from server.db import Device, MetricRow, Receipt, Round, make_sessionmaker
 from server.devices import DEVICE_NAME, DevicesMixin
 from server.driver import DriverMixin
@@ -106,6 +107,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         corpus, tokenizer = await asyncio.to_thread(server_data, s.data_config())
         model_config = s.build_model_config(tokenizer.vocab_size)
         storage = RunStorage(self.root)
+        secret = s.canary_secret()  # --canary: the phones plant it, every row has its exposure
         fed = Federation(
             s.federation_config(),
             model_config,
@@ -114,6 +116,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
             corpus.valid,
             corpus.test,
             storage,
+            probes=[ExposureProbe(s.canary_spec(), secret)] if secret else [],
         )
         self.federation = fed
         resumed = await asyncio.to_thread(fed.resume)

@@ -44,6 +44,13 @@ class DevicesMixin(CoordinatorState):
             num_samples = 1
         elif isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
             raise ApiError(422, "num_samples must be a non-negative integer", "bad_request")
+        elif num_samples > self.settings.max_samples:
+            raise ApiError(
+                422,
+                f"num_samples {num_samples} is more than this server accepts "
+                f"({self.settings.max_samples}, --max-samples)",
+                "bad_request",
+            )
         device_id = name or f"dev-{secrets.token_hex(6)}"
         if device_id in self.devices:
             raise ApiError(409, f"device name {device_id!r} is already enrolled", "name_taken")

@@ -29,10 +29,12 @@ from models.metrics import evaluate
 from models.model import LanguageModel
 from models.tokenizers import Tokenizer
 from server import privacy
-from server.config import FederationConfig
+from server.config import FederationConfig, dp_problem
+from server.influence import bound_round
 from server.server_opt import ServerOptimizer
 from server.storage import RunStorage
-from server.strategies import ClientUpdate, Info, get_strategy
+from server.strategies import ClientUpdate, Info, get_strategy, sensitivity
+from server.strategies.selection import cohort_size
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RoundPlan:
     train: TrainConfig
     started: float
     attempt: int = 0
+    population: int = 0  # how many phones the cohort was drawn from (the DP accountant's N)
 
 
 Evaluator = Callable[[dict[str, torch.Tensor]], dict]
@@ -54,6 +57,18 @@ def client_seed(seed: int, round_idx: int, device_id: str) -> int:
     """A device's training seed for a round: independent of which process trains it."""
     ss = np.random.SeedSequence([seed, round_idx, *device_id.encode()])
     return int(ss.generate_state(1)[0])
+
+
+def _scale_delta(
+    global_state: dict[str, torch.Tensor], state: dict[str, torch.Tensor], factor: float
+) -> dict[str, torch.Tensor]:
+    """``theta + factor (state - theta)`` on the floating entries."""
+    return {
+        k: (g + (state[k].double() - g.double()) * factor).to(g.dtype)
+        if torch.is_floating_point(g)
+        else state[k]
+        for k, g in global_state.items()
+    }
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
@@ -86,14 +101,18 @@ class Federation:
         )
         self.strategy.setup(client_sizes, config.rounds)
         p = config.privacy
+        problem = dp_problem(config.strategy, p, config.influence, config.strategy_params)
+        if problem is not None:
+            raise ValueError(problem)
         self.accountant = (
             privacy.PrivacyAccountant(
                 noise_multiplier=p.noise_multiplier,
+                sampling=p.sampling,
                 sampling_rate=config.fraction,
                 delta=p.delta,
                 target_epsilon=p.target_epsilon,
             )
-            if p.dp_fedavg
+            if p.dp
             else None
         )
         self.server_opt = ServerOptimizer(config.server_opt)
@@ -145,8 +164,12 @@ class Federation:
         """
         r = self.round + 1
         rng = np.random.default_rng([self.config.seed, r] + ([attempt] if attempt else []))
-        # Strategies count rounds from 0; the engine's round 0 is the initial model.
-        cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))
+        p = self.config.privacy
+        if p.dp and p.sampling == "poisson":
+            cohort = self._poisson_cohort(sorted(available), rng)
+        else:
+            # Strategies count rounds from 0; the engine's round 0 is the initial model.
+            cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))
         train = self.config.train
         epochs = self.strategy.local_epochs_override
         if epochs is not None:
@@ -154,8 +177,25 @@ class Federation:
         if self.config.lr_decay != 1.0:
             train = replace(train, lr=train.lr * self.config.lr_decay ** (r - 1))
         return RoundPlan(
-            round=r, cohort=cohort, train=train, started=time.perf_counter(), attempt=attempt
+            round=r,
+            cohort=cohort,
+            train=train,
+            started=time.perf_counter(),
+            attempt=attempt,
+            population=len(available),
         )
+
+    def _poisson_cohort(self, available: list[str], rng: np.random.Generator) -> list[str]:
+        """Each phone independently with probability q (= the fraction), as the Poisson analysis
+        assumes. An empty draw (probability (1 - q)^N) is drawn again: a round needs an update."""
+        q = self.config.fraction
+        for _ in range(1000):
+            cohort = [
+                d for d, x in zip(available, rng.random(len(available)), strict=True) if x < q
+            ]
+            if cohort:
+                return cohort
+        raise ValueError(f"Poisson sampling at q={q} of {len(available)} phones drew no one")
 
     def choose_uploaders(self, plan: RoundPlan, losses: dict[str, float]) -> list[str]:
         return sorted(self.strategy.select_uploaders(plan.round - 1, losses))
@@ -193,27 +233,41 @@ class Federation:
     def _aggregate(
         self, plan: RoundPlan, updates: list[ClientUpdate]
     ) -> tuple[dict[str, torch.Tensor], Info]:
+        """Bound the updates (server.influence), aggregate them with the strategy, and under DP
+        add the Gaussian noise calibrated to the aggregate's sensitivity and account for it."""
         p = self.config.privacy
-        if p.clip_norm is not None:  # p.dp_fedavg, spelled out so S is a float below
-            # McMahan et al. 2018: clip each delta to S, average uniformly, noise z S / m. The
-            # guarantee needs exactly this plain average, so it replaces the strategy's aggregate.
-            accountant = self.accountant
-            if accountant is None:  # __init__ builds one whenever DP-FedAvg is on
-                raise RuntimeError("DP-FedAvg needs the privacy accountant")
-            gen = torch.Generator().manual_seed(
-                client_seed(self.config.seed, plan.round, "server-noise")
-            )
-            dp = privacy.DPConfig(
-                clip_norm=p.clip_norm, noise_multiplier=p.noise_multiplier, delta=p.delta
-            )
-            new_state, info = privacy.dp_fedavg(
-                self.global_state, (u.state for u in updates), dp, gen
-            )
-            accountant.step()
-        else:
-            new_state, info = self.strategy.aggregate(self.global_state, updates)
-        self.strategy.after_round(plan.round - 1, new_state, updates)
+        bounded = bound_round(
+            self.config.influence, self.global_state, updates, p.clip_norm, uniform=p.dp
+        )
+        new_state, info = self.strategy.aggregate(self.global_state, bounded, bounded.bound)
+        info = {**info, "clip": bounded.info}
+        if p.dp:
+            new_state, info["dp"] = self._add_noise(plan, new_state, bounded)
+        self.strategy.after_round(plan.round - 1, new_state, bounded)
         return {k: v.contiguous() for k, v in new_state.items()}, info
+
+    def _add_noise(
+        self, plan: RoundPlan, new_state: dict[str, torch.Tensor], bounded
+    ) -> tuple[dict[str, torch.Tensor], dict]:
+        """``N(0, (z Delta)^2)`` on the aggregate; the accountant steps (server.privacy)."""
+        p, m, bound = self.config.privacy, len(bounded), bounded.bound
+        if self.accountant is None or bound is None:  # __init__ makes both whenever DP is on
+            raise RuntimeError("DP needs the privacy accountant and a bound")
+        population = plan.population or len(self.strategy.client_sizes)
+        if p.sampling == "poisson":
+            # McMahan et al. 2018's fixed denominator: sum_k u_k / (q N), not the mean.
+            expected = self.config.fraction * population
+            new_state = _scale_delta(self.global_state, new_state, m / expected)
+            sens = sensitivity.poisson_mean_sensitivity(expected, bound.norm)
+        else:
+            sens = self.strategy.sensitivity(self.global_state, bound, m)
+        std = p.noise_multiplier * sens
+        gen = torch.Generator().manual_seed(
+            client_seed(self.config.seed, plan.round, "server-noise")
+        )
+        new_state = privacy.add_gaussian_noise(new_state, std, gen)
+        self.accountant.step(population, len(plan.cohort))
+        return new_state, {"sensitivity": sens, "noise_std": std, "sampling": p.sampling}
 
     # -- memory across rounds, for a restarted server ----------------------------------------------
 
@@ -264,8 +318,13 @@ class Federation:
 
     @property
     def budget_spent(self) -> bool:
-        """True when one more DP-FedAvg round would take epsilon past the configured budget."""
-        return self.accountant is not None and self.accountant.would_exceed(1)
+        """True when one more DP round (of the usual cohort) would take epsilon past the budget."""
+        if self.accountant is None:
+            return False
+        population = len(self.strategy.client_sizes)
+        return self.accountant.would_exceed(
+            population, cohort_size(self.config.fraction, population)
+        )
 
     def _record(
         self,

@@ -17,14 +17,20 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.config import Batching, DataConfig, TokenizerKind, TrainConfig
+from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from models.config import Cell, ModelConfig, ModelOverrides, Preset
 from server.config import (
+    ClipMode,
+    ClipScope,
+    DPSampling,
     FederationConfig,
+    InfluenceConfig,
     Norm,
     PrivacyConfig,
     ServerOptConfig,
     ServerOptName,
     StrategyName,
+    dp_problem,
 )
 
 #: The longest a long-poll may wait (seconds), as in the HTTP contract.
@@ -38,6 +44,7 @@ _FEDERATION = FederationConfig()
 _SERVER_OPT = _FEDERATION.server_opt
 _TRAIN = _FEDERATION.train
 _PRIVACY = _FEDERATION.privacy
+_INFLUENCE = _FEDERATION.influence
 
 
 class Settings(BaseSettings):
@@ -108,6 +115,26 @@ class Settings(BaseSettings):
     dp_noise_multiplier: float = Field(_PRIVACY.noise_multiplier, ge=0)
     dp_delta: float = Field(_PRIVACY.delta, gt=0, lt=1)
     dp_target_epsilon: float | None = Field(_PRIVACY.target_epsilon, gt=0)
+    dp_sampling: DPSampling = _PRIVACY.sampling
+
+    # -- bounded influence (server.influence) ----------------------------------------------------
+    bound: ClipMode = _INFLUENCE.mode
+    bound_norm: float | None = Field(_INFLUENCE.norm, gt=0)
+    bound_multiple: float = Field(_INFLUENCE.multiple, gt=0)
+    bound_scope: ClipScope = _INFLUENCE.scope
+    attention_temperature: float = Field(_INFLUENCE.temperature, gt=0)
+    weight_cap: float = Field(_INFLUENCE.weight_cap, gt=0)
+    # The largest sample count a phone may declare (enrollment, loss report, upload): 422 past it.
+    max_samples: int = Field(100_000_000, ge=1, le=2**62)
+
+    # -- memorization audit (models.canary, models.exposure) ----------------------------------------
+    # canary: a secret drawn (with `seed`) from the format goes canary_repeats times into the first
+    # phone's shard, and every metrics row has its exposure. The format has no flag:
+    # FEDKEY_CANARY_FORMAT ('_' marks a slot), FEDKEY_CANARY_ALPHABET (the words a slot takes).
+    canary: bool = False
+    canary_repeats: int = Field(20, ge=1)
+    canary_format: str = DEFAULT_TEMPLATE
+    canary_alphabet: str = " ".join(DEFAULT_ALPHABET)
 
     # -- service ---------------------------------------------------------------------------------
     storage: Path = Path("runs/server")
@@ -122,8 +149,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if self.dp_clip is not None and (self.strategy != "fedavg" or self.adafl):
-            raise ValueError("DP-FedAvg (dp_clip) runs with strategy fedavg and uniform selection")
+        if self.bound == "fixed" and self.bound_norm is None:
+            raise ValueError("--bound fixed needs --bound-norm S")
+        problem = dp_problem(
+            self.strategy, self.privacy_config(), self.influence_config(), self.strategy_params()
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        if self.canary:
+            self.canary_spec()  # a malformed FEDKEY_CANARY_FORMAT / _ALPHABET, refused up front
         return self
 
     # -- the engine's dataclasses ----------------------------------------------------------------
@@ -139,11 +173,26 @@ class Settings(BaseSettings):
 
     def data_config(self) -> DataConfig:
         """The server's DataConfig: every DataConfig field this class has (the phones' partition
-        fields, clients/partition/alpha, keep their defaults: the server never cuts shards)."""
+        fields, clients/partition/alpha, keep their defaults: the server never cuts shards), and
+        the canary sentence when the audit is on."""
         names = [
-            f.name for f in dataclasses.fields(DataConfig) if f.name in type(self).model_fields
+            f.name
+            for f in dataclasses.fields(DataConfig)
+            if f.name in type(self).model_fields and not f.name.startswith("canary")
         ]
-        return DataConfig(**{name: getattr(self, name) for name in names})
+        return DataConfig(
+            **{name: getattr(self, name) for name in names},
+            canary=self.canary_secret(),
+            canary_repeats=self.canary_repeats if self.canary else 0,
+        )
+
+    def canary_spec(self) -> CanaryFormat:
+        """The canary's format (a ValueError, one line, for a malformed one)."""
+        return CanaryFormat.parse(self.canary_format, self.canary_alphabet)
+
+    def canary_secret(self) -> str | None:
+        """The planted secret, drawn from the format with the run's seed; None without --canary."""
+        return self.canary_spec().draw(self.seed) if self.canary else None
 
     def build_model_config(self, vocab_size: int) -> ModelConfig:
         extra = ModelOverrides(
@@ -190,6 +239,17 @@ class Settings(BaseSettings):
             noise_multiplier=self.dp_noise_multiplier,
             delta=self.dp_delta,
             target_epsilon=self.dp_target_epsilon,
+            sampling=self.dp_sampling,
+        )
+
+    def influence_config(self) -> InfluenceConfig:
+        return InfluenceConfig(
+            mode=self.bound,
+            norm=self.bound_norm,
+            multiple=self.bound_multiple,
+            scope=self.bound_scope,
+            temperature=self.attention_temperature,
+            weight_cap=self.weight_cap,
         )
 
     def federation_config(self) -> FederationConfig:
@@ -201,6 +261,7 @@ class Settings(BaseSettings):
             seed=self.seed,
             train=self.train_config(),
             privacy=self.privacy_config(),
+            influence=self.influence_config(),
             server_opt=ServerOptConfig(
                 self.server_opt, lr=self.server_lr, momentum=self.server_momentum
             ),

@@ -67,7 +67,7 @@ class UploadsMixin(CoordinatorState):
         try:
             device_id = self.authenticate(authorization)
             r = self._open_round_for(device_id, n)
-            train_loss, num_samples = _parse_loss_body(body)
+            train_loss, num_samples = _parse_loss_body(body, self.settings.max_samples)
             if device_id in r.losses:
                 if r.losses[device_id] != (train_loss, num_samples):
                     raise ApiError(
@@ -138,7 +138,9 @@ class UploadsMixin(CoordinatorState):
                 raise _different_duplicate(device_id, n)
             config = self.fed.model_config
             await asyncio.to_thread(validation.parse_update, data, config)
-            num_samples = validation.parse_num_samples(headers.get(validation.NUM_SAMPLES_HEADER))
+            num_samples = validation.parse_num_samples(
+                headers.get(validation.NUM_SAMPLES_HEADER), self.settings.max_samples
+            )
             train_loss = validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
             tmp = await asyncio.to_thread(self._write_temp, n, device_id, data)
             # The round may have moved on while the body streamed in: check again, then commit.
@@ -229,7 +231,7 @@ def _different_duplicate(device_id: str, n: int) -> ApiError:
     )
 
 
-def _parse_loss_body(raw: bytes) -> tuple[float, int]:
+def _parse_loss_body(raw: bytes, max_samples: int) -> tuple[float, int]:
     try:
         body = json.loads(raw)
     except ValueError:
@@ -246,7 +248,9 @@ def _parse_loss_body(raw: bytes) -> tuple[float, int]:
     if isinstance(n, bool) or not isinstance(n, int):
         raise ApiError(422, "num_samples must be an integer", "bad_loss")
     try:
-        validation.check_loss_report(float(loss), n)
+        if isinstance(loss, int) and abs(loss) > 2**1000:  # float() would overflow
+            raise ValidationError(422, "train_loss must be a finite number", "bad_loss")
+        validation.check_loss_report(float(loss), n, max_samples)
     except ValidationError as e:
         raise ApiError(e.status, e.message, e.reason) from None
     return float(loss), n

@@ -111,8 +111,19 @@ def parse_update(body: bytes, config: ModelConfig) -> dict[str, torch.Tensor]:
     return state
 
 
-def parse_num_samples(value: str | None) -> int:
-    """X-Fedkey-Num-Samples: a positive integer."""
+def check_num_samples(n: int, max_samples: int, what: str, reason: str) -> None:
+    """A declared sample count weighs a phone's update in FedAvg: past the server's cap it is
+    refused (the cap also keeps it inside the database's 64-bit integers)."""
+    if n > max_samples:
+        raise ValidationError(
+            422,
+            f"{what} {n} is more than this server accepts ({max_samples}, --max-samples)",
+            reason,
+        )
+
+
+def parse_num_samples(value: str | None, max_samples: int = 2**62) -> int:
+    """X-Fedkey-Num-Samples: a positive integer, at most ``max_samples``."""
     if value is None:
         raise ValidationError(
             422, f"missing header {NUM_SAMPLES_HEADER} (a positive integer)", "bad_headers"
@@ -129,6 +140,7 @@ def parse_num_samples(value: str | None) -> int:
         raise ValidationError(
             422, f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {n}", "bad_headers"
         )
+    check_num_samples(n, max_samples, f"header {NUM_SAMPLES_HEADER}", "bad_headers")
     return n
 
 
@@ -151,8 +163,9 @@ def parse_train_loss(value: str | None) -> float:
     return loss
 
 
-def check_loss_report(train_loss: float, num_samples: int) -> None:
-    """The JSON body of POST /v1/rounds/{n}/loss: a finite loss and a positive sample count."""
+def check_loss_report(train_loss: float, num_samples: int, max_samples: int = 2**62) -> None:
+    """The JSON body of POST /v1/rounds/{n}/loss: a finite loss and a positive sample count of at
+    most ``max_samples``."""
     if not math.isfinite(train_loss):
         raise ValidationError(
             422, f"train_loss must be a finite number, got {train_loss}", "bad_loss"
@@ -161,3 +174,4 @@ def check_loss_report(train_loss: float, num_samples: int) -> None:
         raise ValidationError(
             422, f"num_samples must be a positive integer, got {num_samples}", "bad_loss"
         )
+    check_num_samples(num_samples, max_samples, "num_samples", "bad_loss")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from server.strategies.base import ClientUpdate, Info, Strategy
+from server.strategies.base import Bound, ClientUpdate, Info, Strategy
 from server.strategies.methods import AdaFL, FedAtt, FedAttOpt, FedAvg, FedMed, FedSGD
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -20,6 +20,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
 __all__ = [
     "STRATEGIES",
     "AdaFL",
+    "Bound",
     "ClientUpdate",
     "FedAtt",
     "FedAttOpt",

@@ -262,10 +262,14 @@ class LayerwiseAttention:
         self,
         global_state: Mapping[str, Tensor],
         score_fn: Callable[[Tensor, Tensor, Tensor], float],
+        score_scale: Mapping[str, float] | None = None,
     ) -> None:
         self.global_state = global_state
         self.keys = floating_keys(global_state)
         self.score_fn = score_fn
+        # The attention cap: layer l's logit is its score times score_scale[l] (1 / (T S_l) for
+        # FedAtt under a clip), so logits span a known interval; None: the raw score.
+        self.score_scale = dict(score_scale) if score_scale is not None else None
         self.layers = {k: OnlineSoftmaxSum() for k in self.keys}
         self.scores: list[tuple[Hashable, dict[str, float]]] = []
 
@@ -288,7 +292,7 @@ class LayerwiseAttention:
         also: WeightedAverage | None = None,
         weight: float = 1.0,
     ) -> dict[str, float]:
-        """Add one client; return its per-layer scores.
+        """Add one client; return its per-layer scores (the logits, after ``score_scale``).
 
         ``also``: a :class:`WeightedAverage` fed the same deltas with ``weight`` in this pass
         (FedMed computes its FedAvg fallback alongside).
@@ -300,6 +304,8 @@ class LayerwiseAttention:
             c = _layer(client_state, k)
             u = _delta(g, c, k)
             s = _check_finite(float(self.score_fn(u, g, c)), f"score of layer {k!r}")
+            if self.score_scale is not None:
+                s *= self.score_scale[k]
             self.layers[k].add(s, {k: u})
             layer_scores[k] = s
             if also is not None:
@@ -357,9 +363,12 @@ class AttOptGradient:
     left out (it is already at the server model) while it still counts in the attention part.
     """
 
-    def __init__(self, global_state: Mapping[str, Tensor]) -> None:
+    def __init__(self, global_state: Mapping[str, Tensor], distance_floor: float = 0.0) -> None:
         self.global_state = global_state
         self.keys = floating_keys(global_state)
+        # Bounded influence: d_k = max(d_k, floor) in the distance term, so that no phone's term
+        # exceeds 1 / floor in norm (server.strategies.sensitivity); 0: the paper's step.
+        self.distance_floor = float(distance_floor)
         self.n = num_parameters(global_state)
         if self.n == 0:
             raise ValueError("global state has no floating-point parameters")
@@ -384,8 +393,9 @@ class AttOptGradient:
             sq += float(u.square().sum())
         s = _check_finite(dot / self.sqrt_n, "attention score s_k")
         d = math.sqrt(_check_finite(sq, "distance d_k"))
-        coef = 1.0 / self.sqrt_n - (1.0 / (d * d) if d > 0 else 0.0)
-        if d == 0:
+        d_eff = max(d, self.distance_floor)
+        coef = 1.0 / self.sqrt_n - (1.0 / (d_eff * d_eff) if d_eff > 0 else 0.0)
+        if d_eff == 0:
             self.zero_distance += 1
         scale, weight = self.softmax.push(s)
         for k in self.keys:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 from torch import Tensor
@@ -25,6 +25,19 @@ from server.strategies.selection import make_selector
 #: What :meth:`Strategy.aggregate` reports about a round besides the new model (JSON-serializable:
 #: it goes into the metrics row as ``info``).
 Info: TypeAlias = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What the server's clip guarantees of every update of a round (server.influence makes it):
+    each delta's whole-model L2 norm is at most ``norm`` (S) and layer ``k``'s at most
+    ``layers[k]`` (S_l; equal to S under the model scope). ``temperature`` is the attention cap:
+    attentive strategies divide their scores by ``temperature`` times the bound."""
+
+    norm: float
+    layers: Mapping[str, float]
+    scope: Literal["model", "layer"] = "model"
+    temperature: float = 1.0
 
 
 @dataclass
@@ -101,24 +114,39 @@ class Strategy(ABC):
         return sorted(losses)
 
     def aggregate(
-        self, global_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]
+        self,
+        global_state: Mapping[str, Tensor],
+        updates: Iterable[ClientUpdate],
+        bound: Bound | None = None,
     ) -> tuple[StateDict, Info]:
         """The next global model and the round's info (``strategy``, ``mode``, ``num_updates`` and
         what the method reports). ``updates`` is iterated exactly once; with no updates the global
-        model is returned unchanged (copied)."""
+        model is returned unchanged (copied). ``bound``: the clip every update satisfies (attentive
+        strategies then cap their weights); None: unbounded, the papers' methods as published."""
         it = iter(updates)
         first = next(it, None)
         if first is None:
             info: Info = {"strategy": self.name, "mode": "none", "num_updates": 0}
             return {k: v.detach().clone() for k, v in global_state.items()}, info
-        return self._aggregate(global_state, _chain(first, it))
+        return self._aggregate(global_state, _chain(first, it), bound)
 
     @abstractmethod
     def _aggregate(
-        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+        self,
+        global_state: Mapping[str, Tensor],
+        updates: Iterator[ClientUpdate],
+        bound: Bound | None,
     ) -> tuple[StateDict, Info]:
         """:meth:`aggregate` for at least one update: iterate ``updates`` once, return the next
         global model and the info dict."""
+
+    def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
+        """Replace-one L2 sensitivity of :meth:`aggregate`'s output over cohorts of ``m`` updates
+        that satisfy ``bound`` (with every weight n_k = 1), derived in
+        :mod:`server.strategies.sensitivity`. Raises ValueError where there is no analysis."""
+        raise ValueError(
+            f"strategy {self.name!r} has no sensitivity analysis: it cannot run under DP"
+        )
 
     def after_round(
         self, round_idx: int, new_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
+from server.strategies import sensitivity
 from server.strategies.aggregate import (
     NORMS,
     AttOptGradient,
@@ -16,7 +17,7 @@ from server.strategies.aggregate import (
     StateDict,
     WeightedAverage,
 )
-from server.strategies.base import ClientUpdate, Info, Strategy
+from server.strategies.base import Bound, ClientUpdate, Info, Strategy
 from server.strategies.selection import top_k_lowest
 
 
@@ -35,6 +36,11 @@ def _attention_summary(att: LayerwiseAttention) -> Info:
     return {"attention_mean": mean, "attention_max": top}
 
 
+def _cap(m: int, rho: float) -> float:
+    """The largest attention weight the cap allows one of ``m`` phones."""
+    return sensitivity.attention_max_weight(m, rho)
+
+
 class FedAvg(Strategy):
     """FedAvg (McMahan et al.): uniform sampling of a fraction C, ``theta = sum_k n_k/n theta_k``.
 
@@ -51,7 +57,10 @@ class FedAvg(Strategy):
         return {**super().config(), "weighted": self.weighted}
 
     def _aggregate(
-        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+        self,
+        global_state: Mapping[str, Tensor],
+        updates: Iterator[ClientUpdate],
+        bound: Bound | None,
     ) -> tuple[StateDict, Info]:
         acc = WeightedAverage(global_state)
         weights: dict[str, float] = {}
@@ -69,6 +78,10 @@ class FedAvg(Strategy):
             "weights": {k: w / total for k, w in weights.items()},
         }
         return new, info
+
+    def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
+        """The uniform mean's ``2 S / m`` (the engine gives every update weight 1 under DP)."""
+        return sensitivity.mean_sensitivity(m, bound.norm)
 
 
 class FedSGD(FedAvg):
@@ -124,9 +137,16 @@ class FedAtt(Strategy):
         return {**super().config(), "epsilon": self.epsilon, "norm": self.norm}
 
     def _aggregate(
-        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+        self,
+        global_state: Mapping[str, Tensor],
+        updates: Iterator[ClientUpdate],
+        bound: Bound | None,
     ) -> tuple[StateDict, Info]:
-        att = LayerwiseAttention(global_state, LayerwiseAttention.fedatt_scorer(self.norm))
+        scale = None
+        if bound is not None:  # logits ||u^l|| / (T S_l) in [0, 1/T]: weights capped
+            scale = {k: 1.0 / (bound.temperature * s) for k, s in bound.layers.items()}
+        scorer = LayerwiseAttention.fedatt_scorer(self.norm)
+        att = LayerwiseAttention(global_state, scorer, scale)
         for u in updates:
             att.add(u.state, tag=u.device_id)
         new = att.result(self.epsilon)
@@ -137,7 +157,15 @@ class FedAtt(Strategy):
             "epsilon": self.epsilon,
             **_attention_summary(att),
         }
+        if bound is not None:
+            info["attention_cap"] = _cap(att.count, math.exp(1.0 / bound.temperature))
         return new, info
+
+    def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
+        """``epsilon`` times the attention bound with ``rho = e^(1/T)`` (the spectral norm is at
+        most the L2 norm, so the logits stay in [0, 1/T] with either norm)."""
+        rho = math.exp(1.0 / bound.temperature)
+        return self.epsilon * sensitivity.attention_sensitivity(m, bound.norm, rho, bound.scope)
 
 
 class FedAttOpt(Strategy):
@@ -151,17 +179,25 @@ class FedAttOpt(Strategy):
 
     name = "fedattopt"
 
-    def __init__(self, *, epsilon: float = 1.2, **selection: Any) -> None:
+    def __init__(
+        self, *, epsilon: float = 1.2, distance_floor: float = 0.25, **selection: Any
+    ) -> None:
         super().__init__(**selection)
         self.epsilon = _positive("epsilon", epsilon)
+        # Under a clip S, distances below distance_floor * S count as that (bounded influence).
+        self.distance_floor = _positive("distance_floor", distance_floor)
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "epsilon": self.epsilon}
+        return {**super().config(), "epsilon": self.epsilon, "distance_floor": self.distance_floor}
 
     def _aggregate(
-        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+        self,
+        global_state: Mapping[str, Tensor],
+        updates: Iterator[ClientUpdate],
+        bound: Bound | None,
     ) -> tuple[StateDict, Info]:
-        acc = AttOptGradient(global_state)
+        floor = self.distance_floor * bound.norm if bound is not None else 0.0
+        acc = AttOptGradient(global_state, distance_floor=floor)
         for u in updates:
             acc.add(u.state, tag=u.device_id)
         grad = acc.gradient()
@@ -180,6 +216,14 @@ class FedAttOpt(Strategy):
             "zero_distance": acc.zero_distance,
         }
         return new, info
+
+    def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
+        keys = [k for k, v in global_state.items() if v.is_floating_point()]
+        n = sum(global_state[k].numel() for k in keys)
+        theta = math.sqrt(sum(float(global_state[k].double().square().sum()) for k in keys))
+        return sensitivity.attopt_sensitivity(
+            m, bound.norm, n, theta, self.distance_floor, self.epsilon
+        )
 
 
 class FedMed(Strategy):
@@ -230,9 +274,15 @@ class FedMed(Strategy):
         return top_k_lowest(losses, self.beta)
 
     def _aggregate(
-        self, global_state: Mapping[str, Tensor], updates: Iterator[ClientUpdate]
+        self,
+        global_state: Mapping[str, Tensor],
+        updates: Iterator[ClientUpdate],
+        bound: Bound | None,
     ) -> tuple[StateDict, Info]:
-        att = LayerwiseAttention(global_state, LayerwiseAttention.fedmed_scorer())
+        scale = None
+        if bound is not None:  # JS in [0, ln 2]: logits JS / T, weights differ by <= 2^(1/T)
+            scale = dict.fromkeys(bound.layers, 1.0 / bound.temperature)
+        att = LayerwiseAttention(global_state, LayerwiseAttention.fedmed_scorer(), scale)
         avg = WeightedAverage(global_state)
         loss_sum = 0.0
         for u in updates:
@@ -258,6 +308,14 @@ class FedMed(Strategy):
         if math.isfinite(loss):
             self.prev_loss = loss
         return new, info
+
+    def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
+        """``eta`` times the attention bound with ``rho = 2^(1/T)``, for the adaptive step only
+        (config.dp_problem refuses topK and mediation under DP)."""
+        if self.beta < 1.0 or self.epsilon_med > 0.0:
+            raise ValueError("FedMed under DP needs beta = 1 (no topK) and epsilon_med = 0")
+        rho = 2.0 ** (1.0 / bound.temperature)
+        return self.eta * sensitivity.attention_sensitivity(m, bound.norm, rho, bound.scope)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "prev_loss": self.prev_loss}

@@ -45,11 +45,12 @@ def test_a_server_is_not_started_on_a_missing_corpus(tmp_path):
 
 
 def test_a_setting_that_contradicts_another_is_its_own_message(tmp_path):
-    args = ["simulate", "--strategy", "fedatt", "--dp-clip", "1", "--out", str(tmp_path)]
+    args = ["simulate", "--strategy", "fedatt", "--dp-clip", "1", "--adafl", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 1
     assert one_error_line(result) == (
-        "error: DP-FedAvg (dp_clip) runs with strategy fedavg and uniform selection"
+        "error: AdaFL selection scores phones by their private updates without noise, so its "
+        "choices are not covered by the DP analysis: use uniform selection (drop --adafl)"
     )
 
 

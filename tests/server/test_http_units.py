@@ -39,8 +39,21 @@ def test_settings_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_settings_refuse_nonsense():
-    with pytest.raises(ValidationError, match="DP-FedAvg"):
-        Settings(strategy="fedatt", dp_clip=1.0)
+    with pytest.raises(ValidationError, match="AdaFL selection"):
+        Settings(strategy="fedatt", dp_clip=1.0, adafl=True)
+    with pytest.raises(ValidationError, match="--topk-beta 1"):
+        Settings(strategy="fedmed", dp_clip=1.0, topk_beta=0.8, epsilon_med=0)
+    with pytest.raises(ValidationError, match="--epsilon-med 0"):
+        Settings(strategy="fedmed", dp_clip=1.0)
+    with pytest.raises(ValidationError, match="--dp-sampling fixed"):
+        Settings(strategy="fedatt", dp_clip=1.0, dp_sampling="poisson")
+    with pytest.raises(ValidationError, match="drop --bound off"):
+        Settings(dp_clip=1.0, bound="off")
+    with pytest.raises(ValidationError, match="--bound-norm"):
+        Settings(bound="fixed")
+    for strategy in ("fedavg", "fedatt", "fedattopt"):  # each has its sensitivity
+        assert Settings(strategy=strategy, dp_clip=1.0).privacy_config().dp
+    assert Settings(strategy="fedmed", dp_clip=1.0, epsilon_med=0).privacy_config().dp
     with pytest.raises(ValidationError):
         Settings(strategy="fedprox")
     with pytest.raises(ValidationError):
