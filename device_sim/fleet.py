@@ -12,14 +12,16 @@ phones a round selects). On CUDA the processes share the GPU.
 
 For the server's tests some phones misbehave: `dropout_rate` (a selected phone vanishes for the
 round: no loss report, no upload), `slow_rate` (waits `slow_seconds` before uploading) and the
-last `malicious` phones attack: `scale` (the update delta times 100, a valid upload), `nan` (a NaN
-in one tensor), `shape` (one tensor dropped, another flattened). A rejected upload is logged and
-the phone carries on.
+last `malicious` phones attack (device_sim.attacks): `scale` (the update delta times 100, a valid
+upload), `signflip` (the delta times -10), `backdoor` (trained on poisoned sentences, then model
+replacement), `nan` (a NaN in one tensor), `shape` (one tensor dropped, another flattened). A
+rejected upload is logged and the phone carries on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import threading
@@ -34,6 +36,7 @@ from tqdm import tqdm
 
 from common.task import RoundTask
 from corpora.dataset import device_shards
+from device_sim.attacks import SCALE_FACTOR, apply_attack, backdoor_task, boost_factor
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
 from device_sim.config import ATTACKS, FleetConfig, PhoneConfig
 from device_sim.pool import LocalTask, TrainerPool, default_workers, run_task
@@ -43,12 +46,12 @@ log = logging.getLogger("fedkey.device")
 
 Trainer = Callable[[LocalTask, dict], TrainResult]  # trains a phone's task from a global state
 
-SCALE_FACTOR = 100.0
 
 __all__ = [
     "ATTACKS",
     "DeviceReport",
     "FleetConfig",
+    "SCALE_FACTOR",
     "PhoneConfig",
     "apply_attack",
     "run_device",
@@ -81,31 +84,6 @@ class DeviceReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def apply_attack(
-    attack: str | None, trained: dict[str, torch.Tensor], global_state: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """A malicious phone's upload made from its honestly trained state (inputs are not modified)."""
-    if attack is None:
-        return trained
-    if attack == "scale":  # boosted update: global + 100 * (trained - global), a valid upload
-        return {
-            k: global_state[k] + SCALE_FACTOR * (v - global_state[k]) for k, v in trained.items()
-        }
-    names = sorted(trained)
-    out = dict(trained)
-    if attack == "nan":
-        t = out[names[0]].clone()
-        t.view(-1)[0] = float("nan")
-        out[names[0]] = t
-        return out
-    if attack == "shape":  # the last tensor dropped, the first (multi-dimensional) one flattened
-        out.pop(names[-1])
-        first = next((n for n in names[:-1] if out[n].dim() > 1), names[0])
-        out[first] = out[first].reshape(-1)
-        return out
-    raise ValueError(f"unknown attack {attack!r}; choose one of {ATTACKS}")
 
 
 def _num_samples(shard: list[list[int]]) -> int:
@@ -232,7 +210,11 @@ class _Phone:
             sigma=task.sigma,
             device=self.phone.device,
         )
+        if self.phone.attack == "backdoor":  # its shard mixed with poisoned sentences
+            local = backdoor_task(local, model.tokenizer, self.phone.backdoor)
         result = self.trainer(local, model.state)
+        if self.phone.attack == "backdoor":  # it declares its own shard's size, as if honest
+            result = dataclasses.replace(result, num_tokens=self.num_samples)
         self.report.trained += 1
         self.trained = (task_key, result)
         return result
@@ -295,7 +277,8 @@ class _Phone:
             )
             if self.pause(self.phone.slow_seconds):
                 return None
-        state = apply_attack(self.phone.attack, result.state, model.state)
+        boost = boost_factor(self.phone.backdoor, cohort=1)  # the fleet sets boost (its size)
+        state = apply_attack(self.phone.attack, result.state, model.state, boost)
         try:
             receipt = self.call(self.client.upload, r, state, result.num_tokens, result.train_loss)
         except ApiError as e:

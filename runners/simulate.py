@@ -5,6 +5,12 @@ trainers side by side beat one two-threaded trainer by far) holds every phone's 
 each round the server's Federation plans a cohort, the pool trains it, and the Federation
 aggregates. Training is seeded per (seed, round, device), so the global weights do not depend
 on the number of workers or on the transport.
+
+With `malicious` > 0 the last phones (by name, as in `fedkey devices`) attack
+(device_sim.attacks), and every upload passes the HTTP server's checks (server.validation): a
+refused one (NaN, wrong tensors) is dropped and named in the row's `rejected` field, as the server
+drops it with a 422. With attack "backdoor" every row reports the backdoor's success
+(backdoor_top1, backdoor_top3), also with no attacker: the clean model's rate.
 """
 
 from __future__ import annotations
@@ -17,15 +23,38 @@ from tqdm import tqdm
 
 from common.config import DataConfig, TrainConfig
 from corpora.dataset import prepare
+from device_sim.attacks import (
+    BackdoorProbe,
+    apply_attack,
+    backdoor_ids,
+    backdoor_task,
+    boost_factor,
+    trigger_contexts,
+)
+from device_sim.config import ATTACKS, Attack, BackdoorConfig
 from device_sim.pool import LocalTask, TrainerPool, default_workers
 from device_sim.trainer import train_local
+from models.batching import count_targets
 from server.config import FederationConfig
-from server.engine import Federation, client_seed
+from server.engine import Federation, Probe, client_seed
 from server.storage import RunStorage
 from server.strategies import ClientUpdate
+from server.validation import ValidationError, check_finite, check_tensors
 
 
-def _federation(fed, model_config, prepared, shards, out_dir: str) -> Federation:
+class _Rejections:
+    """A probe: the round's refused uploads as the row's `rejected` field, {device: reason}."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, str] = {}
+
+    def __call__(self, model, tokenizer) -> dict:
+        return {"rejected": dict(self.current)}
+
+
+def _federation(
+    fed, model_config, prepared, shards, out_dir: str, probes: list[Probe] | None = None
+) -> Federation:
     """The round engine over `shards` (device -> sentences), storing the run in `out_dir`."""
     torch.set_num_threads(1)
     sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in shards.items()}
@@ -37,6 +66,7 @@ def _federation(fed, model_config, prepared, shards, out_dir: str) -> Federation
         prepared.corpus.valid,
         prepared.corpus.test,
         RunStorage(out_dir),
+        probes=probes or [],
     )
 
 
@@ -49,17 +79,41 @@ def simulate(
     device: str = "auto",
     progress: bool = True,
     resume: bool = False,
+    malicious: int = 0,
+    attack: Attack = "scale",
+    backdoor: BackdoorConfig | None = None,
+    probes: list[Probe] | None = None,
 ) -> list[dict]:
     """Run rounds in-process up to `fed.rounds`; returns the metrics rows (also in out_dir).
 
+    `probes`: extra round metrics (server.engine.Probe), e.g. a canary's exposure
+    (models.exposure.ExposureProbe).
+
     With `resume`, a run directory that already holds checkpoints continues after its last one.
+    The last `malicious` phones (sorted names) upload `attack` (`backdoor` configures the
+    backdoor attack; default BackdoorConfig()).
     """
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown attack {attack!r}; choose one of {ATTACKS}")
+    backdoor = backdoor or BackdoorConfig()
     # Start the workers first: they import torch while the data loads and round 0 is evaluated.
     pool = TrainerPool(default_workers() if workers is None else workers)
     try:
         prepared = prepare(data)
         model_config = model_config_for(prepared.tokenizer.vocab_size)
-        federation = _federation(fed, model_config, prepared, prepared.shards, out_dir)
+        names = sorted(prepared.shards)
+        if not 0 <= malicious <= len(names):
+            raise ValueError(f"--malicious {malicious}: there are {len(names)} phones")
+        bad = set(names[len(names) - malicious :]) if malicious else set()
+        probes = list(probes or [])
+        if attack == "backdoor":
+            backdoor_ids(backdoor, prepared.tokenizer)  # refuses words the tokenizer lacks
+            contexts = trigger_contexts(prepared.corpus.test, backdoor.trigger, seed=data.seed)
+            probes.append(BackdoorProbe(backdoor, contexts))
+        rejections = _Rejections()
+        if bad:
+            probes.append(rejections)
+        federation = _federation(fed, model_config, prepared, prepared.shards, out_dir, probes)
         storage = federation.storage
         if resume and federation.resume():
             rows = storage.read_metrics()
@@ -95,19 +149,44 @@ def simulate(
                 )
                 for d in plan.cohort
             ]
+            if attack == "backdoor":
+                tasks = [
+                    backdoor_task(t, prepared.tokenizer, backdoor) if t.device_id in bad else t
+                    for t in tasks
+                ]
             results = pool.run(tasks, federation.global_state)
+            if attack == "backdoor":  # an attacker declares its own shard's size, as if honest
+                for d in bad & set(results):
+                    results[d] = replace(results[d], num_tokens=count_targets(prepared.shards[d]))
             uploaders = federation.choose_uploaders(
                 plan, {d: r.train_loss for d, r in results.items()}
             )
-            updates = [
-                ClientUpdate(
-                    state=results[d].state,
-                    num_samples=results[d].num_tokens,
-                    train_loss=results[d].train_loss,
-                    device_id=d,
+            attackers = sum(d in bad for d in plan.cohort)
+            boost = boost_factor(backdoor, len(plan.cohort), attackers)
+            updates, rejections.current = [], {}
+            for d in uploaders:
+                state = apply_attack(
+                    attack if d in bad else None, results[d].state, federation.global_state, boost
                 )
-                for d in uploaders
-            ]
+                try:  # the HTTP server's checks on an upload's tensors
+                    check_tensors(state, model_config)
+                    check_finite(state)
+                except ValidationError as e:
+                    rejections.current[d] = f"{e.status} {e.message}"
+                    continue
+                updates.append(
+                    ClientUpdate(
+                        state=state,
+                        num_samples=results[d].num_tokens,
+                        train_loss=results[d].train_loss,
+                        device_id=d,
+                    )
+                )
+            if not updates:
+                raise ValueError(
+                    f"round {plan.round}: every upload was refused "
+                    f"({'; '.join(f'{d}: {why}' for d, why in rejections.current.items())})"
+                )
             row = federation.complete_round(plan, updates)
             rows.append(row)
             bar.set_postfix(val_ppl=f"{row['val_ppl']:.1f}", test_ppl=f"{row['test_ppl']:.1f}")
