@@ -397,7 +397,10 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
     cmd = ["fedkey", verb, *data, *flags, "--out", str(run_dir)]
     if spec.fraction is not None:
         cmd += ["--fraction", f"{spec.fraction:g}"]
-    return cmd + list(spec.args)
+    # The papers' methods as published: no server-side bounding (fedkey's default since issue 15),
+    # except under DP, whose analysis needs the clip.
+    unbounded = [] if "--dp-clip" in spec.args else ["--bound", "off"]
+    return cmd + list(spec.args) + unbounded
 
 
 def _data_flags(preset: Preset, full_train: bool = False, full_eval: bool = False) -> list[str]:
