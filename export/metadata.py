@@ -56,8 +56,20 @@ def load_metadata(onnx_path: str | Path) -> dict:
     return meta
 
 
-# The bounding facts a keyboard may show: scalars only (never per-device numbers).
-CLIP_KEYS = ("mode", "scope", "norm", "multiple", "clipped", "clipped_fraction", "median_norm")
+# The bounding facts a keyboard may show, from the metrics row's info["clip"]: scalars only
+# (never per-device numbers). weight_cap is in samples (the cap on a phone's n_k).
+CLIP_KEYS = (
+    "mode",
+    "scope",
+    "norm",
+    "multiple",
+    "clipped",
+    "clipped_fraction",
+    "median_norm",
+    "max_norm",
+    "weight_cap",
+    "capped_weights",
+)
 
 
 def _number(x: Any) -> float | None:
@@ -84,9 +96,11 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         under fixed-size sampling), steps (noised rounds accounted): the accountant's state
         (server.privacy.PrivacyAccountant.state_dict), None when not recorded.
       clip: the round's bounding summary from the metrics row's ``info["clip"]`` (mode, norm S,
-        clipped count, ...), None when the row has none.
-      dp_clip: the DP clip of the round (``info``: norm S, clipped_fraction, noise_std) when the
-        row reports it, else None.
+        clipped count, weight cap, ...; CLIP_KEYS) with "updates" (``info["num_updates"]``) and
+        "attention_cap" (``info["attention_cap"]``) when the row has them; None when the row
+        has no ``info["clip"]``.
+      dp_clip: the DP-FedAvg clip as rows without ``info["clip"]`` reported it (``info``:
+        clip_norm as "norm", clipped_fraction, noise_std), else None.
     """
     metrics = checkpoint_meta.get("metrics") or {}
     server = checkpoint_meta.get("server") or {}
@@ -111,14 +125,15 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         steps = sum(counts) if all(_is_int(c) for c in counts) else None
     sampling = accountant.get("sampling")
     sampling = sampling if sampling in ("fixed", "poisson") else None
-    clip = info.get("clip")
-    clip = (
-        {k: clip[k] for k in CLIP_KEYS if k in clip and _scalar(clip[k])}
-        if isinstance(clip, Mapping)
-        else None
-    )
+    raw_clip = info.get("clip")
+    clip: dict[str, Any] | None = None
+    if isinstance(raw_clip, Mapping):
+        clip = {k: raw_clip[k] for k in CLIP_KEYS if k in raw_clip and _scalar(raw_clip[k])}
+        for key, source in (("updates", "num_updates"), ("attention_cap", "attention_cap")):
+            if _number(info.get(source)) is not None:
+                clip[key] = info[source]
     dp_clip = None
-    if dp and _number(info.get("clip_norm")) is not None:
+    if dp and clip is None and _number(info.get("clip_norm")) is not None:
         dp_clip = {
             "norm": _number(info.get("clip_norm")),
             "clipped_fraction": _number(info.get("clipped_fraction")),

@@ -382,8 +382,8 @@
   const sci = (x) => Number(x.toPrecision(3)).toExponential();
 
   function privacyText(p) {
-    if (!p || p.dp === null || p.dp === undefined) return ["not recorded in this export", ""];
-    if (!p.dp) return ["no differential privacy (epsilon: none)", ""];
+    if (!p || p.dp === null || p.dp === undefined) return [["not recorded in this export", ""], ""];
+    if (!p.dp) return [["no differential privacy (epsilon: none)", ""], ""];
     const details = [];
     let eps = "not recorded";
     if (p.epsilon === "inf") {
@@ -393,7 +393,7 @@
       eps = sig(p.epsilon);
     }
     const budget = isNum(p.target_epsilon) ? ` of budget ${sig(p.target_epsilon)}` : ", no budget set";
-    const delta = isNum(p.delta) ? ` (delta ${sci(p.delta)})` : "";
+    const delta = isNum(p.delta) ? `(delta ${sci(p.delta)})` : "";
     if (isNum(p.target_epsilon) && (p.epsilon === "inf" || p.epsilon >= p.target_epsilon)) {
       details.push("budget spent");
     }
@@ -401,38 +401,64 @@
     if (p.sampling === "fixed") details.push("fixed-size cohorts");
     else if (isNum(p.sampling_rate)) details.push(`Poisson sampling q = ${sig(p.sampling_rate)}`);
     if (Number.isInteger(p.steps)) details.push(`${p.steps} noised round${p.steps === 1 ? "" : "s"}`);
-    return [`epsilon ${eps}${budget}${delta}`, details.join(" · ")];
+    return [[`epsilon ${eps}${budget}${delta ? " " : ""}`, delta], details.join(" · ")];
   }
 
+  // The round's bounding (info["clip"]): the update-norm clip, then (detail) the cap on a phone's
+  // sample weight n_k and FedAtt's attention cap; "none (clip off)" for the undefended arm.
   function boundingText(p) {
-    const parts = [];
+    const main = [];
+    const details = [];
     const c = p && p.clip;
     if (c && c.mode === "off") {
-      parts.push("none (clip off)");
+      main.push("none (clip off)");
     } else if (c) {
-      let t = `${c.mode || "norm"} clip${c.scope === "layer" ? " per layer" : ""}`;
+      const mode = c.mode === "dp" ? "DP" : c.mode || "norm";
+      let t = `${mode} clip${c.scope === "layer" ? " per layer" : ""}`;
       if (isNum(c.norm)) t += `, S = ${sig(c.norm)}`;
-      if (Number.isInteger(c.clipped)) t += `, ${c.clipped} clipped`;
-      else if (isNum(c.clipped_fraction)) t += `, ${Math.round(100 * c.clipped_fraction)}% clipped`;
-      parts.push(t);
+      if (Number.isInteger(c.clipped)) {
+        t += Number.isInteger(c.updates) ? `, ${c.clipped} of ${c.updates} clipped` : `, ${c.clipped} clipped`;
+      } else if (isNum(c.clipped_fraction)) {
+        t += `, ${Math.round(100 * c.clipped_fraction)}% clipped`;
+      }
+      main.push(t);
+      if (isNum(c.weight_cap)) {
+        const k = c.capped_weights;
+        const cap = Number.isInteger(c.weight_cap) ? String(c.weight_cap) : sig(c.weight_cap);
+        details.push(`sample weights capped at ${cap}${k > 0 ? ` (${k} capped)` : ""}`);
+      }
+      if (isNum(c.attention_cap)) details.push(`attention ≤ ${sig(c.attention_cap)}`);
     }
     const d = p && p.dp_clip;
     if (d && isNum(d.norm)) {
-      let t = `DP clip S = ${sig(d.norm)}`;
+      let t = `DP clip, S = ${sig(d.norm)}`;
       if (isNum(d.clipped_fraction)) t += `, ${Math.round(100 * d.clipped_fraction)}% clipped`;
-      parts.push(t);
+      main.push(t);
     }
-    return parts.join(" · ");
+    return [main.join(" · "), details.join(" · ")];
   }
 
   function showPrivacy(p) {
-    const [main, detail] = privacyText(p);
-    $("privacy").textContent = main;
-    $("privacy-detail").textContent = detail;
-    $("privacy-detail").hidden = !detail;
-    const bounding = boundingText(p);
+    const show = (id, text) => {
+      $(id).textContent = text;
+      $(id).hidden = !text;
+    };
+    const [[main, tail], detail] = privacyText(p);
+    const value = $("privacy");
+    value.textContent = main;
+    if (tail) {
+      const keep = document.createElement("span"); // "(delta 1e-5)" never breaks at its hyphen
+      keep.className = "nowrap";
+      keep.textContent = tail;
+      value.append(keep);
+    }
+    value.title = detail; // short screens hide the detail line
+    show("privacy-detail", detail);
+    const [bounding, boundingDetail] = boundingText(p);
     $("bounding").textContent = bounding;
+    $("bounding").title = boundingDetail;
     $("bounding-row").hidden = !bounding;
+    show("bounding-detail", boundingDetail);
   }
 
   function showModel(m) {

@@ -64,3 +64,16 @@ def test_no_dp_and_not_recorded_are_different_answers():
     assert privacy_facts({"metrics": {"epsilon": None}})["dp"] is False
     assert privacy_facts({"metrics": {"val_ppl": 100.0}})["dp"] is None
     assert privacy_facts({})["dp"] is None
+
+
+def test_dp_fedavg_rows_without_a_clip_summary_keep_their_dp_clip():
+    info = {"num_updates": 4, "clip_norm": 1.0, "clipped_fraction": 0.25, "noise_std": 0.1}
+    p = privacy_facts({"metrics": {"epsilon": 2.0, "info": info}})
+    assert p["clip"] is None
+    assert p["dp_clip"] == {"norm": 1.0, "clipped_fraction": 0.25, "noise_std": 0.1}
+
+
+def test_fedatt_step_size_is_not_a_privacy_epsilon():
+    # FedAtt reports its step size as info["epsilon"]; only the row's "epsilon" is privacy.
+    p = privacy_facts({"metrics": {"epsilon": None, "info": {"epsilon": 1.2}}})
+    assert p["dp"] is False and p["epsilon"] is None

@@ -14,7 +14,17 @@ from fastapi.testclient import TestClient
 from keyboard_web.app import create_app
 from tests.support.keyboard import save_round
 
-CLIP = {"mode": "adaptive", "scope": "model", "norm": 0.84, "clipped": 2}
+# info["clip"] as server.influence reports it (seen in a `fedkey simulate --strategy fedatt` row).
+CLIP = {
+    "mode": "adaptive",
+    "median_norm": 0.42,
+    "max_norm": 1.9,
+    "scope": "model",
+    "norm": 0.84,
+    "clipped": 2,
+    "weight_cap": 1172,
+    "capped_weights": 1,
+}
 
 
 def engine_round(
@@ -23,11 +33,17 @@ def engine_round(
     target_epsilon: float | None = 8.0,
     clip: dict | None = CLIP,
 ) -> tuple[dict, dict]:
-    """(metrics row, server state) of round `steps` as server.engine._record writes them;
-    noise_multiplier None: no DP (no accountant, "epsilon": null)."""
+    """(metrics row, server state) of a FedAtt round `steps` as server.engine._record writes
+    them; noise_multiplier None: no DP (no accountant, "epsilon": null)."""
     from server.privacy import PrivacyAccountant
 
-    info: dict = {"attention": {"phone-7": 0.61, "phone-9": 0.39}}  # per-device: never exported
+    info: dict = {
+        "strategy": "fedatt",
+        "num_updates": 4,
+        "epsilon": 1.2,  # FedAtt's step size, not a privacy epsilon: never shown as one
+        "attention_mean": {"phone-7": 0.61, "phone-9": 0.39},  # per-device: never exported
+        "attention_cap": 0.23,
+    }
     if clip is not None:
         info["clip"] = clip
     accountant = None
@@ -36,8 +52,8 @@ def engine_round(
             noise_multiplier, "fixed", delta=1e-5, target_epsilon=target_epsilon
         )
         for _ in range(steps):
-            accountant.step(population=10, cohort=3)
-        info.update(clip_norm=1.0, clipped_fraction=0.25, noise_std=0.1, num_updates=4)
+            accountant.step(population=10, cohort=4)
+        info["dp"] = {"sensitivity": 0.5, "noise_std": 0.275, "sampling": "fixed"}
     row = {
         "round": steps,
         "strategy": "fedatt",
@@ -81,8 +97,8 @@ def test_dp_export_reports_epsilon_so_far_the_budget_and_the_bounding(models, tm
         assert p["target_epsilon"] == 8.0 and p["delta"] == 1e-5
         assert (p["noise_multiplier"], p["sampling"], p["steps"]) == (1.1, "fixed", 3)
         assert p["sampling_rate"] is None  # q means nothing for a fixed-size cohort
-        assert p["clip"] == CLIP
-        assert p["dp_clip"] == {"norm": 1.0, "clipped_fraction": 0.25, "noise_std": 0.1}
+        assert p["clip"] == {**CLIP, "updates": 4, "attention_cap": 0.23}
+        assert p["dp_clip"] is None  # the clip summary says it all
         assert info["strategy"] == "fedatt" and info["round"] == 3
 
         raw = client.get("/model.json").text  # what browser mode reads
@@ -98,7 +114,7 @@ def test_without_dp_the_keyboard_says_none(models, tmp_path):
         p = client.get("/api/info").json()["privacy"]
     assert p["dp"] is False
     assert p["epsilon"] is None and p["target_epsilon"] is None and p["delta"] is None
-    assert p["clip"] == {"mode": "off"} and p["dp_clip"] is None
+    assert p["clip"]["mode"] == "off" and p["dp_clip"] is None
 
 
 def test_no_budget_and_no_clip_summary_are_reported_as_absent(models, tmp_path):

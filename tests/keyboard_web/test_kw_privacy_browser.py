@@ -17,6 +17,7 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed"),
 ]
 PHONE = {"width": 390, "height": 844}
+SMALL = {"width": 360, "height": 640}
 SCREENSHOT = "/tmp/keyboard-privacy.png"
 
 
@@ -54,7 +55,10 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
             "noise multiplier 1.1 · fixed-size cohorts · 3 noised rounds"
         )
         expect(page.get_by_test_id("bounding")).to_have_text(
-            "adaptive clip, S = 0.84, 2 clipped · DP clip S = 1, 25% clipped"
+            "adaptive clip, S = 0.84, 2 of 4 clipped"
+        )
+        expect(page.get_by_test_id("bounding-detail")).to_have_text(
+            "sample weights capped at 1172 (1 capped) · attention ≤ 0.23"
         )
         expect(page.get_by_test_id("strategy")).to_have_text("fedatt")
         # Readable on a phone: nothing wider than the screen, the keyboard still on it.
@@ -65,11 +69,24 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         assert keys is not None and keys["y"] + keys["height"] <= PHONE["height"] + 1
         page.screenshot(path=SCREENSHOT)
 
-        plain, plain_server = engine_round(steps=4, noise_multiplier=None, clip={"mode": "off"})
+        # A short phone (360x640): the main lines stay, the keyboard still fits on the screen.
+        small = browser.new_context(viewport=SMALL, is_mobile=True, has_touch=True)
+        short = small.new_page()
+        short.goto(srv.url + "/")
+        expect(short.get_by_test_id("privacy")).to_have_text(privacy.text_content())
+        expect(short.get_by_test_id("privacy-detail")).to_be_hidden()
+        kb = short.locator(".keyboard").bounding_box()
+        assert kb is not None and kb["y"] + kb["height"] <= SMALL["height"] + 1
+        assert short.evaluate("document.documentElement.scrollWidth") <= SMALL["width"]
+        small.close()
+
+        off = {"mode": "off", "scope": "model", "norm": None, "clipped": 0}
+        plain, plain_server = engine_round(steps=4, noise_multiplier=None, clip=off)
         save_round(models, 4, watch, metrics=plain, server=plain_server)  # hot reload
         expect(page.get_by_test_id("round")).to_have_text("4")
         expect(privacy).to_have_text("no differential privacy (epsilon: none)")
         expect(page.get_by_test_id("privacy-detail")).to_be_hidden()
         expect(page.get_by_test_id("bounding")).to_have_text("none (clip off)")
+        expect(page.get_by_test_id("bounding-detail")).to_be_hidden()
         context.close()
         assert not errors, errors
