@@ -405,13 +405,13 @@
   }
 
   // The round's bounding (info["clip"]): the update-norm clip, then (detail) the cap on a phone's
-  // sample weight n_k and FedAtt's attention cap; "none (clip off)" for the undefended arm.
+  // sample weight n_k and FedAtt's attention cap; "none (--bound off)" for the undefended arm.
   function boundingText(p) {
     const main = [];
     const details = [];
     const c = p && p.clip;
     if (c && c.mode === "off") {
-      main.push("none (clip off)");
+      main.push("none (--bound off)");
     } else if (c) {
       const mode = c.mode === "dp" ? "DP" : c.mode || "norm";
       let t = `${mode} clip${c.scope === "layer" ? " per layer" : ""}`;

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from keyboard_web.app import create_app
 from tests.support.keyboard import save_round
 
-# info["clip"] as server.influence reports it (seen in a `fedkey simulate --strategy fedatt` row).
+# info["clip"] as server.influence.bound_round reports it (a `fedkey simulate --strategy fedatt` row).
 CLIP = {
     "mode": "adaptive",
     "median_norm": 0.42,

@@ -80,13 +80,13 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         assert short.evaluate("document.documentElement.scrollWidth") <= SMALL["width"]
         small.close()
 
-        off = {"mode": "off", "scope": "model", "norm": None, "clipped": 0}
+        off = {"mode": "off", "median_norm": 0.42, "max_norm": 1.9}  # as --bound off reports it
         plain, plain_server = engine_round(steps=4, noise_multiplier=None, clip=off)
         save_round(models, 4, watch, metrics=plain, server=plain_server)  # hot reload
         expect(page.get_by_test_id("round")).to_have_text("4")
         expect(privacy).to_have_text("no differential privacy (epsilon: none)")
         expect(page.get_by_test_id("privacy-detail")).to_be_hidden()
-        expect(page.get_by_test_id("bounding")).to_have_text("none (clip off)")
+        expect(page.get_by_test_id("bounding")).to_have_text("none (--bound off)")
         expect(page.get_by_test_id("bounding-detail")).to_be_hidden()
         context.close()
         assert not errors, errors
