@@ -51,3 +51,7 @@ class DataConfig:
     max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
     seed: int = 0
     tokenizer_text: str | None = None  # SentencePiece: public text the server holds
+    # A memorization audit (models.canary): `canary_repeats` copies of the sentence `canary` go
+    # into the first phone's training shard, never into valid/test or the tokenizer's text.
+    canary: str | None = None
+    canary_repeats: int = 0

@@ -9,12 +9,14 @@ simulation and the HTTP fleet train on identical shards.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import DataConfig
 from corpora.loaders import Corpus, load_corpus
 from corpora.partition import partition
+from models.canary import check_vocabulary
 from models.tokenizers import Tokenizer, build_tokenizer
 
 
@@ -95,10 +97,36 @@ def device_shards(
     if corpus is None:
         corpus, _ = load_cut(cfg)
     parts = partition(corpus, cfg.partition, cfg.clients, cfg.seed, alpha=cfg.alpha)
-    return {
+    shards = {
         device_name(i, len(parts)): [tokenizer.encode(corpus.train[j]) for j in idx]
         for i, idx in enumerate(parts)
     }
+    if cfg.canary is not None and cfg.canary_repeats > 0:
+        plant_canary(shards, cfg.canary, cfg.canary_repeats, tokenizer, cfg.seed)
+    return shards
+
+
+def plant_canary(
+    shards: dict[str, list[list[int]]],
+    canary: str,
+    repeats: int,
+    tokenizer: Tokenizer,
+    seed: int,
+) -> str:
+    """Put `repeats` copies of the sentence `canary` at seeded random places of the first phone's
+    shard (a memorization audit, models.exposure); -> that phone's name.
+
+    Only the phone's encoded shard changes: the tokenizer was built before (the same vocabulary
+    with and without a canary, so runs compare), and valid/test never hold it. Its words must be
+    in the vocabulary: as <unk> it would not be the secret the audit ranks.
+    """
+    check_vocabulary(tokenizer, canary.split(), f"the canary {canary!r}")
+    first = next(iter(shards))
+    shard, ids = shards[first], tokenizer.encode(canary)
+    rng = random.Random(f"fedkey-canary-places-{seed}")
+    for _ in range(repeats):
+        shard.insert(rng.randint(0, len(shard)), list(ids))
+    return first
 
 
 def prepare(cfg: DataConfig) -> PreparedData:
