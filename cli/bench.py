@@ -114,3 +114,85 @@ def bench_paper(
         )
     except (FileNotFoundError, RuntimeError) as e:
         raise UserError(str(e)) from None
+
+
+@bench_app.command("privacy")
+def bench_privacy(
+    out: Path = typer.Option(
+        Path("bench/results/privacy"),
+        "--out",
+        help="Where results.json, results.md and privacy.png are written.",
+    ),
+    runs_dir: Path = typer.Option(
+        Path("runs/bench/privacy"),
+        "--runs-dir",
+        help="Each cell's own folder (checkpoints, metrics).",
+    ),
+    data: Path = typer.Option(
+        Path("../shared/data/ptb"),
+        "--data",
+        help="The corpus folder (train/valid/test.txt), cut to --max-train-tokens words.",
+    ),
+    clients: int = typer.Option(1000, "--clients", "-K", min=2, help="Phones (IID shards)."),
+    fraction: float = typer.Option(
+        0.1, "--fraction", "-C", min=0.0, max=1.0, help="Share of phones in each fixed-size cohort."
+    ),
+    rounds: int = typer.Option(10, "--rounds", "-R", min=1, help="Rounds of every cell."),
+    batch_size: int = typer.Option(
+        1, "--batch-size", "-B", min=1, help="Sentences per local step (one local epoch)."
+    ),
+    max_train_tokens: int = typer.Option(
+        100_000, "--max-train-tokens", min=1, help="Keep only the first N training words."
+    ),
+    max_eval_sentences: int = typer.Option(
+        400, "--max-eval-sentences", min=1, help="Validation and test sentences scored each round."
+    ),
+    hidden_size: int = typer.Option(64, "--hidden-size", min=1, help="GRU units (= embedding)."),
+    epsilon: list[float] = typer.Option(
+        [2.0, 8.0, 32.0], "--epsilon", help="Target epsilons at --delta (repeatable)."
+    ),
+    delta: float = typer.Option(1e-5, "--delta", help="DP delta."),
+    clip: float | None = typer.Option(
+        None,
+        "--clip-norm",
+        help="The clip S of every cell (default: the median update norm of a short no-DP run).",
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", help="Training processes (default: one per core)."
+    ),
+    only: list[str] = typer.Option(
+        [], "--only", help="Run only the cells whose id matches this glob, e.g. 'fedatt-*'."
+    ),
+) -> None:
+    """Privacy-utility table: DP-FedAvg and DP-FedAtt at target epsilons (same clip, rounds and
+    noise multiplier z, calibrated on the server's accountant), and both without noise; test
+    perplexity, epsilon reached, noise per round. A cell already in results.json with the same
+    settings is not run again, so an interrupted bench resumes."""
+    from bench.privacy import Protocol, run_privacy
+
+    if not data.is_dir():
+        raise UserError(f"--data: no corpus folder {data} (it needs train/valid/test.txt)")
+    protocol = Protocol(
+        data=str(data.resolve()),
+        clients=clients,
+        fraction=fraction,
+        rounds=rounds,
+        batch_size=batch_size,
+        max_train_tokens=max_train_tokens,
+        max_eval_sentences=max_eval_sentences,
+        hidden_size=hidden_size,
+        epsilons=tuple(sorted(set(epsilon))),
+        delta=delta,
+        clip=clip,
+        workers=workers,
+    )
+    try:
+        run_privacy(
+            out,
+            runs_dir,
+            protocol,
+            only=only or None,
+            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+        )
+    except (ValueError, RuntimeError) as e:
+        raise UserError(str(e)) from None
