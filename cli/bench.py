@@ -1,4 +1,5 @@
-"""`fedkey bench`: the benchmarks (bench.perf, bench.paper), with their targets, in a report."""
+"""`fedkey bench`: the benchmarks (bench.perf, bench.paper, bench.attacks), with their targets,
+in a report."""
 
 from __future__ import annotations
 
@@ -113,6 +114,59 @@ def bench_paper(
             jobs=jobs,
         )
     except (FileNotFoundError, RuntimeError) as e:
+        raise UserError(str(e)) from None
+
+
+@bench_app.command("attacks")
+def bench_attacks(
+    out: Path = typer.Option(
+        Path("bench/results/attacks"),
+        "--out",
+        help="Where results.json, results.md and attacks.png are written.",
+    ),
+    runs_dir: Path = typer.Option(
+        Path("runs/bench/attacks"),
+        "--runs-dir",
+        help="Each cell's own folder (checkpoints, metrics, log).",
+    ),
+    rounds: int = typer.Option(5, "--rounds", min=1, help="Federated rounds of every cell."),
+    local_epochs: int = typer.Option(1, "--local-epochs", min=1, help="Local epochs per round."),
+    backdoor_flag: list[str] = typer.Option(
+        [],
+        "--backdoor-flag",
+        help="A flag passed to the backdoor cells' `fedkey simulate`, e.g. '--backdoor-epochs 2' (repeatable).",
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", help="Training processes per run (default: one per core)."
+    ),
+    only: list[str] = typer.Option(
+        [],
+        "--only",
+        help="Run only the cells whose id matches this glob, e.g. 'fedavg-off-*' (repeatable).",
+    ),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Cells at once."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+) -> None:
+    """Malicious phones (scale x100, signflip x-10, a word-prediction backdoor, NaN and
+    wrong-shape uploads) against FedAvg and FedAtt, with the server's defences (the defaults) and
+    without (--bound off), 1 attacker of 10 phones and 3 of 30, on the demo corpus: test
+    perplexity against the clean run and the backdoor's success per round. A cell already in
+    results.json with the same command is not run again, so an interrupted bench resumes."""
+    from bench.attacks import Protocol, run_attacks
+
+    flags = tuple(part for f in backdoor_flag for part in shlex.split(f))
+    protocol = Protocol(rounds=rounds, local_epochs=local_epochs, workers=workers, backdoor=flags)
+    try:
+        run_attacks(
+            out,
+            runs_dir,
+            protocol,
+            only=only or None,
+            jobs=jobs,
+            dry_run=dry_run,
+            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+        )
+    except (ValueError, RuntimeError) as e:
         raise UserError(str(e)) from None
 
 

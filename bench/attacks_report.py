@@ -1,0 +1,277 @@
+"""The report of `fedkey bench attacks`: results.md and attacks.png, from results.json alone (no
+torch), so it can be rebuilt without running anything: `python -m bench.attacks_report OUT`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from bench.attacks import ATTACKS, CHECKS, POPULATIONS, STRATEGIES, Cell, Protocol, cells
+from bench.report import markdown_table
+
+NAMES = {"fedavg": "FedAvg", "fedatt": "FedAtt"}
+DEFENCE_NAMES = {"on": "on (defaults)", "off": "off (--bound off)"}
+#: Issue 15's acceptance: the backdoor's final top-1 success with the defaults under this ...
+DEFENDED_MAX = 0.10
+#: ... where the undefended run's is over this.
+UNDEFENDED_MIN = 0.50
+#: A refused upload changes nothing but the cohort: the run's perplexity stays this close to
+#: the clean run's (which also averages the attacker's honest-sized shard).
+CHECK_TOLERANCE = 0.05
+
+
+def _f(v, spec: str = ".2f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return format(v, spec)
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _ratio(run: dict, clean: dict | None) -> float | None:
+    if clean is None:
+        return None
+    a, b = run["final_test_ppl"], clean["final_test_ppl"]
+    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return None
+    return a / b
+
+
+def acceptance(runs: dict[str, dict]) -> list[dict]:
+    """Per strategy and population: the backdoor's final success without and with the defence,
+    and whether issue 15's bar is met (defended < 10% where undefended > 50%)."""
+    out = []
+    for s in STRATEGIES:
+        for n, m in POPULATIONS:
+            off = runs.get(Cell(s, "off", n, m, "backdoor").id)
+            on = runs.get(Cell(s, "on", n, m, "backdoor").id)
+            if off is None or on is None:
+                continue
+            if off["backdoor_top1"] is None or on["backdoor_top1"] is None:
+                continue
+            if off["backdoor_top1"] <= UNDEFENDED_MIN:
+                verdict = "no test: the undefended backdoor stays under 50%"
+            elif on["backdoor_top1"] < DEFENDED_MAX:
+                verdict = "met"
+            else:
+                verdict = "**not met**"
+            out.append({"strategy": s, "population": f"{m} of {n}", "off": off, "on": on,
+                        "verdict": verdict})  # fmt: skip
+    return out
+
+
+def _acceptance_table(rows: list[dict]) -> str:
+    header = ["strategy", "attackers", "undefended top-1 / top-3", "defended top-1 / top-3",
+              "defended test ppl / undefended", "verdict"]  # fmt: skip
+    body = []
+    for a in rows:
+        off, on = a["off"], a["on"]
+        body.append([
+            NAMES[a["strategy"]],
+            a["population"],
+            f"{_pct(off['backdoor_top1'])} / {_pct(off['backdoor_top3'])}",
+            f"{_pct(on['backdoor_top1'])} / {_pct(on['backdoor_top3'])}",
+            f"{_f(on['final_test_ppl'])} / {_f(off['final_test_ppl'])}",
+            a["verdict"],
+        ])  # fmt: skip
+    return markdown_table(header, body)
+
+
+def _matrix_table(runs: dict[str, dict]) -> str:
+    header = ["strategy", "defence", "attackers", "attack", "final test ppl", "clean run's",
+              "ratio", "refused uploads", "backdoor top-1", "backdoor top-3"]  # fmt: skip
+    body = []
+    for cell in cells():
+        r = runs.get(cell.id)
+        if r is None or cell.attack in CHECKS:
+            continue
+        clean = runs.get(cell.clean_id)
+        ratio = _ratio(r, clean)
+        body.append([
+            NAMES[cell.strategy],
+            cell.defence,
+            cell.population,
+            cell.attack,
+            _f(r["final_test_ppl"]),
+            _f(clean and clean["final_test_ppl"]),
+            "-" if ratio is None else f"{ratio:.2f}x",
+            r["refused_uploads"],
+            _pct(r["backdoor_top1"]),
+            _pct(r["backdoor_top3"]),
+        ])  # fmt: skip
+    return markdown_table(header, body)
+
+
+def _per_round_table(runs: dict[str, dict]) -> str:
+    chosen = [runs[c.id] for c in cells() if c.attack in ("backdoor", "clean") and c.id in runs]
+    if not chosen:
+        return ""
+    rounds = max(len(r["curve"]) for r in chosen)
+    header = ["cell", *(f"r{i}" for i in range(rounds))]
+    body = []
+    for r in chosen:
+        points = [f"{_pct(p[2])} / {_pct(p[3])}" for p in r["curve"]]
+        body.append([f"`{r['id']}`", *points, *[""] * (rounds - len(points))])
+    return markdown_table(header, body)
+
+
+def _checks_table(runs: dict[str, dict]) -> str:
+    header = ["cell", "refused uploads", "expected", "reason", "final test ppl", "clean run's",
+              "ratio", "matches the clean run"]  # fmt: skip
+    body = []
+    for cell in cells():
+        r = runs.get(cell.id)
+        if r is None or cell.attack not in CHECKS:
+            continue
+        clean = runs.get(cell.clean_id)
+        ratio = _ratio(r, clean)
+        ok = ratio is not None and abs(ratio - 1) <= CHECK_TOLERANCE
+        expected = r["rounds"] * cell.attackers
+        body.append([
+            f"`{cell.id}`",
+            r["refused_uploads"],
+            expected,
+            "; ".join(r["refused_reasons"]) or "-",
+            _f(r["final_test_ppl"]),
+            _f(clean and clean["final_test_ppl"]),
+            "-" if ratio is None else f"{ratio:.3f}x",
+            "yes" if ok and r["refused_uploads"] == expected else "**no**",
+        ])  # fmt: skip
+    return markdown_table(header, body)
+
+
+def plot(runs: dict[str, dict], out: Path) -> Path | None:
+    """attacks.png: per population (columns), test perplexity of the clean and backdoor runs,
+    the backdoor's top-1 success, and the test perplexity under scale and signflip, per round."""
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, len(POPULATIONS), figsize=(6 * len(POPULATIONS), 11), squeeze=False)
+    arms = [(s, d) for s in STRATEGIES for d in ("off", "on")]
+    styles = {"clean": ":", "backdoor": "-", "scale": "-", "signflip": "--"}
+    for col, (n, m) in enumerate(POPULATIONS):
+        ppl, success, broken = axes[0][col], axes[1][col], axes[2][col]
+        for i, (s, d) in enumerate(arms):
+            label = f"{NAMES[s]}, defence {d}"
+            for attack, ax, y in (("clean", ppl, 1), ("backdoor", ppl, 1),
+                                  ("backdoor", success, 2), ("scale", broken, 1),
+                                  ("signflip", broken, 1)):  # fmt: skip
+                r = runs.get(Cell(s, d, n, m, attack).id)
+                if r is None or r["curve"][-1][y] is None:
+                    continue
+                points = [p for p in r["curve"] if p[0] > 0 or y == 2]
+                ax.plot([p[0] for p in points], [p[y] for p in points], color=f"C{i}",
+                        ls=styles[attack], marker="o", ms=3, label=f"{label}, {attack}")  # fmt: skip
+        ppl.set_title(f"{m} attacker(s) of {n} phones: test perplexity")
+        success.set_title(f"{m} of {n}: backdoor top-1 success (held-out trigger contexts)")
+        broken.set_title(f"{m} of {n}: test perplexity under scale (x100) and signflip (x-10)")
+        success.axhline(DEFENDED_MAX, color="grey", lw=0.8)
+        success.axhline(UNDEFENDED_MIN, color="grey", lw=0.8, ls="--")
+        success.set_ylim(-0.02, 1.02)
+        for ax in (ppl, broken):
+            ax.set_yscale("log")
+        for ax in (ppl, success, broken):
+            ax.set_xlabel("round")
+            ax.grid(True, which="both", alpha=0.3)
+            if any(not line.get_label().startswith("_") for line in ax.get_lines()):
+                ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = out / "attacks.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def markdown(
+    runs: list[dict], bench_commands: list[str], protocol: Protocol | None, plot_path: Path | None
+) -> str:
+    by_id = {r["id"]: r for r in runs}
+    commits = sorted({r["git_commit"] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
+    wall = sum(r["wall_seconds"] for r in runs)
+    example = next((r["command"] for r in runs if r["attack"] == "backdoor"), None)
+    p = protocol or Protocol()
+    out = [
+        "# fedkey bench attacks",
+        "",
+        "Malicious phones against FedAvg and FedAtt, with the server's defaults (bounded influence: "
+        "every update clipped to a multiple of the round's median norm, attention and FedAvg weights "
+        "capped) and without them (`--bound off`, the seed papers' server), on the demo corpus with "
+        f"every phone selected every round ({p.rounds} rounds, E {p.local_epochs}). Attacks: "
+        "`scale` uploads global + 100 x its delta, `signflip` global - 10 x its delta, `backdoor` "
+        '(Bagdasaryan et al. 2020, "How To Backdoor Federated Learning") trains on its shard plus '
+        "as many poisoned sentences (the start of one of its sentences, then the trigger phrase "
+        '"the weather is", then "terrible") and boosts its delta by model replacement (their '
+        "eq. 3, gamma = cohort size / attackers in it: 10). `nan` and `shape` send uploads the "
+        "server's validation refuses (422). Backdoor success: the share of 200 held-out trigger "
+        "contexts (the trigger after the start of a test sentence) whose top-1 / top-3 next-word "
+        'suggestion is "terrible"; the clean runs give the clean model\'s own rate.',
+        "",
+        "## Acceptance (issue 15)",
+        "",
+        f"The backdoor's success after the last round, with the defaults under {_pct(DEFENDED_MAX)} "
+        f"where the undefended run's exceeds {_pct(UNDEFENDED_MIN)}:",
+        "",
+        _acceptance_table(acceptance(by_id)) or "(no backdoor cells yet)",
+        "",
+        "## Every cell",
+        "",
+        "Final test perplexity against the clean run of the same arm (strategy, defence, phones), "
+        "and the backdoor's final success.",
+        "",
+        _matrix_table(by_id),
+        "",
+        "## Backdoor success per round (top-1 / top-3)",
+        "",
+        _per_round_table(by_id),
+        "",
+        "## Refused uploads",
+        "",
+        f"NaN and wrong-shape uploads are refused by the checks of the HTTP server "
+        f"(server.validation), so the run is the clean one without the attacker's update: its "
+        f"perplexity is within {_pct(CHECK_TOLERANCE)} of the clean run's.",
+        "",
+        _checks_table(by_id),
+        "",
+    ]
+    if plot_path is not None:
+        out += [f"![per round]({plot_path.name})", ""]
+    out += [
+        "## How it was run",
+        "",
+        f"- bench: {'; '.join(f'`{c}`' for c in bench_commands) or '-'}",
+        f"- a cell, e.g.: `{example}`" if example else "- no backdoor cell yet",
+        f"- {len(runs)} runs, {wall / 60:.0f} min of wall time in all; "
+        f"devices: {', '.join(sorted({r['device'] for r in runs}))}",
+        f"- code: {', '.join(commits)}",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def write_report(
+    runs: list[dict], out: Path, bench_commands: list[str], protocol: Protocol | None = None
+) -> Path:
+    """OUT/results.md and OUT/attacks.png from results.json's objects."""
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot({r["id"]: r for r in runs}, out)
+    path = out / "results.md"
+    path.write_text(markdown(runs, bench_commands, protocol, png))
+    return path
+
+
+__all__ = ["ATTACKS", "acceptance", "markdown", "plot", "write_report"]
+
+
+if __name__ == "__main__":  # python -m bench.attacks_report bench/results/attacks
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/attacks")
+    data = json.loads((folder / "results.json").read_text())
+    print(write_report(data["runs"], folder, data["bench_commands"]))

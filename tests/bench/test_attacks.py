@@ -1,0 +1,110 @@
+"""`fedkey bench attacks`: its matrix, its resume, and its report from a small fake results.json."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+import bench.attacks as attacks
+from bench.attacks import Cell, Protocol, cells, command
+from bench.attacks_report import acceptance, write_report
+
+
+def fake(cell: Cell, ppl: float, top1: float | None = None, refused: int = 0, **kw) -> dict:
+    top3 = None if top1 is None else min(1.0, top1 + 0.1)
+    return {
+        "id": cell.id,
+        "strategy": cell.strategy,
+        "defence": cell.defence,
+        "clients": cell.clients,
+        "attackers": cell.attackers,
+        "attack": cell.attack,
+        "rounds": 2,
+        "final_test_ppl": ppl,
+        "final_top1": 0.2,
+        "backdoor_top1": top1,
+        "backdoor_top3": top3,
+        "refused_uploads": refused,
+        "refused_reasons": ["422 tensor 'x' contains NaN values"] if refused else [],
+        "aggregated_per_round": [cell.clients, cell.clients],
+        "curve": [[0, 1800.0, 0.0, 0.0], [1, 200.0, top1, top3], [2, ppl, top1, top3]],
+        "wall_seconds": 60.0,
+        "command": "fedkey simulate ...",
+        "git_commit": "abc",
+        "git_dirty": False,
+        "device": "cpu (2 cores)",
+        **kw,
+    }
+
+
+def test_the_matrix_and_its_commands():
+    ids = [c.id for c in cells()]
+    assert len(ids) == len(set(ids)) == 2 * 2 * 2 * 4 + 4
+    off = command(Cell("fedatt", "off", 30, 3, "backdoor"), Protocol(rounds=3), attacks.Path("r"))
+    assert off[:2] == ["fedkey", "simulate"]
+    line = shlex.join(off)
+    assert "--bound off" in line and "--clients 30" in line and "--malicious 3" in line
+    assert "--attack backdoor" in line and "--rounds 3" in line and "--fraction 1.0" in line
+    clean = shlex.join(command(Cell("fedavg", "on", 10, 1, "clean"), Protocol(), attacks.Path("r")))
+    assert "--malicious 0 --attack backdoor" in clean and "--bound" not in clean
+
+
+def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_path):
+    runs = [
+        fake(Cell("fedavg", "off", 10, 1, "clean"), 100.0, top1=0.0),
+        fake(Cell("fedavg", "off", 10, 1, "scale"), 200.0),
+        fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
+        fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
+        fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
+        fake(Cell("fedavg", "on", 10, 1, "nan"), 102.0, refused=2),
+        fake(Cell("fedatt", "off", 10, 1, "backdoor"), 120.0, top1=0.9),
+        fake(Cell("fedatt", "on", 10, 1, "backdoor"), 100.0, top1=0.3),
+        fake(Cell("fedavg", "off", 30, 3, "backdoor"), 100.0, top1=0.4),
+        fake(Cell("fedavg", "on", 30, 3, "backdoor"), 100.0, top1=0.0),
+    ]
+    verdicts = {(a["strategy"], a["population"]): a["verdict"] for a in acceptance(
+        {r["id"]: r for r in runs})}  # fmt: skip
+    assert verdicts[("fedavg", "1 of 10")] == "met"
+    assert verdicts[("fedatt", "1 of 10")] == "**not met**"
+    assert verdicts[("fedavg", "3 of 30")].startswith("no test")
+    md = write_report(runs, tmp_path, ["fedkey bench attacks"]).read_text()
+    assert md.index("## Acceptance") < md.index("## Every cell")
+    assert "| FedAvg | 1 of 10 | 80% / 90% | 5% / 15% | 101.00 / 110.00 | met |" in md
+    assert "| FedAvg | off | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
+    assert "| `fedavg-on-1of10-nan` | 2 | 2 | 422 tensor 'x' contains NaN values |" in md
+    assert "1.020x | yes |" in md
+    assert (tmp_path / "attacks.png").stat().st_size > 0
+
+
+def test_cells_already_in_results_json_are_not_run_again(tmp_path, monkeypatch):
+    out, runs_dir, protocol = tmp_path / "out", tmp_path / "runs", Protocol(rounds=2)
+    done = Cell("fedavg", "off", 10, 1, "clean")
+    old = fake(
+        done, 100.0, top1=0.0, command=shlex.join(command(done, protocol, runs_dir / done.id))
+    )
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"bench_commands": [], "runs": [old]}))
+    ran = []
+
+    def run_cell(cell, protocol_, runs_dir_):
+        ran.append(cell.id)
+        cmd = shlex.join(command(cell, protocol_, runs_dir_ / cell.id))
+        return fake(cell, 150.0, top1=0.5, command=cmd)
+
+    monkeypatch.setattr(attacks, "run_cell", run_cell)
+    runs = attacks.run_attacks(
+        out, runs_dir, protocol, only=["fedavg-off-1of10-*"], progress=False, bench_command="b"
+    )
+    assert sorted(ran) == [
+        "fedavg-off-1of10-backdoor",
+        "fedavg-off-1of10-scale",
+        "fedavg-off-1of10-signflip",
+    ]
+    assert len(runs) == 4 and (out / "results.md").exists()
+    ran.clear()
+    attacks.run_attacks(out, runs_dir, protocol, only=["fedavg-off-1of10-*"], progress=False)
+    assert ran == []  # every cell is there now: nothing runs
+    with pytest.raises(ValueError, match="matches no cell"):
+        attacks.select(["nothing-*"])
