@@ -140,3 +140,45 @@ def test_probe_reads_the_prediction_right_after_the_trigger_whatever_the_length(
     contexts = ["the weather is", "see you tomorrow then the weather is", "on my way"]
     got = BackdoorProbe(BACKDOOR, contexts)(after_is, TOK)
     assert got["backdoor_top1"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.slow
+def test_a_backdoor_phone_over_http_uploads_its_boosted_poisoned_training():
+    import httpx
+    from safetensors.torch import load as st_load
+
+    from device_sim.client import DeviceClient
+    from device_sim.config import PhoneConfig
+    from device_sim.fleet import run_device
+    from device_sim.trainer import phone_round
+    from server.engine import client_seed
+    from tests.support.fake_server import (
+        SECRET,
+        TRAIN,
+        FakeFederation,
+        FakeServer,
+        demo_tokenizer,
+        shards_for,
+    )
+
+    tok = demo_tokenizer()
+    backdoor = BackdoorConfig(trigger="see you", target="tomorrow", boost=3.0)
+    backdoor_ids(backdoor, tok)  # in the fake server's vocabulary
+    name, shard = "device-0", shards_for(1)["device-0"]
+    fed = FakeFederation(n_devices=1)
+    srv = FakeServer(fed).start()
+    try:
+        with httpx.Client() as http:
+            client = DeviceClient(srv.url, http, retry_seconds=10, backoff_initial=0.02)
+            phone = PhoneConfig(attack="backdoor", backdoor=backdoor, poll_wait=5.0, device="cpu")
+            report = run_device(client, name, shard, SECRET, phone)
+    finally:
+        srv.stop()
+    assert report.uploads == 2 and report.finished
+    poisoned = poison_shard(shard, tok, backdoor, seed=name)
+    g = fed.models[0]
+    trained = phone_round(fed.config, g, poisoned, TRAIN, client_seed(0, 1, name), device="cpu")
+    got = st_load(fed.accepted[1][name])
+    assert all(torch.equal(got[k], g[k] + 3.0 * (trained.state[k] - g[k])) for k in g)
+    # it declares its own shard's size, not the poisoned set's
+    assert {n for _, _, _, n in fed.losses_seen} == {sum(len(s) - 1 for s in shard)}
