@@ -10,6 +10,7 @@
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
     fedkey info           what a checkpoint holds
     fedkey bench          the benchmarks (perf, paper)
+    fedkey audit canary   a planted secret's exposure, without and with DP (memorization)
 
 Every subcommand has --help. The federation's options are defined once, from server.settings
 (their defaults are the Settings defaults); every one can also be set by an environment variable
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import bench, checkpoints, demo, federation
+from cli import audit, bench, checkpoints, demo, federation
 from cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
@@ -49,6 +50,7 @@ app.command()(checkpoints.keyboard)
 app.command()(demo.demo)
 app.command()(checkpoints.info)
 app.add_typer(bench.bench_app, name="bench")
+app.add_typer(audit.audit_app, name="audit")
 
 
 def main() -> None:

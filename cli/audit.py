@@ -1,0 +1,129 @@
+"""`fedkey audit`: what the federation leaks. `fedkey audit canary`: a planted secret's exposure
+with FedAvg and FedAtt, without and with DP (bench.canary)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from bench.canary import AuditConfig, arms
+from cli.errors import UserError
+
+audit_app = typer.Typer(
+    help="Audits of what the trained model gives away about the phones' data.",
+    no_args_is_help=True,
+)
+_DEFAULT = AuditConfig()
+
+
+def print_table(runs: list[dict]) -> None:
+    """Each arm's exposure per round, with its test perplexity, as a rich table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from bench.canary import per_round_table
+
+    header, rows = per_round_table(runs)
+    phone = runs[0]["canary_phone"]
+    table = Table(title=f"canary exposure per round, bits (* = {phone}'s update aggregated)")
+    for col in header:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+@audit_app.command("canary")
+def audit_canary(
+    rounds: int = typer.Option(_DEFAULT.rounds, "--rounds", "-R", min=1, help="Rounds per arm."),
+    repeats: int = typer.Option(
+        _DEFAULT.repeats,
+        "--repeats",
+        "-k",
+        min=1,
+        help="Copies of the secret in the first phone's shard.",
+    ),
+    local_epochs: int = typer.Option(
+        _DEFAULT.local_epochs, "--local-epochs", "-E", min=1, help="Local epochs per round."
+    ),
+    clients: int = typer.Option(
+        _DEFAULT.clients,
+        "--clients",
+        "-K",
+        min=1,
+        help="Phones (the demo has 20 owners: one phone each).",
+    ),
+    fraction: float = typer.Option(
+        _DEFAULT.fraction, "--fraction", "-C", min=0.0, max=1.0, help="Share selected per round."
+    ),
+    dp_clip: float = typer.Option(
+        _DEFAULT.dp_clip, "--dp-clip", min=1e-6, help="The DP arms' clip norm S."
+    ),
+    dp_noise_multiplier: list[float] = typer.Option(
+        list(_DEFAULT.dp_noise_multipliers),
+        "--dp-noise-multiplier",
+        min=0.0,
+        help="The DP arms' noise multiplier z (repeatable: a DP-FedAvg and a DP-FedAtt arm each).",
+    ),
+    data: str = typer.Option(
+        _DEFAULT.data,
+        "--data",
+        help="The corpus ('demo' or a directory, as for simulate); the secret's words must be in its vocabulary.",
+    ),
+    seed: int = typer.Option(_DEFAULT.seed, "--seed", help="Draws the secret, seeds the runs."),
+    workers: int = typer.Option(
+        _DEFAULT.workers, "--workers", min=0, help="Training processes of each run."
+    ),
+    out: Path = typer.Option(
+        Path("bench/results/canary"),
+        "--out",
+        help="results.json, results.md and exposure.png go here.",
+    ),
+    runs_dir: Path = typer.Option(
+        Path("runs/audit/canary"),
+        "--runs-dir",
+        help="Each arm's own run folder (checkpoints, metrics, log).",
+    ),
+    only: list[str] = typer.Option(
+        [],
+        "--only",
+        help=f"Run only this arm (repeatable): {', '.join(a.id for a in arms(_DEFAULT))}.",
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+) -> None:
+    """Plant a random secret ('my secret is _ _ _ _', 10^4 candidates) k times in one phone's
+    shard and measure its exposure every round (Carlini et al. 2019: log2 |R| - log2 rank; 13.3
+    bits = ranked first, ~1.4 = chance) for FedAvg and FedAtt, without DP (no bound on updates)
+    and with DP. An arm already in results.json with the same command is not run again, so an
+    interrupted audit resumes."""
+    from bench.canary import run_audit
+
+    cfg = AuditConfig(
+        data=data,
+        clients=clients,
+        fraction=fraction,
+        rounds=rounds,
+        local_epochs=local_epochs,
+        repeats=repeats,
+        dp_clip=dp_clip,
+        dp_noise_multipliers=tuple(dp_noise_multiplier),
+        seed=seed,
+        workers=workers,
+    )
+    try:
+        runs = run_audit(
+            cfg,
+            out,
+            runs_dir,
+            only=only or None,
+            dry_run=dry_run,
+            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+        )
+    except RuntimeError as e:  # a run that failed: its command and the tail of its log
+        raise UserError(str(e)) from None
+    if not dry_run and runs:
+        print_table(runs)
+        typer.echo(f"report: {out / 'results.md'}  plot: {out / 'exposure.png'}")

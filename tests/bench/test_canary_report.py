@@ -1,0 +1,89 @@
+"""`fedkey audit canary`'s bookkeeping: an arm already in results.json with the same command is
+not run again (an interrupted audit resumes), and the report is written from results.json."""
+
+import json
+
+import pytest
+
+import bench.canary as canary
+from bench.canary import AuditConfig, arms, canary_phone, run_audit, summarize
+
+CFG = AuditConfig(rounds=2, clients=20, dp_noise_multipliers=(1.0,))
+
+
+def rows(exposures: list[float], with_phone: set[int]) -> list[dict]:
+    return [
+        {
+            "round": n,
+            "aggregated": ["device-00", "device-03"] if n in with_phone else ["device-03"],
+            "canary_exposure": e,
+            "canary_rank": 2 ** (13.2877 - e),
+            "val_ppl": 100.0 - n,
+            "test_ppl": 101.0 - n,
+            "best_test_ppl": 101.0 - n,
+            "epsilon": None,
+        }
+        for n, e in enumerate(exposures)
+    ]
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """run_arm without a child process: records which arms ran."""
+    ran = []
+
+    def run_arm(arm, cfg, runs_dir, on_round=lambda n: None):
+        ran.append(arm.id)
+        on_round(cfg.rounds)
+        exposures = [0.6, 13.29, 13.29] if not arm.dp else [0.6, 1.1, 0.9]
+        return {
+            **summarize(rows(exposures, {1}), arm, cfg.clients),
+            "wall_seconds": 1.0,
+            "command": " ".join(canary.command(arm, cfg, runs_dir / arm.id)),
+            "git_commit": "abc",
+            "git_dirty": False,
+            "device": "cpu",
+            "config": {**CFG.__dict__},
+        }
+
+    monkeypatch.setattr(canary, "run_arm", run_arm)
+    return ran
+
+
+def test_an_interrupted_audit_resumes_with_the_arms_it_has_not_run(
+    tmp_path, fake_runs, monkeypatch
+):
+    monkeypatch.setattr(canary, "plot", lambda *a: None)  # the report's plot: the next test
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    run_audit(CFG, out, runs, only=["fedavg", "fedatt"])
+    assert fake_runs == ["fedavg", "fedatt"]
+    results = run_audit(CFG, out, runs)  # the DP arms only
+    assert fake_runs == ["fedavg", "fedatt", "fedavg-dp-z1", "fedatt-dp-z1"]
+    assert [r["id"] for r in results] == [a.id for a in arms(CFG)]
+    run_audit(CFG, out, runs)  # all done: nothing runs
+    assert len(fake_runs) == 4
+    run_audit(AuditConfig(rounds=3), out, runs, only=["fedavg"])  # another command: run again
+    assert fake_runs[-1] == "fedavg"
+    with pytest.raises(ValueError, match="no arm fedsgd"):
+        run_audit(CFG, out, runs, only=["fedsgd"])
+
+
+def test_the_report_shows_each_arm_per_round(tmp_path, fake_runs):
+    out = tmp_path / "out"
+    run_audit(CFG, out, tmp_path / "runs")
+    saved = json.loads((out / "results.json").read_text())["runs"]
+    fedavg = next(r for r in saved if r["id"] == "fedavg")
+    assert (fedavg["exposure"], fedavg["max_exposure"], fedavg["canary_rounds"]) == (
+        13.29,
+        13.29,
+        [1],
+    )
+    md = (out / "results.md").read_text()
+    assert "| FedAvg | 13.29 | 13.29 |" in md and "| DP-FedAtt z 1 | 0.90 | 1.10 |" in md
+    assert "| 1 | 13.29 * | 13.29 * | 1.10 * | 1.10 * |" in md  # * the canary phone's round
+    assert "log2 |R| - log2 rank" in md and "13.29 bits" in md
+    assert (out / "exposure.png").stat().st_size > 10_000
+
+
+def test_the_canary_phone_is_named_as_the_shards_are():
+    assert canary_phone(20) == "device-00" and canary_phone(5) == "device-0"
