@@ -72,8 +72,9 @@ def findings(runs: list[dict]) -> str:
         parts.append(
             "At the same epsilon (the same z, the same clip S and cohort), DP-FedAtt's "
             f"sensitivity, and so its noise, is {statistics.mean(ratios):.2f}x DP-FedAvg's "
-            "(the attention cap lets one phone carry up to e/(e+m-1) of the average, not 1/m, "
-            "and FedAtt's server step 1.2 scales it)."
+            "(the attention cap lets one phone carry up to e/(e+m-1) of the average instead of "
+            "1/m, the others' weights shift when it is replaced, and FedAtt's server step 1.2 "
+            "scales it all: server.strategies.sensitivity)."
         )
     for s in ("fedavg", "fedatt"):
         base = by.get((s, None))
@@ -85,6 +86,21 @@ def findings(runs: list[dict]) -> str:
         if base is not None:
             text += f", against {base['final_test_ppl']:.1f} without noise (same clip)"
         parts.append(text + ".")
+    noisy = [r for (s, e), r in by.items() if e is not None and r.get("num_params")]
+    if noisy:
+        r = min(noisy, key=lambda r: r["noise_std"])
+        norm = r["noise_std"] * math.sqrt(r["num_params"])
+        parts.append(
+            f"Even the least noise ({STRATEGY_NAMES[r['strategy']]} at epsilon "
+            f"{r['target_epsilon']:g}: std {r['noise_std']:.3g} on each of the model's "
+            f"{r['num_params']:,} parameters) has norm about {norm:.3g} per round, "
+            + (
+                f"{norm / r['clip']:.1f}x the clip S = {r['clip']:.3g} that bounds the whole "
+                "averaged update (the noise is isotropic, the update is not)."
+                if norm > r["clip"]
+                else f"below the clip S = {r['clip']:.3g} that bounds the averaged update."
+            )
+        )
     pairs = [
         (e, by[("fedavg", e)], by[("fedatt", e)])
         for e in targets
@@ -141,8 +157,10 @@ def write_report(runs: list[dict], out: Path, commands: list[str], protocol: dic
         table(runs),
         "",
         findings(runs),
-    ]
-    lines += [
+        "",
+        "Command" + ("s" if len(commands) > 1 else "") + ":",
+        "",
+        *[f"    {c}" for c in commands],
         "",
         "## How it was made",
         "",
@@ -150,12 +168,14 @@ def write_report(runs: list[dict], out: Path, commands: list[str], protocol: dic
         f"split IID over {p['clients']:,} phones; fixed-size cohorts of C = {p['fraction']} "
         f"({round(p['fraction'] * p['clients'])} phones a round), {p['rounds']} rounds of "
         f"{p['local_epochs']} local epoch (batches of {p['batch_size']} sentence"
-        f"{'s' if p['batch_size'] > 1 else ''}, SGD lr 1.0, momentum 0.5), a one-layer GRU of {p['hidden_size']} units (embedding "
+        f"{'s' if p['batch_size'] > 1 else ''}, SGD lr 1.0, momentum 0.5), a one-layer GRU of "
+        f"{p['hidden_size']} units (embedding "
         f"{p['hidden_size']}, tied), validation and test on the first {p['max_eval_sentences']} "
         f"sentences of each. Every cell has the same clip S = {_g(clip)}"
         + (
             f": the median of the per-round median update norms of a {len(probe['median_norms'])}"
-            f"-round FedAvg run with no bound and no noise ({', '.join(_g(x) for x in probe['median_norms'])})"
+            f"-round FedAvg run with no bound and no noise "
+            f"({', '.join(_g(x) for x in probe['median_norms'])})"
             if probe
             else ""
         )
@@ -169,10 +189,6 @@ def write_report(runs: list[dict], out: Path, commands: list[str], protocol: dic
         "validation perplexity. Initial test perplexity (round 0): "
         + ", ".join(sorted({_f(r["initial_test_ppl"], 1) for r in cell_rows(runs)}))
         + ".",
-        "",
-        "Command" + ("s" if len(commands) > 1 else "") + ":",
-        "",
-        *[f"    {c}" for c in commands],
         "",
         "Every cell (wall seconds, git commit):",
         "",

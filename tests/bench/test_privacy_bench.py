@@ -43,6 +43,7 @@ def _cell(strategy, target, ppl, noise=None, eps=None, z=None):
         "best_val_ppl": ppl + 1,
         "best_test_ppl": ppl,
         "clipped_per_round": 50.0,
+        "num_params": 10_000,
         "test_ppl_curve": [9959.0, ppl],
         "wall_seconds": 10.0,
         "config": "{}",
@@ -69,6 +70,8 @@ def test_the_table_renders_from_a_results_file(tmp_path):
     assert [r.split("|")[1].strip() for r in rows] == ["fedavg", "DP-FedAvg", "fedatt", "DP-FedAtt"]
     assert "| DP-FedAtt | 8 | 7.99 | 1.000 | 0.02 | 0.02 | 2100.0 | 2100.0 (3) |" in md
     assert "5.00x DP-FedAvg's" in md  # the noise ratio, from the numbers
+    # the least noise's norm, std x sqrt(parameters), against the clip
+    assert "has norm about 0.4 per round, below the clip S = 0.5" in md
     assert "fedkey bench privacy --rounds 3" in md
     assert "S = 0.5: the median" in md
     assert (tmp_path / "privacy.png").stat().st_size > 0
