@@ -32,7 +32,10 @@ def test_dp_run_reports_finite_epsilon_every_round(tmp_path, strategy):
     for row in rows[1:]:
         dp, clip = row["info"]["dp"], row["info"]["clip"]
         assert clip["mode"] == "dp" and clip["norm"] == 1.0
-        assert dp["noise_std"] == pytest.approx(dp["sensitivity"] * (1 + 1e-4)) and dp["sensitivity"] > 0
+        assert (
+            dp["noise_std"] == pytest.approx(dp["sensitivity"] * (1 + 1e-4))
+            and dp["sensitivity"] > 0
+        )
 
 
 def test_dp_refuses_what_it_cannot_cover_with_the_reason(tmp_path):
