@@ -18,6 +18,13 @@ def _f(x, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
+def _ppl(x) -> str:
+    """A perplexity: one decimal, or 3 significant digits past a million (a diverged model)."""
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if x >= 1e6 else f"{x:.1f}"
+
+
 def _g(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
@@ -45,11 +52,11 @@ def table(runs: list[dict]) -> str:
     for r in cell_rows(runs):
         name = STRATEGY_NAMES.get(r["strategy"], r["strategy"])
         target = "no DP" if r["target_epsilon"] is None else f"{r['target_epsilon']:g}"
-        best = f"{_f(r['best_test_ppl'], 1)} ({r['best_round']})"
+        best = f"{_ppl(r['best_test_ppl'])} ({r['best_round']})"
         lines.append(
             f"| {name if r['target_epsilon'] is not None else r['strategy']} | {target} "
             f"| {_f(r['epsilon'])} | {_f(r['noise_multiplier'], 3)} | {_g(r['sensitivity'])} "
-            f"| {_g(r['noise_std'])} | {_f(r['final_test_ppl'], 1)} | {best} |"
+            f"| {_g(r['noise_std'])} | {_ppl(r['final_test_ppl'])} | {best} |"
         )
     return "\n".join(lines)
 
@@ -81,10 +88,16 @@ def findings(runs: list[dict]) -> str:
         pts = [(e, by[(s, e)]) for e in targets if (s, e) in by]
         if not pts:
             continue
-        seq = ", ".join(f"{r['final_test_ppl']:.1f} at epsilon {e:g}" for e, r in pts)
+        seq = ", ".join(f"{_ppl(r['final_test_ppl'])} at epsilon {e:g}" for e, r in pts)
         text = f"{STRATEGY_NAMES[s]} ends at test perplexity {seq}"
         if base is not None:
-            text += f", against {base['final_test_ppl']:.1f} without noise (same clip)"
+            text += f", against {_ppl(base['final_test_ppl'])} without noise (same clip)"
+        stuck = [e for e, r in pts if r["best_round"] == 0]
+        if stuck:
+            text += (
+                f"; at epsilon {', '.join(f'{e:g}' for e in stuck)} no round's model beat the "
+                "initial one on validation"
+            )
         parts.append(text + ".")
     noisy = [r for (s, e), r in by.items() if e is not None and r.get("num_params")]
     if noisy:
@@ -137,10 +150,12 @@ def plot(runs: list[dict], path: Path) -> None:
                 label=f"{s}, no DP (same clip)",
             )
     ax.set_xscale("log", base=2)
+    targets = sorted({e for (_, e) in by if e is not None})
+    ax.set_xticks(targets, [f"{e:g}" for e in targets])
     ax.set_xlabel("epsilon (delta 1e-5)")
     ax.set_ylabel("test perplexity (final round)")
     ax.set_yscale("log")
-    ax.set_title("Privacy-utility: 1,000 phones, 100 a round")
+    ax.set_title("Privacy-utility: same clip, rounds and z at each epsilon")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -58,6 +58,7 @@ FAKE = [
     _cell("fedavg", None, 900.0),
     _cell("fedavg", 8.0, 1500.0, noise=0.004, eps=7.99, z=1.0),
     _cell("fedatt", None, 880.0),
+    {**_cell("fedatt", 2.0, 1.24e13, noise=0.05, eps=2.0, z=2.5), "best_round": 0},
 ]
 
 
@@ -67,8 +68,17 @@ def test_the_table_renders_from_a_results_file(tmp_path):
     assert md.startswith("# Privacy-utility table")
     rows = [line for line in table(FAKE).splitlines() if line.startswith("| ")][1:]
     # fedavg before fedatt, no DP before the epsilons; the probe is not a row
-    assert [r.split("|")[1].strip() for r in rows] == ["fedavg", "DP-FedAvg", "fedatt", "DP-FedAtt"]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "fedavg",
+        "DP-FedAvg",
+        "fedatt",
+        "DP-FedAtt",
+        "DP-FedAtt",
+    ]
     assert "| DP-FedAtt | 8 | 7.99 | 1.000 | 0.02 | 0.02 | 2100.0 | 2100.0 (3) |" in md
+    # a diverged model's perplexity stays readable; a run that never beat round 0 says so
+    assert "| DP-FedAtt | 2 | 2.00 | 2.500 | 0.02 | 0.05 | 1.24e+13 | 1.24e+13 (0) |" in md
+    assert "at epsilon 2 no round's model beat the initial one" in md
     assert "5.00x DP-FedAvg's" in md  # the noise ratio, from the numbers
     # the least noise's norm, std x sqrt(parameters), against the clip
     assert "has norm about 0.4 per round, below the clip S = 0.5" in md
