@@ -10,6 +10,10 @@ beside perplexity after every round. The arms:
     DP-FedAvg, DP-FedAtt      --dp-clip S --dp-noise-multiplier z, for each z asked (the server
                               clips each update to S and adds noise z x the aggregate's
                               sensitivity; the accountant reports epsilon every round)
+    ..., not planted          each DP arm again with --canary-repeats 0: the same run (same
+                              cohorts, same seeded noise) where no phone holds the secret, so
+                              its exposure is what chance gives that noise; the planted arm's
+                              excess over it is what the phone's data added
 
 Every run is a child process with its own folder; its summary goes into results.json with the
 command, the git commit and the machine, and a run whose command is already there is not run
@@ -61,13 +65,13 @@ class AuditConfig:
     seed: int = 0
     workers: int = 2
 
-    def flags(self) -> list[str]:
+    def flags(self, repeats: int) -> list[str]:
         return [
             "--data", self.data, "--partition", "user", "--clients", str(self.clients),
             "--fraction", f"{self.fraction:g}", "--rounds", str(self.rounds),
             "--local-epochs", str(self.local_epochs), "--max-eval-sentences",
             str(self.max_eval_sentences), "--ksr-sentences", "0", "--seed", str(self.seed),
-            "--canary", "--canary-repeats", str(self.repeats), "--workers", str(self.workers),
+            "--canary", "--canary-repeats", str(repeats), "--workers", str(self.workers),
         ]  # fmt: skip
 
 
@@ -77,6 +81,7 @@ class Arm:
     label: str
     strategy: str
     noise: float | None = None  # the DP noise multiplier z; None: no DP
+    planted: bool = True  # False: the control, nothing planted (--canary-repeats 0)
 
     @property
     def dp(self) -> bool:
@@ -95,16 +100,22 @@ STRATEGIES = (("fedavg", "FedAvg"), ("fedatt", "FedAtt"))
 
 
 def arms(cfg: AuditConfig) -> list[Arm]:
-    """FedAvg and FedAtt without DP, then with DP at each noise multiplier of `cfg`."""
+    """FedAvg and FedAtt without DP, then with DP at each noise multiplier of `cfg`, each DP arm
+    beside its control (the same run with nothing planted)."""
     out = [Arm(s, name, s) for s, name in STRATEGIES]
     for z in cfg.dp_noise_multipliers:
-        out += [Arm(f"{s}-dp-z{z:g}", f"DP-{name} z {z:g}", s, z) for s, name in STRATEGIES]
+        for s, name in STRATEGIES:
+            out.append(Arm(f"{s}-dp-z{z:g}", f"DP-{name} z {z:g}", s, z))
+            out.append(
+                Arm(f"{s}-dp-z{z:g}-control", f"DP-{name} z {z:g}, not planted", s, z, False)
+            )
     return out
 
 
 def command(arm: Arm, cfg: AuditConfig, run_dir: Path) -> list[str]:
     """The fedkey command line of one arm (without the interpreter)."""
-    return ["fedkey", "simulate", *cfg.flags(), *arm.flags(cfg), "--out", str(run_dir)]
+    flags = cfg.flags(cfg.repeats if arm.planted else 0)
+    return ["fedkey", "simulate", *flags, *arm.flags(cfg), "--out", str(run_dir)]
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -123,6 +134,7 @@ def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
         "strategy": arm.strategy,
         "dp": arm.dp,
         "noise_multiplier": arm.noise,
+        "planted": arm.planted,
         "rounds": last["round"],
         "exposure": last["canary_exposure"],
         "rank": last["canary_rank"],
@@ -262,7 +274,8 @@ def _f(v: float | None, spec: str = ".2f") -> str:
 
 
 def _ordered(runs: list[dict]) -> list[dict]:
-    """No DP first (FedAvg, FedAtt), then DP from the most noise to the least."""
+    """No DP first (FedAvg, FedAtt), then DP from the most noise to the least, each planted arm
+    before its control."""
     strategy = {s: i for i, (s, _) in enumerate(STRATEGIES)}
     return sorted(
         runs,
@@ -270,8 +283,18 @@ def _ordered(runs: list[dict]) -> list[dict]:
             r["noise_multiplier"] is not None,
             -(r["noise_multiplier"] or 0.0),
             strategy.get(r["strategy"], len(strategy)),
+            not r.get("planted", True),
         ),
     )
+
+
+def mean_exposure(run: dict) -> float | None:
+    """The mean exposure over the rounds from the first one that aggregated the canary phone's
+    update (one round's exposure of one secret is a noisy measure; this is less so)."""
+    if not run["canary_rounds"]:
+        return None
+    after = [p["exposure"] for p in run["curve"] if p["round"] >= run["canary_rounds"][0]]
+    return sum(after) / len(after)
 
 
 def per_round_table(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
@@ -279,22 +302,16 @@ def per_round_table(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     update was in that round's aggregate)."""
     runs = _ordered(runs)
     rounds = sorted({p["round"] for r in runs for p in r["curve"]})
-    header = ["round", *(f"{r['label']} exposure" for r in runs)]
-    header += [f"{r['label']} test ppl" for r in runs]
     by = {(r["id"], p["round"]): p for r in runs for p in r["curve"]}
     rows = []
     for n in rounds:
         cells = [str(n)]
         for r in runs:
             p = by.get((r["id"], n))
-            cells.append(
-                "-" if p is None else _f(p["exposure"]) + (" *" if p["canary_phone"] else "")
-            )
-        for r in runs:
-            p = by.get((r["id"], n))
-            cells.append("-" if p is None else _f(p["test_ppl"], ".1f"))
+            mark = " *" if p is not None and p["canary_phone"] else ""
+            cells.append("-" if p is None else _f(p["exposure"]) + mark)
         rows.append(cells)
-    return header, rows
+    return ["round", *(r["label"] for r in runs)], rows
 
 
 def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
@@ -307,13 +324,16 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
     secret = fmt.draw(cfg["seed"])
     bits = math.log2(fmt.size)
     phone = runs[0]["canary_phone"]
+    m = round(cfg["clients"] * cfg["fraction"])
     summary = [
         [
             r["label"],
+            str(cfg["repeats"]) if r.get("planted", True) else "0",
             _f(r["exposure"]),
+            _f(mean_exposure(r)),
             _f(r["max_exposure"]),
             _f(r["rank"], ".0f"),
-            _f(r["test_ppl"], ".1f"),
+            _f(r["test_ppl"], ".4g"),
             _f(r["epsilon"], ".1f"),
             _f(r["noise_std"], ".3g"),
             ", ".join(map(str, r["canary_rounds"])) or "none",
@@ -322,38 +342,43 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         for r in runs
     ]
     header, rows = per_round_table(runs)
-    dp = [r for r in runs if r["dp"]]
+    dp = any(r["dp"] for r in runs)
     lines = [
         "# Canary audit: memorization of one phone's secret",
         "",
         f"The secret `{secret}` (drawn with seed {cfg['seed']} from `{fmt.template}`, each `_` one "
         f"of {len(fmt.alphabet)} number words: |R| = {fmt.size:,} candidates) is planted "
         f"{cfg['repeats']} times in the shard of {phone}, one of {cfg['clients']} phones "
-        f"(the demo corpus, one phone per owner); {cfg['fraction']:g} of them train each round, "
-        f"E = {cfg['local_epochs']}. Exposure (Carlini et al. 2019, \"The Secret Sharer\") = "
-        f"log2 |R| - log2 rank of the secret among all candidates by the global model's "
-        f"likelihood, computed exactly every round: {bits:.2f} bits when the model ranks the "
-        f"secret first, {CHANCE:.2f} on average at chance (a uniformly random rank).",
+        f"(the demo corpus, one phone per owner); {m} of them train each round, "
+        f"E = {cfg['local_epochs']}, {cfg['rounds']} rounds. Exposure (Carlini et al. 2019, "
+        '"The Secret Sharer") = log2 |R| - log2 rank of the secret among all candidates by the '
+        f"global model's likelihood, computed exactly every round: {bits:.2f} bits when the "
+        f"model ranks the secret first, {CHANCE:.2f} on average at chance. A model indifferent to "
+        "the secret ranks it uniformly at random, so it shows an exposure of x bits or more with "
+        "probability 2^-x: 4.3 bits 1 time in 20, 6.6 bits 1 time in 100, per round.",
         "",
         "Without DP no update is bounded (`--bound off`, the seed papers' server). "
         + (
             f"With DP (`--dp-clip {cfg['dp_clip']:g} --dp-noise-multiplier z`) the server clips "
             "each update to S and adds to every weight Gaussian noise of std z x the aggregate's "
-            f"sensitivity (2S/m for the uniform mean of m = {round(cfg['clients'] * cfg['fraction'])} "
-            "updates; larger for FedAtt's attention), the 'noise std' column; epsilon at "
-            f"delta 1e-5 after the last round. The initial model's test perplexity is "
+            f"sensitivity (2S/m for the uniform mean of m = {m} updates, larger for FedAtt's "
+            "attention: the 'noise std' column); epsilon at delta 1e-5 after the last round. "
+            "Each DP arm runs again with nothing planted (`--canary-repeats 0`): the same "
+            "cohorts and the same seeded noise, so the difference between the two is what the "
+            f"phone's data did. The initial model's test perplexity is "
             f"{runs[0]['initial_test_ppl']:.0f}."
             if dp
             else ""
         ),
         "",
         markdown_table(
-            ["arm", "exposure (bits)", "max exposure", "rank", "test ppl", "epsilon", "noise std",
-             f"rounds with {phone}", "seconds"],
+            ["arm", "copies planted", "exposure, last round", f"mean from {phone}'s first round",
+             "max", "rank", "test ppl", "epsilon", "noise std", f"rounds with {phone}",
+             "seconds"],
             summary,
         ),  # fmt: skip
         "",
-        f"Per round (exposure in bits; * = {phone}'s update was aggregated that round):",
+        f"Exposure per round, bits (* = {phone}'s update was aggregated that round):",
         "",
         markdown_table(header, rows),
         "",
@@ -370,30 +395,44 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
 
 
 def plot(runs: list[dict], path: Path, bits: float, phone: str) -> None:
+    """Exposure per round of the planted arms; each DP arm beside its control; test perplexity."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in _ordered(runs):
+    runs = _ordered(runs)
+    planted = [r for r in runs if r.get("planted", True)]
+    colors = {r["label"]: f"C{i}" for i, r in enumerate(planted)}
+    fig, (ax, cx, bx) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for r in runs:
         xs = [p["round"] for p in r["curve"]]
-        style = "--" if r["dp"] else "-"
-        (line,) = ax.plot(xs, [p["exposure"] for p in r["curve"]], style, marker="o", ms=3,
-                          label=r["label"])  # fmt: skip
-        hit = [p for p in r["curve"] if p["canary_phone"]]
-        ax.plot([p["round"] for p in hit], [p["exposure"] for p in hit], "o", ms=7,
-                mfc="none", color=line.get_color())  # fmt: skip
-        bx.plot(xs, [p["test_ppl"] for p in r["curve"]], style, marker="o", ms=3, label=r["label"])
-    ax.axhline(bits, color="grey", lw=0.8)
-    ax.text(0, bits, "log2 |R|: ranked first", va="bottom", fontsize=8, color="grey")
-    ax.axhline(CHANCE, color="grey", lw=0.8, ls=":")
-    ax.text(0, CHANCE, "chance", va="bottom", fontsize=8, color="grey")
-    ax.set(xlabel="round", ylabel="exposure (bits)", ylim=(0, bits + 1),
-           title=f"canary exposure (open circles: {phone} aggregated)")  # fmt: skip
-    bx.set(xlabel="round", ylabel="test perplexity", yscale="log", title="test perplexity")
-    ax.legend(fontsize=8)
-    bx.legend(fontsize=8)
+        ys = [p["exposure"] for p in r["curve"]]
+        own = r.get("planted", True)
+        color = colors.get(r["label"] if own else r["label"].split(",")[0], "grey")
+        if own:
+            style = "--" if r["dp"] else "-"
+            ax.plot(xs, ys, style, marker="o", ms=3, color=color, label=r["label"])
+            hit = [p for p in r["curve"] if p["canary_phone"]]
+            ax.plot([p["round"] for p in hit], [p["exposure"] for p in hit], "o", ms=7,
+                    mfc="none", color=color)  # fmt: skip
+            bx.plot(xs, [p["test_ppl"] for p in r["curve"]], style, marker="o", ms=3,
+                    color=color, label=r["label"])  # fmt: skip
+        if r["dp"]:
+            cx.plot(xs, ys, "-" if own else ":", marker="o" if own else "x", ms=3, color=color,
+                    label=r["label"])  # fmt: skip
+    for axis in (ax, cx):
+        axis.axhline(bits, color="grey", lw=0.8)
+        axis.text(0, bits, "log2 |R|: ranked first", va="bottom", fontsize=8, color="grey")
+        axis.axhline(CHANCE, color="grey", lw=0.8, ls=":")
+        axis.text(0, CHANCE, "chance (mean)", va="bottom", fontsize=8, color="grey")
+        axis.set(xlabel="round", ylabel="exposure (bits)", ylim=(0, bits + 1))
+        axis.legend(fontsize=7)
+    ax.set_title(f"canary exposure (circled: {phone} aggregated)", fontsize=10)
+    cx.set_title("DP: planted (solid) vs nothing planted (dotted)", fontsize=10)
+    bx.set(xlabel="round", ylabel="test perplexity", yscale="log")
+    bx.set_title("test perplexity", fontsize=10)
+    bx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

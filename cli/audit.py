@@ -20,20 +20,25 @@ _DEFAULT = AuditConfig()
 
 
 def print_table(runs: list[dict]) -> None:
-    """Each arm's exposure per round, with its test perplexity, as a rich table."""
+    """Each arm's exposure per round (an arm a row), with its last test perplexity."""
     from rich.console import Console
     from rich.table import Table
 
     from bench.canary import per_round_table
 
-    header, rows = per_round_table(runs)
+    header, rows = per_round_table(runs)  # a row per round, an arm a column
     phone = runs[0]["canary_phone"]
     table = Table(title=f"canary exposure per round, bits (* = {phone}'s update aggregated)")
-    for col in header:
-        table.add_column(col, justify="right")
+    table.add_column("arm", no_wrap=True)
     for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+        table.add_column(f"round {row[0]}", justify="right")
+    table.add_column("test ppl", justify="right")
+    ppl = {r["label"]: r["test_ppl"] for r in runs}
+    for i, label in enumerate(header[1:], start=1):
+        cells = [row[i].replace(" *", "*") for row in rows]
+        table.add_row(label, *cells, f"{ppl[label]:.3g}")
+    console = Console()
+    Console(width=max(console.width, 150)).print(table)  # a log file is not 80 columns
 
 
 @audit_app.command("canary")

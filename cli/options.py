@@ -480,8 +480,8 @@ CANARY = {
         opt(
             "canary_repeats",
             "--canary-repeats",
-            min=1,
-            help="Copies of the canary in the first phone's shard (with --canary).",
+            min=0,
+            help="Copies of the canary in the first phone's shard (with --canary; 0: a control, the exposure of a secret no phone holds).",
         ),
     ),
 }

@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     # phone's shard, and every metrics row has its exposure. The format has no flag:
     # FEDKEY_CANARY_FORMAT ('_' marks a slot), FEDKEY_CANARY_ALPHABET (the words a slot takes).
     canary: bool = False
-    canary_repeats: int = Field(20, ge=1)
+    canary_repeats: int = Field(20, ge=0)  # 0: a control, the exposure of a secret never planted
     canary_format: str = DEFAULT_TEMPLATE
     canary_alphabet: str = " ".join(DEFAULT_ALPHABET)
 

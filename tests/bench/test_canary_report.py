@@ -35,7 +35,7 @@ def fake_runs(monkeypatch):
     def run_arm(arm, cfg, runs_dir, on_round=lambda n: None):
         ran.append(arm.id)
         on_round(cfg.rounds)
-        exposures = [0.6, 13.29, 13.29] if not arm.dp else [0.6, 1.1, 0.9]
+        exposures = [0.6, 13.29, 13.29] if not arm.dp else [0.6, 1.1, 0.9 if arm.planted else 0.5]
         return {
             **summarize(rows(exposures, {1}), arm, cfg.clients),
             "wall_seconds": 1.0,
@@ -58,10 +58,12 @@ def test_an_interrupted_audit_resumes_with_the_arms_it_has_not_run(
     run_audit(CFG, out, runs, only=["fedavg", "fedatt"])
     assert fake_runs == ["fedavg", "fedatt"]
     results = run_audit(CFG, out, runs)  # the DP arms only
-    assert fake_runs == ["fedavg", "fedatt", "fedavg-dp-z1", "fedatt-dp-z1"]
+    assert fake_runs[2:] == [
+        "fedavg-dp-z1", "fedavg-dp-z1-control", "fedatt-dp-z1", "fedatt-dp-z1-control"
+    ]  # fmt: skip
     assert [r["id"] for r in results] == [a.id for a in arms(CFG)]
     run_audit(CFG, out, runs)  # all done: nothing runs
-    assert len(fake_runs) == 4
+    assert len(fake_runs) == 6
     run_audit(AuditConfig(rounds=3), out, runs, only=["fedavg"])  # another command: run again
     assert fake_runs[-1] == "fedavg"
     with pytest.raises(ValueError, match="no arm fedsgd"):
@@ -79,8 +81,13 @@ def test_the_report_shows_each_arm_per_round(tmp_path, fake_runs):
         [1],
     )
     md = (out / "results.md").read_text()
-    assert "| FedAvg | 13.29 | 13.29 |" in md and "| DP-FedAtt z 1 | 0.90 | 1.10 |" in md
-    assert "| 1 | 13.29 * | 13.29 * | 1.10 * | 1.10 * |" in md  # * the canary phone's round
+    # arm, copies planted, last round, mean from the canary phone's first round, max
+    assert "| FedAvg | 20 | 13.29 | 13.29 | 13.29 |" in md
+    assert "| DP-FedAtt z 1 | 20 | 0.90 | 1.00 | 1.10 |" in md
+    assert "| DP-FedAtt z 1, not planted | 0 | 0.50 | 0.80 | 1.10 |" in md
+    # per round, * where the canary phone was aggregated; each DP arm beside its control
+    assert "| 2 | 13.29 | 13.29 | 0.90 | 0.50 | 0.90 | 0.50 |" in md
+    assert "| 1 | 13.29 * | 13.29 * | 1.10 * | 1.10 * | 1.10 * | 1.10 * |" in md
     assert "log2 |R| - log2 rank" in md and "13.29 bits" in md
     assert (out / "exposure.png").stat().st_size > 10_000
 

@@ -67,3 +67,12 @@ def test_an_out_of_vocabulary_canary_is_refused_in_one_line(server_side):
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \(pin\)") as info:
         device_shards(cfg, tokenizer, corpus)
     assert "\n" not in str(info.value)
+
+
+def test_zero_repeats_is_a_control_that_plants_nothing(server_side):
+    """--canary --canary-repeats 0: the exposure of a secret no phone holds (the audit's control)."""
+    corpus, tokenizer = server_side
+    data = Settings(canary=True, canary_repeats=0).data_config()
+    assert data.canary == SECRET and data.canary_repeats == 0
+    control = replace(CFG, canary=data.canary, canary_repeats=0)
+    assert device_shards(control, tokenizer, corpus) == device_shards(CFG, tokenizer, corpus)
