@@ -104,7 +104,7 @@ def test_a_resumed_bench_skips_the_cells_it_has(tmp_path, monkeypatch):
     def fake_runner(fields, rounds, protocol, run_dir: Path):
         ran.append(run_dir.name)
         dp = fields.get("dp_noise_multiplier")
-        info = {"clip": {"clipped": 1}}
+        info: dict[str, dict[str, float]] = {"clip": {"clipped": 1}}
         if dp is not None:
             info["dp"] = {"sensitivity": 0.1, "noise_std": 0.1 * dp}
         rows = [

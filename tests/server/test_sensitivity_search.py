@@ -36,9 +36,9 @@ import numpy as np
 import pytest
 import torch
 
-from server.config import InfluenceConfig
+from server.config import ClipScope, InfluenceConfig
 from server.influence import bound_round, clip_factors, clip_state, make_bound
-from server.strategies import ClientUpdate, FedAtt, FedAttOpt, FedAvg, FedMed, Strategy
+from server.strategies import Bound, ClientUpdate, FedAtt, FedAttOpt, FedAvg, FedMed, Strategy
 from server.strategies.aggregate import floating_keys
 from server.strategies.sensitivity import attention_max_weight
 
@@ -54,7 +54,7 @@ LAYOUTS = {
 }
 LAYOUT_OF_M = {1: "three-layer", 2: "two-layer", 3: "three-layer", 10: "two-layer"}
 COHORTS = (1, 2, 3, 10)
-SCOPES = ("model", "layer")
+SCOPES: tuple[ClipScope, ...] = ("model", "layer")
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,8 @@ class Worst:
     v: np.ndarray | None = None
 
     def describe(self, arena: Arena) -> str:
-        def fmt(x: np.ndarray) -> str:
-            return np.array2string(x, precision=6, max_line_width=200)
+        def fmt(x: np.ndarray | None) -> str:
+            return "none" if x is None else np.array2string(x, precision=6, max_line_width=200)
 
         others = "; ".join(fmt(o) for o in self.others) or "none"
         return (
@@ -118,7 +118,7 @@ class Arena:
     Deltas are flat float64 vectors over the floating layers, in the global state's order.
     """
 
-    def __init__(self, case: Case, m: int, scope: str, seed: int = 0) -> None:
+    def __init__(self, case: Case, m: int, scope: ClipScope, seed: int = 0) -> None:
         self.case, self.m, self.scope = case, m, scope
         self.layout = LAYOUT_OF_M[m]
         gen = torch.Generator().manual_seed(1000 + seed)
@@ -136,7 +136,9 @@ class Arena:
         self.config = InfluenceConfig(
             mode="fixed", norm=case.clip, scope=scope, temperature=case.temperature
         )
-        self.bound = make_bound(self.config, self.glob, [])
+        bound = make_bound(self.config, self.glob, [])
+        assert bound is not None  # a fixed bound is never off
+        self.bound: Bound = bound
         self.strategy = case.make()
         self.sensitivity = self.strategy.sensitivity(self.glob, self.bound, m)
         self.limit = self.sensitivity
@@ -302,6 +304,7 @@ def ascend(arena: Arena, start: Worst, iterations: int = 24, lr: float = 0.5) ->
             outs = [aggregate(x, 0), aggregate(x, 1)]
         return float(np.linalg.norm(outs[0] - outs[1]))
 
+    assert start.u is not None and start.v is not None  # the random search always sets them
     x = [arena.project(start.u), arena.project(start.v), *start.others]
     outs = [aggregate(x, 0), aggregate(x, 1)]
     best = float(np.linalg.norm(outs[0] - outs[1]))
@@ -345,16 +348,16 @@ def search(arena: Arena, cohorts: int = 6, iterations: int = 24) -> Worst:
     """Random search, then ascent from its worst pair; the result is re-measured through the
     engine's own path (bound_round) so that the number reported is the engine's."""
     worst = ascend(arena, random_search(arena, cohorts), iterations)
-    deltas = [*worst.others[: worst.slot], None, *worst.others[worst.slot :]]
+    assert worst.u is not None and worst.v is not None
     outs = [
-        arena.engine_aggregate([x if x is not None else d for x in deltas])
+        arena.engine_aggregate([*worst.others[: worst.slot], d, *worst.others[worst.slot :]])
         for d in (worst.u, worst.v)
     ]
     worst.ratio = max(worst.ratio, float(np.linalg.norm(outs[0] - outs[1])) / arena.limit)
     return worst
 
 
-def assert_search_breaks(case: Case, m: int, scope: str) -> Worst:
+def assert_search_breaks(case: Case, m: int, scope: ClipScope) -> Worst:
     """The search must find a counterexample to a bound halved on purpose; if it stops finding
     one, the search (not the strategies) is broken and the bound tests prove nothing."""
     arena = Arena(case, m, scope, seed=7)
@@ -372,7 +375,9 @@ def assert_search_breaks(case: Case, m: int, scope: str) -> Worst:
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("m", COHORTS)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_no_neighbouring_cohort_exceeds_the_sensitivity(case: Case, m: int, scope: str) -> None:
+def test_no_neighbouring_cohort_exceeds_the_sensitivity(
+    case: Case, m: int, scope: ClipScope
+) -> None:
     arena = Arena(case, m, scope, seed=m + 17 * SCOPES.index(scope))
     worst = search(arena, cohorts=6 if m < 10 else 4, iterations=24 if m < 10 else 12)
     assert worst.ratio <= 1.0 + TOL, "derived sensitivity exceeded: " + worst.describe(arena)
@@ -396,7 +401,7 @@ def test_ascent_alone_climbs_to_the_tight_bound(case: Case, m: int) -> None:
 
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("case", [c for c in CASES if c.tight_layer], ids=lambda c: c.label)
-def test_search_breaks_a_halved_bound(case: Case, scope: str) -> None:
+def test_search_breaks_a_halved_bound(case: Case, scope: ClipScope) -> None:
     """Where the search reaches the bound it must report a counterexample to half of it (the
     model-scope attention bound is loose: with m = 2 the search reaches 2/3 of it, 2 a S)."""
     tight = case.tight_layer if scope == "layer" else case.tight_model
