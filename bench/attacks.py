@@ -219,7 +219,7 @@ def run_attacks(
             bar.update()
             backdoor = result["backdoor_top1"]
             bar.write(
-                f"{result['id']}: test ppl {result['final_test_ppl']:.2f}"
+                f"{result['id']}: test ppl {result['final_test_ppl']:.5g}"
                 + ("" if backdoor is None else f", backdoor top-1 {backdoor:.2f}")
                 + f", {result['wall_seconds']:.0f} s"
             )

@@ -26,6 +26,8 @@ CHECK_TOLERANCE = 0.05
 def _f(v, spec: str = ".2f") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
+    if abs(v) >= 1e5:  # a diverged run: 6.9e+185, not 186 digits
+        return format(v, ".2g")
     return format(v, spec)
 
 
@@ -99,7 +101,7 @@ def _matrix_table(runs: dict[str, dict]) -> str:
             cell.attack,
             _f(r["final_test_ppl"]),
             _f(clean and clean["final_test_ppl"]),
-            "-" if ratio is None else f"{ratio:.2f}x",
+            "-" if ratio is None else f"{_f(ratio)}x",
             r["refused_uploads"],
             _pct(r["backdoor_top1"]),
             _pct(r["backdoor_top3"]),
@@ -139,7 +141,7 @@ def _checks_table(runs: dict[str, dict]) -> str:
             "; ".join(r["refused_reasons"]) or "-",
             _f(r["final_test_ppl"]),
             _f(clean and clean["final_test_ppl"]),
-            "-" if ratio is None else f"{ratio:.3f}x",
+            "-" if ratio is None else f"{_f(ratio, '.3f')}x",
             "yes" if ok and r["refused_uploads"] == expected else "**no**",
         ])  # fmt: skip
     return markdown_table(header, body)

@@ -55,6 +55,7 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     runs = [
         fake(Cell("fedavg", "off", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "off", 10, 1, "scale"), 200.0),
+        fake(Cell("fedavg", "off", 10, 1, "signflip"), 4.8e7),  # diverged
         fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
@@ -73,6 +74,7 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert md.index("## Acceptance") < md.index("## Every cell")
     assert "| FedAvg | 1 of 10 | 80% / 90% | 5% / 15% | 101.00 / 110.00 | met |" in md
     assert "| FedAvg | off | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
+    assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
     assert "| `fedavg-on-1of10-nan` | 2 | 2 | 422 tensor 'x' contains NaN values |" in md
     assert "1.020x | yes |" in md
     assert (tmp_path / "attacks.png").stat().st_size > 0
