@@ -47,6 +47,8 @@ def canary_phone(clients: int) -> str:
 
 #: The mean exposure of a secret at a uniformly random rank (|R| large): log2 e.
 CHANCE = 1.0 / math.log(2.0)
+#: The plot's perplexity axis stops here (a diverged model's perplexity reaches 1e60).
+PPL_SCALE = 1e5
 
 
 @dataclass(frozen=True)
@@ -431,7 +433,15 @@ def plot(runs: list[dict], path: Path, bits: float, phone: str) -> None:
     ax.set_title(f"canary exposure (circled: {phone} aggregated)", fontsize=10)
     cx.set_title("DP: planted (solid) vs nothing planted (dotted)", fontsize=10)
     bx.set(xlabel="round", ylabel="test perplexity", yscale="log")
-    bx.set_title("test perplexity", fontsize=10)
+    ppls = [p["test_ppl"] for r in planted for p in r["curve"]]
+    top = max(ppls)
+    bx.set_ylim(bottom=10 ** math.floor(math.log10(min(ppls))))
+    if top > PPL_SCALE:  # a diverged DP model would flatten the others to the bottom
+        bx.set_ylim(top=PPL_SCALE)
+    bx.set_title(
+        "test perplexity" + (f" (above {PPL_SCALE:.0e}: off the scale)" if top > PPL_SCALE else ""),
+        fontsize=10,
+    )
     bx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -42,7 +42,6 @@ def test_the_audit_runs_fedavg_and_fedatt_without_and_with_dp(tmp_path):
     assert not (tmp_path / "runs").exists()  # a dry run runs nothing
 
 
-@pytest.mark.slow  # one federated round of 3 phones
 def test_simulate_with_a_canary_reports_its_exposure_every_round(tmp_path):
     out = tmp_path / "run"
     args = ["simulate", *TINY, "--rounds", "1", "--canary", "--canary-repeats", "5"]
