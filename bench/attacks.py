@@ -210,13 +210,19 @@ def run_attacks(
     if dry_run:
         return bench.read()
     bar = tqdm(total=len(todo), desc="bench attacks", unit="run", disable=not progress)
+    failed: list[str] = []
     # Each cell is a child process: threads are enough to keep `jobs` of them going.
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         futures = {pool.submit(run_cell, c, protocol, runs_dir): c for c in todo}
         for future in as_completed(futures):
-            result = future.result()
-            bench.add(result, bench_command)
             bar.update()
+            try:
+                result = future.result()
+            except RuntimeError as e:  # one failed cell does not stop the others
+                failed.append(str(e))
+                bar.write(f"failed: {e}")
+                continue
+            bench.add(result, bench_command)
             backdoor = result["backdoor_top1"]
             bar.write(
                 f"{result['id']}: test ppl {result['final_test_ppl']:.5g}"
@@ -226,4 +232,7 @@ def run_attacks(
     bar.close()
     runs = bench.read()
     write_report(runs, out, bench.commands(), protocol)
+    if failed:
+        heads = "; ".join(f.splitlines()[0] for f in failed)
+        raise RuntimeError(f"{len(failed)} cell(s) failed (their logs say why): {heads}")
     return runs

@@ -24,8 +24,10 @@ CHECK_TOLERANCE = 0.05
 
 
 def _f(v, spec: str = ".2f") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if v == math.inf:  # past the float range: exp(mean NLL) overflowed
+        return "inf"
     if abs(v) >= 1e5:  # a diverged run: 6.9e+185, not 186 digits
         return format(v, ".2g")
     return format(v, spec)
@@ -39,7 +41,7 @@ def _ratio(run: dict, clean: dict | None) -> float | None:
     if clean is None:
         return None
     a, b = run["final_test_ppl"], clean["final_test_ppl"]
-    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+    if not math.isfinite(b) or b <= 0 or math.isnan(a):
         return None
     return a / b
 

@@ -30,6 +30,14 @@ class Evaluation(TypedDict):
     top3: float | None
 
 
+def perplexity(mean_nll: float) -> float:
+    """exp(mean NLL), inf past the float range (a diverged model: a x100 update, say)."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
+
+
 @torch.no_grad()
 def evaluate(
     model: LanguageModel,
@@ -68,7 +76,7 @@ def evaluate(
             scored += int(real.sum())
     words = sum(tokenizer.num_words(s) + 1 for s in sentences)
     return {
-        "ppl": math.exp(nll / max(words, 1)),
+        "ppl": perplexity(nll / max(words, 1)),
         "nll": nll,
         "words": words,
         "top1": hits1 / scored if word_level and scored else None,
@@ -99,7 +107,7 @@ def column_perplexity(
             F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
         )
         count += targets.numel()
-    return math.exp(nll / max(count, 1))
+    return perplexity(nll / max(count, 1))
 
 
 @torch.no_grad()

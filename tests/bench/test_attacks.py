@@ -56,6 +56,8 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedavg", "off", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "off", 10, 1, "scale"), 200.0),
         fake(Cell("fedavg", "off", 10, 1, "signflip"), 4.8e7),  # diverged
+        fake(Cell("fedatt", "off", 10, 1, "scale"), float("inf")),  # past the float range
+        fake(Cell("fedatt", "off", 10, 1, "clean"), 50.0),
         fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
@@ -75,6 +77,7 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert "| FedAvg | 1 of 10 | 80% / 90% | 5% / 15% | 101.00 / 110.00 | met |" in md
     assert "| FedAvg | off | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
     assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
+    assert "| FedAtt | off | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md
     assert "| `fedavg-on-1of10-nan` | 2 | 2 | 422 tensor 'x' contains NaN values |" in md
     assert "1.020x | yes |" in md
     assert (tmp_path / "attacks.png").stat().st_size > 0
@@ -110,3 +113,22 @@ def test_cells_already_in_results_json_are_not_run_again(tmp_path, monkeypatch):
     assert ran == []  # every cell is there now: nothing runs
     with pytest.raises(ValueError, match="matches no cell"):
         attacks.select(["nothing-*"])
+
+
+def test_a_failed_cell_does_not_stop_the_others_and_is_named_at_the_end(tmp_path, monkeypatch):
+    def run_cell(cell, protocol, runs_dir):
+        if cell.attack == "scale":
+            raise RuntimeError(f"{cell.id}: `fedkey simulate ...` exited 1")
+        return fake(
+            cell, 100.0, top1=0.0, command=shlex.join(command(cell, protocol, runs_dir / cell.id))
+        )
+
+    monkeypatch.setattr(attacks, "run_cell", run_cell)
+    with pytest.raises(RuntimeError, match="1 cell.s. failed.*fedavg-on-1of10-scale"):
+        attacks.run_attacks(
+            tmp_path, tmp_path / "runs", Protocol(), only=["fedavg-on-1of10-*"], progress=False
+        )
+    done = {r["id"] for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    assert done == {
+        f"fedavg-on-1of10-{a}" for a in ("clean", "signflip", "backdoor", "nan", "shape")
+    }

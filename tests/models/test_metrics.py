@@ -68,3 +68,10 @@ def test_sentencepiece_perplexity_is_per_word():
     pieces = len(tok.encode("see you tomorrow")) - 1
     assert r["ppl"] == pytest.approx(math.exp(r["nll"] / 4))
     assert pieces >= 4
+
+
+def test_perplexity_past_the_float_range_is_inf_not_an_error():
+    from models.metrics import perplexity
+
+    assert perplexity(math.log(50.0)) == pytest.approx(50.0)
+    assert perplexity(1000.0) == math.inf  # exp(1000): a model diverged by a x100 update
