@@ -56,8 +56,18 @@ class RunStorage:
         return plot_perplexity({title or self.root.name: self.read_metrics()}, self.plot_path)
 
 
+#: Perplexities past this are drawn at it: a diverged run (an undefended x100 update) reaches 1e290
+#: or inf, where the log axis's ticks overflow.
+PLOT_CAP = 1e100
+
+
+def _capped(values: list[float]) -> list[float]:
+    return [min(v, PLOT_CAP) for v in values]
+
+
 def plot_perplexity(runs: dict[str, list[dict]], out: str | Path) -> Path:
-    """Validation (dashed) and test (solid) perplexity per round, one colour per run."""
+    """Validation (dashed) and test (solid) perplexity per round, one colour per run (values
+    past PLOT_CAP drawn at it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,10 +78,12 @@ def plot_perplexity(runs: dict[str, list[dict]], out: str | Path) -> Path:
         color = f"C{i % 10}"
         rows = [r for r in rows if r.get("test_ppl") is not None]
         rounds = [r["round"] for r in rows]
-        ax.plot(rounds, [r["test_ppl"] for r in rows], color=color, label=f"{label} (test)")
+        ax.plot(
+            rounds, _capped([r["test_ppl"] for r in rows]), color=color, label=f"{label} (test)"
+        )
         ax.plot(
             rounds,
-            [r["val_ppl"] for r in rows],
+            _capped([r["val_ppl"] for r in rows]),
             color=color,
             ls="--",
             alpha=0.6,

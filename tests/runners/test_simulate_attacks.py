@@ -66,3 +66,15 @@ def test_backdoor_success_is_reported_every_round_also_without_attackers(tmp_pat
 def test_a_backdoor_word_outside_the_vocabulary_is_refused_before_training(tmp_path):
     with pytest.raises(BackdoorError, match="'zzyzx' is not in the server tokenizer's vocabulary"):
         run(tmp_path, malicious=1, attack="backdoor", backdoor=BackdoorConfig(target="zzyzx"))
+
+
+def test_a_diverged_run_still_gets_its_perplexity_plot(tmp_path):
+    from server.storage import plot_perplexity
+
+    rows = [
+        {"round": 0, "val_ppl": 1874.6, "test_ppl": 1874.5},
+        {"round": 1, "val_ppl": 1.1e48, "test_ppl": 1.8e49},
+        {"round": 2, "val_ppl": 9.7e290, "test_ppl": 3.6e289},  # ticks past 1e308 overflowed
+        {"round": 3, "val_ppl": math.inf, "test_ppl": math.inf},
+    ]
+    assert plot_perplexity({"fedatt, --bound off, x100": rows}, tmp_path / "p.png").stat().st_size
