@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench.attacks import ATTACKS, CHECKS, POPULATIONS, STRATEGIES, Cell, Protocol, cells
 from bench.report import markdown_table
+from server.storage import PLOT_CAP
 
 NAMES = {"fedavg": "FedAvg", "fedatt": "FedAtt"}
 DEFENCE_NAMES = {"on": "on (defaults)", "off": "off (--bound off)"}
@@ -173,11 +174,15 @@ def plot(runs: dict[str, dict], out: Path) -> Path | None:
                 if r is None or r["curve"][-1][y] is None:
                     continue
                 points = [p for p in r["curve"] if p[0] > 0 or y == 2]
-                ax.plot([p[0] for p in points], [p[y] for p in points], color=f"C{i}",
+                values = [min(p[y], PLOT_CAP) for p in points]  # diverged runs: at the cap
+                ax.plot([p[0] for p in points], values, color=f"C{i}",
                         ls=styles[attack], marker="o", ms=3, label=f"{label}, {attack}")  # fmt: skip
         ppl.set_title(f"{m} attacker(s) of {n} phones: test perplexity")
         success.set_title(f"{m} of {n}: backdoor top-1 success (held-out trigger contexts)")
-        broken.set_title(f"{m} of {n}: test perplexity under scale (x100) and signflip (x-10)")
+        broken.set_title(
+            f"{m} of {n}: test perplexity under scale (x100) and signflip (x-10); "
+            f"past {PLOT_CAP:.0e} drawn at it"
+        )
         success.axhline(DEFENDED_MAX, color="grey", lw=0.8)
         success.axhline(UNDEFENDED_MIN, color="grey", lw=0.8, ls="--")
         success.set_ylim(-0.02, 1.02)

@@ -58,6 +58,7 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedavg", "off", 10, 1, "signflip"), 4.8e7),  # diverged
         fake(Cell("fedatt", "off", 10, 1, "scale"), float("inf")),  # past the float range
         fake(Cell("fedatt", "off", 10, 1, "clean"), 50.0),
+        fake(Cell("fedatt", "off", 30, 3, "signflip"), 3.6e289),  # the plot's ticks overflowed
         fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
