@@ -87,6 +87,42 @@ def _acceptance_table(rows: list[dict]) -> str:
     return markdown_table(header, body)
 
 
+def _notes(runs: dict[str, dict], rows: list[dict]) -> list[str]:
+    """What the acceptance table alone does not say, read from the numbers."""
+    notes = []
+    for a in rows:
+        off = a["off"]
+        clean = runs.get(Cell(a["strategy"], "off", off["clients"], off["attackers"], "clean").id)
+        ratio = _ratio(off, clean)
+        if ratio is not None and ratio > 10:
+            notes.append(
+                f"- {NAMES[a['strategy']]}, {a['population']}, undefended: the boosted updates "
+                f"wrecked the model (final test perplexity {_f(off['final_test_ppl'])}, "
+                f"{_f(ratio)}x the clean run's), so its backdoor numbers are those of a broken "
+                "model. Model replacement's gamma (eq. 3) is FedAvg's; FedAtt's attention gives "
+                "the farthest update the largest weight, so the same boost overshoots."
+            )
+    grows = [
+        a
+        for a in rows
+        if a["on"]["backdoor_top1"] >= DEFENDED_MAX
+        and (a["on"]["curve"][1][2] or 0.0) < a["on"]["backdoor_top1"]
+    ]
+    if grows:
+        notes.append(
+            "- With the defaults the attacker's boost is cut to the bound, but it is selected in "
+            "every round and trains on its poisoned sentences every round: the backdoor's success "
+            "grows round after round ("
+            + ", ".join(
+                f"{NAMES[a['strategy']]} {a['population']}: "
+                + " -> ".join(_pct(p[2]) for p in a["on"]["curve"][1:])
+                for a in grows
+            )
+            + ")."
+        )
+    return notes
+
+
 def _matrix_table(runs: dict[str, dict]) -> str:
     header = ["strategy", "defence", "attackers", "attack", "final test ppl", "clean run's",
               "ratio", "refused uploads", "backdoor top-1", "backdoor top-3"]  # fmt: skip
@@ -150,6 +186,11 @@ def _checks_table(runs: dict[str, dict]) -> str:
     return markdown_table(header, body)
 
 
+#: The clean and backdoor panel's perplexity axis stops here (a diverged undefended FedAtt run is
+#: drawn at the top); the scale / signflip panel's at server.storage.PLOT_CAP.
+PPL_TOP = 1e4
+
+
 def plot(runs: dict[str, dict], out: Path) -> Path | None:
     """attacks.png: per population (columns), test perplexity of the clean and backdoor runs,
     the backdoor's top-1 success, and the test perplexity under scale and signflip, per round."""
@@ -159,6 +200,7 @@ def plot(runs: dict[str, dict], out: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(3, len(POPULATIONS), figsize=(6 * len(POPULATIONS), 11), squeeze=False)
     arms = [(s, d) for s in STRATEGIES for d in ("off", "on")]
@@ -167,22 +209,23 @@ def plot(runs: dict[str, dict], out: Path) -> Path | None:
         ppl, success, broken = axes[0][col], axes[1][col], axes[2][col]
         for i, (s, d) in enumerate(arms):
             label = f"{NAMES[s]}, defence {d}"
-            for attack, ax, y in (("clean", ppl, 1), ("backdoor", ppl, 1),
-                                  ("backdoor", success, 2), ("scale", broken, 1),
-                                  ("signflip", broken, 1)):  # fmt: skip
+            for attack, ax, y, top in (("clean", ppl, 1, PPL_TOP), ("backdoor", ppl, 1, PPL_TOP),
+                                       ("backdoor", success, 2, 1.0),
+                                       ("scale", broken, 1, PLOT_CAP),
+                                       ("signflip", broken, 1, PLOT_CAP)):  # fmt: skip
                 r = runs.get(Cell(s, d, n, m, attack).id)
                 if r is None or r["curve"][-1][y] is None:
                     continue
                 points = [p for p in r["curve"] if p[0] > 0 or y == 2]
-                values = [min(p[y], PLOT_CAP) for p in points]  # diverged runs: at the cap
+                values = [min(p[y], top) for p in points]  # diverged runs: at the top
                 ax.plot([p[0] for p in points], values, color=f"C{i}",
                         ls=styles[attack], marker="o", ms=3, label=f"{label}, {attack}")  # fmt: skip
-        ppl.set_title(f"{m} attacker(s) of {n} phones: test perplexity")
-        success.set_title(f"{m} of {n}: backdoor top-1 success (held-out trigger contexts)")
-        broken.set_title(
-            f"{m} of {n}: test perplexity under scale (x100) and signflip (x-10); "
-            f"past {PLOT_CAP:.0e} drawn at it"
-        )
+        ppl.set_title(f"{m} attacker(s) of {n} phones: clean (dotted) and backdoor runs")
+        ppl.set_ylabel(f"test perplexity (past {PPL_TOP:.0e} at the top)")
+        success.set_title(f"{m} of {n}: backdoor top-1 success on held-out trigger contexts")
+        success.set_ylabel("share of contexts")
+        broken.set_title(f"{m} of {n}: scale x100 (solid) and signflip x-10 (dashed)")
+        broken.set_ylabel(f"test perplexity (past {PLOT_CAP:.0e} at the top)")
         success.axhline(DEFENDED_MAX, color="grey", lw=0.8)
         success.axhline(UNDEFENDED_MIN, color="grey", lw=0.8, ls="--")
         success.set_ylim(-0.02, 1.02)
@@ -190,6 +233,7 @@ def plot(runs: dict[str, dict], out: Path) -> Path | None:
             ax.set_yscale("log")
         for ax in (ppl, success, broken):
             ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(True, which="both", alpha=0.3)
             if any(not line.get_label().startswith("_") for line in ax.get_lines()):
                 ax.legend(fontsize=6)
@@ -204,6 +248,7 @@ def markdown(
     runs: list[dict], bench_commands: list[str], protocol: Protocol | None, plot_path: Path | None
 ) -> str:
     by_id = {r["id"]: r for r in runs}
+    accepted = acceptance(by_id)
     commits = sorted({r["git_commit"] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
     wall = sum(r["wall_seconds"] for r in runs)
     example = next((r["command"] for r in runs if r["attack"] == "backdoor"), None)
@@ -229,7 +274,9 @@ def markdown(
         f"The backdoor's success after the last round, with the defaults under {_pct(DEFENDED_MAX)} "
         f"where the undefended run's exceeds {_pct(UNDEFENDED_MIN)}:",
         "",
-        _acceptance_table(acceptance(by_id)) or "(no backdoor cells yet)",
+        _acceptance_table(accepted) or "(no backdoor cells yet)",
+        "",
+        *_notes(by_id, accepted),
         "",
         "## Every cell",
         "",

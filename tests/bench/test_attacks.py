@@ -63,7 +63,7 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
         fake(Cell("fedavg", "on", 10, 1, "nan"), 102.0, refused=2),
-        fake(Cell("fedatt", "off", 10, 1, "backdoor"), 120.0, top1=0.9),
+        fake(Cell("fedatt", "off", 10, 1, "backdoor"), 5e9, top1=0.9),  # a wrecked model
         fake(Cell("fedatt", "on", 10, 1, "backdoor"), 100.0, top1=0.3),
         fake(Cell("fedavg", "off", 30, 3, "backdoor"), 100.0, top1=0.4),
         fake(Cell("fedavg", "on", 30, 3, "backdoor"), 100.0, top1=0.0),
@@ -75,6 +75,8 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert verdicts[("fedavg", "3 of 30")].startswith("no test")
     md = write_report(runs, tmp_path, ["fedkey bench attacks"]).read_text()
     assert md.index("## Acceptance") < md.index("## Every cell")
+    assert "FedAtt, 1 of 10, undefended: the boosted updates wrecked the model (final test " in md
+    assert "FedAvg, 1 of 10, undefended" not in md  # 110 against 100 clean: not wrecked
     assert "| FedAvg | 1 of 10 | 80% / 90% | 5% / 15% | 101.00 / 110.00 | met |" in md
     assert "| FedAvg | off | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
     assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
