@@ -23,16 +23,13 @@ resumes), OUT/results.md and OUT/attacks.png (bench.attacks_report).
 from __future__ import annotations
 
 import fnmatch
-import json
 import shlex
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.paper import ROOT, Bench
+from bench.paper import Bench
+from bench.runs import run_fedkey
 
 STRATEGIES = ("fedavg", "fedatt")
 #: The flags of each arm: "on" is the server's defaults, "off" turns every bound off.
@@ -142,35 +139,9 @@ def summarize(rows: list[dict], cell: Cell) -> dict:
 
 def run_cell(cell: Cell, protocol: Protocol, runs_dir: Path) -> dict:
     """Run one cell as a child process (its log in its run folder); its summary."""
-    from bench.perf import _git, machine
-
     run_dir = runs_dir / cell.id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = command(cell, protocol, run_dir)
-    commit = _git("rev-parse", "HEAD")
-    dirty = bool(
-        _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
-    )
-    argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
-    start = time.perf_counter()
-    with (run_dir / "log.txt").open("w") as log:
-        done = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = (run_dir / "log.txt").read_text()[-2000:]
-        raise RuntimeError(f"{cell.id}: `{shlex.join(cmd)}` exited {done.returncode}\n{tail}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    info = machine()
-    device = info["device"] if info["device"] != "cpu" else f"cpu ({info['cpus']} cores)"
-    return {
-        "id": cell.id,
-        **summarize(rows, cell),
-        "wall_seconds": round(wall, 1),
-        "command": shlex.join(cmd),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "device": device,
-    }
+    rows, provenance = run_fedkey(cell.id, command(cell, protocol, run_dir), run_dir)
+    return {"id": cell.id, **summarize(rows, cell), **provenance}
 
 
 def select(only: list[str] | None = None) -> list[Cell]:

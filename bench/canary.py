@@ -23,19 +23,17 @@ alone (`python -m bench.canary bench/results/canary` rebuilds them).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.paper import ROOT, Bench
+from bench.paper import Bench
 from bench.report import markdown_table
+from bench.runs import run_fedkey
 from models.canary import CanaryFormat
 
 
@@ -120,13 +118,6 @@ def command(arm: Arm, cfg: AuditConfig, run_dir: Path) -> list[str]:
     return ["fedkey", "simulate", *flags, *arm.flags(cfg), "--out", str(run_dir)]
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
     """One results.json object from an arm's metrics rows (round 0 = the initial model)."""
     last, phone = rows[-1], canary_phone(clients)
@@ -173,45 +164,11 @@ def run_arm(
 ) -> dict:
     """Run one arm as a child process (its log in its folder); its summary, with the command
     and the machine. `on_round(rounds recorded so far)` follows its metrics.jsonl."""
-    from bench.perf import _git, machine
-
     run_dir = runs_dir / arm.id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = command(arm, cfg, run_dir)
-    commit = _git("rev-parse", "HEAD")
-    dirty = bool(
-        _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
-    )
-    argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
     # The default format (the report's): no FEDKEY_CANARY_FORMAT / _ALPHABET from the shell.
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDKEY_CANARY")}
-    start = time.perf_counter()
-    with (run_dir / "log.txt").open("w") as log:
-        child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            while child.poll() is None:
-                time.sleep(2.0)
-                if (run_dir / "metrics.jsonl").exists():
-                    on_round(max(0, len(read_rows(run_dir)) - 1))
-        finally:
-            if child.poll() is None:  # interrupted: stop the child and its training pool
-                child.terminate()
-                child.wait()
-    wall = time.perf_counter() - start
-    if child.returncode != 0:
-        tail = (run_dir / "log.txt").read_text()[-2000:]
-        raise RuntimeError(f"{arm.id}: `{shlex.join(cmd)}` exited {child.returncode}\n{tail}")
-    info = machine()
-    device = info["device"] if info["device"] != "cpu" else f"cpu ({info['cpu_model']}, {info['cpus']} cores)"  # fmt: skip
-    return {
-        **summarize(read_rows(run_dir), arm, cfg.clients),
-        "wall_seconds": round(wall, 1),
-        "command": shlex.join(cmd),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "device": device,
-        "config": asdict(cfg),
-    }
+    rows, provenance = run_fedkey(arm.id, command(arm, cfg, run_dir), run_dir, env, on_round)
+    return {**summarize(rows, arm, cfg.clients), **provenance, "config": asdict(cfg)}
 
 
 def select(choices: list[Arm], only: list[str] | None) -> list[Arm]:

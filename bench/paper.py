@@ -35,16 +35,12 @@ import fnmatch
 import json
 import re
 import shlex
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.runs import run_fedkey
 from common.files import atomic_write
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: The seed papers' test perplexity (FedAtt, Ji et al. 2019, Table II; FedAttOpt, Jiang et al.
 #: 2020, Table 2; FedMed, Wu et al. 2020, Table 2): (method, C) -> {dataset: ppl}.
@@ -453,39 +449,13 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
 
 def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> dict:
     """Run one spec as a child process; its summary, with the command and where it ran."""
-    from bench.perf import _git, machine
-
     run_dir = runs_dir / spec.id
-    run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command(spec, preset, data_root, run_dir)
-    commit = _git("rev-parse", "HEAD")  # the code the run starts from
-    # Uncommitted changes to the code; results.json, which the bench itself rewrites, aside.
-    dirty = bool(
-        _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
-    )
-    argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
-    start = time.perf_counter()
-    with (run_dir / "log.txt").open("w") as log:
-        done = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = (run_dir / "log.txt").read_text()[-2000:]
-        raise RuntimeError(f"{spec.id}: `{shlex.join(cmd)}` exited {done.returncode}\n{tail}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    info = machine()
-    device = (
-        info["device"]
-        if info["device"] != "cpu"
-        else f"cpu ({info['cpu_model']}, {info['cpus']} cores)"
-    )
+    rows, provenance = run_fedkey(spec.id, cmd, run_dir)
     return {
         "id": spec.id,
         **summarize(rows, spec),
-        "wall_seconds": round(wall, 1),
-        "command": shlex.join(cmd),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "device": device,
+        **provenance,
         "preset": preset.name,
         "seed_ppl": seed_number(spec.suite, spec.dataset, spec.method, spec.fraction, spec.group),
     }

@@ -32,7 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.paper import ROOT, Bench
+from bench.paper import Bench
+from bench.runs import ROOT
 from server.privacy import compute_epsilon
 
 STRATEGIES = ("fedavg", "fedatt")

@@ -1,0 +1,84 @@
+"""One benchmark run: a `fedkey` command line in a child process, and what a results.json object
+records of it besides its numbers (how long, the command, the code, the machine). The benches
+(paper, attacks, canary) each summarize the rows their own way; running is shared."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl rows so far (none before its first row)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def device_label() -> str:
+    """Where the runs train: the GPU's name, or the CPU's model and core count."""
+    from bench.perf import machine  # imports torch: only once a run is made
+
+    info = machine()
+    if info["device"] != "cpu":
+        return info["device"]
+    return f"cpu ({info['cpu_model']}, {info['cpus']} cores)"
+
+
+def run_fedkey(
+    run_id: str,
+    cmd: list[str],
+    run_dir: Path,
+    env: Mapping[str, str] | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> tuple[list[dict], dict]:
+    """Run `cmd` (["fedkey", verb, ...]) with this interpreter, its output in RUN_DIR/log.txt;
+    -> (its metrics rows, the provenance fields of its results.json object). `on_round(rounds
+    recorded so far)` follows metrics.jsonl while it runs. An interrupted run stops the child (and
+    its training pool); a failed one raises RuntimeError with the end of its log."""
+    from bench.perf import _git
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    commit = _git("rev-parse", "HEAD")  # the code the run starts from
+    # Uncommitted changes to the code; results.json, which the bench itself rewrites, aside.
+    dirty = bool(
+        _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
+    )
+    argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
+    start = time.perf_counter()
+    with (run_dir / "log.txt").open("w") as log:
+        child = subprocess.Popen(
+            argv, cwd=ROOT, env=None if env is None else dict(env), stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            if on_round is None:
+                child.wait()
+            else:
+                while child.poll() is None:
+                    time.sleep(2.0)
+                    on_round(max(0, len(read_rows(run_dir)) - 1))
+        finally:
+            if child.poll() is None:  # interrupted: stop the child and its training pool
+                child.terminate()
+                child.wait()
+    wall = time.perf_counter() - start
+    if child.returncode != 0:
+        tail = (run_dir / "log.txt").read_text()[-2000:]
+        raise RuntimeError(f"{run_id}: `{shlex.join(cmd)}` exited {child.returncode}\n{tail}")
+    provenance = {
+        "wall_seconds": round(wall, 1),
+        "command": shlex.join(cmd),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "device": device_label(),
+    }
+    return read_rows(run_dir), provenance
