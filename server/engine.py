@@ -30,7 +30,7 @@ from models.model import LanguageModel
 from models.tokenizers import Tokenizer
 from server import privacy
 from server.config import FederationConfig, dp_problem
-from server.influence import bound_round
+from server.influence import BoundedRound, bound_round, scale_deltas
 from server.server_opt import ServerOptimizer
 from server.storage import RunStorage
 from server.strategies import ClientUpdate, Info, get_strategy, sensitivity
@@ -57,18 +57,6 @@ def client_seed(seed: int, round_idx: int, device_id: str) -> int:
     """A device's training seed for a round: independent of which process trains it."""
     ss = np.random.SeedSequence([seed, round_idx, *device_id.encode()])
     return int(ss.generate_state(1)[0])
-
-
-def _scale_delta(
-    global_state: dict[str, torch.Tensor], state: dict[str, torch.Tensor], factor: float
-) -> dict[str, torch.Tensor]:
-    """``theta + factor (state - theta)`` on the floating entries."""
-    return {
-        k: (g + (state[k].double() - g.double()) * factor).to(g.dtype)
-        if torch.is_floating_point(g)
-        else state[k]
-        for k, g in global_state.items()
-    }
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
@@ -247,7 +235,7 @@ class Federation:
         return {k: v.contiguous() for k, v in new_state.items()}, info
 
     def _add_noise(
-        self, plan: RoundPlan, new_state: dict[str, torch.Tensor], bounded
+        self, plan: RoundPlan, new_state: dict[str, torch.Tensor], bounded: BoundedRound
     ) -> tuple[dict[str, torch.Tensor], dict]:
         """``N(0, (z Delta)^2)`` on the aggregate; the accountant steps (server.privacy)."""
         p, m, bound = self.config.privacy, len(bounded), bounded.bound
@@ -257,7 +245,8 @@ class Federation:
         if p.sampling == "poisson":
             # McMahan et al. 2018's fixed denominator: sum_k u_k / (q N), not the mean.
             expected = self.config.fraction * population
-            new_state = _scale_delta(self.global_state, new_state, m / expected)
+            factors = dict.fromkeys(bound.layers, m / expected)  # bound.layers: the floating keys
+            new_state = scale_deltas(self.global_state, new_state, factors)
             sens = sensitivity.poisson_mean_sensitivity(expected, bound.norm)
         else:
             sens = self.strategy.sensitivity(self.global_state, bound, m)

@@ -103,14 +103,15 @@ def clip_factors(norms: Mapping[str, float], bound: Bound) -> dict[str, float]:
     return dict.fromkeys(norms, factor)
 
 
-def clip_state(
+def scale_deltas(
     global_state: Mapping[str, Tensor], state: Mapping[str, Tensor], factors: Mapping[str, float]
 ) -> dict[str, Tensor]:
-    """``theta + f_l (theta_k^l - theta^l)`` per layer, in the client's dtypes (float64 arithmetic);
-    layers with factor 1 are the client's own tensors (no copy)."""
+    """``theta + f_l (theta_k^l - theta^l)`` per layer, in the client's dtypes (float64 arithmetic):
+    the clip (factors <= 1) and DP's Poisson rescaling. Layers with factor 1 are the client's own
+    tensors (no copy); entries without a factor are passed through."""
     out = dict(state)
     for k, f in factors.items():
-        if f < 1.0:
+        if f != 1.0:
             g = global_state[k].detach().to(torch.float64)
             c = state[k]
             out[k] = (g + (c.detach().to(torch.float64) - g) * f).to(c.dtype)
@@ -136,7 +137,7 @@ class BoundedRound:
     def __iter__(self) -> Iterator[ClientUpdate]:
         """The bounded updates; iterable more than once (each pass clips again)."""
         for u, f, n in zip(self.updates, self.factors, self.samples, strict=True):
-            yield replace(u, state=clip_state(self.global_state, u.state, f), num_samples=n)
+            yield replace(u, state=scale_deltas(self.global_state, u.state, f), num_samples=n)
 
     def __len__(self) -> int:
         return len(self.updates)

@@ -16,6 +16,8 @@ from server.strategies.aggregate import (
     LayerwiseAttention,
     StateDict,
     WeightedAverage,
+    floating_keys,
+    num_parameters,
 )
 from server.strategies.base import Bound, ClientUpdate, Info, Strategy
 from server.strategies.selection import top_k_lowest
@@ -218,9 +220,10 @@ class FedAttOpt(Strategy):
         return new, info
 
     def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
-        keys = [k for k, v in global_state.items() if v.is_floating_point()]
-        n = sum(global_state[k].numel() for k in keys)
-        theta = math.sqrt(sum(float(global_state[k].double().square().sum()) for k in keys))
+        n = num_parameters(global_state)
+        theta = math.sqrt(
+            sum(float(global_state[k].double().square().sum()) for k in floating_keys(global_state))
+        )
         return sensitivity.attopt_sensitivity(
             m, bound.norm, n, theta, self.distance_floor, self.epsilon
         )

@@ -43,3 +43,18 @@ def test_dp_refuses_what_it_cannot_cover_with_the_reason(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 1
     assert "--epsilon-med 0" in result.output and "Traceback" not in result.output
+
+
+def test_poisson_cohorts_use_the_fixed_denominator_and_its_noise(tmp_path):
+    """--dp-sampling poisson: each phone with probability C, McMahan et al.'s sum / (q N), and
+    noise z S / (q N) (add/remove-one): 8 phones at C = 0.5 expect 4."""
+    out = tmp_path / "run"
+    args = ["simulate", *TINY, "--strategy", "fedavg", "--dp-sampling", "poisson"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        dp = row["info"]["dp"]
+        assert dp["sampling"] == "poisson" and dp["sensitivity"] == pytest.approx(1.0 / 4)
+        assert math.isfinite(row["epsilon"]) and row["epsilon"] > 0
+    assert rows[2]["epsilon"] > rows[1]["epsilon"]

@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from server.config import ClipScope, InfluenceConfig
-from server.influence import bound_round, clip_factors, clip_state, make_bound
+from server.influence import bound_round, clip_factors, make_bound, scale_deltas
 from server.strategies import Bound, ClientUpdate, FedAtt, FedAttOpt, FedAvg, FedMed, Strategy
 from server.strategies.aggregate import floating_keys
 from server.strategies.sensitivity import attention_max_weight
@@ -167,9 +167,9 @@ class Arena:
         return out
 
     def engine_clip(self, delta: np.ndarray) -> np.ndarray:
-        """What influence.clip_state makes of the delta, as a delta again."""
+        """What influence.scale_deltas makes of the delta, as a delta again."""
         st = self.state(delta)
-        clipped = clip_state(self.glob, st, clip_factors(self.norms(delta), self.bound))
+        clipped = scale_deltas(self.glob, st, clip_factors(self.norms(delta), self.bound))
         return np.concatenate([(clipped[k] - self.glob[k]).reshape(-1).numpy() for k in self.keys])
 
     # -- aggregation
