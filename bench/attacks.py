@@ -4,9 +4,10 @@ server's bounded influence, on the demo corpus.
 The matrix (every cell one `fedkey simulate` command line, run as a child process):
 
     strategy    fedavg, fedatt
-    defence     on (the defaults: the server clips every update to a multiple of the round's
-                median norm, caps attention and FedAvg weights), off (--bound off: the seed
-                papers' server, no bounding at all)
+    defence     on (the defaults: the server trims every coordinate of every update to the range
+                of the round's others, clips it to a multiple of the round's median norm, caps
+                attention and FedAvg weights), clip (the same without the trim: --trim 0), off
+                (--bound off: the seed papers' server, no bounding at all)
     population  1 attacker of 10 phones, 3 of 30 (every phone selected every round)
     attack      clean (no attacker), scale (delta x100), signflip (delta x-10), backdoor (a
                 word-prediction backdoor trained on poisoned sentences and boosted by model
@@ -32,8 +33,13 @@ from bench.paper import Bench
 from bench.runs import run_fedkey
 
 STRATEGIES = ("fedavg", "fedatt")
-#: The flags of each arm: "on" is the server's defaults, "off" turns every bound off.
-DEFENCES: dict[str, tuple[str, ...]] = {"on": (), "off": ("--bound", "off")}
+#: The flags of each arm: "on" is the server's defaults, "clip" the defaults without the coordinate
+#: trim, "off" turns every bound off.
+DEFENCES: dict[str, tuple[str, ...]] = {
+    "on": (),
+    "clip": ("--trim", "0"),
+    "off": ("--bound", "off"),
+}
 POPULATIONS = ((10, 1), (30, 3))  # (phones, attackers)
 ATTACKS = ("clean", "scale", "signflip", "backdoor")
 #: Uploads the server refuses: checked at 1 of 10 with the defaults, against the clean run.
@@ -66,7 +72,7 @@ class Cell:
     """One run of the matrix."""
 
     strategy: str
-    defence: str  # on | off
+    defence: str  # a key of DEFENCES
     clients: int
     attackers: int
     attack: str  # clean | scale | signflip | backdoor | nan | shape
@@ -86,7 +92,7 @@ class Cell:
 
 
 def cells() -> list[Cell]:
-    """The whole matrix: the 32 cells, then the refused-upload checks."""
+    """The whole matrix: the 48 cells, then the refused-upload checks."""
     out = [
         Cell(s, d, n, m, a)
         for s in STRATEGIES

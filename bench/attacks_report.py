@@ -9,12 +9,11 @@ import math
 import sys
 from pathlib import Path
 
-from bench.attacks import ATTACKS, CHECKS, POPULATIONS, STRATEGIES, Cell, Protocol, cells
+from bench.attacks import ATTACKS, CHECKS, DEFENCES, POPULATIONS, STRATEGIES, Cell, Protocol, cells
 from bench.report import markdown_table
 from server.storage import PLOT_CAP
 
 NAMES = {"fedavg": "FedAvg", "fedatt": "FedAtt"}
-DEFENCE_NAMES = {"on": "on (defaults)", "off": "off (--bound off)"}
 #: Issue 15's acceptance: the backdoor's final top-1 success with the defaults under this ...
 DEFENDED_MAX = 0.10
 #: ... where the undefended run's is over this.
@@ -48,8 +47,9 @@ def _ratio(run: dict, clean: dict | None) -> float | None:
 
 
 def acceptance(runs: dict[str, dict]) -> list[dict]:
-    """Per strategy and population: the backdoor's final success without and with the defence,
-    and whether issue 15's bar is met (defended < 10% where undefended > 50%)."""
+    """Per strategy and population: the backdoor's final success without the defence, with the
+    clip alone and with the defaults, and whether issue 15's bar is met (defended < 10% where
+    undefended > 50%)."""
     out = []
     for s in STRATEGIES:
         for n, m in POPULATIONS:
@@ -65,21 +65,23 @@ def acceptance(runs: dict[str, dict]) -> list[dict]:
                 verdict = "met"
             else:
                 verdict = "**not met**"
+            clip = runs.get(Cell(s, "clip", n, m, "backdoor").id)
             out.append({"strategy": s, "population": f"{m} of {n}", "off": off, "on": on,
-                        "verdict": verdict})  # fmt: skip
+                        "clip": clip, "verdict": verdict})  # fmt: skip
     return out
 
 
 def _acceptance_table(rows: list[dict]) -> str:
-    header = ["strategy", "attackers", "undefended top-1 / top-3", "defended top-1 / top-3",
-              "defended test ppl / undefended", "verdict"]  # fmt: skip
+    header = ["strategy", "attackers", "undefended top-1 / top-3", "clip only (--trim 0)",
+              "defended top-1 / top-3", "defended test ppl / undefended", "verdict"]  # fmt: skip
     body = []
     for a in rows:
-        off, on = a["off"], a["on"]
+        off, on, clip = a["off"], a["on"], a["clip"]
         body.append([
             NAMES[a["strategy"]],
             a["population"],
             f"{_pct(off['backdoor_top1'])} / {_pct(off['backdoor_top3'])}",
+            "-" if clip is None else f"{_pct(clip['backdoor_top1'])} / {_pct(clip['backdoor_top3'])}",
             f"{_pct(on['backdoor_top1'])} / {_pct(on['backdoor_top3'])}",
             f"{_f(on['final_test_ppl'])} / {_f(off['final_test_ppl'])}",
             a["verdict"],
@@ -203,7 +205,7 @@ def plot(runs: dict[str, dict], out: Path) -> Path | None:
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(3, len(POPULATIONS), figsize=(6 * len(POPULATIONS), 11), squeeze=False)
-    arms = [(s, d) for s in STRATEGIES for d in ("off", "on")]
+    arms = [(s, d) for s in STRATEGIES for d in DEFENCES]
     styles = {"clean": ":", "backdoor": "-", "scale": "-", "signflip": "--"}
     for col, (n, m) in enumerate(POPULATIONS):
         ppl, success, broken = axes[0][col], axes[1][col], axes[2][col]
@@ -257,8 +259,10 @@ def markdown(
         "# fedkey bench attacks",
         "",
         "Malicious phones against FedAvg and FedAtt, with the server's defaults (bounded influence: "
-        "every update clipped to a multiple of the round's median norm, attention and FedAvg weights "
-        "capped) and without them (`--bound off`, the seed papers' server), on the demo corpus with "
+        "every coordinate of every update trimmed to the range of the round's other updates, "
+        "every update clipped to a multiple of the round's median norm, attention and FedAvg "
+        "weights capped), with the clip alone (`--trim 0`) and without any bound (`--bound off`, "
+        "the seed papers' server), on the demo corpus with "
         f"every phone selected every round ({p.rounds} rounds, E {p.local_epochs}). Attacks: "
         "`scale` uploads global + 100 x its delta, `signflip` global - 10 x its delta, `backdoor` "
         '(Bagdasaryan et al. 2020, "How To Backdoor Federated Learning") trains on its shard plus '

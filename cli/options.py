@@ -288,6 +288,16 @@ FEDERATION = {
             help="A phone's FedAvg weight n_k counts at most this multiple of the round's median.",
         ),
     ),
+    "trim": (
+        float | None,
+        opt(
+            "trim",
+            "--trim",
+            help="Coordinate trim beta: before the clip, clamp each coordinate of each update to "
+            "the round's ceil(beta m)-th lowest and highest values (default 0.1; 0 under DP, "
+            "which refuses it).",
+        ),
+    ),
     "dp_beta": (
         float,
         opt(

@@ -69,6 +69,7 @@ CLIP_KEYS = (
     "max_norm",
     "weight_cap",
     "capped_weights",
+    "trimmed",
 )
 
 

@@ -30,6 +30,8 @@ CLIP_SCOPES: tuple[ClipScope, ...] = get_args(ClipScope)
 #: replacement (replace-one adjacency) or Poisson sampling (add/remove-one; uniform FedAvg only).
 DPSampling = Literal["fixed", "poisson"]
 DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
+#: The coordinate trim without DP: with 10 phones one value is clamped at each end, 3 with 30.
+DEFAULT_TRIM = 0.1
 #: Strategies whose aggregate is the uniform mean under DP (the engine sets every weight to 1).
 MEAN_STRATEGIES: tuple[StrategyName, ...] = ("fedsgd", "fedavg")
 
@@ -60,6 +62,13 @@ class InfluenceConfig:
     ``temperature`` times the bound, so no phone's weight passes ``e^(1/T) / (e^(1/T) + m - 1)``;
     a FedAvg weight n_k is capped at ``weight_cap`` times the round's median n_k. Under DP the clip
     is the DP clip S (fixed, data-independent).
+
+    ``trim`` (beta) first clamps every coordinate of every delta to the round's ceil(beta m)-th
+    smallest and largest values of that coordinate (winsorizing, server.influence.coordinate_range):
+    the clip bounds how far a phone moves the model as a whole, the trim each coordinate to the
+    range the round's other phones span, so a backdoor that pushes some coordinates further than
+    any honest phone does is cut back to that range.
+    None: ``DEFAULT_TRIM`` without DP, 0 under DP (the analysis covers the clip, not the trim).
     """
 
     mode: ClipMode = "adaptive"
@@ -68,6 +77,7 @@ class InfluenceConfig:
     scope: ClipScope = "model"
     temperature: float = 1.0  # attention: softmax(score / (T * bound))
     weight_cap: float = 4.0  # n_k <= weight_cap * median n_k
+    trim: float | None = None  # coordinate trim beta; None: DEFAULT_TRIM, or 0 under DP
 
     def __post_init__(self) -> None:
         if self.mode not in CLIP_MODES:
@@ -81,6 +91,17 @@ class InfluenceConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.norm is not None and not self.norm > 0:
             raise ValueError(f"the bound's norm must be > 0, got {self.norm}")
+        if self.trim is not None and not 0 <= self.trim < 0.5:
+            raise ValueError(f"the coordinate trim must be in [0, 0.5), got {self.trim}")
+
+    def trim_for(self, dp: bool) -> float:
+        """The trim beta this round applies: the explicit one, else the default (0 under DP or
+        with bounding off)."""
+        if self.mode == "off":
+            return 0.0
+        if self.trim is not None:
+            return self.trim
+        return 0.0 if dp else DEFAULT_TRIM
 
     @property
     def active(self) -> bool:
@@ -137,6 +158,11 @@ def dp_problem(
         return None
     if influence.mode == "off":
         return "DP needs bounded updates: drop --bound off (under DP the bound is --dp-clip)"
+    if influence.trim:
+        return (
+            "the coordinate trim clamps each update to the others' values, which the DP "
+            "analysis (the clip's sensitivity) does not cover: use --trim 0 under DP"
+        )
     if params.get("selector") == "adafl":
         return (
             "AdaFL selection scores phones by their private updates without noise, so its "

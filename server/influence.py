@@ -13,6 +13,14 @@ against backdoors does (Sun et al. 2019, "Can You Really Backdoor Federated Lear
   the data);
 * off: nothing is bounded, the seed papers' methods as published.
 
+Before the clip, every coordinate is trimmed (``trim`` beta, 0.1 by default without DP): clamped
+to the round's ceil(beta m)-th smallest and largest values of that coordinate, winsorizing as
+Yin et al. 2018's coordinate-wise trimmed mean trims. The clip alone lets a persistent backdoor
+through: an attacker selected every round, unboosted, is an honest-sized update that always
+pushes the same few coordinates (trigger -> target), and nothing honest pushes back (bench
+attacks: 64% top-1 success with the clip alone, 1 of 10 phones). Clamped to the range its honest
+peers span on each coordinate, it pushes no further than the most extreme honest phone.
+
 The bound is handed to the strategy (:class:`server.strategies.Bound`), which caps its attention
 weights with it, and a FedAvg weight ``n_k`` (declared by the phone) is capped at ``weight_cap``
 times the round's median.
@@ -33,6 +41,59 @@ from server.strategies import Bound, ClientUpdate
 
 #: A bound of zero (every update equal to the global model) would divide the attention logits by 0.
 MIN_BOUND = 1e-12
+#: Elements of one layer's slice stacked across the cohort to find the trim's order statistics
+#: (float64: 64 MB), so the trim's memory does not grow with the cohort.
+TRIM_CHUNK = 1 << 23
+
+#: Per floating layer, the trim's lowest and highest delta for each coordinate.
+Ranges = dict[str, tuple[Tensor, Tensor]]
+
+
+def trim_count(beta: float, m: int) -> int:
+    """How many values the trim clamps at each end of a coordinate: ceil(beta m), or 0 when that
+    leaves no value between them (m <= 2k: too small a cohort to trim)."""
+    k = math.ceil(beta * m - 1e-9) if beta > 0 else 0
+    return k if m > 2 * k else 0
+
+
+def coordinate_range(
+    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], k: int
+) -> Ranges:
+    """Each coordinate's (k+1)-th smallest and (k+1)-th largest delta over the round's states:
+    the values the trim clamps to. Computed slice by slice (``TRIM_CHUNK`` elements across the
+    cohort at a time), in float64."""
+    m = len(states)
+    out: Ranges = {}
+    for key, g in global_state.items():
+        if not torch.is_floating_point(g):
+            continue
+        flat_g = g.detach().reshape(-1).to(torch.float64)
+        lo, hi = torch.empty_like(flat_g), torch.empty_like(flat_g)
+        step = max(1, TRIM_CHUNK // m)
+        for a in range(0, flat_g.numel(), step):
+            b = min(a + step, flat_g.numel())
+            d = torch.stack([s[key].detach().reshape(-1)[a:b].to(torch.float64) for s in states])
+            d -= flat_g[a:b]
+            lo[a:b] = torch.kthvalue(d, k + 1, dim=0).values
+            hi[a:b] = torch.kthvalue(d, m - k, dim=0).values
+        out[key] = (lo.reshape(g.shape), hi.reshape(g.shape))
+    return out
+
+
+def trim_state(
+    global_state: Mapping[str, Tensor], state: Mapping[str, Tensor], ranges: Ranges | None
+) -> Mapping[str, Tensor]:
+    """``theta + clamp(theta_k - theta, lo, hi)`` per coordinate, in the client's dtypes (the
+    state itself when nothing is trimmed)."""
+    if ranges is None:
+        return state
+    out = dict(state)
+    for key, (lo, hi) in ranges.items():
+        g = global_state[key].detach().to(torch.float64)
+        c = state[key]
+        d = torch.clamp(c.detach().to(torch.float64) - g, lo, hi)
+        out[key] = (g + d).to(c.dtype)
+    return out
 
 
 def layer_norms(
@@ -133,11 +194,13 @@ class BoundedRound:
     factors: list[dict[str, float]]
     samples: list[int]
     info: dict
+    ranges: Ranges | None = None  # the coordinate trim's, when it applies
 
     def __iter__(self) -> Iterator[ClientUpdate]:
-        """The bounded updates; iterable more than once (each pass clips again)."""
+        """The bounded updates; iterable more than once (each pass trims and clips again)."""
         for u, f, n in zip(self.updates, self.factors, self.samples, strict=True):
-            yield replace(u, state=scale_deltas(self.global_state, u.state, f), num_samples=n)
+            state = trim_state(self.global_state, u.state, self.ranges)
+            yield replace(u, state=scale_deltas(self.global_state, state, f), num_samples=n)
 
     def __len__(self) -> int:
         return len(self.updates)
@@ -154,9 +217,12 @@ def bound_round(
 
     ``clip_norm``: the DP clip (a fixed S whatever the mode). ``uniform``: every weight n_k = 1
     (DP: the declared counts are private data and the mean's analysis assumes equal weights).
-    ``info`` reports the bound, how many updates it clipped and the norms' median and maximum.
+    The coordinate trim comes first, and the clip bounds the trimmed deltas. ``info`` reports the
+    trim, the bound, how many updates it clipped and the (trimmed) norms' median and maximum.
     """
-    norms = [layer_norms(global_state, u.state) for u in updates]
+    k = trim_count(config.trim_for(dp=clip_norm is not None), len(updates))
+    ranges = coordinate_range(global_state, [u.state for u in updates], k) if k else None
+    norms = [layer_norms(global_state, trim_state(global_state, u.state, ranges)) for u in updates]
     bound = make_bound(config, global_state, norms, clip_norm)
     samples = [int(u.num_samples) for u in updates]
     if uniform:
@@ -166,6 +232,7 @@ def bound_round(
         "mode": "dp" if clip_norm is not None else config.mode,
         "median_norm": statistics.median(whole) if whole else None,
         "max_norm": max(whole, default=None),
+        "trimmed": k,  # values clamped at each end of every coordinate
     }
     if bound is None:
         factors = [dict.fromkeys(n, 1.0) for n in norms]
@@ -180,4 +247,4 @@ def bound_round(
             capped_weights=sum(n > cap for n in samples),
         )
         samples = [min(n, cap) for n in samples]
-    return BoundedRound(global_state, updates, bound, factors, samples, info)
+    return BoundedRound(global_state, updates, bound, factors, samples, info, ranges)

@@ -124,6 +124,7 @@ class Settings(BaseSettings):
     bound_scope: ClipScope = _INFLUENCE.scope
     attention_temperature: float = Field(_INFLUENCE.temperature, gt=0)
     weight_cap: float = Field(_INFLUENCE.weight_cap, gt=0)
+    trim: float | None = Field(_INFLUENCE.trim, ge=0, lt=0.5)
     # The largest sample count a phone may declare (enrollment, loss report, upload): 422 past it.
     max_samples: int = Field(100_000_000, ge=1, le=2**62)
 
@@ -250,6 +251,7 @@ class Settings(BaseSettings):
             scope=self.bound_scope,
             temperature=self.attention_temperature,
             weight_cap=self.weight_cap,
+            trim=self.trim,
         )
 
     def federation_config(self) -> FederationConfig:

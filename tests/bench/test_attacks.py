@@ -41,7 +41,7 @@ def fake(cell: Cell, ppl: float, top1: float | None = None, refused: int = 0, **
 
 def test_the_matrix_and_its_commands():
     ids = [c.id for c in cells()]
-    assert len(ids) == len(set(ids)) == 2 * 2 * 2 * 4 + 4
+    assert len(ids) == len(set(ids)) == 2 * 3 * 2 * 4 + 4
     off = command(Cell("fedatt", "off", 30, 3, "backdoor"), Protocol(rounds=3), attacks.Path("r"))
     assert off[:2] == ["fedkey", "simulate"]
     line = shlex.join(off)
@@ -49,6 +49,11 @@ def test_the_matrix_and_its_commands():
     assert "--attack backdoor" in line and "--rounds 3" in line and "--fraction 1.0" in line
     clean = shlex.join(command(Cell("fedavg", "on", 10, 1, "clean"), Protocol(), attacks.Path("r")))
     assert "--malicious 0 --attack backdoor" in clean and "--bound" not in clean
+    assert "--trim" not in clean  # "on" is the server's defaults
+    clip = shlex.join(
+        command(Cell("fedavg", "clip", 10, 1, "backdoor"), Protocol(), attacks.Path("r"))
+    )
+    assert "--trim 0" in clip and "--bound" not in clip
 
 
 def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_path):
@@ -62,6 +67,7 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
         fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
+        fake(Cell("fedavg", "clip", 10, 1, "backdoor"), 104.0, top1=0.6),
         fake(Cell("fedavg", "on", 10, 1, "nan"), 102.0, refused=2),
         fake(Cell("fedatt", "off", 10, 1, "backdoor"), 5e9, top1=0.9),  # a wrecked model
         fake(Cell("fedatt", "on", 10, 1, "backdoor"), 100.0, top1=0.3),
@@ -77,7 +83,8 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert md.index("## Acceptance") < md.index("## Every cell")
     assert "FedAtt, 1 of 10, undefended: the boosted updates wrecked the model (final test " in md
     assert "FedAvg, 1 of 10, undefended" not in md  # 110 against 100 clean: not wrecked
-    assert "| FedAvg | 1 of 10 | 80% / 90% | 5% / 15% | 101.00 / 110.00 | met |" in md
+    assert "| FedAvg | 1 of 10 | 80% / 90% | 60% / 70% | 5% / 15% | 101.00 / 110.00 | met |" in md
+    assert "| FedAtt | 1 of 10 | 90% / 100% | - | 30% / 40% |" in md  # no clip-only run yet
     assert "| FedAvg | off | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
     assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
     assert "| FedAtt | off | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md

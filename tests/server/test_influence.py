@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from server.config import InfluenceConfig
-from server.influence import bound_round, layer_norms, make_bound, whole_norm
+import server.influence as influence
+from server.config import InfluenceConfig, PrivacyConfig, dp_problem
+from server.influence import bound_round, layer_norms, make_bound, trim_count, whole_norm
 from server.strategies import ClientUpdate, get_strategy
 
 GLOBAL = {"emb": torch.zeros(6, 4), "bias": torch.zeros(5), "steps": torch.tensor(3)}
@@ -29,7 +30,7 @@ def test_adaptive_bound_is_a_multiple_of_the_median_and_cuts_a_boosted_update_ba
     ups = [honest(i) for i in range(9)] + [honest(9, scale=100.0)]
     norms = sorted(norm_of(u) for u in ups)
     median = (norms[4] + norms[5]) / 2
-    rnd = bound_round(InfluenceConfig(), GLOBAL, ups)
+    rnd = bound_round(InfluenceConfig(trim=0), GLOBAL, ups)
     assert rnd.bound.norm == pytest.approx(2.0 * median)
     out = list(rnd)
     assert norm_of(out[-1]) == pytest.approx(2.0 * median, rel=1e-6)  # the x100 phone
@@ -104,3 +105,70 @@ def test_a_zero_round_does_not_divide_by_zero():
 def test_a_fixed_bound_needs_its_norm():
     with pytest.raises(ValueError, match="--bound-norm"):
         InfluenceConfig(mode="fixed")
+
+
+def delta(update, key):
+    return update.state[key] - GLOBAL[key]
+
+
+def test_the_trim_cuts_a_backdoor_coordinate_back_to_the_honest_range():
+    """An unboosted attacker that pushes one coordinate (its trigger -> target) far past every
+    honest phone passes the norm clip, but not the trim: clamped to the second-largest value."""
+    ups = [honest(i, scale=0.1) for i in range(9)]
+    bad = honest(9, scale=0.1)
+    bad.state["bias"] = bad.state["bias"].clone()
+    bad.state["bias"][3] += 0.6
+    ups.append(bad)
+    honest_max = max(float(delta(u, "bias")[3]) for u in ups[:9])
+    fedavg = get_strategy("fedavg")
+
+    untrimmed = bound_round(InfluenceConfig(trim=0), GLOBAL, ups)
+    assert untrimmed.info["clipped"] == 0  # within 2x the median norm: the clip lets it through
+    pushed, _ = fedavg.aggregate(GLOBAL, untrimmed, untrimmed.bound)
+
+    rnd = bound_round(InfluenceConfig(), GLOBAL, ups)  # the default: trim 0.1, 1 value per end
+    assert rnd.info["trimmed"] == 1
+    out = list(rnd)
+    second = sorted(float(delta(u, "bias")[3]) for u in ups)[-2]
+    assert second == honest_max
+    assert float(delta(out[-1], "bias")[3]) == pytest.approx(honest_max)
+    new, _ = fedavg.aggregate(GLOBAL, rnd, rnd.bound)
+    assert float(new["bias"][3]) <= honest_max
+    assert float(pushed["bias"][3]) - float(new["bias"][3]) > 0.03  # most of its 0.6 / 10 is gone
+    # Coordinates inside the range are the phone's own values, bit for bit.
+    inside = [
+        i
+        for i in range(5)
+        if sorted(float(delta(u, "bias")[i]) for u in ups)[1]
+        < float(delta(bad, "bias")[i])
+        < sorted(float(delta(u, "bias")[i]) for u in ups)[-2]
+    ]
+    assert inside
+    assert all(out[-1].state["bias"][i] == bad.state["bias"][i] for i in inside)
+
+
+def test_the_trim_range_is_the_order_statistics_whatever_the_chunking(monkeypatch):
+    ups = [honest(i) for i in range(7)]
+    monkeypatch.setattr(influence, "TRIM_CHUNK", 5)  # slices of 5 // 7 -> 1 element at a time
+    ranges = influence.coordinate_range(GLOBAL, [u.state for u in ups], 2)
+    d = torch.stack([delta(u, "emb").double() for u in ups]).sort(dim=0).values
+    assert torch.equal(ranges["emb"][0], d[2]) and torch.equal(ranges["emb"][1], d[4])
+    assert "steps" not in ranges  # integer buffers are not trimmed
+
+
+@pytest.mark.parametrize(
+    ("beta", "m", "k"),
+    [(0.1, 10, 1), (0.1, 30, 3), (0.1, 31, 4), (0.1, 3, 1), (0.1, 2, 0), (0, 50, 0)],
+)
+def test_the_trim_clamps_ceil_beta_m_values_at_each_end_when_some_are_left(beta, m, k):
+    assert trim_count(beta, m) == k
+
+
+def test_dp_does_not_trim_by_default_and_refuses_an_explicit_trim():
+    ups = [honest(i) for i in range(10)]
+    rnd = bound_round(InfluenceConfig(), GLOBAL, ups, clip_norm=1.0)
+    assert rnd.info["trimmed"] == 0 and rnd.ranges is None
+    dp = PrivacyConfig(clip_norm=1.0)
+    assert dp_problem("fedavg", dp, InfluenceConfig(), {}) is None
+    assert "--trim 0" in dp_problem("fedavg", dp, InfluenceConfig(trim=0.1), {})
+    assert bound_round(InfluenceConfig(mode="off"), GLOBAL, ups).info["trimmed"] == 0
