@@ -10,7 +10,14 @@ from pathlib import Path
 import typer
 
 from cli.errors import check_can_listen
-from runners.processes import ProcessError, ProcessGroup, free_port, wait_for, wait_healthy
+from runners.processes import (
+    ProcessError,
+    ProcessGroup,
+    free_port,
+    server_env,
+    wait_for,
+    wait_healthy,
+)
 
 #: What the demo shows: attentive aggregation (FedAtt), every update bounded, and DP noise
 #: calibrated to FedAtt's sensitivity. S = 10 is about the median update norm of a demo phone's two
@@ -71,6 +78,7 @@ def demo(
                     "120",
                     *MISSION,
                 ],
+                env=server_env(),
             )
             wait_healthy(url, server_proc)
             typer.echo(f"federation server {url} (logs in {out}/)")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from device_sim.config import FleetConfig
-from runners.processes import ProcessError, ProcessGroup, wait_healthy
+from runners.processes import ProcessError, ProcessGroup, server_env, wait_healthy
 from server.settings import Settings
 from server.storage import RunStorage
 
@@ -57,7 +57,7 @@ class ServerProcess:
 
     def __init__(self, settings: Settings, log_dir: Path, grace: float = 30.0) -> None:
         env = {f"FEDKEY_{k.upper()}": _env(v) for k, v in settings_env(settings).items()}
-        self.group = ProcessGroup(log_dir, env=env, grace=grace)
+        self.group = ProcessGroup(log_dir, env=server_env(env), grace=grace)
         self.log_path = self.group.log("server")
         self.url = f"http://127.0.0.1:{settings.port}"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import math
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import validation
 from server.coordinator import Coordinator
+from server.ratelimit import RateLimiter
 from server.settings import MAX_WAIT, Settings
 from server.validation import ValidationError
 
@@ -52,6 +53,9 @@ def _etag_matches(header: str, sha: str) -> bool:
 
 
 def _clamp_wait(wait: float) -> float:
+    """?wait= within [0, MAX_WAIT]; "inf" is the longest wait, "nan" none."""
+    if math.isnan(wait):
+        return 0.0
     return max(0.0, min(float(wait), MAX_WAIT))
 
 
@@ -75,6 +79,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
+    limiter = (
+        RateLimiter(settings.enroll_rate, settings.enroll_burst)
+        if settings.enroll_rate > 0
+        else None
+    )
+    app.state.enroll_limiter = limiter
 
     # -- errors: always {"detail": "<message>"} --------------------------------------------------
 
@@ -102,17 +112,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/devices")
     async def enroll(request: Request):
         """Enroll a device: {"enrollment_secret", "name"?, "num_samples"?} -> {"device_id", "token"}."""
+        if limiter is not None:
+            host = request.client.host if request.client else "unknown"
+            wait = limiter.take(host)
+            if wait > 0:
+                coordinator.telemetry.enroll_limited.inc()
+                retry = max(1, math.ceil(wait))
+                return _error(
+                    429,
+                    f"too many enrollment attempts from {host}: retry in {retry} s",
+                    {"Retry-After": str(retry)},
+                )
         raw = await _small_body(request)
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            return _error(
-                422,
-                'the body must be a JSON object {"enrollment_secret": str, "name": str, '
-                '"num_samples": int}',
-            )
+        body = validation.parse_json_object(
+            raw,
+            '{"enrollment_secret": str, "name": str, "num_samples": int}',
+            "bad_request",
+        )
         return coordinator.enroll(
             body.get("enrollment_secret"), body.get("name"), body.get("num_samples")
         )

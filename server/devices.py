@@ -19,6 +19,7 @@ from server.db import Device, hash_token
 from server.engine import client_seed
 from server.rounds import ApiError, CoordinatorState, OpenRound
 from server.settings import MAX_WAIT
+from server.validation import shown
 
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -29,11 +30,12 @@ class DevicesMixin(CoordinatorState):
     # -- devices -----------------------------------------------------------------------------------
 
     def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
+        # surrogatepass: a JSON "\ud800" is a str that plain UTF-8 cannot encode
         if not isinstance(secret, str) or not hmac.compare_digest(
-            secret.encode(), self.enrollment_secret.encode()
+            secret.encode("utf-8", "surrogatepass"), self.enrollment_secret.encode()
         ):
             raise ApiError(401, "wrong or missing enrollment secret", "unauthorized")
-        if name is not None and (not isinstance(name, str) or not DEVICE_NAME.match(name)):
+        if name is not None and (not isinstance(name, str) or not DEVICE_NAME.fullmatch(name)):
             raise ApiError(
                 422,
                 "name must be 1-64 characters: letters, digits, '.', '_' or '-', "
@@ -47,7 +49,7 @@ class DevicesMixin(CoordinatorState):
         elif num_samples > self.settings.max_samples:
             raise ApiError(
                 422,
-                f"num_samples {num_samples} is more than this server accepts "
+                f"num_samples {shown(num_samples)} is more than this server accepts "
                 f"({self.settings.max_samples}, --max-samples)",
                 "bad_request",
             )

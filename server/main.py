@@ -16,7 +16,7 @@ import logging
 
 import uvicorn
 
-from server.app import create_app
+from server.app import MAX_JSON_BODY, create_app
 from server.settings import Settings
 
 
@@ -39,9 +39,20 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         host=settings.host,
         port=settings.port,
         workers=1,
+        http="h11",  # the limits below are h11's (no httptools in the image)
         ws="websockets-sansio",
         log_level=log_level,
         timeout_graceful_shutdown=30,
+        # Limits (Settings, "limits"): an idle keep-alive connection is closed after keep_alive
+        # seconds (uvicorn times nothing else: a request in flight, a long-poll or a slow model
+        # download, is never cut); past limit_concurrency connections or requests in flight
+        # uvicorn answers 503; a request line + headers still unfinished past max_header_bytes
+        # (h11's buffer) get a 400 and the connection closed; nothing the server takes over
+        # WebSocket is larger than a JSON control body.
+        timeout_keep_alive=settings.keep_alive,
+        limit_concurrency=settings.limit_concurrency,
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        ws_max_size=MAX_JSON_BODY,
     )
     server = _Server(config)
     coordinator = app.state.coordinator

@@ -148,6 +148,20 @@ class Settings(BaseSettings):
     keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
     event_queue_size: int = Field(256, ge=1)  # per WebSocket subscriber; the oldest is dropped
 
+    # -- limits (server.ratelimit, uvicorn) ----------------------------------------------------
+    # POST /v1/devices per client IP: a bucket of enroll_burst attempts refilled at enroll_rate a
+    # second, 429 + Retry-After when empty (0: no limit). The defaults let 10,000 phones behind one
+    # address enroll at once; a secret guesser gets 200 tries a second.
+    enroll_rate: float = Field(200.0, ge=0)
+    enroll_burst: int = Field(10_000, ge=1)
+    # uvicorn: seconds an idle keep-alive connection is held (above a proxy's usual 60 s, so the
+    # server is never the side that closes a connection the other is about to reuse) ...
+    keep_alive: int = Field(75, ge=1)
+    # ... connections + requests in flight before uvicorn answers 503 (long-polls count) ...
+    limit_concurrency: int = Field(20_000, ge=1)
+    # ... and h11's buffer for a request line + headers still unfinished: past it, 400 and closed.
+    max_header_bytes: int = Field(16_384, ge=1024)
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.bound == "fixed" and self.bound_norm is None:

@@ -28,6 +28,11 @@ class Telemetry:
         )
         self.current_round = Gauge("fedkey_current_round", "The round open or next", registry=r)
         self.devices = Gauge("fedkey_devices_enrolled", "Enrolled devices", registry=r)
+        self.enroll_limited = Counter(
+            "fedkey_enroll_rate_limited",
+            "Enrollment attempts answered 429 (per-IP rate limit)",
+            registry=r,
+        )
         self.aggregation_seconds = Histogram(
             "fedkey_aggregation_seconds",
             "Aggregate + privacy + evaluate + checkpoint, per round",

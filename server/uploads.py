@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -232,16 +231,9 @@ def _different_duplicate(device_id: str, n: int) -> ApiError:
 
 
 def _parse_loss_body(raw: bytes, max_samples: int) -> tuple[float, int]:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise ApiError(
-            422,
-            'the body must be a JSON object {"train_loss": float, "num_samples": int}',
-            "bad_loss",
-        )
+    body = validation.parse_json_object(
+        raw, '{"train_loss": float, "num_samples": int}', "bad_loss"
+    )
     loss, n = body.get("train_loss"), body.get("num_samples")
     if isinstance(loss, bool) or not isinstance(loss, int | float):
         raise ApiError(422, "train_loss must be a number", "bad_loss")

@@ -9,8 +9,10 @@ X-Fedkey-Num-Samples / X-Fedkey-Train-Loss headers -> 422.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator
+from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
@@ -32,6 +34,15 @@ class ValidationError(Exception):
         self.reason = reason
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """A value a device sent, for a reply: repr() of a string, str() of a number, cut to about
+    `limit` characters so that a reply (and the event and log line it becomes) never echoes pages."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 10]}... ({len(text)} characters)"
+
+
 def too_large(limit: int, what: str) -> ValidationError:
     return ValidationError(
         413,
@@ -48,12 +59,12 @@ def check_content_length(value: str | None, limit: int) -> None:
         declared = int(value)
     except ValueError:
         raise ValidationError(
-            400, f"Content-Length {value!r} is not a number", "bad_request"
+            400, f"Content-Length {shown(value)} is not a number", "bad_request"
         ) from None
     if declared < 0:
-        raise ValidationError(400, f"Content-Length {declared} is negative", "bad_request")
+        raise ValidationError(400, f"Content-Length {shown(declared)} is negative", "bad_request")
     if declared > limit:
-        raise too_large(limit, f"of {declared} bytes")
+        raise too_large(limit, f"of {shown(declared)} bytes")
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
@@ -67,6 +78,36 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
         if chunk:
             parts.append(chunk)
     return b"".join(parts)
+
+
+def parse_json_object(raw: bytes, shape: str, reason: str) -> dict[str, Any]:
+    """A JSON control message's body -> its object, or 422 saying why not (not JSON, not UTF-8,
+    nested too deeply for the parser, or JSON that is not an object). `shape` describes the
+    object expected, e.g. '{"train_loss": float, "num_samples": int}'."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:  # "[[[[..." under the body cap: the parser's recursion limit
+        raise ValidationError(
+            422, f"the body is nested too deeply: send a JSON object {shape}", reason
+        ) from None
+    except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
+        raise ValidationError(
+            422, f"the body is not valid JSON: send a JSON object {shape}", reason
+        ) from None
+    if not isinstance(body, dict):
+        kind = _JSON_KINDS.get(type(body), "value")
+        raise ValidationError(422, f"the body must be a JSON object {shape}, not {kind}", reason)
+    return body
+
+
+_JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 def parse_safetensors(body: bytes) -> dict[str, torch.Tensor]:
@@ -117,7 +158,7 @@ def check_num_samples(n: int, max_samples: int, what: str, reason: str) -> None:
     if n > max_samples:
         raise ValidationError(
             422,
-            f"{what} {n} is more than this server accepts ({max_samples}, --max-samples)",
+            f"{what} {shown(n)} is more than this server accepts ({max_samples}, --max-samples)",
             reason,
         )
 
@@ -133,12 +174,14 @@ def parse_num_samples(value: str | None, max_samples: int = 2**62) -> int:
     except ValueError:
         raise ValidationError(
             422,
-            f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {value!r}",
+            f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {shown(value)}",
             "bad_headers",
         ) from None
     if n <= 0:
         raise ValidationError(
-            422, f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {n}", "bad_headers"
+            422,
+            f"header {NUM_SAMPLES_HEADER} must be a positive integer, got {shown(n)}",
+            "bad_headers",
         )
     check_num_samples(n, max_samples, f"header {NUM_SAMPLES_HEADER}", "bad_headers")
     return n
@@ -154,11 +197,15 @@ def parse_train_loss(value: str | None) -> float:
         loss = float(value.strip())
     except ValueError:
         raise ValidationError(
-            422, f"header {TRAIN_LOSS_HEADER} must be a finite number, got {value!r}", "bad_headers"
+            422,
+            f"header {TRAIN_LOSS_HEADER} must be a finite number, got {shown(value)}",
+            "bad_headers",
         ) from None
     if not math.isfinite(loss):
         raise ValidationError(
-            422, f"header {TRAIN_LOSS_HEADER} must be a finite number, got {value!r}", "bad_headers"
+            422,
+            f"header {TRAIN_LOSS_HEADER} must be a finite number, got {shown(value)}",
+            "bad_headers",
         )
     return loss
 
@@ -172,6 +219,6 @@ def check_loss_report(train_loss: float, num_samples: int, max_samples: int = 2*
         )
     if num_samples <= 0:
         raise ValidationError(
-            422, f"num_samples must be a positive integer, got {num_samples}", "bad_loss"
+            422, f"num_samples must be a positive integer, got {shown(num_samples)}", "bad_loss"
         )
     check_num_samples(num_samples, max_samples, "num_samples", "bad_loss")
