@@ -294,8 +294,8 @@ FEDERATION = {
             "trim",
             "--trim",
             help="Coordinate trim beta: before the clip, clamp each coordinate of each update to "
-            "the round's ceil(beta m)-th lowest and highest values (default 0.1; 0 under DP, "
-            "which refuses it).",
+            "the range of the round's values without their ceil(beta m) lowest and highest "
+            "(default 0.1; 0 under DP, which refuses it).",
         ),
     ),
     "dp_beta": (

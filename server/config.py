@@ -63,8 +63,9 @@ class InfluenceConfig:
     a FedAvg weight n_k is capped at ``weight_cap`` times the round's median n_k. Under DP the clip
     is the DP clip S (fixed, data-independent).
 
-    ``trim`` (beta) first clamps every coordinate of every delta to the round's ceil(beta m)-th
-    smallest and largest values of that coordinate (winsorizing, server.influence.coordinate_range):
+    ``trim`` (beta) first clamps every coordinate of every delta to the range of the round's values
+    of that coordinate without their ceil(beta m) smallest and largest (winsorizing,
+    server.influence.coordinate_range):
     the clip bounds how far a phone moves the model as a whole, the trim each coordinate to the
     range the round's other phones span, so a backdoor that pushes some coordinates further than
     any honest phone does is cut back to that range.

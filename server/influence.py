@@ -14,12 +14,13 @@ against backdoors does (Sun et al. 2019, "Can You Really Backdoor Federated Lear
 * off: nothing is bounded, the seed papers' methods as published.
 
 Before the clip, every coordinate is trimmed (``trim`` beta, 0.1 by default without DP): clamped
-to the round's ceil(beta m)-th smallest and largest values of that coordinate, winsorizing as
-Yin et al. 2018's coordinate-wise trimmed mean trims. The clip alone lets a persistent backdoor
-through: an attacker selected every round, unboosted, is an honest-sized update that always
-pushes the same few coordinates (trigger -> target), and nothing honest pushes back (bench
-attacks: 64% top-1 success with the clip alone, 1 of 10 phones). Clamped to the range its honest
-peers span on each coordinate, it pushes no further than the most extreme honest phone.
+to the range of the round's values of that coordinate without their k = ceil(beta m) smallest and
+largest, winsorizing as Yin et al. 2018's coordinate-wise trimmed mean trims. The clip alone lets
+a persistent backdoor through: an attacker selected every round is an honest-sized update once
+clipped, but it always pushes the same few coordinates (trigger -> target) and nothing honest
+pushes back. Clamped to the range its honest peers span on each coordinate, it pushes no further
+than the most extreme honest phone (bench attacks, FedAvg, 1 of 10 phones, 5 rounds: top-1
+success 64% with the clip alone, 1% with the trim; it slows the backdoor, it does not stop it).
 
 The bound is handed to the strategy (:class:`server.strategies.Bound`), which caps its attention
 weights with it, and a FedAvg weight ``n_k`` (declared by the phone) is capped at ``weight_cap``
