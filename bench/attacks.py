@@ -24,7 +24,6 @@ resumes), OUT/results.md and OUT/attacks.png (bench.attacks_report).
 from __future__ import annotations
 
 import fnmatch
-import shlex
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,13 +176,9 @@ def run_attacks(
     from bench.attacks_report import write_report
 
     bench = Bench(out)
-    todo = []
-    for cell in select(only):
-        cmd = shlex.join(command(cell, protocol, runs_dir / cell.id))
-        if dry_run:
-            print(cmd)
-        elif not bench.done(cell.id, cmd):
-            todo.append(cell)
+    todo = bench.pending(
+        select(only), lambda c: (c.id, command(c, protocol, runs_dir / c.id)), dry_run
+    )
     if dry_run:
         return bench.read()
     bar = tqdm(total=len(todo), desc="bench attacks", unit="run", disable=not progress)

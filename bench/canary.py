@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -195,13 +194,9 @@ def run_audit(
     from tqdm import tqdm
 
     bench = Bench(out)
-    todo = []
-    for arm in select(arms(cfg), only):
-        cmd = shlex.join(command(arm, cfg, runs_dir / arm.id))
-        if dry_run:
-            print(cmd)
-        elif not bench.done(arm.id, cmd):
-            todo.append(arm)
+    todo = bench.pending(
+        select(arms(cfg), only), lambda a: (a.id, command(a, cfg, runs_dir / a.id)), dry_run
+    )
     if dry_run:
         return bench.read()
     bar = tqdm(total=len(todo) * cfg.rounds, desc="audit canary", unit="round")

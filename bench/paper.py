@@ -35,9 +35,11 @@ import fnmatch
 import json
 import re
 import shlex
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from bench.runs import run_fedkey
 from common.files import atomic_write
@@ -476,6 +478,9 @@ def seed_number(
     return None
 
 
+T = TypeVar("T")
+
+
 class Bench:
     """results.json of a preset, updated one run at a time under a file lock (two suites may run
     side by side) and replaced atomically, so an interrupted bench loses at most its current run."""
@@ -499,6 +504,22 @@ class Bench:
 
     def done(self, spec_id: str, cmd: str) -> bool:
         return any(r["id"] == spec_id and r["command"] == cmd for r in self.read())
+
+    def pending(
+        self, items: Iterable[T], run: Callable[[T], tuple[str, list[str]]], dry_run: bool = False
+    ) -> list[T]:
+        """The items whose run (``run(item)``: its id and command line) is not in results.json
+        with the same command: an interrupted bench resumes. With ``dry_run``, print every
+        item's command line and return none."""
+        todo = []
+        for item in items:
+            spec_id, argv = run(item)
+            cmd = shlex.join(argv)
+            if dry_run:
+                print(cmd)
+            elif not self.done(spec_id, cmd):
+                todo.append(item)
+        return todo
 
     def add(self, result: dict, bench_command: str) -> list[dict]:
         with (self.out / ".results.lock").open("w") as lock:
@@ -535,13 +556,9 @@ def run_bench(
     if missing:
         raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
     run_root = runs_dir / preset.name
-    todo = []
-    for s in specs:
-        cmd = shlex.join(command(s, preset, data_root, run_root / s.id))
-        if dry_run:
-            print(cmd)
-        elif not bench.done(s.id, cmd):
-            todo.append(s)
+    todo = bench.pending(
+        specs, lambda s: (s.id, command(s, preset, data_root, run_root / s.id)), dry_run
+    )
     if dry_run:
         return bench.read()
     # Runs are child processes, so threads are enough to keep `jobs` of them going at once: a
