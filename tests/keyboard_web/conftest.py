@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.keyboard import CHROMIUM, CHROMIUM_ARGS
 from tests.support.keyboard import Models, export_model
 
 HIDDEN = 32
@@ -83,3 +84,14 @@ def watch_dir(models, tmp_path) -> Path:
     shutil.copy(models.word, d / "model.onnx")
     shutil.copy(models.word.with_suffix(".json"), d / "model.json")
     return d
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium for the browser tests (each of their modules skips where it is not installed)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()

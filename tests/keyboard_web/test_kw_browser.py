@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.keyboard import CHROMIUM, CHROMIUM_ARGS
+from bench.keyboard import CHROMIUM
 from keyboard_web.app import ORT_DIST, create_app
 from keyboard_web.suggest import Suggester
 from tests.support.keyboard import ThreadServer, save_round
@@ -18,16 +18,6 @@ pytestmark = [
 ]
 PHONE = {"width": 390, "height": 844}
 SCREENSHOT = "/tmp/keyboard.png"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

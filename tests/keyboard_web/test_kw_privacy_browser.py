@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from bench.keyboard import CHROMIUM, CHROMIUM_ARGS
+from bench.keyboard import CHROMIUM
 from keyboard_web.app import create_app
 from tests.keyboard_web.test_kw_privacy import engine_round
 from tests.support.keyboard import ThreadServer, save_round
@@ -19,16 +19,6 @@ pytestmark = [
 PHONE = {"width": 390, "height": 844}
 SMALL = {"width": 360, "height": 640}
 SCREENSHOT = "/tmp/keyboard-privacy.png"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp_path):
