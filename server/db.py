@@ -1,8 +1,12 @@
 """The server's database: devices, rounds, receipts and metrics rows (SQLAlchemy 2 ORM).
 
-SQLite by default (``<storage>/fedkey.db``); any SQLAlchemy URL works (PostgreSQL:
-``FEDKEY_DATABASE_URL=postgresql+psycopg://user:pass@host/db``, with its driver installed).
-Times are unix seconds (floats) so every backend stores them the same way.
+SQLite by default (``<storage>/fedkey.db``); PostgreSQL with the pinned psycopg 3 driver
+(``FEDKEY_DATABASE_URL=postgresql+psycopg://user:pass@host/db``; tests/server/test_postgres.py runs
+the server against a real one). Times are unix seconds (floats: double precision on PostgreSQL) so
+every backend stores them the same way. Sample counts and byte sizes are BigInteger (PostgreSQL's
+INTEGER is 32-bit; --max-samples goes up to 2**62); upload paths are Text (PostgreSQL enforces
+VARCHAR lengths, SQLite does not). PostgreSQL's json type refuses NaN and Infinity, which a diverged
+run's perplexity can be: on PostgreSQL they are stored as null (metrics.jsonl keeps them).
 
 The checkpoints are the source of truth for the model and the rounds it has seen; the database
 holds what the checkpoints do not: the enrolled devices (tokens stored as sha256 hashes only),
@@ -13,15 +17,19 @@ uploads, and a copy of the metrics rows for the API.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Float,
     ForeignKey,
     Integer,
     String,
+    Text,
     UniqueConstraint,
     create_engine,
     event,
@@ -40,7 +48,7 @@ class Device(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
-    num_samples: Mapped[int] = mapped_column(Integer, default=1)
+    num_samples: Mapped[int] = mapped_column(BigInteger, default=1)
     enrolled_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -75,10 +83,10 @@ class Receipt(Base):
     device_id: Mapped[str] = mapped_column(String(64), ForeignKey("devices.id"))
     kind: Mapped[str] = mapped_column(String(8))  # 'loss' | 'update'
     train_loss: Mapped[float] = mapped_column(Float)
-    num_samples: Mapped[int] = mapped_column(Integer)
+    num_samples: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    path: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    path: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -95,14 +103,34 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float (in dicts and lists) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_strict(value: Any) -> str:
+    """JSON that PostgreSQL's json type accepts: NaN and Infinity become null."""
+    return json.dumps(_finite(value), allow_nan=False)
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite gets its directory created, WAL and cross-thread use."""
+    """An engine for `url`; SQLite gets its directory created, WAL and cross-thread use; any
+    other backend (a server) gets pre-pinged connections and strict JSON."""
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False}
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+    else:  # a restarted database server or an idle-closed connection: reconnect, do not 500
+        kwargs["pool_pre_ping"] = True
+        kwargs["json_serializer"] = json_strict
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 
