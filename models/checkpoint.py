@@ -85,6 +85,23 @@ def save_checkpoint(
     """Write atomically (common.files): a crash never leaves a half-written checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    data = checkpoint_bytes(
+        state, model_config, tokenizer, round_idx=round_idx, strategy=strategy, extra=extra
+    )
+    return atomic_write(path, data, mode=0o600)  # holds the server's private memory: owner only
+
+
+def checkpoint_bytes(
+    state: dict[str, torch.Tensor],
+    model_config: ModelConfig,
+    tokenizer: Tokenizer,
+    *,
+    round_idx: int,
+    strategy: str,
+    extra: dict[str, Any] | None = None,
+) -> bytes:
+    """A checkpoint file's bytes (:func:`save_checkpoint` writes them): the tensors and the
+    metadata (format, model and tokenizer config, round, strategy, then ``extra``)."""
     meta = {
         "format": FORMAT_VERSION,
         "model": model_config.to_dict(),
@@ -93,10 +110,9 @@ def save_checkpoint(
         "strategy": strategy,
         **(extra or {}),
     }
-    data = st_save(
+    return st_save(
         {k: v.contiguous() for k, v in state.items()}, metadata={"fedkey": json.dumps(meta)}
     )
-    return atomic_write(path, data, mode=0o600)  # holds the server's private memory: owner only
 
 
 def public_bytes(path: str | Path) -> bytes:

@@ -41,7 +41,6 @@ import torch
 from sqlalchemy import delete, select
 
 from corpora.dataset import server_data
-from models.checkpoint import public_bytes
 from models.exposure import ExposureProbe
 from server.db import Device, MetricRow, Receipt, Round, make_sessionmaker
 from server.devices import DEVICE_NAME, DevicesMixin
@@ -81,12 +80,17 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self.devices: dict[str, int] = {}  # device id -> num_samples
         self._tokens: dict[str, str] = {}  # token hash -> device id
         self._last_seen: dict[str, float] = {}
+        self._seen_unwritten: set[str] = set()
+        self._stopped = asyncio.Event()
+        self._last_seen_task: asyncio.Task | None = None
         self._given: dict[str, dict] = {}  # device id -> the view it was last answered
         self._next_attempt = 0
+        self._retry_aggregation_at = 0.0
+        self._unrecorded: list[tuple[int, dict]] = []
         self._model: tuple[int, bytes, str] | None = None  # (round, checkpoint bytes, sha256)
         self._exporting: asyncio.Task | None = None
         self._exported_round: int | None = None
-        self._changed = asyncio.Event()
+        self._waiters: dict[str, asyncio.Event] = {}
         self._poke = asyncio.Event()
         self._stopping = False
         self._driver: asyncio.Task | None = None
@@ -144,12 +148,16 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
             self.state,
         )
         self._driver = asyncio.create_task(self._drive(), name="fedkey-round-driver")
+        self._last_seen_task = asyncio.create_task(
+            self._last_seen_writer(), name="fedkey-last-seen"
+        )
         if self.state == "finished" and self.settings.exit_when_done and self.on_finished:
             self.on_finished()  # restarted after the run was over: nothing to do
 
     def begin_shutdown(self) -> None:
         """Wake every long-poll so connections close promptly (the driver finishes its step)."""
         self._stopping = True
+        self._stopped.set()
         self._notify()
         self._poke.set()
 
@@ -160,6 +168,10 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
             self._driver = None
+        if self._last_seen_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._last_seen_task  # its last batch is written
+            self._last_seen_task = None
         self.events.close()
         if self.sessions is not None:
             self.sessions.kw["bind"].dispose()
@@ -168,7 +180,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
 
     def _load_model(self) -> None:
         fed = self.fed
-        data = public_bytes(fed.storage.checkpoint_path(fed.round))
+        data = fed.public_checkpoint()
         self._model = (fed.round, data, hashlib.sha256(data).hexdigest())
 
     # -- ONNX exports for the keyboard ------------------------------------------------------------

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import re
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
 from common.task import RoundTask
@@ -20,6 +22,11 @@ from server.engine import client_seed
 from server.rounds import ApiError, CoordinatorState, OpenRound
 from server.settings import MAX_WAIT
 from server.validation import shown
+
+log = logging.getLogger("fedkey.server")
+
+#: Seconds between two writes of a device's last_seen (written in batches, off the event loop).
+LAST_SEEN_EVERY = 30.0
 
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -93,13 +100,34 @@ class DevicesMixin(CoordinatorState):
         if device_id is None:
             raise ApiError(401, "unknown device token: enroll first", "unauthorized")
         now = time.time()
-        if now - self._last_seen.get(device_id, 0.0) > 30:
+        if now - self._last_seen.get(device_id, 0.0) > LAST_SEEN_EVERY:
             self._last_seen[device_id] = now
-            with self.sessions.begin() as db:
-                dev = db.get(Device, device_id)
-                if dev is not None:
-                    dev.last_seen = now
+            self._seen_unwritten.add(device_id)  # written in batches: _write_last_seen
         return device_id
+
+    async def _last_seen_writer(self) -> None:
+        """Every LAST_SEEN_EVERY seconds, the devices seen since are written in one transaction,
+        in a worker thread: authenticating a request never waits for the database."""
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LAST_SEEN_EVERY):
+                    await self._stopped.wait()
+            await self._write_last_seen()
+
+    async def _write_last_seen(self) -> None:
+        seen, self._seen_unwritten = self._seen_unwritten, set()
+        if not seen:
+            return
+        batch = [{"id": d, "last_seen": self._last_seen[d]} for d in seen]
+        try:
+            await asyncio.to_thread(self._update_last_seen, batch)
+        except Exception:  # e.g. a full disk: logged, tried again with the next batch
+            log.exception("writing last_seen of %d devices failed", len(batch))
+            self._seen_unwritten |= seen
+
+    def _update_last_seen(self, batch: list[dict]) -> None:
+        with self.sessions.begin() as db:
+            db.execute(update(Device), batch)
 
     # -- what a device sees --------------------------------------------------------------------------
 
@@ -161,26 +189,40 @@ class DevicesMixin(CoordinatorState):
         (so no transition is missed between two polls), else the first change within `wait`."""
         view = self.view(device_id)
         if wait > 0 and view == self._given.get(device_id):
-            await self._wait_until(lambda: self.view(device_id) != view, wait)
+            await self._wait_until(device_id, lambda: self.view(device_id) != view, wait)
             view = self.view(device_id)
         self._given[device_id] = view
         return view
 
-    async def _wait_until(self, predicate: Callable[[], bool], wait: float) -> bool:
+    async def _wait_until(self, device_id: str, predicate: Callable[[], bool], wait: float) -> bool:
+        """Wait (at most `wait` s) until `predicate()` holds, re-checking it whenever the round
+        changes for everyone (:meth:`_notify`) or for this device (:meth:`_notify_device`)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, min(float(wait), MAX_WAIT))
         while not predicate():
             remaining = end - loop.time()
             if remaining <= 0 or self._stopping:
                 return False
-            changed = self._changed
+            changed = self._waiters.get(device_id)
+            if changed is None:
+                changed = self._waiters[device_id] = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
         return True
 
     def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        """The round changed for every device (a transition): wake every long-poll."""
+        waiters, self._waiters = self._waiters, {}
+        for changed in waiters.values():
+            changed.set()
+
+    def _notify_device(self, device_id: str) -> None:
+        """Only `device_id`'s view changed (its loss report, its upload): wake its long-polls,
+        not the thousands of others."""
+        changed = self._waiters.pop(device_id, None)
+        if changed is not None:
+            changed.set()
 
     def health(self) -> dict:
         r = self.current

@@ -10,15 +10,17 @@ import shutil
 import time
 from pathlib import Path
 
-from safetensors.torch import load as st_load
-
 from server.db import MetricRow, Round
 from server.engine import RoundPlan
 from server.rounds import CoordinatorState, OpenRound, Upload
 from server.strategies import ClientUpdate
 from server.strategies.selection import cohort_size
+from server.upload_store import StoredState, out_of_space
 
 log = logging.getLogger("fedkey.server")
+
+#: Seconds before an aggregation the full disk refused is tried again.
+AGGREGATION_RETRY = 10.0
 
 
 class DriverMixin(CoordinatorState):
@@ -43,6 +45,7 @@ class DriverMixin(CoordinatorState):
 
     async def _step(self) -> bool:
         """Make at most one transition; True when something changed (then step again)."""
+        self._record_aggregated()
         if self.state == "finished":
             return False
         if self.state == "waiting":
@@ -74,6 +77,8 @@ class DriverMixin(CoordinatorState):
         expected = self._expected(r)
         if expected is None:  # the topK branch above returns until the uploaders are chosen
             raise RuntimeError(f"round {r.number}: the uploaders are not chosen yet")
+        if now < self._retry_aggregation_at:
+            return False  # the disk was full: the deadline, moved to the retry time, wakes us
         if set(r.uploads) >= set(expected):
             await self._aggregate(r)
             return True
@@ -176,12 +181,12 @@ class DriverMixin(CoordinatorState):
         are recorded in `r` and returned."""
         losses = {d: loss for d, (loss, _) in r.losses.items()}
         uploaders = self.fed.choose_uploaders(r.plan, losses)
-        r.uploaders = uploaders
-        r.deadline = max(r.deadline, now + self.settings.upload_grace)
-        with self.sessions.begin() as db:
+        deadline = max(r.deadline, now + self.settings.upload_grace)
+        with self.sessions.begin() as db:  # recorded first: a failed write changes nothing
             row = db.get(Round, r.row_id)
-            row.uploaders = r.uploaders
-            row.deadline = r.deadline
+            row.uploaders = uploaders
+            row.deadline = deadline
+        r.uploaders, r.deadline = uploaders, deadline
         log.info("round %d: topK chose %s of %d reporters", r.number, r.uploaders, len(losses))
         self._notify()
         return uploaders
@@ -208,24 +213,32 @@ class DriverMixin(CoordinatorState):
         self._notify()
 
     async def _aggregate(self, r: OpenRound) -> None:
+        try:  # the database first: if it cannot record the transition, nothing changes
+            await asyncio.to_thread(self._set_round_row_state, r.row_id, "aggregating")
+        except Exception as e:
+            if not out_of_space(e):
+                raise
+            self._postpone(r, e)
+            return
         self.state = "aggregating"
-        with self.sessions.begin() as db:
-            db.get(Round, r.row_id).state = "aggregating"
         self._notify()
         uploads = sorted(r.uploads.items())
         start = time.perf_counter()
         try:
             row = await asyncio.to_thread(self._complete, r.plan, uploads)
         except Exception as e:  # all or nothing: the engine left everything as before
-            log.exception("round %d: aggregation failed", r.number)
             self.state = "open"
+            if out_of_space(e):  # keep the uploads: the round completes once space is back
+                self._postpone(r, e)
+                return
+            log.exception("round %d: aggregation failed", r.number)
             self._fail(r, f"aggregation failed: {type(e).__name__}: {e}")
             return
         self.telemetry.aggregation_seconds.observe(time.perf_counter() - start)
-        # The checkpoint and metrics.jsonl are written: record it (a crash here is reconciled).
-        with self.sessions.begin() as db:
-            db.get(Round, r.row_id).state = "aggregated"
-            db.merge(MetricRow(round=row["round"], row=row))
+        # The checkpoint and metrics.jsonl are written: the round is applied whatever the
+        # database says; recording it is retried until it succeeds (a restart reconciles too).
+        self._unrecorded.append((r.row_id, row))
+        self._record_aggregated()
         self._load_model()
         self._schedule_export()
         if not self.settings.keep_uploads:
@@ -252,11 +265,51 @@ class DriverMixin(CoordinatorState):
         )
         self._notify()
 
+    def _record_aggregated(self) -> None:
+        """Mark the aggregated rounds' rows and copy their metrics into the database; a failure
+        (a full disk) is logged and retried at the next step."""
+        while self._unrecorded:
+            row_id, row = self._unrecorded[0]
+            try:
+                with self.sessions.begin() as db:
+                    db.get(Round, row_id).state = "aggregated"
+                    db.merge(MetricRow(round=row["round"], row=row))
+            except Exception:
+                log.exception("round %d: recording it in the database failed", row["round"])
+                return
+            self._unrecorded.pop(0)
+
+    def _postpone(self, r: OpenRound, e: BaseException) -> None:
+        """The disk is full: the round stays open with its uploads, aggregation is tried again
+        in ``AGGREGATION_RETRY`` seconds (the deadline waits for it)."""
+        self._retry_aggregation_at = time.time() + AGGREGATION_RETRY
+        r.deadline = max(r.deadline, self._retry_aggregation_at)
+        self.telemetry.storage_full.labels(what="aggregation").inc()
+        log.error(
+            "round %d: the disk is full (%s); aggregation retried in %.0f s",
+            r.number,
+            e,
+            AGGREGATION_RETRY,
+        )
+        self.events.publish(
+            "aggregation_postponed",
+            round=r.number,
+            attempt=r.attempt,
+            reason="disk full",
+            retry_in=AGGREGATION_RETRY,
+        )
+        self._notify()
+
+    def _set_round_row_state(self, row_id: int, state: str) -> None:
+        with self.sessions.begin() as db:
+            db.get(Round, row_id).state = state
+
     def _complete(self, plan: RoundPlan, uploads: list[tuple[str, Upload]]) -> dict:
-        """In a worker thread: load the uploads and let the engine complete the round."""
+        """In a worker thread: the engine completes the round, reading each stored upload
+        lazily (server.upload_store.StoredState), so memory does not grow with the cohort."""
         updates = [
             ClientUpdate(
-                state=st_load(Path(up.path).read_bytes()),
+                state=StoredState(up.path),
                 num_samples=up.num_samples,
                 train_loss=up.train_loss,
                 device_id=device_id,

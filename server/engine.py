@@ -23,7 +23,15 @@ from safetensors.torch import save as st_save
 
 from common.config import TrainConfig
 from common.files import atomic_write
-from models.checkpoint import build_model, check_state, model_state, read_metadata, save_checkpoint
+from models.checkpoint import (
+    build_model,
+    check_state,
+    checkpoint_bytes,
+    model_state,
+    public_bytes,
+    read_metadata,
+    save_checkpoint,
+)
 from models.config import ModelConfig
 from models.metrics import evaluate
 from models.model import LanguageModel
@@ -109,6 +117,7 @@ class Federation:
         self.model_bytes = state_bytes(self.global_state)
         self.round = 0  # rounds completed
         self.best: dict | None = None
+        self._public: tuple[int, bytes] | None = None  # (round, public checkpoint bytes)
 
     # -- evaluation ---------------------------------------------------------------------------
 
@@ -307,6 +316,13 @@ class Federation:
         self.storage.write_metrics(rows)
         return True
 
+    def public_checkpoint(self) -> bytes:
+        """The current global model as devices download it (models.checkpoint.public_bytes):
+        kept in memory from the round that wrote it; read from its file once after a resume."""
+        if self._public is None or self._public[0] != self.round:
+            self._public = (self.round, public_bytes(self.storage.checkpoint_path(self.round)))
+        return self._public[1]
+
     @property
     def budget_spent(self) -> bool:
         """True when one more DP round (of the usual cohort) would take epsilon past the budget."""
@@ -355,16 +371,27 @@ class Federation:
             # Written before the checkpoint, which is the commit point of the round.
             buffers = st_save({k: v.contiguous() for k, v in opt_buffers.items()})
             atomic_write(self.storage.server_opt_path(r), buffers)
+        strategy = self.config.label or self.config.strategy
         save_checkpoint(
             self.storage.checkpoint_path(r),
             new_state,
             self.model_config,
             self.tokenizer,
             round_idx=r,
-            strategy=self.config.label or self.config.strategy,
+            strategy=strategy,
             extra={"metrics": row, "server": self.server_state()},
         )
         self.storage.append_metrics(row)
+        # What devices download: the same file without the server's private memory, from memory.
+        public = checkpoint_bytes(
+            new_state,
+            self.model_config,
+            self.tokenizer,
+            round_idx=r,
+            strategy=strategy,
+            extra={"metrics": row},
+        )
+        self._public = (r, public)
         if opt_buffers is not None:
             self.server_opt.commit(opt_buffers)
         self.global_state = new_state

@@ -62,7 +62,8 @@ def coordinate_range(
 ) -> Ranges:
     """Each coordinate's (k+1)-th smallest and (k+1)-th largest delta over the round's states:
     the values the trim clamps to. Computed slice by slice (``TRIM_CHUNK`` elements across the
-    cohort at a time), in float64."""
+    cohort at a time), in float64. A state that can read a slice of a tensor by itself
+    (``flat_slice(key, a, b)``, as the server's stored uploads do) is read one slice at a time."""
     m = len(states)
     out: Ranges = {}
     for key, g in global_state.items():
@@ -73,12 +74,19 @@ def coordinate_range(
         step = max(1, TRIM_CHUNK // m)
         for a in range(0, flat_g.numel(), step):
             b = min(a + step, flat_g.numel())
-            d = torch.stack([s[key].detach().reshape(-1)[a:b].to(torch.float64) for s in states])
+            d = torch.stack([_flat_slice(s, key, a, b).to(torch.float64) for s in states])
             d -= flat_g[a:b]
             lo[a:b] = torch.kthvalue(d, k + 1, dim=0).values
             hi[a:b] = torch.kthvalue(d, m - k, dim=0).values
         out[key] = (lo.reshape(g.shape), hi.reshape(g.shape))
     return out
+
+
+def _flat_slice(state: Mapping[str, Tensor], key: str, a: int, b: int) -> Tensor:
+    read = getattr(state, "flat_slice", None)
+    if read is not None:
+        return read(key, a, b)
+    return state[key].detach().reshape(-1)[a:b]
 
 
 def trim_state(

@@ -51,6 +51,7 @@ class OpenRound:
     losses: dict[str, tuple[float, int]] = field(default_factory=dict)
     uploaders: list[str] | None = None  # the topK decision (None: pending, or no topK)
     uploads: dict[str, Upload] = field(default_factory=dict)
+    storing: set[str] = field(default_factory=set)  # uploads being committed (worker threads)
 
     @property
     def number(self) -> int:
@@ -83,9 +84,13 @@ class CoordinatorState:
     finish_reason: str | None
     _tokens: dict[str, str]  # token hash -> device id
     _last_seen: dict[str, float]
+    _seen_unwritten: set[str]  # devices whose _last_seen is not in the database yet
+    _stopped: asyncio.Event  # set by stop(): background tasks end
     _given: dict[str, dict]  # device id -> the view it was last answered
     _next_attempt: int
-    _changed: asyncio.Event  # replaced on every change: long-polls wait on it
+    _retry_aggregation_at: float  # time.time() before which a postponed aggregation waits
+    _unrecorded: list[tuple[int, dict]]  # aggregated rounds' (row id, metrics row) not in the db
+    _waiters: dict[str, asyncio.Event]  # device id -> what its long-polls wait on
     _poke: asyncio.Event  # wakes the driver
     _stopping: bool
 
@@ -100,8 +105,11 @@ class CoordinatorState:
         # server.devices.DevicesMixin
         def authenticate(self, authorization: str | None) -> str: ...
         def _upload_flag(self, r: OpenRound, device_id: str) -> bool | None: ...
-        async def _wait_until(self, predicate: Callable[[], bool], wait: float) -> bool: ...
+        async def _wait_until(
+            self, device_id: str, predicate: Callable[[], bool], wait: float
+        ) -> bool: ...
         def _notify(self) -> None: ...
+        def _notify_device(self, device_id: str) -> None: ...
         def health(self) -> dict: ...
 
         # server.uploads.UploadsMixin

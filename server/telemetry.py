@@ -33,6 +33,13 @@ class Telemetry:
             "Enrollment attempts answered 429 (per-IP rate limit)",
             registry=r,
         )
+        self.storage_full = Counter(
+            "fedkey_storage_full",
+            "Writes the full disk refused: uploads answered 507 (what=update), aggregations "
+            "postponed (what=aggregation)",
+            ["what"],
+            registry=r,
+        )
         self.aggregation_seconds = Histogram(
             "fedkey_aggregation_seconds",
             "Aggregate + privacy + evaluate + checkpoint, per round",

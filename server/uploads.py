@@ -4,14 +4,15 @@ atomically, one Receipt each. They only record what devices send and poke the dr
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from common.files import publish, write_temp
-from server import validation
+from sqlalchemy import delete
+
+from common.files import publish
+from server import upload_store, validation
 from server.db import Receipt
 from server.rounds import ApiError, CoordinatorState, OpenRound, Upload
 from server.validation import ValidationError
@@ -97,14 +98,16 @@ class UploadsMixin(CoordinatorState):
                     )
                 r.losses[device_id] = (train_loss, num_samples)
                 self.telemetry.loss_reports.inc()
-                self._notify()
+                self._notify_device(device_id)
                 self._poke.set()
         except ValidationError as e:
             self._reject(device_id, n, "loss", e)
             raise
         if wait > 0:
             await self._wait_until(
-                lambda: self.current is not r or self._upload_flag(r, device_id) is not None, wait
+                device_id,
+                lambda: self.current is not r or self._upload_flag(r, device_id) is not None,
+                wait,
             )
         return {"upload": self._upload_flag(r, device_id) if self.current is r else None}
 
@@ -115,71 +118,80 @@ class UploadsMixin(CoordinatorState):
         headers: Mapping[str, str],
         body: AsyncIterator[bytes],
     ) -> dict:
-        """POST /v1/rounds/{n}/update: validate, store atomically, record a receipt."""
+        """POST /v1/rounds/{n}/update: stream the body to disk, validate it from there, commit
+        its receipt, then rename it into place (server.upload_store)."""
         device_id = None
-        tmp: Path | None = None
+        received: upload_store.Received | None = None
         try:
             device_id = self.authenticate(authorization)
             r = self._open_round_for(device_id, n)
             self._check_may_upload(r, device_id)
+            if device_id in r.storing:
+                raise ApiError(
+                    409,
+                    f"device {device_id!r} has an upload for round {n} in progress",
+                    "duplicate",
+                )
             existing = r.uploads.get(device_id)
             try:
                 validation.check_content_length(headers.get("content-length"), self.upload_limit)
-                data = await validation.read_limited(body, self.upload_limit)
+                received = await upload_store.receive(
+                    body, self._round_dir(n), f".tmp-{device_id}-", self.upload_limit
+                )
             except ValidationError as e:
                 if e.status == 413 and existing is not None:  # surely not the same bytes
                     raise _different_duplicate(device_id, n) from None
                 raise
-            sha = hashlib.sha256(data).hexdigest()
             if existing is not None:
-                if existing.sha256 == sha:
+                if existing.sha256 == received.sha256:
                     return existing.reply(n)
                 raise _different_duplicate(device_id, n)
-            config = self.fed.model_config
-            await asyncio.to_thread(validation.parse_update, data, config)
+            await asyncio.to_thread(
+                validation.check_update_file, received.path, self.fed.model_config
+            )
             num_samples = validation.parse_num_samples(
                 headers.get(validation.NUM_SAMPLES_HEADER), self.settings.max_samples
             )
             train_loss = validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
-            tmp = await asyncio.to_thread(self._write_temp, n, device_id, data)
             # The round may have moved on while the body streamed in: check again, then commit.
-            if self.current is not r:
-                raise ApiError(
-                    409, f"round {n} closed while the update was received", "stale_round"
-                )
-            r = self._open_round_for(device_id, n)
+            r = self._still_open(r, device_id, n)
             existing = r.uploads.get(device_id)
             if existing is not None:
-                if existing.sha256 == sha:
+                if existing.sha256 == received.sha256:
                     return existing.reply(n)
                 raise _different_duplicate(device_id, n)
             final = self._round_dir(n) / f"{device_id}.safetensors"
-            publish(tmp, final)
-            tmp = None
-            up = Upload(secrets.token_hex(16), sha, len(data), str(final), num_samples, train_loss)
-            with self.sessions.begin() as db:
-                db.add(
-                    Receipt(
-                        receipt=up.receipt,
-                        round=n,
-                        attempt=r.attempt,
-                        device_id=device_id,
-                        kind="update",
-                        train_loss=train_loss,
-                        num_samples=num_samples,
-                        sha256=sha,
-                        bytes=len(data),
-                        path=str(final),
-                        created_at=time.time(),
-                    )
-                )
+            up = Upload(
+                secrets.token_hex(16),
+                received.sha256,
+                received.size,
+                str(final),
+                num_samples,
+                train_loss,
+            )
+            r.storing.add(device_id)
+            try:
+                await asyncio.to_thread(self._store, r, device_id, up, received.path)
+            finally:
+                r.storing.discard(device_id)
+            received = None  # renamed into place
+            if self.current is not r or self.state != "open":  # aggregation began meanwhile
+                await asyncio.to_thread(self._unstore, up)
+                raise ApiError(409, f"round {n} closed while the update was stored", "stale_round")
             r.uploads[device_id] = up
         except ValidationError as e:
             self._reject(device_id, n, "update", e)
             raise
+        except Exception as e:
+            if not upload_store.out_of_space(e):
+                raise
+            err = upload_store.no_space("the update")
+            self.telemetry.storage_full.labels(what="update").inc()
+            self._reject(device_id, n, "update", err)
+            raise err from None
         finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
+            if received is not None:
+                received.path.unlink(missing_ok=True)
         self.telemetry.uploads_accepted.inc()
         expected = self._expected(r)
         self.events.publish(
@@ -188,13 +200,50 @@ class UploadsMixin(CoordinatorState):
             attempt=r.attempt,
             device_id=device_id,
             bytes=up.bytes,
-            sha256=sha,
+            sha256=up.sha256,
             received=len(r.uploads),
             expected=len(expected) if expected is not None else None,
         )
-        self._notify()
+        self._notify_device(device_id)
         self._poke.set()
         return up.reply(n)
+
+    def _still_open(self, r: OpenRound, device_id: str, n: int) -> OpenRound:
+        if self.current is not r:
+            raise ApiError(409, f"round {n} closed while the update was received", "stale_round")
+        return self._open_round_for(device_id, n)
+
+    def _store(self, r: OpenRound, device_id: str, up: Upload, tmp: Path) -> None:
+        """In a worker thread: commit the receipt, then rename the file into place; if the
+        rename fails the receipt is deleted again, so a failure leaves nothing behind (a crash
+        between the two leaves a receipt without its file, which a restart drops)."""
+        with self.sessions.begin() as db:
+            db.add(
+                Receipt(
+                    receipt=up.receipt,
+                    round=r.number,
+                    attempt=r.attempt,
+                    device_id=device_id,
+                    kind="update",
+                    train_loss=up.train_loss,
+                    num_samples=up.num_samples,
+                    sha256=up.sha256,
+                    bytes=up.bytes,
+                    path=up.path,
+                    created_at=time.time(),
+                )
+            )
+        try:
+            publish(tmp, up.path)
+        except BaseException:
+            self._unstore(up)
+            raise
+
+    def _unstore(self, up: Upload) -> None:
+        """Undo :meth:`_store`: the receipt and the file."""
+        with self.sessions.begin() as db:
+            db.execute(delete(Receipt).where(Receipt.receipt == up.receipt))
+        Path(up.path).unlink(missing_ok=True)
 
     def _check_may_upload(self, r: OpenRound, device_id: str) -> None:
         flag = self._upload_flag(r, device_id)
@@ -214,12 +263,6 @@ class UploadsMixin(CoordinatorState):
 
     def _round_dir(self, n: int) -> Path:
         return self.uploads_dir / f"round_{n:04d}"
-
-    def _write_temp(self, n: int, device_id: str, data: bytes) -> Path:
-        d = self._round_dir(n)
-        d.mkdir(parents=True, exist_ok=True)
-        # Owner-only: an update says something about the device's text.
-        return write_temp(d, data, prefix=f".tmp-{device_id}-", suffix=".safetensors", mode=0o600)
 
 
 def _different_duplicate(device_id: str, n: int) -> ApiError:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
+from safetensors.torch import load_file as st_load_file
 
 from models.checkpoint import CheckpointError, check_state
 from models.config import ModelConfig
@@ -27,11 +28,14 @@ TRAIN_LOSS_HEADER = "X-Fedkey-Train-Loss"
 class ValidationError(Exception):
     """A request the server refuses: HTTP `status`, a `message` for people, a short `reason`."""
 
-    def __init__(self, status: int, message: str, reason: str):
+    def __init__(
+        self, status: int, message: str, reason: str, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.reason = reason
+        self.headers = headers  # e.g. Retry-After on a 507
 
 
 def shown(value: object, limit: int = 40) -> str:
@@ -110,21 +114,6 @@ _JSON_KINDS = {
 }
 
 
-def parse_safetensors(body: bytes) -> dict[str, torch.Tensor]:
-    """bytes -> tensors, or 400 when the bytes are not a safetensors file."""
-    if not body:
-        raise ValidationError(
-            400, "the upload body is empty: send the trained weights as safetensors", "unparseable"
-        )
-    try:
-        return st_load(body)
-    except Exception as e:  # SafetensorError, or anything else the parser trips on
-        msg = str(e).strip() or type(e).__name__
-        raise ValidationError(
-            400, f"the upload body is not a safetensors file ({msg})", "unparseable"
-        ) from None
-
-
 def check_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
     """422 naming the tensor whose name, shape or dtype does not match the model."""
     try:
@@ -144,12 +133,24 @@ def check_finite(state: dict[str, torch.Tensor]) -> None:
             raise ValidationError(422, f"tensor {name!r} contains {kind} values", "non_finite")
 
 
-def parse_update(body: bytes, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The checks on an upload's bytes, in the contract's order (400, then 422s)."""
-    state = parse_safetensors(body)
+def check_update_file(path: str | Path, config: ModelConfig) -> None:
+    """The checks on an upload streamed to `path`, in the contract's order: not safetensors ->
+    400, then 422 for the tensors' names, shapes, dtypes, and NaN or Inf."""
+    if Path(path).stat().st_size == 0:
+        raise ValidationError(
+            400, "the upload body is empty: send the trained weights as safetensors", "unparseable"
+        )
+    try:
+        state = st_load_file(str(path))
+    except OSError:
+        raise
+    except Exception as e:  # SafetensorError, or anything else the parser trips on
+        msg = str(e).strip() or type(e).__name__
+        raise ValidationError(
+            400, f"the upload body is not a safetensors file ({msg})", "unparseable"
+        ) from None
     check_tensors(state, config)
     check_finite(state)
-    return state
 
 
 def check_num_samples(n: int, max_samples: int, what: str, reason: str) -> None:

@@ -44,7 +44,7 @@ class Bound:
 class ClientUpdate:
     """One client's upload: its trained state, its n_k, its reported local training loss."""
 
-    state: dict[str, Tensor]
+    state: Mapping[str, Tensor]
     num_samples: int
     train_loss: float
     device_id: str

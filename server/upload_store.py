@@ -1,0 +1,162 @@
+"""The upload store: an update's body goes to disk as it arrives, and aggregation reads it back
+one tensor (or one slice) at a time, so the server's memory does not grow with the cohort.
+
+    received = await receive(request.stream(), round_dir, ".tmp-dev-1-", limit)
+    # ... validate received.path, commit the receipt, then publish(received.path, final)
+    ClientUpdate(state=StoredState(final), ...)   # what the strategies read, lazily
+
+A body is written in batches of ``FLUSH_BYTES`` in a worker thread (the write and the sha256 of
+the batch together), so neither the disk nor the hash holds the event loop; the size limit is
+enforced while the body streams (413 as soon as it is passed). A full disk is told apart from
+other failures (:func:`out_of_space`): the server answers it with 507 and keeps the round open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import sqlite3
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+from torch import Tensor
+
+from server.validation import ValidationError, too_large
+
+#: Bytes of a body gathered before they are written (and hashed) in a worker thread.
+FLUSH_BYTES = 1 << 18
+
+_NO_SPACE_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+#: PostgreSQL's SQLSTATE for disk_full.
+_PG_DISK_FULL = "53100"
+
+
+@dataclass(frozen=True)
+class Received:
+    """A body on disk: its temporary file (fsynced), its size and its sha256."""
+
+    path: Path
+    size: int
+    sha256: str
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether `exc` says the disk (or the database's disk) is full: OSError ENOSPC/EDQUOT,
+    SQLite's SQLITE_FULL, PostgreSQL's disk_full, as raised directly or wrapped by SQLAlchemy."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _NO_SPACE_ERRNOS:
+            return True
+        if isinstance(e, sqlite3.Error) and getattr(e, "sqlite_errorcode", None) == (
+            sqlite3.SQLITE_FULL
+        ):
+            return True
+        if getattr(e, "sqlstate", None) == _PG_DISK_FULL:
+            return True
+        e = getattr(e, "orig", None) or e.__cause__ or e.__context__
+    return False
+
+
+def no_space(what: str) -> ValidationError:
+    """507: the server's disk is full; nothing was stored, the device may retry later."""
+    return ValidationError(
+        507,
+        f"the server's disk is full: {what} was not stored; retry in a minute",
+        "no_space",
+        headers={"Retry-After": "60"},
+    )
+
+
+async def receive(
+    chunks: AsyncIterator[bytes], directory: Path, prefix: str, limit: int
+) -> Received:
+    """Stream a body into a new owner-only temporary file in `directory` (the final file's, so
+    the later rename is atomic). 413 as soon as more than `limit` bytes have come; on any failure
+    the temporary file is removed."""
+    path, fd = await asyncio.to_thread(_open_temp, directory, prefix)
+    hasher = hashlib.sha256()
+    total = 0
+    batch: list[bytes] = []
+    pending = 0
+    closed = False
+    try:
+        async for chunk in chunks:
+            total += len(chunk)
+            if total > limit:
+                raise too_large(limit, f"of more than {limit} bytes")
+            if chunk:
+                batch.append(chunk)
+                pending += len(chunk)
+            if pending >= FLUSH_BYTES:
+                await asyncio.to_thread(_write, fd, hasher, b"".join(batch))
+                batch, pending = [], 0
+        await asyncio.to_thread(_write, fd, hasher, b"".join(batch), True)
+        closed = True
+        os.close(fd)
+    except BaseException:
+        if not closed:
+            os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    return Received(path, total, hasher.hexdigest())
+
+
+def _open_temp(directory: Path, prefix: str) -> tuple[Path, int]:
+    directory.mkdir(parents=True, exist_ok=True)
+    # mkstemp: O_EXCL, mode 0600 (an update says something about the device's text).
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".safetensors", dir=directory)
+    return Path(name), fd
+
+
+def _write(fd: int, hasher: hashlib._Hash, data: bytes, last: bool = False) -> None:
+    hasher.update(data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    if last:
+        os.fsync(fd)
+
+
+class StoredState(Mapping[str, Tensor]):
+    """A stored update's tensors, read from its safetensors file on each access (nothing is
+    kept): ``state[name]`` loads one tensor, :meth:`flat_slice` a range of its elements."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        with safe_open(self.path, framework="pt") as f:
+            self._keys = list(f.keys())
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._keys:
+            raise KeyError(key)
+        with safe_open(self.path, framework="pt") as f:
+            return f.get_tensor(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def flat_slice(self, key: str, a: int, b: int) -> Tensor:
+        """Elements ``a:b`` of the flattened tensor `key`, reading only the rows that hold them."""
+        with safe_open(self.path, framework="pt") as f:
+            sl = f.get_slice(key)
+            shape = sl.get_shape()
+            if not shape:  # a scalar
+                return f.get_tensor(key).reshape(-1)[a:b]
+            if len(shape) == 1:
+                return sl[a:b]
+            row = 1
+            for s in shape[1:]:
+                row *= s
+            r0, r1 = a // row, -(-b // row)
+            rows = sl[r0:r1].reshape(-1)
+        return rows[a - r0 * row : b - r0 * row]
