@@ -42,7 +42,7 @@ from sqlalchemy import delete, select
 
 from corpora.dataset import server_data
 from models.exposure import ExposureProbe
-from server.db import Device, MetricRow, Receipt, Round, make_sessionmaker
+from server.db import Device, MetricRow, Receipt, Round, finite_json, make_sessionmaker
 from server.devices import DEVICE_NAME, DevicesMixin
 from server.driver import DriverMixin
 from server.engine import Federation
@@ -224,5 +224,8 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         return self._model
 
     def metrics_rows(self) -> list[dict]:
+        """The metrics rows, NaN and infinities (a diverged run) as null: JSON has neither, and
+        PostgreSQL stores them so (server.db.finite_json)."""
         with self.sessions() as db:
-            return [m.row for m in db.scalars(select(MetricRow).order_by(MetricRow.round))]
+            rows = [m.row for m in db.scalars(select(MetricRow).order_by(MetricRow.round))]
+        return [finite_json(row) for row in rows]

@@ -103,20 +103,20 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _finite(value: Any) -> Any:
+def finite_json(value: Any) -> Any:
     """`value` with every NaN or infinite float (in dicts and lists) replaced by None."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 
 def json_strict(value: Any) -> str:
     """JSON that PostgreSQL's json type accepts: NaN and Infinity become null."""
-    return json.dumps(_finite(value), allow_nan=False)
+    return json.dumps(finite_json(value), allow_nan=False)
 
 
 def make_engine(url: str) -> Engine:

@@ -5,6 +5,7 @@ round, and the round completes once space is back."""
 from __future__ import annotations
 
 import errno
+import math
 import sqlite3
 
 import pytest
@@ -15,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from models.checkpoint import public_bytes
 from server import driver, upload_store
-from server.db import Device, Receipt
+from server.db import Device, MetricRow, Receipt
 from server.influence import coordinate_range
 from server.upload_store import StoredState, out_of_space
 from tests.support.http import enroll_phones, make_settings, running, wait_round
@@ -200,3 +201,14 @@ def test_last_seen_is_written_in_a_batch_off_the_request_path(tmp_path):
     with coordinator.sessions() as db:
         dev = db.get(Device, a.name)
         assert dev is not None and dev.last_seen == seen
+
+
+def test_metrics_of_a_diverged_round_are_served_with_null_not_a_500(tmp_path):
+    settings = make_settings(tmp_path, rounds=1, wait_devices=5)
+    with running(settings) as client:
+        coordinator = client.app_ref.state.coordinator
+        with coordinator.sessions.begin() as db:  # what a run wrecked by an attack records
+            db.merge(MetricRow(round=7, row={"round": 7, "test_ppl": math.inf, "x": [math.nan]}))
+        r = client.get("/v1/metrics")
+        assert r.status_code == 200, r.text
+        assert r.json()["rounds"][-1] == {"round": 7, "test_ppl": None, "x": [None]}
