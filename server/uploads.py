@@ -82,19 +82,36 @@ class UploadsMixin(CoordinatorState):
                         f"round {n}'s uploaders were already chosen without device {device_id!r}",
                         "not_selected",
                     )
-                now = time.time()
-                with self.sessions.begin() as db:
-                    db.add(
-                        Receipt(
-                            receipt=secrets.token_hex(16),
-                            round=n,
-                            attempt=r.attempt,
-                            device_id=device_id,
-                            kind="loss",
-                            train_loss=train_loss,
-                            num_samples=num_samples,
-                            created_at=now,
-                        )
+                if device_id in r.storing:
+                    raise ApiError(
+                        409,
+                        f"device {device_id!r} has a loss report for round {n} in progress",
+                        "duplicate",
+                    )
+                receipt = Receipt(
+                    receipt=secrets.token_hex(16),
+                    round=n,
+                    attempt=r.attempt,
+                    device_id=device_id,
+                    kind="loss",
+                    train_loss=train_loss,
+                    num_samples=num_samples,
+                    created_at=time.time(),
+                )
+                r.storing.add(device_id)
+                try:  # the commit in a worker thread: the event loop serves others meanwhile
+                    await asyncio.to_thread(self._add_receipt, receipt)
+                except Exception as e:
+                    if upload_store.out_of_space(e):
+                        raise upload_store.no_space("the loss report") from None
+                    raise
+                finally:
+                    r.storing.discard(device_id)
+                if self.current is not r or r.uploaders is not None:
+                    raise ApiError(
+                        409,
+                        f"round {n}'s uploaders were chosen while the loss report was stored",
+                        "stale_round",
                     )
                 r.losses[device_id] = (train_loss, num_samples)
                 self.telemetry.loss_reports.inc()
@@ -238,6 +255,10 @@ class UploadsMixin(CoordinatorState):
         except BaseException:
             self._unstore(up)
             raise
+
+    def _add_receipt(self, receipt: Receipt) -> None:
+        with self.sessions.begin() as db:
+            db.add(receipt)
 
     def _unstore(self, up: Upload) -> None:
         """Undo :meth:`_store`: the receipt and the file."""
