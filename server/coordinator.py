@@ -48,7 +48,7 @@ from server.driver import DriverMixin
 from server.engine import Federation
 from server.events import EventBus
 from server.recovery import RecoveryMixin
-from server.rounds import ApiError, OpenRound, Upload
+from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
 from server.telemetry import Telemetry
@@ -73,7 +73,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self.generated_secret = secret is None
         self.on_finished: Callable[[], None] | None = None  # serve() shuts uvicorn down with it
 
-        self.state = "starting"  # waiting | open | aggregating | finished
+        self.state = RoundState.STARTING  # waiting | open | aggregating | finished
         self.current: OpenRound | None = None
         self.federation: Federation | None = None
         self.sessions = None
@@ -151,7 +151,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self._last_seen_task = asyncio.create_task(
             self._last_seen_writer(), name="fedkey-last-seen"
         )
-        if self.state == "finished" and self.settings.exit_when_done and self.on_finished:
+        if self.state == RoundState.FINISHED and self.settings.exit_when_done and self.on_finished:
             self.on_finished()  # restarted after the run was over: nothing to do
 
     def begin_shutdown(self) -> None:

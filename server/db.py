@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,15 @@ class Device(Base):
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class Attempt(StrEnum):
+    """The state of one attempt at a round, as its row records it."""
+
+    OPEN = "open"
+    AGGREGATING = "aggregating"
+    AGGREGATED = "aggregated"
+    FAILED = "failed"
+
+
 class Round(Base):
     """One attempt at a round: state open -> aggregating -> aggregated, or failed."""
 
@@ -62,7 +72,7 @@ class Round(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     number: Mapped[int] = mapped_column(Integer, index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    state: Mapped[str] = mapped_column(String(16))  # open|aggregating|aggregated|failed
+    state: Mapped[str] = mapped_column(String(16))  # an Attempt
     available: Mapped[list] = mapped_column(JSON)  # the enrolled devices it was drawn from
     cohort: Mapped[list] = mapped_column(JSON)
     uploaders: Mapped[list | None] = mapped_column(JSON, nullable=True)  # topK decision

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from common.task import RoundTask
 from server.db import Device, hash_token
 from server.engine import client_seed
-from server.rounds import ApiError, CoordinatorState, OpenRound
+from server.rounds import ApiError, CoordinatorState, OpenRound, RoundState
 from server.settings import MAX_WAIT
 from server.validation import shown
 
@@ -157,8 +157,8 @@ class DevicesMixin(CoordinatorState):
         if r is None:
             done = self.fed.round
             return {
-                "round": done if self.state == "finished" else done + 1,
-                "attempt": 0 if self.state == "finished" else self._next_attempt,
+                "round": done if self.state == RoundState.FINISHED else done + 1,
+                "attempt": 0 if self.state == RoundState.FINISHED else self._next_attempt,
                 "state": self.state,
                 "selected": False,
                 "task": None,
@@ -180,8 +180,8 @@ class DevicesMixin(CoordinatorState):
 
     def everyone_told_finished(self) -> bool:
         """The run is finished and every enrolled device has been answered so."""
-        return self.state == "finished" and all(
-            self._given.get(d, {}).get("state") == "finished" for d in self.devices
+        return self.state == RoundState.FINISHED and all(
+            self._given.get(d, {}).get("state") == RoundState.FINISHED for d in self.devices
         )
 
     async def wait_view(self, device_id: str, wait: float) -> dict:
@@ -231,5 +231,5 @@ class DevicesMixin(CoordinatorState):
         elif self.federation is None:
             n = 0
         else:
-            n = self.federation.round + (0 if self.state == "finished" else 1)
+            n = self.federation.round + (0 if self.state == RoundState.FINISHED else 1)
         return {"status": "ok", "round": n, "state": self.state}

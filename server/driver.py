@@ -10,9 +10,9 @@ import shutil
 import time
 from pathlib import Path
 
-from server.db import MetricRow, Round
+from server.db import Attempt, MetricRow, Round
 from server.engine import RoundPlan
-from server.rounds import CoordinatorState, OpenRound, Upload
+from server.rounds import CoordinatorState, OpenRound, RoundState, Upload
 from server.strategies import ClientUpdate
 from server.strategies.selection import cohort_size
 from server.upload_store import StoredState, out_of_space
@@ -38,7 +38,7 @@ class DriverMixin(CoordinatorState):
             if self._stopping:
                 break
             timeout = None
-            if self.state == "open" and self.current is not None:
+            if self.state == RoundState.OPEN and self.current is not None:
                 timeout = max(0.0, self.current.deadline - time.time()) + 0.01
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), timeout)
@@ -46,9 +46,9 @@ class DriverMixin(CoordinatorState):
     async def _step(self) -> bool:
         """Make at most one transition; True when something changed (then step again)."""
         self._record_aggregated()
-        if self.state == "finished":
+        if self.state == RoundState.FINISHED:
             return False
-        if self.state == "waiting":
+        if self.state == RoundState.WAITING:
             if self._finished():
                 self._finish()
                 return True
@@ -57,7 +57,7 @@ class DriverMixin(CoordinatorState):
                 return True
             return False
         r = self.current
-        if self.state != "open" or r is None:
+        if self.state != RoundState.OPEN or r is None:
             return False
         now = time.time()
         if self.settings.topk and r.uploaders is None:
@@ -117,7 +117,7 @@ class DriverMixin(CoordinatorState):
         )
 
     def _finish(self) -> None:
-        self.state = "finished"
+        self.state = RoundState.FINISHED
         self.current = None
         self.finish_reason = self._finish_reason()
         self._set_round_gauge()
@@ -146,7 +146,7 @@ class DriverMixin(CoordinatorState):
             row = Round(
                 number=plan.round,
                 attempt=attempt,
-                state="open",
+                state=Attempt.OPEN,
                 available=available,
                 cohort=plan.cohort,
                 uploaders=None,
@@ -157,7 +157,7 @@ class DriverMixin(CoordinatorState):
             db.flush()
             row_id = row.id
         self.current = OpenRound(row_id, plan, now, deadline)
-        self.state = "open"
+        self.state = RoundState.OPEN
         self._set_round_gauge()
         log.info(
             "round %d (attempt %d) open: %d of %d devices selected",
@@ -194,11 +194,11 @@ class DriverMixin(CoordinatorState):
     def _fail(self, r: OpenRound, why: str) -> None:
         """Quorum missed: nothing applied; the same round opens again with attempt + 1."""
         with self.sessions.begin() as db:
-            db.get(Round, r.row_id).state = "failed"
+            db.get(Round, r.row_id).state = Attempt.FAILED
         for up in r.uploads.values():
             Path(up.path).unlink(missing_ok=True)
         self.current = None
-        self.state = "waiting"
+        self.state = RoundState.WAITING
         self._next_attempt = r.attempt + 1
         self.telemetry.rounds_failed.inc()
         log.warning("round %d attempt %d failed: %s", r.number, r.attempt, why)
@@ -214,20 +214,20 @@ class DriverMixin(CoordinatorState):
 
     async def _aggregate(self, r: OpenRound) -> None:
         try:  # the database first: if it cannot record the transition, nothing changes
-            await asyncio.to_thread(self._set_round_row_state, r.row_id, "aggregating")
+            await asyncio.to_thread(self._set_round_row_state, r.row_id, Attempt.AGGREGATING)
         except Exception as e:
             if not out_of_space(e):
                 raise
             self._postpone(r, e)
             return
-        self.state = "aggregating"
+        self.state = RoundState.AGGREGATING
         self._notify()
         uploads = sorted(r.uploads.items())
         start = time.perf_counter()
         try:
             row = await asyncio.to_thread(self._complete, r.plan, uploads)
         except Exception as e:  # all or nothing: the engine left everything as before
-            self.state = "open"
+            self.state = RoundState.OPEN
             if out_of_space(e):  # keep the uploads: the round completes once space is back
                 self._postpone(r, e)
                 return
@@ -244,7 +244,7 @@ class DriverMixin(CoordinatorState):
         if not self.settings.keep_uploads:
             shutil.rmtree(self._round_dir(r.number), ignore_errors=True)
         self.current = None
-        self.state = "waiting"
+        self.state = RoundState.WAITING
         self._next_attempt = 0
         self.telemetry.rounds_completed.inc()
         log.info(
@@ -272,7 +272,7 @@ class DriverMixin(CoordinatorState):
             row_id, row = self._unrecorded[0]
             try:
                 with self.sessions.begin() as db:
-                    db.get(Round, row_id).state = "aggregated"
+                    db.get(Round, row_id).state = Attempt.AGGREGATED
                     db.merge(MetricRow(round=row["round"], row=row))
             except Exception:
                 log.exception("round %d: recording it in the database failed", row["round"])

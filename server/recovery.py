@@ -10,8 +10,8 @@ from pathlib import Path
 
 from sqlalchemy import delete, select
 
-from server.db import MetricRow, Receipt, Round
-from server.rounds import CoordinatorState, OpenRound, Upload
+from server.db import Attempt, MetricRow, Receipt, Round
+from server.rounds import CoordinatorState, OpenRound, RoundState, Upload
 
 log = logging.getLogger("fedkey.server")
 
@@ -29,17 +29,17 @@ class RecoveryMixin(CoordinatorState):
                 db.add(MetricRow(round=row["round"], row=row))
             # rounds the checkpoint holds but the database did not record as aggregated
             for r in db.scalars(select(Round).where(Round.number <= done)):
-                if r.state in ("open", "aggregating"):
-                    r.state = "aggregated"
+                if r.state in (Attempt.OPEN, Attempt.AGGREGATING):
+                    r.state = Attempt.AGGREGATED
             db.execute(delete(Round).where(Round.number > done + 1))
             db.execute(delete(Receipt).where(Receipt.round > done + 1))
             pending = db.scalars(
                 select(Round).where(Round.number == done + 1).order_by(Round.attempt)
             ).all()
-            live = [r for r in pending if r.state in ("open", "aggregating")]
+            live = [r for r in pending if r.state in (Attempt.OPEN, Attempt.AGGREGATING)]
             for r in pending:
-                if r.state == "aggregated":  # the checkpoint does not have it: never applied
-                    r.state = "failed"
+                if r.state == Attempt.AGGREGATED:  # the checkpoint does not have it: never applied
+                    r.state = Attempt.FAILED
             self._next_attempt = max((r.attempt + 1 for r in pending), default=0)
             if live and not self._finished():
                 row = live.pop()
@@ -48,11 +48,11 @@ class RecoveryMixin(CoordinatorState):
                         self._setup_strategy(list(earlier.available))
                 self._continue_round(db, row)
             for r in live:  # several open attempts, or a run already over: never applied
-                r.state = "failed"
+                r.state = Attempt.FAILED
         self._cleanup_uploads()
         if self.current is None:
-            self.state = "finished" if self._finished() else "waiting"
-            if self.state == "finished":
+            self.state = RoundState.FINISHED if self._finished() else RoundState.WAITING
+            if self.state == RoundState.FINISHED:
                 self.finish_reason = self._finish_reason()
         self._set_round_gauge()
 
@@ -70,7 +70,7 @@ class RecoveryMixin(CoordinatorState):
         now = time.time()
         grace = min(self.settings.upload_grace, self.settings.round_deadline)
         row.deadline = max(row.deadline, now + grace)  # devices could not reach a dead server
-        row.state = "open"
+        row.state = Attempt.OPEN
         r = OpenRound(row.id, plan, row.opened_at, row.deadline, uploaders=row.uploaders)
         receipts = db.scalars(
             select(Receipt).where(Receipt.round == row.number, Receipt.attempt == row.attempt)
@@ -85,7 +85,7 @@ class RecoveryMixin(CoordinatorState):
             else:  # the file is gone: let the device upload again
                 db.delete(rec)
         self.current = r
-        self.state = "open"
+        self.state = RoundState.OPEN
         log.info(
             "continuing round %d (attempt %d): %d/%d uploads in",
             r.number,

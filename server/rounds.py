@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,18 @@ if TYPE_CHECKING:
     from server.events import EventBus
     from server.settings import Settings
     from server.telemetry import Telemetry
+
+
+class RoundState(StrEnum):
+    """The coordinator's state machine (server.driver makes every transition): starting ->
+    waiting -> open -> aggregating -> waiting ... -> finished; open -> waiting when a round
+    fails its quorum. A device's view of the round carries it as a string."""
+
+    STARTING = "starting"
+    WAITING = "waiting"  # for enough devices, or for the next round to open
+    OPEN = "open"  # collecting loss reports and uploads
+    AGGREGATING = "aggregating"
+    FINISHED = "finished"
 
 
 class ApiError(ValidationError):
@@ -75,7 +88,7 @@ class CoordinatorState:
     uploads_dir: Path
     enrollment_secret: str
     upload_limit: int  # bytes of an upload: the model's plus settings.max_upload_margin
-    state: str  # starting | waiting | open | aggregating | finished
+    state: RoundState
     current: OpenRound | None
     federation: Federation | None
     sessions: Any  # sqlalchemy sessionmaker

@@ -14,7 +14,7 @@ from sqlalchemy import delete
 from common.files import publish
 from server import upload_store, validation
 from server.db import Receipt
-from server.rounds import ApiError, CoordinatorState, OpenRound, Upload
+from server.rounds import ApiError, CoordinatorState, OpenRound, RoundState, Upload
 from server.validation import ValidationError
 
 
@@ -24,7 +24,7 @@ class UploadsMixin(CoordinatorState):
     def _open_round_for(self, device_id: str, n: int) -> OpenRound:
         """The open round `n` with `device_id` selected, or 409 / 403."""
         r = self.current
-        if self.state == "finished":
+        if self.state == RoundState.FINISHED:
             raise ApiError(409, f"the run is finished after round {self.fed.round}", "stale_round")
         if r is None:
             nxt = self.fed.round + 1
@@ -37,7 +37,7 @@ class UploadsMixin(CoordinatorState):
                 f"round {n} is not the open round ({which}); round {r.number} is",
                 f"{which}_round",
             )
-        if self.state != "open":
+        if self.state != RoundState.OPEN:
             raise ApiError(
                 409, f"round {n} is closed and being aggregated; wait for the next", "stale_round"
             )
@@ -192,7 +192,9 @@ class UploadsMixin(CoordinatorState):
             finally:
                 r.storing.discard(device_id)
             received = None  # renamed into place
-            if self.current is not r or self.state != "open":  # aggregation began meanwhile
+            if (
+                self.current is not r or self.state != RoundState.OPEN
+            ):  # aggregation began meanwhile
                 await asyncio.to_thread(self._unstore, up)
                 raise ApiError(409, f"round {n} closed while the update was stored", "stale_round")
             r.uploads[device_id] = up
