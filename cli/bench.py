@@ -1,5 +1,5 @@
-"""`fedkey bench`: the benchmarks (bench.perf, bench.paper, bench.attacks), with their targets,
-in a report."""
+"""`fedkey bench`: the benchmarks (bench.perf, bench.paper, bench.attacks, bench.load), with their
+targets, in a report."""
 
 from __future__ import annotations
 
@@ -249,4 +249,55 @@ def bench_privacy(
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
         )
     except (ValueError, RuntimeError) as e:
+        raise UserError(str(e)) from None
+
+
+@bench_app.command("load")
+def bench_load(
+    phones: str = typer.Option(
+        "200,1000",
+        "--phones",
+        help="Fleet sizes, comma-separated: one cell each (10% of the phones upload each round).",
+    ),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="Federated rounds of every cell."),
+    label: str = typer.Option(
+        "run", "--label", help="Names the cells (e.g. baseline); another label is another cell."
+    ),
+    out: Path = typer.Option(
+        Path("bench/results/load"), "--out", help="Where results.json and results.md are written."
+    ),
+    drivers: int | None = typer.Option(
+        None, "--drivers", min=1, help="Processes driving the phones (default: one per 5,000)."
+    ),
+    server_tree: Path | None = typer.Option(
+        None,
+        "--server-tree",
+        help="Run the server from this checkout (e.g. a `git worktree` of another commit).",
+    ),
+    port: int = typer.Option(0, "--port", min=0, help="The server's port (0: a free one)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+) -> None:
+    """The federation server under N fake phones (the real HTTP contract, no training): seconds
+    per round, uploads per round, /healthz latency, the server's peak RSS and every error by
+    kind. A cell already in results.json with the same command is not run again."""
+    from bench.load import LoadError, Options, run_load
+
+    try:
+        sizes = [int(p) for p in phones.split(",") if p.strip()]
+    except ValueError:
+        raise UserError(f"--phones {phones}: give sizes like 200,1000") from None
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"--phones {phones}: give sizes like 200,1000")
+    opts = Options(drivers=drivers, port=port, server_tree=server_tree)
+    try:
+        run_load(
+            sizes,
+            rounds,
+            label,
+            out,
+            opts,
+            dry_run=dry_run,
+            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+        )
+    except LoadError as e:
         raise UserError(str(e)) from None

@@ -1,0 +1,801 @@
+"""`fedkey bench load`: the federation server under thousands of fake phones (issue 16).
+
+One cell = one fleet size N and R rounds. The bench starts `fedkey server` as a child process on
+127.0.0.1 (a free port, a temporary storage folder, the demo corpus and the default demo model,
+FedAvg with a fraction of 0.1 so that 10% of the phones upload each round, a 900 s round deadline,
+round 1 opening once all N phones enrolled), then drives N fake phones against it
+(bench.load_phones: the real phone's contract, no training, one keep-alive connection each, in
+one asyncio event loop per driver process, one process per 5,000 phones). This process only
+watches: a /healthz prober on its own connection every 0.1-0.25 s, the server's event stream
+(WS /v1/events: when each round opened and was aggregated), and the server's memory (VmRSS of
+the server and its children every 0.25 s, and the server's VmHWM). Once the phones heard
+"finished" it reads GET /v1/metrics and stops the server with SIGTERM.
+
+Per round: seconds from opening to aggregation (evaluation and checkpoint included; the metrics
+row's `seconds`, opening to the end of the aggregation, beside it), the cohort and the uploads
+aggregated, /healthz p50 / p99 / max while the round ran. Per cell: the same over the rounds,
+the time to enroll, the server's peak RSS, every failed request by kind (retried or not), the
+uploads refused, the phones that gave up. Results: OUT/results.json (one object per (phones,
+rounds, label) cell with the command that reproduces it; a cell already there with the same
+command is not run again, so an interrupted bench resumes) and OUT/results.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import platform
+import queue
+import random
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.load_phones import Connection, HttpError, PhoneConfig, Stats, percentile, shard_main
+from bench.paper import Bench
+from common.files import atomic_write
+from runners.processes import ProcessError, free_port, listen_problem, server_env, wait_healthy
+
+ROOT = Path(__file__).resolve().parent.parent
+FRACTION = 0.1  # 10% of the phones upload each round
+ROUND_DEADLINE = 900.0  # seconds: long, so a round closes when its cohort uploaded
+PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
+HOST = "127.0.0.1"
+
+__all__ = ["Cell", "LoadError", "cohort_size", "command", "run_cell", "run_load"]
+
+
+class LoadError(RuntimeError):
+    """A cell could not run (the server did not start, exited, or the run timed out)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    phones: int
+    rounds: int
+    label: str = "run"
+
+    @property
+    def id(self) -> str:
+        return f"{self.label}-{self.phones}-phones-{self.rounds}-rounds"
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the bench runs a cell (beyond the cell itself)."""
+
+    drivers: int | None = None  # driver processes; None: one per PHONES_PER_DRIVER phones
+    port: int = 0  # 0: a free one
+    server_tree: Path | None = None  # run the server from this checkout instead of ROOT
+    timeout: float | None = None  # seconds for a whole cell; None: from its size
+
+    def driver_count(self, phones: int) -> int:
+        n = self.drivers or math.ceil(phones / PHONES_PER_DRIVER)
+        return max(1, min(n, phones))
+
+
+def cohort_size(phones: int) -> int:
+    """The server's cohort at FRACTION (server.strategies.selection.cohort_size)."""
+    return min(phones, max(1, math.floor(FRACTION * phones + 0.5)))
+
+
+def command(cell: Cell, opts: Options) -> list[str]:
+    """The command line that runs this cell alone."""
+    cmd = ["fedkey", "bench", "load", "--phones", str(cell.phones), "--rounds", str(cell.rounds)]
+    cmd += ["--label", cell.label]
+    if opts.drivers:
+        cmd += ["--drivers", str(opts.drivers)]
+    if opts.server_tree is not None:
+        cmd += ["--server-tree", str(opts.server_tree)]
+    return cmd
+
+
+def server_argv(cell: Cell, port: int, storage: Path, secret: str) -> list[str]:
+    return [
+        sys.executable, "-m", "cli", "server", "--data", "demo", "--storage", str(storage),
+        "--host", HOST, "--port", str(port), "--rounds", str(cell.rounds),
+        "--fraction", str(FRACTION), "--wait-devices", str(cell.phones),
+        "--round-deadline", str(ROUND_DEADLINE), "--enrollment-secret", secret,
+    ]  # fmt: skip
+
+
+# -- the server's memory ---------------------------------------------------------------------------
+
+
+def _status_kb(pid: int, key: str) -> int:
+    """A `VmRSS` / `VmHWM` line of /proc/<pid>/status in bytes (0 once the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    out.append(int(child))
+                    todo.append(int(child))
+    return out
+
+
+class RssMonitor(threading.Thread):
+    """Samples the RSS of `pid` and its descendants every `interval` seconds; `peak` is the
+    largest sum seen or the server's own VmHWM, whichever is larger."""
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        super().__init__(daemon=True, name="rss-monitor")
+        self.pid = pid
+        self.interval = interval
+        self.stopping = threading.Event()
+        self.peak_tree = 0
+        self.hwm = 0
+        self.children = 0
+        self.timeline: list[tuple[float, int]] = []  # (monotonic, tree RSS), one a second
+
+    def sample(self) -> None:
+        kids = _descendants(self.pid)
+        self.children = max(self.children, len(kids))
+        tree = sum(_status_kb(p, "VmRSS") for p in [self.pid, *kids])
+        self.peak_tree = max(self.peak_tree, tree)
+        self.hwm = max(self.hwm, _status_kb(self.pid, "VmHWM"))
+        now = time.monotonic()
+        if not self.timeline or now - self.timeline[-1][0] >= 1.0:
+            self.timeline.append((now, tree))
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+
+    @property
+    def peak(self) -> int:
+        return max(self.peak_tree, self.hwm)
+
+
+# -- what the bench process watches ----------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """Round transitions (from the event stream), /healthz samples, the phones' stats."""
+
+    t0: float = field(default_factory=time.monotonic)
+    opened: dict[int, float] = field(default_factory=dict)  # round -> first opening
+    aggregated: dict[int, float] = field(default_factory=dict)
+    # the same, by the server's clock (the events' "time"): a round's seconds
+    opened_at: dict[int, float] = field(default_factory=dict)
+    aggregated_at: dict[int, float] = field(default_factory=dict)
+    failed: list[dict] = field(default_factory=list)  # round_failed events
+    finished: float | None = None
+    enrolled: int = 0
+    events_error: str | None = None
+    events_lag: list[float] = field(default_factory=list)  # seconds from publish to arrival
+    # (monotonic, latency s, round or None, state or the error kind)
+    health: list[tuple[float, float, int | None, str]] = field(default_factory=list)
+    health_errors: Counter[str] = field(default_factory=Counter)
+
+
+async def watch_events(port: int, watch: Watch, on_round: Any) -> None:
+    """Follow WS /v1/events: when rounds open, fail and are aggregated."""
+    from websockets.asyncio.client import connect
+
+    try:
+        async with connect(
+            f"ws://{HOST}:{port}/v1/events", ping_interval=None, max_size=1 << 22
+        ) as ws:
+            async for message in ws:
+                event = json.loads(message)
+                kind, now = event.get("type"), time.monotonic()
+                r = event.get("round")
+                at = event.get("time")
+                if isinstance(at, float):
+                    watch.events_lag.append(time.time() - at)
+                if kind == "round_opened" and isinstance(r, int):
+                    watch.opened.setdefault(r, now)
+                    if isinstance(at, float):
+                        watch.opened_at.setdefault(r, at)
+                elif kind == "round_aggregated" and isinstance(r, int):
+                    watch.aggregated[r] = now
+                    if isinstance(at, float):
+                        watch.aggregated_at[r] = at
+                    on_round(r)
+                elif kind == "round_failed":
+                    watch.failed.append({k: event.get(k) for k in ("round", "attempt", "reason")})
+                elif kind == "run_finished":
+                    watch.finished = now
+                elif kind == "device_enrolled":
+                    watch.enrolled = int(event.get("devices") or watch.enrolled + 1)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # the event stream is a convenience: /healthz samples are the fallback
+        watch.events_error = f"{type(e).__name__}: {e}"
+
+
+async def probe_health(port: int, watch: Watch, stop: asyncio.Event) -> None:
+    """GET /healthz every 0.1-0.25 s on its own connection, recording each latency."""
+    conn = Connection(HOST, port)
+    jitter = random.Random(0)
+    try:
+        while not stop.is_set():
+            t = time.monotonic()
+            try:
+                reply = await conn.request("GET", "/healthz", timeout=60.0)
+                took = time.monotonic() - t
+                if reply.status != 200:
+                    raise HttpError(f"http_{reply.status}")
+                data = reply.json()
+                watch.health.append((t, took, data.get("round"), str(data.get("state"))))
+            except HttpError as e:
+                watch.health.append((t, time.monotonic() - t, None, e.kind))
+                watch.health_errors[e.kind] += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(jitter.uniform(0.1, 0.25)):
+                    await stop.wait()
+    finally:
+        conn.close()
+
+
+async def get_text(port: int, path: str) -> str:
+    conn = Connection(HOST, port)
+    try:
+        reply = await conn.request("GET", path, timeout=120.0)
+    finally:
+        conn.close()
+    if reply.status != 200:
+        raise HttpError(f"http_{reply.status}", reply.detail())
+    return reply.body.decode()
+
+
+async def get_json(port: int, path: str) -> Any:
+    return json.loads(await get_text(port, path))
+
+
+async def run_shards(cfg: PhoneConfig, phones: int, drivers: int) -> Stats:
+    """The phones split over `drivers` processes; their Stats added up."""
+    ctx = multiprocessing.get_context("spawn")
+    results: Any = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=shard_main, args=(cfg, list(range(i, phones, drivers)), results), daemon=True
+        )
+        for i in range(drivers)
+    ]
+    for p in procs:
+        p.start()
+    stats, got = Stats(), 0
+    try:
+        while got < drivers:
+            try:
+                part = await asyncio.to_thread(results.get, True, 1.0)
+            except queue.Empty:
+                if all(p.exitcode is not None for p in procs) and results.empty():
+                    raise LoadError("a driver process exited without its results") from None
+                continue
+            stats.merge(part)
+            got += 1
+    finally:
+        for p in procs:
+            if p.is_alive() and got < drivers:
+                p.terminate()
+            p.join(timeout=10)
+    return stats
+
+
+@dataclass
+class Drive:
+    watch: Watch
+    stats: Stats
+    metrics: list[dict]
+    aggregation: dict[str, float]  # the server's fedkey_aggregation_seconds: sum, count
+    wall: float
+    problem: str | None  # why the drive stopped early, if it did
+
+
+async def drive(
+    cell: Cell, cfg: PhoneConfig, drivers: int, server: subprocess.Popen, timeout: float, bar: Any
+) -> Drive:
+    watch = Watch()
+    stop = asyncio.Event()
+
+    def on_round(r: int) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"round {r} aggregated")
+
+    events = asyncio.create_task(watch_events(cfg.port, watch, on_round))
+    prober = asyncio.create_task(probe_health(cfg.port, watch, stop))
+    phones = asyncio.create_task(run_shards(cfg, cell.phones, drivers))
+    deadline = time.monotonic() + timeout
+    problem = None
+    stats = Stats()
+    while not phones.done():
+        await asyncio.wait({phones}, timeout=1.0)
+        if not phones.done():
+            if server.poll() is not None:
+                problem = f"the server exited with code {server.returncode} during the run"
+            elif time.monotonic() > deadline:
+                problem = f"the cell did not finish within {timeout:.0f} s"
+            if len(watch.aggregated) < cell.rounds and watch.enrolled < cell.phones:
+                bar.set_postfix_str(f"{watch.enrolled}/{cell.phones} enrolled")
+            if problem:
+                phones.cancel()
+                break
+    with contextlib.suppress(asyncio.CancelledError):
+        stats = await phones
+    wall = time.monotonic() - watch.t0
+    metrics: list[dict] = []
+    aggregation: dict[str, float] = {}
+    if server.poll() is None:
+        with contextlib.suppress(HttpError, ValueError):
+            metrics = (await get_json(cfg.port, "/v1/metrics")).get("rounds", [])
+        with contextlib.suppress(HttpError, ValueError):
+            aggregation = _aggregation_seconds(await get_text(cfg.port, "/metrics"))
+    stop.set()
+    await prober
+    events.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await events
+    return Drive(watch, stats, metrics, aggregation, wall, problem)
+
+
+def _aggregation_seconds(prometheus: str) -> dict[str, float]:
+    """fedkey_aggregation_seconds's sum and count (aggregate + privacy + evaluate + checkpoint)."""
+    out = {}
+    for line in prometheus.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"fedkey_aggregation_seconds_{part} "):
+                out[part] = float(line.split()[1])
+    return out
+
+
+# -- one cell ----------------------------------------------------------------------------------
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def _log_problems(path: Path, limit: int = 12) -> dict:
+    """The server log's warnings and errors (not its access lines): a count and the first few."""
+    seen: Counter[str] = Counter()
+    try:
+        with path.open(errors="replace") as f:
+            for line in f:
+                if ("WARNING" in line or "ERROR" in line or "Traceback" in line) and (
+                    '" 200' not in line
+                ):
+                    seen[line.strip()[:200]] += 1
+    except OSError:
+        pass
+    return {"count": sum(seen.values()), "first": [line for line, _ in seen.most_common(limit)]}
+
+
+def _stop_server(proc: subprocess.Popen, grace: float = 60.0) -> str:
+    if proc.poll() is not None:
+        return f"exited by itself ({proc.returncode})"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return f"killed: not stopped {grace:.0f} s after SIGTERM"
+    # uvicorn re-raises the SIGTERM it handled once it has shut down: -15 is a clean stop too.
+    clean = code in (0, -signal.SIGTERM)
+    return f"stopped by SIGTERM (exit {code})" if clean else f"SIGTERM: exit {code}"
+
+
+def _stats(values: list[float]) -> dict[str, float | int | None]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 4)
+
+    return {
+        "n": len(values),
+        "p50": r(percentile(values, 50)),
+        "p99": r(percentile(values, 99)),
+        "max": r(max(values) if values else None),
+    }
+
+
+def _round_times(watch: Watch, rounds: int) -> dict[int, tuple[float, float]]:
+    """round -> (opened, aggregated) on this process's monotonic clock: the events' server times
+    (the same machine's clock: a WS event may arrive late), else when the events arrived, else
+    from the /healthz samples."""
+    out: dict[int, tuple[float, float]] = {}
+    offset = time.time() - time.monotonic()
+    for r in range(1, rounds + 1):
+        opened, done = watch.opened.get(r), watch.aggregated.get(r)
+        if r in watch.opened_at and r in watch.aggregated_at:
+            opened, done = watch.opened_at[r] - offset, watch.aggregated_at[r] - offset
+        if opened is None:
+            opened = next((t for t, _, n, s in watch.health if n == r and s == "open"), None)
+        if done is None:
+            done = next(
+                (t for t, _, n, s in watch.health if n is not None and (n > r or s == "finished")),
+                None,
+            )
+        if opened is not None and done is not None:
+            out[r] = (opened, done)
+    return out
+
+
+def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
+    """One results.json object from a drive."""
+    watch, stats = d.watch, d.stats
+    times = _round_times(watch, cell.rounds)
+    rows = {int(row["round"]): row for row in d.metrics if row.get("round")}
+    per_round: list[dict[str, Any]] = []
+    for r in range(1, cell.rounds + 1):
+        row = rows.get(r, {})
+        span = times.get(r)
+        lat = [x for t, x, _, _ in watch.health if span and span[0] <= t <= span[1]]
+        seconds = None
+        if r in watch.opened_at and r in watch.aggregated_at:  # the server's own clock
+            seconds = watch.aggregated_at[r] - watch.opened_at[r]
+        elif span:
+            seconds = span[1] - span[0]
+        per_round.append(
+            {
+                "round": r,
+                "selected": len(row.get("selected") or []),
+                "uploads": len(row.get("aggregated") or []),
+                "uploads_accepted": stats.uploads.get(str(r), 0),
+                "seconds": None if seconds is None else round(seconds, 2),
+                "server_seconds": row.get("seconds"),
+                "healthz": _stats(lat),
+            }
+        )
+    first = min((s[0] for s in times.values()), default=None)
+    last = max((s[1] for s in times.values()), default=None)
+    in_rounds = [x for t, x, _, _ in watch.health if first and last and first <= t <= last]
+    enrolling = [x for t, x, _, _ in watch.health if first and t < first]
+    errors: Counter[str] = Counter(stats.errors)
+    errors.update({f"healthz {k}": v for k, v in watch.health_errors.items()})
+    errors.update({f"refused {k}": v for k, v in stats.rejected.items()})
+    errors.update({f"gave up: {k}": v for k, v in stats.gave_up.items()})
+    round_seconds = [p["seconds"] for p in per_round if p["seconds"] is not None]
+    return {
+        "id": cell.id,
+        "label": cell.label,
+        "phones": cell.phones,
+        "rounds": cell.rounds,
+        "fraction": FRACTION,
+        "cohort": cohort_size(cell.phones),
+        "drivers": drivers,
+        "rounds_completed": len(rows),
+        "uploads_per_round": [p["uploads"] for p in per_round],
+        "seconds_per_round": round_seconds,
+        "enroll_seconds": round(first - watch.t0, 2) if first else None,
+        # the server's aggregate + privacy + evaluate + checkpoint, per round (its histogram)
+        "aggregation_seconds": round(d.aggregation["sum"] / d.aggregation["count"], 2)
+        if d.aggregation.get("count")
+        else None,
+        "event_stream_lag": _stats(watch.events_lag),
+        "healthz": _stats(in_rounds),
+        "healthz_enrolling": _stats(enrolling),
+        "server_peak_rss": rss.peak,
+        "server_children": rss.children,
+        "server_rss_timeline": [[round(t - watch.t0, 1), b] for t, b in rss.timeline],
+        "errors": dict(sorted(errors.items())),
+        "errors_total": sum(errors.values()),
+        "phones_finished": stats.events.get("finished", 0),
+        "phones_gave_up": sum(stats.gave_up.values()),
+        "rounds_failed": watch.failed,
+        "statuses": dict(sorted(stats.statuses.items())),
+        "events": dict(sorted(stats.events.items())),
+        "latency": {route: _stats(v) for route, v in sorted(stats.latency.items())},
+        "connections": stats.connections,
+        "bytes_down": stats.bytes_down,
+        "bytes_up": stats.bytes_up,
+        "per_round": per_round,
+        "event_stream_error": watch.events_error,
+        "problem": d.problem,
+    }
+
+
+def run_cell(cell: Cell, opts: Options = Options(), progress: bool = True) -> dict:
+    """Run one cell: the server, the phones, the measurements; its results.json object."""
+    from tqdm import tqdm
+
+    tree = (opts.server_tree or ROOT).resolve()
+    if not (tree / "cli" / "__main__.py").is_file():
+        raise LoadError(f"--server-tree {tree}: not a fedkey checkout (no cli/__main__.py)")
+    port = opts.port or free_port(HOST)
+    problem = listen_problem(HOST, port)
+    if problem is not None:
+        raise LoadError(f"cannot listen on {HOST}:{port}: {problem}; choose another --port")
+    drivers = opts.driver_count(cell.phones)
+    timeout = opts.timeout or 300 + cell.phones / 20 + cell.rounds * (ROUND_DEADLINE + 120)
+    secret = secrets.token_urlsafe(16)
+    work = Path(tempfile.mkdtemp(prefix="fedkey-bench-load-"))
+    log_path = work / "server.log"
+    _raise_nofile()
+    start = time.perf_counter()
+    load_before = os.getloadavg()
+    try:
+        env = {**os.environ, **server_env({"FEDKEY_EVENT_QUEUE_SIZE": "1000000"})}
+        env.pop("FEDKEY_STORAGE", None)
+        with log_path.open("w") as log:
+            server = subprocess.Popen(
+                server_argv(cell, port, work / "storage", secret),
+                cwd=tree,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        rss = RssMonitor(server.pid)
+        rss.start()
+        try:
+            try:
+                wait_healthy(f"http://{HOST}:{port}", server, timeout=180)
+            except ProcessError as e:
+                raise LoadError(f"{e}; its last lines:\n{_log_tail(log_path)}") from None
+            cfg = PhoneConfig(HOST, port, secret, ramp=cell.phones / 1000)
+            with tqdm(
+                total=cell.rounds, desc=f"{cell.phones} phones", unit="round", disable=not progress
+            ) as bar:
+                d = asyncio.run(drive(cell, cfg, drivers, server, timeout, bar))
+        finally:
+            stopped = _stop_server(server)
+            rss.stop()
+        if d.problem:
+            raise LoadError(
+                f"{cell.id}: {d.problem}; the server's last lines:\n{_log_tail(log_path)}"
+            )
+        result = summarize(cell, d, rss, drivers)
+        result["server_stop"] = stopped
+        result["server_log"] = _log_problems(log_path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    # The machine's 1-minute load average before and after: other work on it skews the figures.
+    result["loadavg"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    result.update(provenance(tree))
+    return result
+
+
+def _raise_nofile() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # the server child inherits it: a socket per phone on both sides
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _git(tree: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def machine() -> str:
+    cpu = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = _status_kb_meminfo()
+    gib = f", {mem / 2**30:.0f} GiB" if mem else ""
+    return f"{cpu or platform.processor() or 'cpu'}, {os.cpu_count()} cores{gib}, Python {platform.python_version()}"
+
+
+def _status_kb_meminfo() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def provenance(tree: Path) -> dict:
+    dirty = _git(tree, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench")
+    return {
+        "server_tree": str(tree) if tree != ROOT else ".",
+        "git_commit": _git(tree, "rev-parse", "HEAD"),
+        "git_dirty": None if dirty is None else bool(dirty),
+        "machine": machine(),
+    }
+
+
+# -- the bench -----------------------------------------------------------------------------------
+
+
+def run_load(
+    phones: list[int],
+    rounds: int,
+    label: str = "run",
+    out: Path = Path("bench/results/load"),
+    opts: Options = Options(),
+    dry_run: bool = False,
+    bench_command: str = "",
+    progress: bool = True,
+) -> list[dict]:
+    """Run every cell (phones x rounds x label) not yet in OUT/results.json, then the report."""
+    bench = Bench(out)
+    cells = [Cell(n, rounds, label) for n in phones]
+    todo = bench.pending(cells, lambda c: (c.id, command(c, opts)), dry_run)
+    if dry_run:
+        return bench.read()
+    for cell in todo:
+        result = run_cell(cell, opts, progress)
+        result["command"] = shlex.join(command(cell, opts))
+        bench.add(result, bench_command)
+        print_table([result])
+        write_report(bench.read(), out, bench.commands())
+    runs = bench.read()
+    write_report(runs, out, bench.commands())
+    done = [r for r in runs if r["id"] in {c.id for c in cells}]
+    if not todo:
+        print_table(done)
+    return done
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def _gb(n: int | None) -> str:
+    return "-" if not n else f"{n / 2**30:.2f} GB"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}-{hi:.1f}"
+
+
+def _uploads(r: dict) -> str:
+    ups = r["uploads_per_round"]
+    return str(ups[0]) if ups and all(u == ups[0] for u in ups) else ", ".join(map(str, ups))
+
+
+def _errors(r: dict) -> str:
+    if not r["errors_total"]:
+        return "0"
+    top = sorted(r["errors"].items(), key=lambda kv: -kv[1])[:3]
+    return f"{r['errors_total']} (" + "; ".join(f"{k}: {v}" for k, v in top) + ")"
+
+
+HEAD = ("label", "phones", "uploads/round", "s/round", "aggregation s/round",
+        "/healthz p50 / p99 / max (s)", "server peak RSS", "enroll (s)", "errors")  # fmt: skip
+
+
+def table_row(r: dict) -> list[str]:
+    h = r["healthz"]
+    return [
+        r["label"],
+        f"{r['phones']:,}",
+        _uploads(r),
+        _span(r["seconds_per_round"]),
+        _s(r.get("aggregation_seconds")),
+        f"{_s(h['p50'])} / {_s(h['p99'])} / {_s(h['max'])}",
+        _gb(r["server_peak_rss"]),
+        _s(r["enroll_seconds"]),
+        _errors(r),
+    ]
+
+
+def print_table(runs: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fedkey bench load")
+    for h in HEAD:
+        table.add_column(h, justify="left" if h in ("label", "errors") else "right")
+    for r in runs:
+        table.add_row(*table_row(r))
+    console = Console()
+    if not console.is_terminal:  # a log file: the whole table, not 80 columns of it
+        console = Console(width=160)
+    console.print(table)
+
+
+def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
+    runs = sorted(runs, key=lambda r: (r["label"], r["phones"], r["rounds"]))
+    lines = [
+        "# fedkey bench load: the server under fake phones",
+        "",
+        "Written by `fedkey bench load` (bench/load.py). Each cell: `fedkey server` on 127.0.0.1 "
+        "(demo corpus, default demo model, FedAvg, fraction 0.1, round deadline "
+        f"{ROUND_DEADLINE:.0f} s) and N fake phones in this machine's driver processes "
+        "(bench/load_phones.py: the real phone's HTTP contract without training, a keep-alive "
+        "connection each; selected phones download the model with If-None-Match and upload the "
+        "global tensors plus noise). s/round: a round's opening to its aggregation (evaluation and "
+        "checkpoint included); aggregation s/round: the server's own fedkey_aggregation_seconds "
+        "(aggregate, privacy, evaluate, checkpoint), the rest of a round is collecting the uploads; "
+        "server s (per round): the metrics row's seconds, opening to the end of the aggregation "
+        "(before evaluation). A cell run with --server-tree DIR ran the server of that checkout "
+        "(its commit in the table). "
+        "/healthz: a probe every 0.1-0.25 s while the rounds ran. Server "
+        "peak RSS: the largest of its VmHWM and the sampled RSS of it and its children. Errors: "
+        "every failed request (retried or not) by kind, refused uploads, phones that gave up.",
+        "",
+        "| " + " | ".join(HEAD) + " | machine | commit |",
+        "|" + "---|" * (len(HEAD) + 2),
+    ]
+    for r in runs:
+        commit = (r.get("git_commit") or "?")[:10] + (" (dirty)" if r.get("git_dirty") else "")
+        lines.append("| " + " | ".join([*table_row(r), r["machine"], commit]) + " |")
+    lines += [
+        "",
+        "## Per round",
+        "",
+        "| label | phones | round | selected | uploads | s | server s | /healthz p50 / p99 / max (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        for p in r["per_round"]:
+            h = p["healthz"]
+            lines.append(
+                f"| {r['label']} | {r['phones']:,} | {p['round']} | {p['selected']} | "
+                f"{p['uploads']} | {_s(p['seconds'])} | {_s(p['server_seconds'])} | "
+                f"{_s(h['p50'])} / {_s(h['p99'])} / {_s(h['max'])} |"
+            )
+    lines += ["", "## Errors, statuses and server warnings", ""]
+    for r in runs:
+        lines.append(f"**{r['id']}** (server {r.get('server_stop', '?')})")
+        lines.append("")
+        for name, value in (("errors", r["errors"]), ("statuses", r["statuses"])):
+            shown = ", ".join(f"{k}: {v}" for k, v in value.items()) or "none"
+            lines.append(f"- {name}: {shown}")
+        lag = r.get("event_stream_lag") or {}
+        if lag.get("n"):
+            lines.append(
+                f"- WS /v1/events lag (publish to arrival, s): p50 {_s(lag['p50'])}, "
+                f"p99 {_s(lag['p99'])}, max {_s(lag['max'])}"
+            )
+        latency = r.get("latency") or {}
+        if latency:
+            shown = ", ".join(
+                f"{k} {_s(v['p50'])} / {_s(v['p99'])}" for k, v in latency.items() if v["n"]
+            )
+            lines.append(f"- phones' request latency p50 / p99 (s; long-polls aside): {shown}")
+        if r.get("loadavg"):
+            before, after = r["loadavg"]
+            lines.append(f"- machine load average (1 min) before / after: {before} / {after}")
+        log = r.get("server_log") or {}
+        lines.append(f"- server log warnings/errors: {log.get('count', 0)}")
+        lines += [f"  - `{line}`" for line in log.get("first", [])[:5]]
+        if r.get("rounds_failed"):
+            lines.append(f"- rounds failed: {r['rounds_failed']}")
+        lines.append("")
+    lines += ["## Commands", "", *[f"    {c}" for c in commands], ""]
+    lines += ["Each cell's own command is its `command` in results.json.", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "results.md", "\n".join(lines))

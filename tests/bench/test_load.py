@@ -1,0 +1,124 @@
+"""`fedkey bench load`: a small real run (a server and fake phones over HTTP), its resume, its
+failures as one line, and the upload bodies the fake phones send."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import numpy as np
+import pytest
+from safetensors.numpy import load, save
+from typer.testing import CliRunner
+
+import bench.load as load_bench
+from bench.load import Cell, Options, cohort_size, command, run_load
+from bench.load_phones import ModelBodies, make_variants, percentile
+from cli import app
+
+
+@pytest.mark.slow
+def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "load"
+    [r] = run_load([20], 2, label="test", out=out, progress=False)
+    assert r["phones"] == 20 and r["rounds"] == 2 and r["rounds_completed"] == 2
+    assert r["cohort"] == cohort_size(20) == 2  # 10% of the phones
+    assert r["uploads_per_round"] == [2, 2]
+    for p in r["per_round"]:
+        assert p["selected"] == p["uploads"] == p["uploads_accepted"] == 2
+        assert p["seconds"] > 0 and p["healthz"]["n"] > 0
+    assert r["errors_total"] == 0 and r["errors"] == {}, r["errors"]
+    assert r["phones_finished"] == 20 and r["phones_gave_up"] == 0
+    assert r["problem"] is None and r["event_stream_error"] is None
+    assert r["healthz"]["n"] > 0 and 0 < r["healthz"]["p50"] <= r["healthz"]["p99"]
+    assert r["server_peak_rss"] > 100 * 2**20
+    assert r["enroll_seconds"] > 0 and len(r["seconds_per_round"]) == 2
+    assert r["statuses"]["POST /v1/rounds/{n}/update 200"] == 4
+    assert "stopped by SIGTERM" in r["server_stop"]
+    assert r["command"] == "fedkey bench load --phones 20 --rounds 2 --label test"
+
+    data = json.loads((out / "results.json").read_text())
+    assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds"]
+    md = (out / "results.md").read_text()
+    assert "| test | 20 | 2 |" in md and "/healthz p50 / p99 / max" in md
+    assert "server peak RSS" in md
+
+    # Resumable: the same cell again runs nothing.
+    def never(*args, **kwargs):
+        raise AssertionError("a cell already in results.json ran again")
+
+    monkeypatch.setattr(load_bench, "run_cell", never)
+    assert [x["id"] for x in run_load([20], 2, label="test", out=out, progress=False)] == [r["id"]]
+
+
+def test_dry_run_prints_each_cells_command(tmp_path, capsys):
+    run_load([200, 1000], 3, label="baseline", out=tmp_path, dry_run=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "fedkey bench load --phones 200 --rounds 3 --label baseline",
+        "fedkey bench load --phones 1000 --rounds 3 --label baseline",
+    ]
+    assert not (tmp_path / "results.json").exists()
+    assert command(Cell(10, 1, "x"), Options(drivers=2))[-2:] == ["--drivers", "2"]
+    assert Options().driver_count(10_000) == 2 and Options().driver_count(3) == 1
+
+
+def test_cohort_is_the_servers_ten_percent():
+    assert [cohort_size(n) for n in (1, 5, 20, 200, 1000, 3000, 10_000)] == [
+        1, 1, 2, 20, 100, 300, 1000,
+    ]  # fmt: skip
+
+
+def test_a_busy_port_is_one_error_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(
+            app, ["bench", "load", "--phones", "5", "--port", str(port), "--out", str(tmp_path)]
+        )
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1:"), lines
+    assert "Traceback" not in result.output
+
+
+def test_bad_phones_and_server_tree_are_one_error_line(tmp_path):
+    bad = CliRunner().invoke(app, ["bench", "load", "--phones", "a,b", "--out", str(tmp_path)])
+    assert bad.exit_code == 1 and bad.stderr.startswith("error: --phones a,b")
+    tree = CliRunner().invoke(
+        app, ["bench", "load", "--phones", "5", "--server-tree", str(tmp_path)]
+    )
+    assert tree.exit_code == 1 and "not a fedkey checkout" in tree.stderr
+
+
+def test_upload_bodies_are_the_checkpoint_plus_noise():
+    state = {"w": np.ones((3, 4), np.float32), "n": np.arange(3, dtype=np.int64)}
+    bodies = make_variants(save(state, metadata={"fedkey": "{}"}), 3, 1e-3, seed=1)
+    assert len(set(bodies)) == 3
+    for body in bodies:
+        got = load(body)
+        assert set(got) == {"w", "n"} and got["w"].dtype == np.float32
+        assert 0 < np.abs(got["w"] - 1).max() < 0.01 and (got["n"] == state["n"]).all()
+
+
+def test_one_phone_builds_a_versions_bodies_the_others_wait():
+    async def go():
+        models = ModelBodies(variants=2)
+        assert models.claim('"v1"') and not models.claim('"v1"')
+        waiter = asyncio.create_task(models.wait('"v1"', 5))
+        await models.build('"v1"', save({"w": np.zeros(2, np.float32)}))
+        assert await waiter and not models.claim('"v1"')
+        assert models.body('"v1"', 0) != models.body('"v1"', 1)
+        models.claim('"v2"')
+        models.release('"v2"')  # its download failed: the next one builds
+        assert not await models.wait('"v2"', 1) and models.claim('"v2"')
+
+    asyncio.run(go())
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([], 99) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(x) for x in range(1, 101)], 99) == 99.0
