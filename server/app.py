@@ -1,31 +1,31 @@
-"""The HTTP API of `fedkey server` (README, "The HTTP contract"): thin routes over the Coordinator.
+"""The HTTP API of `fedkey server` (README, "The HTTP contract"): the app, its error handlers and
+its lifespan; the routes are in server.api, thin over the Coordinator.
 
     app = create_app(Settings(storage="runs/server", enrollment_secret="s3cret"))
 
 Every error is `{"detail": "<message>"}` with its status, FastAPI's own request validation
 included. Prometheus metrics live in a registry per app, so tests can build several apps.
+/openapi.json (and /docs) describe every route, body, answer and error status.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import math
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import validation
+from server.api import ROUTERS
+from server.api.deps import MAX_JSON_BODY
+from server.api.deps import clamp_wait as _clamp_wait
 from server.coordinator import Coordinator
 from server.ratelimit import RateLimiter
-from server.settings import MAX_WAIT, Settings
+from server.settings import Settings
 from server.validation import ValidationError
 
-MAX_JSON_BODY = 65_536
+__all__ = ["MAX_JSON_BODY", "_clamp_wait", "create_app"]
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -38,25 +38,6 @@ def _describe(errors) -> str:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body",))
         parts.append(f"{loc}: {e.get('msg', 'invalid')}" if loc else str(e.get("msg", "invalid")))
     return "; ".join(parts) or "invalid request"
-
-
-def _etag_matches(header: str, sha: str) -> bool:
-    for tag in header.split(","):
-        tag = tag.strip()
-        if tag == "*":
-            return True
-        if tag.startswith("W/"):
-            tag = tag[2:]
-        if tag.strip('"') == sha:
-            return True
-    return False
-
-
-def _clamp_wait(wait: float) -> float:
-    """?wait= within [0, MAX_WAIT]; "inf" is the longest wait, "nan" none."""
-    if math.isnan(wait):
-        return 0.0
-    return max(0.0, min(float(wait), MAX_WAIT))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -75,22 +56,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="fedkey federation server",
         summary="Federated next-word keyboard: rounds, uploads, the global model.",
+        description="JSON control messages, safetensors bytes for tensors; every error is "
+        '`{"detail": "<message>"}`. Events stream over the WebSocket `/v1/events` (JSON).',
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
-    limiter = (
+    app.state.enroll_limiter = (
         RateLimiter(settings.enroll_rate, settings.enroll_burst)
         if settings.enroll_rate > 0
         else None
     )
-    app.state.enroll_limiter = limiter
 
     # -- errors: always {"detail": "<message>"} --------------------------------------------------
 
     @app.exception_handler(ValidationError)
     async def _api_error(request: Request, exc: ValidationError):
-        return _error(exc.status, exc.message)
+        return _error(exc.status, exc.message, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _request_error(request: Request, exc: RequestValidationError):
@@ -104,117 +86,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _internal(request: Request, exc: Exception):
         return _error(500, f"internal server error: {type(exc).__name__}")
 
-    async def _small_body(request: Request) -> bytes:
-        return await validation.read_limited(request.stream(), MAX_JSON_BODY)
-
-    # -- routes --------------------------------------------------------------------------------
-
-    @app.post("/v1/devices")
-    async def enroll(request: Request):
-        """Enroll a device: {"enrollment_secret", "name"?, "num_samples"?} -> {"device_id", "token"}."""
-        if limiter is not None:
-            host = request.client.host if request.client else "unknown"
-            wait = limiter.take(host)
-            if wait > 0:
-                coordinator.telemetry.enroll_limited.inc()
-                retry = max(1, math.ceil(wait))
-                return _error(
-                    429,
-                    f"too many enrollment attempts from {host}: retry in {retry} s",
-                    {"Retry-After": str(retry)},
-                )
-        raw = await _small_body(request)
-        body = validation.parse_json_object(
-            raw,
-            '{"enrollment_secret": str, "name": str, "num_samples": int}',
-            "bad_request",
-        )
-        return coordinator.enroll(
-            body.get("enrollment_secret"), body.get("name"), body.get("num_samples")
-        )
-
-    @app.get("/v1/rounds/current")
-    async def current_round(request: Request, wait: float = Query(0.0)):
-        """This device's view of the round; long-polls up to `wait` seconds (max 60)."""
-        device_id = coordinator.authenticate(request.headers.get("authorization"))
-        return await coordinator.wait_view(device_id, _clamp_wait(wait))
-
-    @app.get("/v1/model")
-    async def model(request: Request):
-        """The global model as a checkpoint file (safetensors); ETag = its sha256."""
-        rnd, data, sha = coordinator.model()
-        headers = {
-            "ETag": f'"{sha}"',
-            "X-Fedkey-Round": str(rnd),
-            "Cache-Control": "no-cache",
-        }
-        inm = request.headers.get("if-none-match")
-        if inm and _etag_matches(inm, sha):
-            return Response(status_code=304, headers=headers)
-        headers["Content-Disposition"] = f'attachment; filename="round_{rnd:04d}.safetensors"'
-        return Response(data, media_type="application/octet-stream", headers=headers)
-
-    @app.post("/v1/rounds/{n}/loss")
-    async def report_loss(n: int, request: Request, wait: float = Query(0.0)):
-        """{"train_loss", "num_samples"} -> {"upload": true|false|null} (FedMed topK)."""
-        authorization = request.headers.get("authorization")
-        coordinator.authenticate(authorization)  # 401 before the body is read
-        raw = await _small_body(request)
-        return await coordinator.report_loss(authorization, n, raw, _clamp_wait(wait))
-
-    @app.post("/v1/rounds/{n}/update")
-    async def upload(n: int, request: Request):
-        """Raw safetensors body; headers X-Fedkey-Num-Samples and X-Fedkey-Train-Loss."""
-        return await coordinator.receive_update(
-            request.headers.get("authorization"), n, request.headers, request.stream()
-        )
-
-    @app.get("/v1/metrics")
-    async def metrics_rows():
-        return {"rounds": coordinator.metrics_rows()}
-
-    @app.get("/healthz")
-    async def healthz():
-        return coordinator.health()
-
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(
-            generate_latest(coordinator.telemetry.registry), media_type=CONTENT_TYPE_LATEST
-        )
-
-    @app.websocket("/v1/events")
-    async def events(ws: WebSocket):
-        sub = coordinator.events.subscribe()  # before accept: no event is missed after it
-        try:
-            await ws.accept()
-
-            async def until_closed():
-                with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                    while True:
-                        msg = await ws.receive()
-                        if msg["type"] == "websocket.disconnect":
-                            return
-
-            closed = asyncio.create_task(until_closed())
-            try:
-                while True:
-                    get = asyncio.create_task(sub.get())
-                    done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
-                    if get not in done:
-                        get.cancel()
-                        return
-                    event = get.result()
-                    if event is None:
-                        with contextlib.suppress(Exception):
-                            await ws.close(code=1001)
-                        return
-                    await ws.send_json(event)
-            finally:
-                closed.cancel()
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        finally:
-            sub.close()
-
+    for router in ROUTERS:
+        app.include_router(router)
     return app

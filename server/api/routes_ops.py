@@ -1,0 +1,30 @@
+"""For operators: the metrics rows, the health check, Prometheus."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.api.deps import CoordinatorDep
+from server.api.schemas import Health, MetricsRows, errors
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/v1/metrics", response_model=MetricsRows, responses=errors({}))
+async def metrics_rows(coordinator: CoordinatorDep):
+    """The metrics of every aggregated round."""
+    return {"rounds": coordinator.metrics_rows()}
+
+
+@router.get("/healthz", response_model=Health, responses=errors({}))
+async def healthz(coordinator: CoordinatorDep):
+    """The round the server is at and its state."""
+    return coordinator.health()
+
+
+@router.get("/metrics", response_class=PlainTextResponse, responses=errors({}))
+async def prometheus(coordinator: CoordinatorDep):
+    """Prometheus metrics (text format)."""
+    return Response(generate_latest(coordinator.telemetry.registry), media_type=CONTENT_TYPE_LATEST)

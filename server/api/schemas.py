@@ -1,0 +1,179 @@
+"""The HTTP API's bodies and answers as pydantic models (README, "The HTTP contract").
+
+Answers are `response_model`s: the coordinator's dicts are validated against them and keep keys
+the model does not name (`extra="allow"`), so a field added on the coordinator's side is still
+answered. Request bodies are parsed by hand (server.validation: its messages are the contract);
+the request models only describe them in OpenAPI (`json_body`). Every error is an `ErrorBody`
+(`errors` lists a route's statuses for `responses=`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.config import Batching
+from server.devices import DEVICE_NAME
+from server.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
+
+
+class _Answer(BaseModel):
+    """An answer: keys the model does not name are answered as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- requests (documented; parsed by server.validation and the coordinator) ------------------------
+
+
+class EnrollRequest(BaseModel):
+    """POST /v1/devices."""
+
+    enrollment_secret: str = Field(description="the server's enrollment secret")
+    name: str | None = Field(
+        None,
+        pattern=DEVICE_NAME.pattern,
+        description="the device id to take (default: a random dev-<hex>)",
+    )
+    num_samples: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="training sentences on the device (default 1; --max-samples caps)"
+    )
+
+
+class LossReport(BaseModel):
+    """POST /v1/rounds/{n}/loss."""
+
+    train_loss: float = Field(description="the local training loss (finite)")
+    num_samples: int = Field(ge=1, description="samples trained on (--max-samples caps)")
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` documenting a JSON request body a route reads itself."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "the trained weights as a safetensors file (at most the model's size "
+        "plus a margin)",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    "parameters": [
+        {
+            "name": NUM_SAMPLES_HEADER,
+            "in": "header",
+            "required": True,
+            "description": "samples trained on (--max-samples caps)",
+            "schema": {"type": "integer", "minimum": 1},
+        },
+        {
+            "name": TRAIN_LOSS_HEADER,
+            "in": "header",
+            "required": True,
+            "description": "the local training loss, a finite number",
+            "schema": {"type": "number"},
+        },
+    ],
+}
+
+
+# -- answers ---------------------------------------------------------------------------------------
+
+
+class EnrollResponse(_Answer):
+    device_id: str
+    token: str = Field(description="the bearer token of this device (shown once)")
+
+
+class Task(_Answer):
+    """A selected device's task (common.task.RoundTask.to_json)."""
+
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    clip: float
+    max_len: int
+    batching: Batching
+    seed: int = Field(description="seeds the device's training and noise")
+    beta: float
+    sigma: float
+    deadline: float | None = Field(description="the round's deadline, unix seconds")
+    model_round: int = Field(description="the round of the global model the task trains from")
+
+
+class RoundView(_Answer):
+    """GET /v1/rounds/current: this device's view of the round."""
+
+    round: int
+    attempt: int
+    state: str = Field(description="starting, waiting, open, aggregating or finished")
+    selected: bool
+    task: Task | None = Field(description="the task, when selected")
+    loss_reported: bool
+    uploaded: bool
+    upload: bool | None = Field(description="whether to upload (topK: null while pending)")
+
+
+class LossAnswer(_Answer):
+    upload: bool | None = Field(
+        description="the topK decision: null while pending (poll /v1/rounds/current)"
+    )
+
+
+class UploadReceipt(_Answer):
+    receipt: str
+    round: int
+    sha256: str
+    bytes: int
+
+
+class Health(_Answer):
+    status: str
+    round: int
+    state: str
+
+
+class MetricsRows(_Answer):
+    rounds: list[dict[str, Any]] = Field(description="one row a round, as in metrics.jsonl")
+
+
+class ErrorBody(BaseModel):
+    """Every error: a message a person understands."""
+
+    detail: str
+
+
+# -- the error statuses of each route (responses=) -------------------------------------------------
+
+OVERLOADED = (
+    "overloaded: uvicorn's connection limit (FEDKEY_LIMIT_CONCURRENCY) is reached; a plain-text "
+    "body"
+)
+
+
+def errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route: each status with its one-line description and an ErrorBody (429
+    and 507 with Retry-After), plus uvicorn's 503 (plain text), which any route may get."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status, description in described.items():
+        out[status] = {"model": ErrorBody, "description": description}
+        if status in (429, 507):
+            out[status]["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait before trying again",
+                    "schema": {"type": "integer"},
+                }
+            }
+    out[503] = {
+        "description": OVERLOADED,
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+    return out
