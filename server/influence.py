@@ -34,6 +34,7 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,7 +44,8 @@ from server.strategies import Bound, ClientUpdate
 #: A bound of zero (every update equal to the global model) would divide the attention logits by 0.
 MIN_BOUND = 1e-12
 #: Elements of one layer's slice stacked across the cohort to find the trim's order statistics
-#: (float64: 64 MB), so the trim's memory does not grow with the cohort.
+#: (float32: 32 MB, and as much for np.partition's copy), so the trim's memory does not grow
+#: with the cohort.
 TRIM_CHUNK = 1 << 23
 
 #: Per floating layer, the trim's lowest and highest delta for each coordinate.
@@ -61,9 +63,13 @@ def coordinate_range(
     global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], k: int
 ) -> Ranges:
     """Each coordinate's (k+1)-th smallest and (k+1)-th largest delta over the round's states:
-    the values the trim clamps to. Computed slice by slice (``TRIM_CHUNK`` elements across the
-    cohort at a time), in float64. A state that can read a slice of a tensor by itself
-    (``flat_slice(key, a, b)``, as the server's stored uploads do) is read one slice at a time."""
+    the values the trim clamps to, in float64. The delta ``theta_k - theta`` is monotone in
+    ``theta_k``, so the order statistics are selected among the phones' own values (one
+    np.partition per slice, in their float32) and the global value subtracted after: the same
+    numbers as selecting among the float64 deltas, at a third of the cost. Computed slice by
+    slice (``TRIM_CHUNK`` elements across the cohort at a time); a state that can read a slice of
+    a tensor by itself (``flat_slice(key, a, b)``, as the server's stored uploads do) is read
+    one slice at a time."""
     m = len(states)
     out: Ranges = {}
     for key, g in global_state.items():
@@ -74,12 +80,19 @@ def coordinate_range(
         step = max(1, TRIM_CHUNK // m)
         for a in range(0, flat_g.numel(), step):
             b = min(a + step, flat_g.numel())
-            d = torch.stack([_flat_slice(s, key, a, b).to(torch.float64) for s in states])
-            d -= flat_g[a:b]
-            lo[a:b] = torch.kthvalue(d, k + 1, dim=0).values
-            hi[a:b] = torch.kthvalue(d, m - k, dim=0).values
+            values = np.stack([_numpy(_flat_slice(s, key, a, b)) for s in states])
+            chosen = np.partition(values, (k, m - k - 1), axis=0)
+            lo[a:b] = torch.from_numpy(chosen[k]).to(torch.float64) - flat_g[a:b]
+            hi[a:b] = torch.from_numpy(chosen[m - k - 1]).to(torch.float64) - flat_g[a:b]
         out[key] = (lo.reshape(g.shape), hi.reshape(g.shape))
     return out
+
+
+def _numpy(t: Tensor):
+    """A slice as numpy, in float32 or float64 (bfloat16 and float16 widen exactly)."""
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float32)
+    return t.detach().numpy()
 
 
 def _flat_slice(state: Mapping[str, Tensor], key: str, a: int, b: int) -> Tensor:
