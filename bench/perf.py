@@ -3,6 +3,7 @@
     fedkey bench perf [--quick]     all of them, written to bench/results/perf.json and perf.md
                                     with the targets beside the figures (run_perf below)
     python -m bench.perf trainer    local trainer tokens/s against a bare PyTorch loop, same run
+    python -m bench.perf precision  trainer tokens/s under bf16 against fp32, same run
     python -m bench.perf memory     peak memory of streaming aggregation, 10 vs 200 updates
     python -m bench.perf http       `fedkey run` (HTTP) wall time against `fedkey simulate`, same workload
     python -m bench.perf transport  model download / update upload throughput on loopback
@@ -82,7 +83,8 @@ def bench_trainer(
     torch.manual_seed(0)
     state = model_state(build_model(cfg))
     seqs = _corpus(sentences, vocab)
-    tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5)
+    # fp32, as the bare loop: this measures the trainer's overhead (bf16: bench_precision).
+    tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision="fp32")
     ours, bare = [], []
     for r in range(repeats):  # interleaved, so drift in machine load hits both alike
         t = time.perf_counter()
@@ -102,6 +104,78 @@ def bench_trainer(
         "ratio": round(best_ours / best_bare, 3),
         "all_trainer": [round(x) for x in ours],
         "all_bare": [round(x) for x in bare],
+    }
+
+
+def bench_precision(
+    vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
+) -> dict:
+    """The trainer's tokens/s under bf16 against fp32: the same step, interleaved, one thread."""
+    from common.config import TrainConfig
+    from device_sim.trainer import train_local
+    from models.checkpoint import build_model, model_state
+    from models.config import ModelConfig
+    from models.precision import native_bf16, resolve_precision
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig.preset(preset, vocab)
+    torch.manual_seed(0)
+    state = model_state(build_model(cfg))
+    seqs = _corpus(sentences, vocab)
+    speeds: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for r in range(repeats):  # interleaved, alternating which goes first
+        for precision in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
+            tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision=precision)
+            t = time.perf_counter()
+            res = train_local(cfg, state, seqs, tc, seed=r, device=device)
+            speeds[precision].append(res.num_tokens / (time.perf_counter() - t))
+    best = {p: max(v) for p, v in speeds.items()}
+    return {
+        "device": device,
+        "model": preset,
+        "vocab": vocab,
+        "sentences": sentences,
+        "native_bf16": native_bf16(device),
+        "auto": resolve_precision("auto", device),
+        "fp32_tokens_per_s": round(best["fp32"]),
+        "bf16_tokens_per_s": round(best["bf16"]),
+        "ratio": round(best["bf16"] / best["fp32"], 3),
+        "all_fp32": [round(x) for x in speeds["fp32"]],
+        "all_bf16": [round(x) for x in speeds["bf16"]],
+    }
+
+
+def bench_precision_quality(args: list[str], out: str) -> dict:
+    """The same `fedkey simulate` run under --precision fp32 and bf16: the last round's test
+    perplexity of each and the relative difference (bf16 - fp32) / fp32 in percent."""
+    out = str(Path(out).resolve())  # the commands run in ROOT
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        run_dir = f"{out}/{precision}"
+        cmd = [sys.executable, "-m", "cli", "simulate", *args, "--precision", precision]
+        seconds = _timed([*cmd, "--out", run_dir])
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        last = json.loads([line for line in lines if line.strip()][-1])
+        runs[precision] = {
+            "rounds": last["round"],
+            "val_ppl": last["val_ppl"],
+            "test_ppl": last["test_ppl"],
+            "best_test_ppl": last["best_test_ppl"],
+            "train_precision": last.get("train_precision"),
+            "eval_precision": last.get("eval_precision"),
+            "wall_seconds": round(seconds, 1),
+            "round_seconds": round(_round_seconds(run_dir), 1),
+        }
+        print(
+            f"  {precision}: test perplexity {last['test_ppl']:.3f} after round {last['round']} "
+            f"({seconds:.0f} s)",
+            flush=True,
+        )
+    fp32, bf16 = runs["fp32"]["test_ppl"], runs["bf16"]["test_ppl"]
+    return {
+        "args": " ".join(args),
+        **runs,
+        "test_ppl_change_pct": round((bf16 - fp32) / fp32 * 100, 3),
     }
 
 
@@ -280,6 +354,21 @@ HTTP_WORKLOAD = "--data demo --clients 20 --fraction 0.5 --rounds 5 --local-epoc
 HTTP_WORKLOAD_QUICK = (
     "--data demo --clients 20 --fraction 0.5 --rounds 2 --local-epochs 1 --workers 2"
 )
+#: The precision step's 10-round run: PTB (a 10k vocabulary, the papers' setup, its first 100k
+#: training words) where ../shared/data has it, else the demo corpus.
+PTB = "../shared/data/ptb"
+PRECISION_WORKLOAD = (
+    "--clients 20 --fraction 0.5 --rounds 10 --local-epochs 1 --ksr-sentences 0 --workers 2"
+)
+PRECISION_PTB = "--max-train-tokens 100000 --max-eval-sentences 500"
+
+
+def precision_workload(quick: bool = False) -> str:
+    if quick:
+        return PRECISION_WORKLOAD.replace("--rounds 10", "--rounds 3") + " --data demo"
+    if (ROOT / PTB).is_dir():
+        return f"{PRECISION_WORKLOAD} --data {PTB} {PRECISION_PTB}"
+    return f"{PRECISION_WORKLOAD} --data demo"
 
 
 def perf_params(quick: bool = False) -> dict:
@@ -309,6 +398,14 @@ def perf_params(quick: bool = False) -> dict:
         },
         "export": {"held_out": "the demo test split", "latency_steps": 300 if quick else 1000},
         "transport": {"data": "demo", "repeats": 5 if quick else 10},
+        # bf16 against fp32: the trainer's tokens/s (as step trainer), then a 10-round simulate.
+        "precision": {
+            "model": "small",
+            "vocab": 10_000,
+            "sentences": 100 if quick else 300,
+            "repeats": 2 if quick else 5,
+            "args": precision_workload(quick),
+        },
     }
 
 
@@ -379,6 +476,18 @@ def _step_export(p: dict, work: Path, shared: dict) -> dict:
     }
 
 
+def _step_precision(p: dict, work: Path, shared: dict) -> dict:
+    q = p["precision"]
+    speed = {"cpu": bench_precision(q["vocab"], q["sentences"], q["repeats"], q["model"], "cpu")}
+    print(f"  cpu: bf16 / fp32 tokens/s {speed['cpu']['ratio']:.3f}", flush=True)
+    if torch.cuda.is_available():
+        speed["cuda"] = bench_precision(
+            q["vocab"], q["sentences"], q["repeats"], q["model"], "cuda"
+        )
+    quality = bench_precision_quality(q["args"].split(), str(work / "precision"))
+    return {"speed": speed, "quality": quality}
+
+
 def _step_transport(p: dict, work: Path, shared: dict) -> dict:
     t = p["transport"]
     return bench_transport(t["data"], t["repeats"], str(work / "transport"))
@@ -431,6 +540,21 @@ STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[
         "model download / update upload MB/s on loopback",
         _step_transport,
         lambda s: f"download {s['download_mb_per_s']} MB/s, upload {s['upload_mb_per_s']} MB/s",
+    ),
+    "precision": (
+        "bf16 mixed precision vs fp32: trainer tokens/s, and a 10-round run's test perplexity",
+        _step_precision,
+        lambda s: "; ".join(
+            [
+                f"{d}: bf16 {v['bf16_tokens_per_s']} vs fp32 {v['fp32_tokens_per_s']} tokens/s, "
+                f"{v['ratio']:.3f}x"
+                for d, v in s["speed"].items()
+            ]
+            + [
+                f"test perplexity bf16 {s['quality']['bf16']['test_ppl']:.3f} vs fp32 "
+                f"{s['quality']['fp32']['test_ppl']:.3f} ({s['quality']['test_ppl_change_pct']:+.3f}%)"
+            ]
+        ),
     ),
 }
 
@@ -542,6 +666,12 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--sentences", type=int, default=300)
     t.add_argument("--repeats", type=int, default=3)
     t.add_argument("--model", default="small")
+    pr = sub.add_parser("precision", help="trainer tokens/s under bf16 vs fp32")
+    pr.add_argument("--vocab", type=int, default=10_000)
+    pr.add_argument("--sentences", type=int, default=300)
+    pr.add_argument("--repeats", type=int, default=3)
+    pr.add_argument("--model", default="small")
+    pr.add_argument("--device", default="cpu")
     m = sub.add_parser("memory", help="peak memory of streaming aggregation")
     m.add_argument("--counts", default="10,200")
     m.add_argument("--strategies", default="fedavg,fedatt")
@@ -569,6 +699,9 @@ def main(argv: list[str] | None = None) -> None:
                 bench_trainer(args.vocab, args.sentences, args.repeats, args.model), indent=2
             )
         )
+    elif args.cmd == "precision":
+        result = bench_precision(args.vocab, args.sentences, args.repeats, args.model, args.device)
+        print(json.dumps(result, indent=2))
     elif args.cmd == "memory":
         bench_memory(
             [int(c) for c in args.counts.split(",")], args.strategies.split(","), args.vocab

@@ -76,6 +76,10 @@ def _print_table(rows: list[dict]) -> None:
 
 def _report(rows: list[dict], out: Path) -> None:
     _print_table(rows)
+    last = rows[-1]
+    if "eval_precision" in last:  # the task's "auto" is resolved by each phone: None here
+        train = last.get("train_precision") or "as each phone resolves it"
+        typer.echo(f"precision: training {train}, evaluation {last['eval_precision']}")
     typer.echo(
         f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'perplexity.png'}  checkpoints: {out / 'checkpoints'}"
     )
@@ -330,7 +334,7 @@ def run(
 @with_options(
     DATA,
     MODEL,
-    {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip")},
+    {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip", "precision")},
     {"ksr_sentences": FEDERATION["ksr_sentences"]},
     PHONES,
 )

@@ -18,7 +18,7 @@ import typer
 from pydantic import ValidationError
 
 from cli.errors import UserError, validation_problems
-from common.config import Batching, DataConfig, Scheme, TokenizerKind
+from common.config import Batching, DataConfig, Precision, Scheme, TokenizerKind
 from device_sim.config import Attack, BackdoorConfig
 from models.config import Cell, Preset
 from server.config import ClipMode, ClipScope, DPSampling, Norm, ServerOptName, StrategyName
@@ -41,6 +41,20 @@ def check_device(value: str) -> str:
 
         if not torch.cuda.is_available():
             raise typer.BadParameter(f"{value}: torch sees no CUDA GPU here; use cpu or auto")
+    return value
+
+
+def check_precision(value: str) -> str:
+    """--precision bf16 where the hardware lacks native bf16: a warning, not a refusal."""
+    if value == "bf16":
+        from models.precision import native_bf16
+
+        if not (native_bf16("cpu") or native_bf16("cuda")):
+            typer.echo(
+                "warning: --precision bf16: no native bf16 here (CPU without AVX512-BF16 or "
+                "AMX, no bf16 GPU); it runs emulated, likely slower than fp32",
+                err=True,
+            )
     return value
 
 
@@ -163,6 +177,18 @@ TRAIN = {
             "batching",
             "--batching",
             help="sentences: language modelling. columns: the batches the seed papers' published code trained on (token j of each sentence in a batch, cut to the shortest), to reproduce their numbers; adds their column perplexity to the metrics.",
+        ),
+    ),
+    "precision": (
+        Precision,
+        opt(
+            "precision",
+            "--precision",
+            callback=lambda value: check_precision(value),
+            help="Arithmetic of local training (sent to the phones in the task) and of evaluation: "
+            "bf16 mixed precision (bf16 autocast, fp32 weights, loss and updates), fp32, or auto: "
+            "bf16 where the hardware has it natively (a CUDA GPU with bf16, a CPU with "
+            "AVX512-BF16 or AMX), else fp32; each phone resolves auto on its own hardware.",
         ),
     ),
 }

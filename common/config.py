@@ -13,6 +13,13 @@ from typing import Literal, get_args
 Batching = Literal["sentences", "columns"]
 BATCHINGS: tuple[Batching, ...] = get_args(Batching)
 
+#: The arithmetic of the trainer's and the evaluator's forward pass (models.precision resolves it):
+#: "bf16": mixed precision, the forward under bfloat16 autocast with fp32 master weights, the loss
+#: and the gradients in fp32; "fp32": plain float32; "auto": bf16 where the hardware does bf16
+#: natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32.
+Precision = Literal["auto", "fp32", "bf16"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+
 #: The server's tokenizer (models.tokenizers builds it; TOKENIZER_KINDS there lists these).
 TokenizerKind = Literal["word", "sentencepiece"]
 #: How the training text is cut into the phones' shards (corpora.partition does it).
@@ -30,10 +37,14 @@ class TrainConfig:
     clip: float = 5.0  # gradient-norm clipping; 0 turns it off
     max_len: int = 80  # longer sentences are cut into chunks (training only)
     batching: Batching = "sentences"
+    # The forward's arithmetic; "auto" is resolved by each phone for its own hardware.
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHINGS:
             raise ValueError(f"unknown batching {self.batching!r}; choose one of {BATCHINGS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 
 
 @dataclass

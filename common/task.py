@@ -3,10 +3,12 @@
 The server's view of the open round (`GET /v1/rounds/current`) carries it under "task"; the
 keys are the HTTP contract (README, "The HTTP contract"):
 
-    {"local_epochs", "batch_size", "lr", "momentum", "clip", "max_len", "batching",
+    {"local_epochs", "batch_size", "lr", "momentum", "clip", "max_len", "batching", "precision",
      "seed", "beta", "sigma", "deadline", "model_round"}
 
-The first seven are the phone's `TrainConfig` ("local_epochs" is its `epochs`); "seed" seeds the
+The first eight are the phone's `TrainConfig` ("local_epochs" is its `epochs`; "precision" is
+"auto", "fp32" or "bf16", and the phone resolves "auto" for its own hardware, models.precision,
+so a server run with an explicit one gets the same arithmetic from every phone); "seed" seeds the
 phone's training and noise, "beta" and "sigma" are the seed papers' client-side randomization
 (each device adds beta * N(0, sigma^2) before upload), "deadline" is the round's deadline (epoch
 seconds, or null), "model_round" the round of the global model the task trains from. Standard
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import BATCHINGS, TrainConfig
+from common.config import BATCHINGS, PRECISIONS, TrainConfig
 
 #: JSON key -> TrainConfig field, in the order the task lists them.
 TRAIN_KEYS: dict[str, str] = {
@@ -30,6 +32,7 @@ TRAIN_KEYS: dict[str, str] = {
     "clip": "clip",
     "max_len": "max_len",
     "batching": "batching",
+    "precision": "precision",
 }
 #: Every key of a task's JSON, in order.
 TASK_KEYS: tuple[str, ...] = (
@@ -64,6 +67,7 @@ class RoundTask:
             "clip": t.clip,
             "max_len": t.max_len,
             "batching": t.batching,
+            "precision": t.precision,
             "seed": self.seed,
             "beta": self.beta,
             "sigma": self.sigma,
@@ -82,6 +86,11 @@ class RoundTask:
             raise ValueError(
                 f"round task: field 'batching' must be one of {BATCHINGS}, got {batching!r}"
             )
+        precision = _field(d, "precision", str, "a string")
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"round task: field 'precision' must be one of {PRECISIONS}, got {precision!r}"
+            )
         train = TrainConfig(
             epochs=_int(d, "local_epochs"),
             batch_size=_int(d, "batch_size"),
@@ -90,6 +99,7 @@ class RoundTask:
             clip=_float(d, "clip"),
             max_len=_int(d, "max_len"),
             batching=batching,
+            precision=precision,
         )
         deadline = None if _field(d, "deadline", object, "") is None else _float(d, "deadline")
         return cls(

@@ -81,6 +81,7 @@ class DeviceReport:
     receipts: list[dict] = field(default_factory=list)
     finished: bool = False  # saw state "finished"
     error: str | None = None
+    precision: str | None = None  # what its last training ran in (the task's, resolved here)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -216,6 +217,7 @@ class _Phone:
         if self.phone.attack == "backdoor":  # it declares its own shard's size, as if honest
             result = dataclasses.replace(result, num_tokens=self.num_samples)
         self.report.trained += 1
+        self.report.precision = result.precision
         self.trained = (task_key, result)
         return result
 
@@ -381,6 +383,7 @@ def _summarize(cfg, workers, reports, crashes, rounds_completed, interrupted, se
         "rounds_seen": sorted({x for r in reports.values() for x in r["rounds_seen"]}),
         **total,
         "rejections": dict(rejections),
+        "precision": sorted({r["precision"] for r in reports.values() if r["precision"]}),
         "finished": sum(bool(r["finished"]) for r in reports.values()),
         "errors": {n: r["error"] for n, r in sorted(reports.items()) if r["error"]}
         | {f"crash-{i}": c for i, c in enumerate(crashes)},

@@ -17,6 +17,7 @@ from common.noise import randomize
 from models.batching import IGNORE, batches, column_batches, count_targets, split_long
 from models.checkpoint import build_model, model_state
 from models.config import ModelConfig
+from models.precision import Resolved, autocast, resolve_precision
 
 
 @dataclass
@@ -25,6 +26,7 @@ class TrainResult:
     num_tokens: int  # training tokens in the shard (n_k for FedAvg weighting)
     train_loss: float  # mean loss per token over all local epochs
     seconds: float
+    precision: Resolved = "fp32"  # what config.precision resolved to on the training device
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -43,9 +45,13 @@ def train_local(
     seed: int,
     device: str = "auto",
 ) -> TrainResult:
-    """Train a copy of the global model on `sentences` (encoded ids) and return the new weights."""
+    """Train a copy of the global model on `sentences` (encoded ids) and return the new weights.
+
+    Under config.precision bf16 (models.precision) the forward runs in bf16 autocast; the
+    weights, the loss, the gradients and the returned state stay float32."""
     start = time.perf_counter()
     dev = resolve_device(device)
+    precision = resolve_precision(config.precision, dev)
     torch.manual_seed(seed)  # dropout masks
     model = build_model(model_config, global_state).to(dev)
     model.train()
@@ -62,7 +68,9 @@ def train_local(
         for inputs, targets in make_batches(seqs, config.batch_size, order):
             n = int((targets != IGNORE).sum())  # counted on the CPU: no device sync
             inputs, targets = inputs.to(dev), targets.to(dev)
-            logits, _ = model(inputs)
+            with autocast(precision, dev):
+                logits, _ = model(inputs)
+            logits = logits.float()  # the loss in fp32 (a no-op under fp32)
             loss_sum = loss_fn(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
             opt.zero_grad(set_to_none=True)
             (loss_sum / n).backward()
@@ -77,6 +85,7 @@ def train_local(
         num_tokens=count_targets(sentences),
         train_loss=float(total_loss) / max(total_tokens, 1),
         seconds=time.perf_counter() - start,
+        precision=precision,
     )
 
 

@@ -3,6 +3,9 @@
 Perplexity is exp(total NLL / predicted words), the end of sentence counted as a word. For a
 SentencePiece model the NLL of a word is the sum of its pieces' NLLs, so the divisor is still
 the number of words + 1 per sentence and the numbers compare with word-level models.
+
+`precision` (models.precision): the forward's arithmetic; the log-probabilities and the sums are
+float32 whatever it is.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.config import Precision
 from models.batching import IGNORE, batches, column_batches, seeded_order
 from models.model import LanguageModel
+from models.precision import autocast, resolve_precision
 from models.tokenizers import Tokenizer, WordTokenizer
 
 
@@ -45,6 +50,7 @@ def evaluate(
     sentences: list[str],
     batch_size: int = 64,
     device: torch.device | str = "cpu",
+    precision: Precision = "fp32",
 ) -> Evaluation:
     """-> {"ppl", "nll", "words", "top1", "top3"} on held-out sentences.
 
@@ -53,6 +59,7 @@ def evaluate(
     """
     model.eval()
     model.to(device)
+    resolved = resolve_precision(precision, device)
     seqs = [tokenizer.encode(s) for s in sentences]
     # Sorting by length keeps padding low; the sum does not depend on the order.
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
@@ -60,7 +67,8 @@ def evaluate(
     word_level = isinstance(tokenizer, WordTokenizer)
     for inputs, targets in batches(seqs, batch_size, order):
         inputs, targets = inputs.to(device), targets.to(device)
-        logits, _ = model(inputs)
+        with autocast(resolved, device):
+            logits, _ = model(inputs)
         logp = F.log_softmax(logits.float(), dim=-1)
         nll += float(
             F.nll_loss(logp.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
@@ -92,17 +100,20 @@ def column_perplexity(
     batch_size: int = 128,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    precision: Precision = "fp32",
 ) -> float:
     """The perplexity the seed papers' published code reported: over the columns of shuffled batches
     of 128 sentences (models.batching.column_batches), not over the sentences. That code
     reshuffled at every evaluation; here the order is seeded so that rounds compare."""
     model.eval()
     model.to(device)
+    resolved = resolve_precision(precision, device)
     seqs = [tokenizer.encode(s) for s in sentences]
     nll, count = 0.0, 0
     for inputs, targets in column_batches(seqs, batch_size, seeded_order(len(seqs), seed)):
         inputs, targets = inputs.to(device), targets.to(device)
-        logits, _ = model(inputs)
+        with autocast(resolved, device):
+            logits, _ = model(inputs)
         nll += float(
             F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
         )
@@ -116,13 +127,16 @@ def keystroke_savings(
     tokenizer: WordTokenizer,
     sentences: list[str],
     slots: int = 3,
+    precision: Precision = "fp32",
 ) -> float:
     """Keystroke savings of a neural model (see :func:`keystroke_savings_of`)."""
     model.eval()
     device = model.decoder.bias.device
+    resolved = resolve_precision(precision, device)
 
     def scores(ids: list[int]) -> np.ndarray:
-        logits, _ = model(torch.tensor([ids[:-2]], device=device))  # the context before each word
+        with autocast(resolved, device):  # the context before each word:
+            logits, _ = model(torch.tensor([ids[:-2]], device=device))
         row_scores: np.ndarray = logits[0].float().cpu().numpy()
         return row_scores
 

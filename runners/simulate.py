@@ -33,8 +33,9 @@ from device_sim.attacks import (
 )
 from device_sim.config import ATTACKS, Attack, BackdoorConfig
 from device_sim.pool import LocalTask, TrainerPool, default_workers
-from device_sim.trainer import train_local
+from device_sim.trainer import resolve_device, train_local
 from models.batching import count_targets
+from models.precision import resolve_precision
 from server.config import FederationConfig
 from server.engine import Federation, Probe, client_seed
 from server.storage import RunStorage
@@ -53,9 +54,16 @@ class _Rejections:
 
 
 def _federation(
-    fed, model_config, prepared, shards, out_dir: str, probes: list[Probe] | None = None
+    fed,
+    model_config,
+    prepared,
+    shards,
+    out_dir: str,
+    device: str,
+    probes: list[Probe] | None = None,
 ) -> Federation:
-    """The round engine over `shards` (device -> sentences), storing the run in `out_dir`."""
+    """The round engine over `shards` (device -> sentences), storing the run in `out_dir`; the
+    phones train on `device` of this machine, so their precision is known (and recorded)."""
     torch.set_num_threads(1)
     sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in shards.items()}
     return Federation(
@@ -67,6 +75,7 @@ def _federation(
         prepared.corpus.test,
         RunStorage(out_dir),
         probes=probes or [],
+        train_precision=resolve_precision(fed.train.precision, resolve_device(device)),
     )
 
 
@@ -113,7 +122,9 @@ def simulate(
         rejections = _Rejections()
         if bad:
             probes.append(rejections)
-        federation = _federation(fed, model_config, prepared, prepared.shards, out_dir, probes)
+        federation = _federation(
+            fed, model_config, prepared, prepared.shards, out_dir, device, probes
+        )
         storage = federation.storage
         if resume and federation.resume():
             rows = storage.read_metrics()
@@ -220,7 +231,7 @@ def train_central(
         train=train,
         ksr_sentences=ksr_sentences,
     )
-    federation = _federation(fed, model_config, prepared, {"central": union}, out_dir)
+    federation = _federation(fed, model_config, prepared, {"central": union}, out_dir, device)
     storage = federation.storage
     storage.reset()
     rows = [federation.start()]

@@ -35,6 +35,7 @@ from models.checkpoint import (
 from models.config import ModelConfig
 from models.metrics import evaluate
 from models.model import LanguageModel
+from models.precision import resolve_precision
 from models.tokenizers import Tokenizer
 from server import privacy
 from server.config import FederationConfig, dp_problem
@@ -84,7 +85,11 @@ class Federation:
         storage: RunStorage,
         evaluator: Evaluator | None = None,
         probes: Sequence[Probe] = (),
+        train_precision: str | None = None,
     ):
+        """`train_precision`: what the phones' training resolved config.train.precision to,
+        when the caller knows it (simulate: its one machine); else the explicit fp32 / bf16 of
+        the task, or None for "auto" (each phone resolves it on its own hardware)."""
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -92,6 +97,11 @@ class Federation:
         self.storage = storage
         self.evaluator = evaluator or self.evaluate
         self.probes = list(probes)
+        asked = config.train.precision
+        # The evaluator runs on the CPU (models.precision: "auto" is bf16 there when the CPU has
+        # native bf16). Both are recorded in every metrics row.
+        self.eval_precision = resolve_precision(asked, "cpu")
+        self.train_precision = train_precision or (None if asked == "auto" else asked)
         self.strategy = get_strategy(
             config.strategy, fraction=config.fraction, **config.strategy_params
         )
@@ -127,11 +137,14 @@ class Federation:
         from models.tokenizers import WordTokenizer
 
         model = build_model(self.model_config, state)
-        val = evaluate(model, self.tokenizer, self.valid, self.config.eval_batch_size)
-        test = evaluate(model, self.tokenizer, self.test, self.config.eval_batch_size)
+        batch, precision = self.config.eval_batch_size, self.eval_precision
+        val = evaluate(model, self.tokenizer, self.valid, batch, precision=precision)
+        test = evaluate(model, self.tokenizer, self.test, batch, precision=precision)
         ksr = None
         if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:
-            ksr = keystroke_savings(model, self.tokenizer, self.test[: self.config.ksr_sentences])
+            ksr = keystroke_savings(
+                model, self.tokenizer, self.test[: self.config.ksr_sentences], precision=precision
+            )
         scores = {
             "val_ppl": val["ppl"],
             "test_ppl": test["ppl"],
@@ -140,8 +153,8 @@ class Federation:
             "ksr": ksr,
         }
         if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
-            scores["col_val_ppl"] = column_perplexity(model, self.tokenizer, self.valid)
-            scores["col_test_ppl"] = column_perplexity(model, self.tokenizer, self.test)
+            for key, text in (("col_val_ppl", self.valid), ("col_test_ppl", self.test)):
+                scores[key] = column_perplexity(model, self.tokenizer, text, precision=precision)
         for probe in self.probes:
             scores.update(probe(model, self.tokenizer))
         return scores
@@ -365,6 +378,8 @@ class Federation:
             "bytes_down": bytes_down,
             "epsilon": self.accountant.epsilon if self.accountant is not None else None,
             "seconds": round(seconds, 3),
+            "train_precision": self.train_precision,
+            "eval_precision": self.eval_precision,
             "info": info,
         }
         if self.server_opt.active and opt_buffers:

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.config import Batching, DataConfig, TokenizerKind, TrainConfig
+from common.config import Batching, DataConfig, Precision, TokenizerKind, TrainConfig
 from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from models.config import Cell, ModelConfig, ModelOverrides, Preset
 from server.config import (
@@ -107,6 +107,8 @@ class Settings(BaseSettings):
     max_len: int = Field(_TRAIN.max_len, ge=2)
     # columns: the batches of the seed papers' code
     batching: Batching = _TRAIN.batching
+    # the arithmetic of the phones' training (sent in the task) and of the server's evaluation
+    precision: Precision = _TRAIN.precision
 
     # -- privacy ---------------------------------------------------------------------------------
     dp_beta: float = Field(_PRIVACY.beta, ge=0)
@@ -244,6 +246,7 @@ class Settings(BaseSettings):
             clip=self.clip,
             max_len=self.max_len,
             batching=self.batching,
+            precision=self.precision,
         )
 
     def privacy_config(self) -> PrivacyConfig:

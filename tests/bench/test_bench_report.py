@@ -95,6 +95,45 @@ FAKE = {
             "upload_mb_per_s": 400.0,
             "first_upload_validated_seconds": 0.1,
         },
+        "precision": {
+            "speed": {
+                "cpu": {
+                    "native_bf16": True,
+                    "auto": "bf16",
+                    "fp32_tokens_per_s": 2000,
+                    "bf16_tokens_per_s": 4200,
+                    "ratio": 2.1,
+                    "all_fp32": [2000],
+                    "all_bf16": [4200],
+                },
+                "cuda": {
+                    "native_bf16": True,
+                    "auto": "bf16",
+                    "fp32_tokens_per_s": 90000,
+                    "bf16_tokens_per_s": 100000,
+                    "ratio": 1.111,  # not met
+                    "all_fp32": [90000],
+                    "all_bf16": [100000],
+                },
+            },
+            "quality": {
+                "args": "--data demo --rounds 10",
+                **{
+                    p: {
+                        "rounds": 10,
+                        "val_ppl": 150.0,
+                        "test_ppl": ppl,
+                        "best_test_ppl": ppl,
+                        "train_precision": p,
+                        "eval_precision": p,
+                        "wall_seconds": 100.0,
+                        "round_seconds": 90.0,
+                    }
+                    for p, ppl in (("fp32", 140.0), ("bf16", 140.7))
+                },
+                "test_ppl_change_pct": 0.5,
+            },
+        },
     },
 }
 
@@ -109,6 +148,9 @@ EXPECTED = {
     "in-browser (wasm) median, all keystrokes": "not met",
     "in-browser (wasm) median, keystrokes with a model step": "met",
     "int8 perplexity change on held-out text": "met",
+    "trainer tokens/s, bf16 vs fp32 (cpu)": "met",
+    "trainer tokens/s, bf16 vs fp32 (cuda)": "not met",
+    "test perplexity, bf16 vs fp32 (the same 10-round run)": "met",
 }
 
 
@@ -131,7 +173,7 @@ def test_markdown_says_met_and_not_met(tmp_path):
     saved = json.loads(json_path.read_text())
     assert saved["steps"] == FAKE["steps"] and saved["meta"] == FAKE["meta"]
     assert {r["measure"]: r["status"] for r in saved["targets"]} == EXPECTED
-    for figure in ("1.100x", "1.250x", "1.00 ms", "+0.500%", "12.00 ms"):
+    for figure in ("1.100x", "1.250x", "1.00 ms", "+0.500%", "12.00 ms", "2.100x", "140.700"):
         assert figure in md
     assert "Failures" not in md
 

@@ -12,7 +12,14 @@ from common.task import TASK_KEYS, RoundTask
 
 TASK = RoundTask(
     train=TrainConfig(
-        epochs=2, batch_size=7, lr=0.25, momentum=0.9, clip=0.0, max_len=40, batching="columns"
+        epochs=2,
+        batch_size=7,
+        lr=0.25,
+        momentum=0.9,
+        clip=0.0,
+        max_len=40,
+        batching="columns",
+        precision="bf16",
     ),
     seed=1234567890123,
     beta=0.1,
@@ -30,6 +37,7 @@ CONTRACT_KEYS = [
     "clip",
     "max_len",
     "batching",
+    "precision",
     "seed",
     "beta",
     "sigma",
@@ -47,6 +55,7 @@ def test_to_json_is_the_contract():
         "clip": 0.0,
         "max_len": 40,
         "batching": "columns",
+        "precision": "bf16",
         "seed": 1234567890123,
         "beta": 0.1,
         "sigma": 2.0,
@@ -93,6 +102,8 @@ def test_a_missing_field_is_named(key):
         ("max_len", 80.5),
         ("batching", 3),
         ("batching", "words"),
+        ("precision", 16),
+        ("precision", "fp16"),
         ("seed", True),
         ("seed", 1.5),
         ("beta", None),

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -77,3 +79,30 @@ def test_column_batching_trains_on_the_seeds_columns():
     after = column_perplexity(build_model(CFG, cols.state), TOK, TEXT, batch_size=4)
     assert after < before / 2
     assert cols.num_tokens == sents.num_tokens  # FedAvg still weighs phones by their words
+
+
+@pytest.mark.filterwarnings("ignore:precision bf16:RuntimeWarning")  # a CPU without native bf16
+def test_bf16_keeps_fp32_master_weights_and_uploads_finite_fp32_updates():
+    seqs = [TOK.encode(s) for s in TEXT]
+    state = initial_state()
+    bf16 = TrainConfig(epochs=2, batch_size=4, lr=0.5, precision="bf16")
+    a = train_local(CFG, state, seqs, bf16, seed=3, device="cpu")
+    b = train_local(CFG, state, seqs, bf16, seed=3, device="cpu")
+    fp32 = train_local(CFG, state, seqs, replace(bf16, precision="fp32"), seed=3, device="cpu")
+    assert (a.precision, fp32.precision) == ("bf16", "fp32")
+    assert set(a.state) == set(state)
+    for k, v in a.state.items():
+        assert v.dtype == torch.float32 == state[k].dtype, k  # what the server's checks expect
+        assert torch.isfinite(v).all(), k
+        assert torch.equal(v, b.state[k]), k  # deterministic within one precision
+    assert not torch.equal(a.state["decoder.bias"], state["decoder.bias"])  # it trained
+    assert not torch.equal(a.state["decoder.bias"], fp32.state["decoder.bias"])  # in bf16
+    assert a.train_loss == pytest.approx(fp32.train_loss, rel=0.05)
+    delta = {k: a.state[k] - state[k] for k in state}
+    delta32 = {k: fp32.state[k] - state[k] for k in state}
+    cos = torch.nn.functional.cosine_similarity(
+        torch.cat([v.flatten() for v in delta.values()]),
+        torch.cat([v.flatten() for v in delta32.values()]),
+        dim=0,
+    )
+    assert cos > 0.95  # the same update, up to bf16 rounding

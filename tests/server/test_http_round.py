@@ -100,6 +100,7 @@ def test_a_round_over_http_advances_the_model(tmp_path):
                 "clip",
                 "max_len",
                 "batching",
+                "precision",
                 "seed",
                 "beta",
                 "sigma",
@@ -107,6 +108,7 @@ def test_a_round_over_http_advances_the_model(tmp_path):
                 "model_round",
             }
             assert task["model_round"] == 0 and task["local_epochs"] == 1
+            assert task["precision"] == "auto"  # each phone resolves it on its own hardware
             unselected = [v for v in views if not v["selected"]]
             assert all(v["task"] is None and v["upload"] is False for v in unselected)
 

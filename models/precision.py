@@ -1,0 +1,97 @@
+"""Mixed precision for the trainer and the evaluator: which arithmetic a precision choice means on
+a device, and the autocast context that runs a forward pass in it.
+
+"bf16" runs the forward under ``torch.autocast(device, torch.bfloat16)``: the products autocast
+covers in bfloat16 (the softmax layer, most of the work at a 10k vocabulary; the LSTM too, while
+on the CPU the GRU stays float32: autocast does not cover it there), the weights kept in float32
+(master weights, so the optimizer's steps and the uploads stay float32), the loss computed in
+float32 from logits cast back (the callers do ``logits.float()``), the gradients float32. "fp32"
+is plain float32.
+
+"auto" is bf16 where the hardware does bf16 natively, else fp32; the rule, deterministic per
+machine:
+
+- a CUDA device: ``torch.cuda.is_bf16_supported(including_emulation=False)`` (Ampere and later);
+- the CPU: /proc/cpuinfo lists ``avx512_bf16`` or ``amx_bf16`` (x86, Linux); elsewhere (macOS,
+  Arm, a CPU without them) fp32: bf16 there is emulated or unmeasured;
+- any other device (mps): fp32.
+
+bf16 asked where the hardware lacks it still runs (emulated, slowly) with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from common.config import PRECISIONS
+
+#: What a precision choice resolves to.
+Resolved = Literal["fp32", "bf16"]
+
+#: The /proc/cpuinfo flags of native bf16 arithmetic on x86: AVX512-BF16 (Cooper Lake, Zen 4 and
+#: later) or AMX (Sapphire Rapids and later).
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        return flags_of(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return frozenset()
+
+
+def flags_of(cpuinfo: str) -> frozenset[str]:
+    """The flags of the first CPU in a /proc/cpuinfo text."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags") and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether `device` does bf16 arithmetic natively (the rule in this module's docstring)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if dev.type == "cpu":
+        return bool(BF16_CPU_FLAGS & cpu_flags())
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device | str = "cpu") -> Resolved:
+    """ "auto" | "fp32" | "bf16" on `device` -> "fp32" | "bf16". ValueError for an unknown choice
+    or bf16 on a device autocast does not run on; bf16 without native support warns."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
+    dev = torch.device(device)
+    if precision == "auto":
+        return "bf16" if native_bf16(dev) else "fp32"
+    if precision == "bf16":
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"precision bf16 runs on cpu and cuda, not {dev.type}; use fp32")
+        if not native_bf16(dev):
+            warnings.warn(
+                f"precision bf16 on a {dev.type} without native bf16: emulated, likely slower "
+                "than fp32 (auto would choose fp32 here)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return "bf16"
+    return "fp32"
+
+
+def autocast(
+    precision: Resolved, device: torch.device | str
+) -> contextlib.AbstractContextManager[None]:
+    """The context a forward pass runs in: bf16 autocast on `device`'s type, or nothing."""
+    if precision == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
