@@ -21,6 +21,7 @@ from server.api import ROUTERS
 from server.api.deps import MAX_JSON_BODY
 from server.api.deps import clamp_wait as _clamp_wait
 from server.coordinator import Coordinator
+from server.nospace import no_space, out_of_space
 from server.ratelimit import RateLimiter
 from server.settings import Settings
 from server.validation import ValidationError
@@ -72,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ValidationError)
     async def _api_error(request: Request, exc: ValidationError):
-        return _error(exc.status, exc.message, getattr(exc, "headers", None))
+        return _error(exc.status, exc.message, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _request_error(request: Request, exc: RequestValidationError):
@@ -84,6 +85,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
+        if out_of_space(exc):  # a write the full disk refused: nothing changed, retry later
+            full = no_space("the request")
+            return _error(full.status, full.message, full.headers)
         return _error(500, f"internal server error: {type(exc).__name__}")
 
     for router in ROUTERS:

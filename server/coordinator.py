@@ -1,6 +1,6 @@
 """The round lifecycle of `fedkey server`: the engine's Federation driven by devices over HTTP.
 
-The routes in server/app.py are thin; everything here is plain asyncio logic, driven the same
+The routes in server/api/ are thin; everything here is plain asyncio logic, driven the same
 way `fedkey simulate` drives the engine so the same seed gives bitwise-identical global weights:
 
     open       federation.plan_round(enrolled devices, attempt) -> cohort; each selected device
@@ -60,7 +60,7 @@ __all__ = ["DEVICE_NAME", "ApiError", "Coordinator", "OpenRound", "Telemetry", "
 
 
 class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
-    """The round lifecycle of `fedkey server`; server/app.py's routes call its public methods."""
+    """The round lifecycle of `fedkey server`; the routes of server/api/ call its public methods."""
 
     def __init__(self, settings: Settings, telemetry: Telemetry | None = None):
         self.settings = settings
@@ -79,6 +79,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self.sessions = None
         self.devices: dict[str, int] = {}  # device id -> num_samples
         self._tokens: dict[str, str] = {}  # token hash -> device id
+        self._enrolling: set[str] = set()
         self._last_seen: dict[str, float] = {}
         self._seen_unwritten: set[str] = set()
         self._stopped = asyncio.Event()

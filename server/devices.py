@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from common.task import RoundTask
 from server.db import Device, hash_token
 from server.engine import client_seed
+from server.nospace import no_space, out_of_space
 from server.rounds import ApiError, CoordinatorState, OpenRound, RoundState
 from server.settings import MAX_WAIT
 from server.validation import shown
@@ -36,7 +37,7 @@ class DevicesMixin(CoordinatorState):
 
     # -- devices -----------------------------------------------------------------------------------
 
-    def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
+    async def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
         # surrogatepass: a JSON "\ud800" is a str that plain UTF-8 cannot encode
         if not isinstance(secret, str) or not hmac.compare_digest(
             secret.encode("utf-8", "surrogatepass"), self.enrollment_secret.encode()
@@ -61,33 +62,42 @@ class DevicesMixin(CoordinatorState):
                 "bad_request",
             )
         device_id = name or f"dev-{secrets.token_hex(6)}"
-        if device_id in self.devices:
+        if device_id in self.devices or device_id in self._enrolling:
             raise ApiError(409, f"device name {device_id!r} is already enrolled", "name_taken")
         token = secrets.token_urlsafe(32)
         token_hash = hash_token(token)
         now = time.time()
-        try:
-            with self.sessions.begin() as db:
-                db.add(
-                    Device(
-                        id=device_id,
-                        name=device_id,
-                        token_hash=token_hash,
-                        num_samples=num_samples,
-                        enrolled_at=now,
-                        last_seen=now,
-                    )
-                )
+        device = Device(
+            id=device_id,
+            name=device_id,
+            token_hash=token_hash,
+            num_samples=num_samples,
+            enrolled_at=now,
+            last_seen=now,
+        )
+        self._enrolling.add(device_id)
+        try:  # the commit in a worker thread: the event loop serves others meanwhile
+            await asyncio.to_thread(self._add_device, device)
         except IntegrityError:
             raise ApiError(
                 409, f"device name {device_id!r} is already enrolled", "name_taken"
             ) from None
+        except Exception as e:
+            if out_of_space(e):
+                raise no_space("the enrollment") from None
+            raise
+        finally:
+            self._enrolling.discard(device_id)
         self.devices[device_id] = num_samples
         self._tokens[token_hash] = device_id
         self.telemetry.devices.set(len(self.devices))
         self.events.publish("device_enrolled", device_id=device_id, devices=len(self.devices))
         self._poke.set()
         return {"device_id": device_id, "token": token}
+
+    def _add_device(self, device: Device) -> None:
+        with self.sessions.begin() as db:
+            db.add(device)
 
     def authenticate(self, authorization: str | None) -> str:
         """`Authorization: Bearer <token>` -> device id, or 401."""

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from server.db import Attempt, MetricRow, Round
 from server.engine import RoundPlan
+from server.nospace import out_of_space
 from server.rounds import CoordinatorState, OpenRound, RoundState, Upload
 from server.strategies import ClientUpdate
 from server.strategies.selection import cohort_size
-from server.upload_store import StoredState, out_of_space
+from server.upload_store import StoredState
 
 log = logging.getLogger("fedkey.server")
 

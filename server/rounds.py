@@ -96,6 +96,7 @@ class CoordinatorState:
     devices: dict[str, int]  # device id -> num_samples
     finish_reason: str | None
     _tokens: dict[str, str]  # token hash -> device id
+    _enrolling: set[str]  # names whose enrollment is being committed
     _last_seen: dict[str, float]
     _seen_unwritten: set[str]  # devices whose _last_seen is not in the database yet
     _stopped: asyncio.Event  # set by stop(): background tasks end

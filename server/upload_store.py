@@ -7,17 +7,14 @@ one tensor (or one slice) at a time, so the server's memory does not grow with t
 
 A body is written in batches of ``FLUSH_BYTES`` in a worker thread (the write and the sha256 of
 the batch together), so neither the disk nor the hash holds the event loop; the size limit is
-enforced while the body streams (413 as soon as it is passed). A full disk is told apart from
-other failures (:func:`out_of_space`): the server answers it with 507 and keeps the round open.
+enforced while the body streams (413 as soon as it is passed).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import os
-import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,14 +23,10 @@ from pathlib import Path
 from safetensors import safe_open
 from torch import Tensor
 
-from server.validation import ValidationError, too_large
+from server.validation import too_large
 
 #: Bytes of a body gathered before they are written (and hashed) in a worker thread.
 FLUSH_BYTES = 1 << 18
-
-_NO_SPACE_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-#: PostgreSQL's SQLSTATE for disk_full.
-_PG_DISK_FULL = "53100"
 
 
 @dataclass(frozen=True)
@@ -43,35 +36,6 @@ class Received:
     path: Path
     size: int
     sha256: str
-
-
-def out_of_space(exc: BaseException) -> bool:
-    """Whether `exc` says the disk (or the database's disk) is full: OSError ENOSPC/EDQUOT,
-    SQLite's SQLITE_FULL, PostgreSQL's disk_full, as raised directly or wrapped by SQLAlchemy."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _NO_SPACE_ERRNOS:
-            return True
-        if isinstance(e, sqlite3.Error) and getattr(e, "sqlite_errorcode", None) == (
-            sqlite3.SQLITE_FULL
-        ):
-            return True
-        if getattr(e, "sqlstate", None) == _PG_DISK_FULL:
-            return True
-        e = getattr(e, "orig", None) or e.__cause__ or e.__context__
-    return False
-
-
-def no_space(what: str) -> ValidationError:
-    """507: the server's disk is full; nothing was stored, the device may retry later."""
-    return ValidationError(
-        507,
-        f"the server's disk is full: {what} was not stored; retry in a minute",
-        "no_space",
-        headers={"Retry-After": "60"},
-    )
 
 
 async def receive(

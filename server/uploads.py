@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy import delete
 
 from common.files import publish
-from server import upload_store, validation
+from server import nospace, upload_store, validation
 from server.db import Receipt
 from server.rounds import ApiError, CoordinatorState, OpenRound, RoundState, Upload
 from server.validation import ValidationError
@@ -102,8 +102,8 @@ class UploadsMixin(CoordinatorState):
                 try:  # the commit in a worker thread: the event loop serves others meanwhile
                     await asyncio.to_thread(self._add_receipt, receipt)
                 except Exception as e:
-                    if upload_store.out_of_space(e):
-                        raise upload_store.no_space("the loss report") from None
+                    if nospace.out_of_space(e):
+                        raise nospace.no_space("the loss report") from None
                     raise
                 finally:
                     r.storing.discard(device_id)
@@ -202,9 +202,9 @@ class UploadsMixin(CoordinatorState):
             self._reject(device_id, n, "update", e)
             raise
         except Exception as e:
-            if not upload_store.out_of_space(e):
+            if not nospace.out_of_space(e):
                 raise
-            err = upload_store.no_space("the update")
+            err = nospace.no_space("the update")
             self.telemetry.storage_full.labels(what="update").inc()
             self._reject(device_id, n, "update", err)
             raise err from None

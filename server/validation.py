@@ -72,13 +72,16 @@ def check_content_length(value: str | None, limit: int) -> None:
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
-    """Read a streamed body, refusing it (413) as soon as more than `limit` bytes have come."""
+    """Read a JSON control body, refusing it (413) as soon as more than `limit` bytes have come
+    (an upload streams to disk instead: server.upload_store)."""
     parts: list[bytes] = []
     total = 0
     async for chunk in chunks:
         total += len(chunk)
         if total > limit:
-            raise too_large(limit, f"of more than {limit} bytes")
+            raise ValidationError(
+                413, f"the body is larger than {limit} bytes: send a small JSON object", "too_large"
+            )
         if chunk:
             parts.append(chunk)
     return b"".join(parts)

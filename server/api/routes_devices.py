@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server import validation
 from server.api.deps import CoordinatorDep, enroll_rate_limit, small_body
-from server.api.schemas import EnrollRequest, EnrollResponse, errors, json_body
+from server.api.schemas import FULL_DISK, EnrollRequest, EnrollResponse, errors, json_body
 
 router = APIRouter(tags=["devices"])
 
@@ -25,12 +25,13 @@ ENROLL_SHAPE = '{"enrollment_secret": str, "name": str, "num_samples": int}'
             413: "the body is larger than 64 KB",
             422: "the body is not a JSON object of the fields above, or a field is invalid",
             429: "too many enrollment attempts from this address: retry after Retry-After",
+            507: FULL_DISK.format(what="enrollment"),
         }
     ),
 )
 async def enroll(request: Request, coordinator: CoordinatorDep):
     """Enroll a device; answers its id and bearer token. Rate limited per client address."""
     body = validation.parse_json_object(await small_body(request), ENROLL_SHAPE, "bad_request")
-    return coordinator.enroll(
+    return await coordinator.enroll(
         body.get("enrollment_secret"), body.get("name"), body.get("num_samples")
     )

@@ -14,6 +14,7 @@ from server.api.deps import (
     small_body,
 )
 from server.api.schemas import (
+    FULL_DISK,
     UPLOAD_BODY,
     LossAnswer,
     LossReport,
@@ -33,7 +34,6 @@ Wait = Annotated[
 
 UNAUTHORIZED = "missing, malformed or unknown bearer token"
 NOT_OPEN = "round n is not the open round (stale or future), or the run is finished"
-FULL_DISK = "the server's disk is full: the {what} was not stored; retry after Retry-After"
 NOT_SELECTED = "this device is not selected in round n (or topK chose other uploaders)"
 
 

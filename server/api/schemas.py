@@ -159,6 +159,10 @@ OVERLOADED = (
 )
 
 
+#: The 507 of a write the full disk refused (server.nospace), for `errors`.
+FULL_DISK = "the server's disk is full: the {what} was not stored; retry after Retry-After"
+
+
 def errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route: each status with its one-line description and an ErrorBody (429
     and 507 with Retry-After), plus uvicorn's 503 (plain text), which any route may get."""

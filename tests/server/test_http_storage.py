@@ -18,8 +18,9 @@ from models.checkpoint import public_bytes
 from server import driver, upload_store
 from server.db import Device, MetricRow, Receipt
 from server.influence import coordinate_range
-from server.upload_store import StoredState, out_of_space
-from tests.support.http import enroll_phones, make_settings, running, wait_round
+from server.nospace import out_of_space
+from server.upload_store import StoredState
+from tests.support.http import SECRET, enroll_phones, make_settings, running, wait_round
 from tests.support.wait import wait_for
 
 
@@ -212,3 +213,20 @@ def test_metrics_of_a_diverged_round_are_served_with_null_not_a_500(tmp_path):
         r = client.get("/v1/metrics")
         assert r.status_code == 200, r.text
         assert r.json()["rounds"][-1] == {"round": 7, "test_ppl": None, "x": [None]}
+
+
+def test_an_enrollment_the_full_database_refuses_is_a_507_and_enrolls_nobody(tmp_path, monkeypatch):
+    settings = make_settings(tmp_path, rounds=1, wait_devices=5)
+    with running(settings) as client:
+        coordinator = client.app_ref.state.coordinator
+
+        def full(device):
+            raise _disk_full()
+
+        monkeypatch.setattr(coordinator, "_add_device", full)
+        body = {"enrollment_secret": SECRET, "name": "phone-1"}
+        r = client.post("/v1/devices", json=body)
+        assert r.status_code == 507 and r.headers["Retry-After"] == "60", r.text
+        assert "phone-1" not in coordinator.devices
+        monkeypatch.undo()  # space is back: the same name enrolls
+        assert client.post("/v1/devices", json=body).status_code == 200
