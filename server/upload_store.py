@@ -7,7 +7,8 @@ one tensor (or one slice) at a time, so the server's memory does not grow with t
 
 A body is written in batches of ``FLUSH_BYTES`` in a worker thread (the write and the sha256 of
 the batch together), so neither the disk nor the hash holds the event loop; the size limit is
-enforced while the body streams (413 as soon as it is passed).
+enforced while the body streams (413 as soon as it is passed), and a body that stalls is refused
+(408, validation.BODY_IDLE_TIMEOUT).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from safetensors import safe_open
 from torch import Tensor
 
-from server.validation import too_large
+from server.validation import idle_limited, too_large
 
 #: Bytes of a body gathered before they are written (and hashed) in a worker thread.
 FLUSH_BYTES = 1 << 18
@@ -51,7 +52,7 @@ async def receive(
     pending = 0
     closed = False
     try:
-        async for chunk in chunks:
+        async for chunk in idle_limited(chunks):
             total += len(chunk)
             if total > limit:
                 raise too_large(limit, f"of more than {limit} bytes")

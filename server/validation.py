@@ -9,6 +9,7 @@ X-Fedkey-Num-Samples / X-Fedkey-Train-Loss headers -> 422.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
@@ -71,12 +72,35 @@ def check_content_length(value: str | None, limit: int) -> None:
         raise too_large(limit, f"of {shown(declared)} bytes")
 
 
+#: Seconds a request body may go without a byte before it is refused (408): a phone that stalls
+#: mid-body (or a slow-loris client) does not hold its connection and its temporary file forever.
+BODY_IDLE_TIMEOUT = 30.0
+
+
+async def idle_limited(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The body's chunks, refusing it (408) when ``BODY_IDLE_TIMEOUT`` seconds pass without one."""
+    it = aiter(chunks)
+    while True:
+        try:
+            async with asyncio.timeout(BODY_IDLE_TIMEOUT):
+                chunk = await anext(it)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise ValidationError(
+                408,
+                f"the request body stalled: no bytes for {BODY_IDLE_TIMEOUT:g} s; send it again",
+                "stalled",
+            ) from None
+        yield chunk
+
+
 async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
     """Read a JSON control body, refusing it (413) as soon as more than `limit` bytes have come
     (an upload streams to disk instead: server.upload_store)."""
     parts: list[bytes] = []
     total = 0
-    async for chunk in chunks:
+    async for chunk in idle_limited(chunks):
         total += len(chunk)
         if total > limit:
             raise ValidationError(

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server import validation
 from server.api.deps import CoordinatorDep, enroll_rate_limit, small_body
-from server.api.schemas import FULL_DISK, EnrollRequest, EnrollResponse, errors, json_body
+from server.api.schemas import FULL_DISK, STALLED, EnrollRequest, EnrollResponse, errors, json_body
 
 router = APIRouter(tags=["devices"])
 
@@ -23,6 +23,7 @@ ENROLL_SHAPE = '{"enrollment_secret": str, "name": str, "num_samples": int}'
             401: "wrong or missing enrollment secret",
             409: "the device name is already enrolled",
             413: "the body is larger than 64 KB",
+            408: STALLED,
             422: "the body is not a JSON object of the fields above, or a field is invalid",
             429: "too many enrollment attempts from this address: retry after Retry-After",
             507: FULL_DISK.format(what="enrollment"),

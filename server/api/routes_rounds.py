@@ -15,6 +15,7 @@ from server.api.deps import (
 )
 from server.api.schemas import (
     FULL_DISK,
+    STALLED,
     UPLOAD_BODY,
     LossAnswer,
     LossReport,
@@ -58,6 +59,7 @@ async def current_round(coordinator: CoordinatorDep, device_id: DeviceId, wait: 
             403: NOT_SELECTED,
             409: f"{NOT_OPEN}; or a different loss was already reported",
             413: "the body is larger than 64 KB",
+            408: STALLED,
             422: "n is not an integer, or the body is not a JSON object of the fields above "
             "(a finite train_loss, a positive num_samples)",
             507: FULL_DISK.format(what="loss report"),
@@ -89,6 +91,7 @@ async def report_loss(
             403: f"{NOT_SELECTED}; or the topK decision is pending",
             409: f"{NOT_OPEN}; or a different update was already uploaded",
             413: "the body is larger than the model plus the allowed margin",
+            408: STALLED,
             422: "n is not an integer; tensor names, shapes or dtypes that do not fit the model; "
             "NaN or Inf; a missing or malformed X-Fedkey-* header",
             507: FULL_DISK.format(what="update"),

@@ -159,6 +159,8 @@ OVERLOADED = (
 )
 
 
+#: The 408 of a body that stopped arriving (server.validation.BODY_IDLE_TIMEOUT), for `errors`.
+STALLED = "the body stalled: no bytes for 30 s (send it again)"
 #: The 507 of a write the full disk refused (server.nospace), for `errors`.
 FULL_DISK = "the server's disk is full: the {what} was not stored; retry after Retry-After"
 

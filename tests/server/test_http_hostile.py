@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from runners.processes import SERVER_ENV, free_port, server_env
+from server import validation
 from server.app import MAX_JSON_BODY, _clamp_wait, create_app
 from server.main import build_server
 from server.ratelimit import RateLimiter
@@ -308,9 +309,11 @@ def test_uvicorn_config_carries_the_limits(tmp_path):
     assert config.h11_max_incomplete_event_size == 4096
 
 
-def test_uvicorn_answers_past_its_limits(tmp_path):
+def test_uvicorn_answers_past_its_limits(tmp_path, monkeypatch):
     """A real uvicorn (in a thread, on loopback): unfinished headers past max_header_bytes get a 400,
-    connections past limit_concurrency a 503, and a deep JSON body a 422, not a 500."""
+    connections past limit_concurrency a 503, a deep JSON body a 422, not a 500, and a body that
+    stalls a 408."""
+    monkeypatch.setattr(validation, "BODY_IDLE_TIMEOUT", 0.5)
     port = free_port()
     settings = make_settings(
         tmp_path, port=port, limit_concurrency=3, max_header_bytes=1024, wait_devices=5
@@ -335,6 +338,20 @@ def test_uvicorn_answers_past_its_limits(tmp_path):
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"x" * 2000)
             assert sock.recv(4096).startswith(b"HTTP/1.1 400"), "no 400"
             assert wait_for(lambda: sock.recv(4096) == b"", timeout=10)  # and closed
+        # a body that stops half-way: refused once it has been idle BODY_IDLE_TIMEOUT
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/devices HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n" + b'{"enrollment_secret": '
+            )
+            answer = b""
+            for _ in range(10):  # blocks until the server answers (socket timeout 10 s)
+                part = sock.recv(4096)
+                answer += part
+                if not part or b"stalled" in answer:
+                    break
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert b"stalled" in answer, answer
         # two idle keep-alive connections, then a request on a third: 3 >= limit_concurrency
         with httpx.Client(base_url=base) as c1, httpx.Client(base_url=base) as c2:
             assert c1.get("/healthz").status_code == 200

@@ -16,10 +16,10 @@ ERROR = {"$ref": "#/components/schemas/ErrorBody"}
 
 # (path, method) -> the error statuses it documents (503: uvicorn's, on every route)
 ROUTES = {
-    ("/v1/devices", "post"): {401, 409, 413, 422, 429, 503, 507},
+    ("/v1/devices", "post"): {401, 408, 409, 413, 422, 429, 503, 507},
     ("/v1/rounds/current", "get"): {401, 422, 503},
-    ("/v1/rounds/{n}/loss", "post"): {401, 403, 409, 413, 422, 503, 507},
-    ("/v1/rounds/{n}/update", "post"): {400, 401, 403, 409, 413, 422, 503, 507},
+    ("/v1/rounds/{n}/loss", "post"): {401, 403, 408, 409, 413, 422, 503, 507},
+    ("/v1/rounds/{n}/update", "post"): {400, 401, 403, 408, 409, 413, 422, 503, 507},
     ("/v1/model", "get"): {503},
     ("/v1/metrics", "get"): {503},
     ("/healthz", "get"): {503},
