@@ -42,7 +42,7 @@ from sqlalchemy import delete, select
 
 from corpora.dataset import server_data
 from models.exposure import ExposureProbe
-from server.db import Device, MetricRow, Receipt, Round, finite_json, make_sessionmaker
+from server.db import BatchWriter, Device, MetricRow, Receipt, Round, finite_json, make_sessionmaker
 from server.devices import DEVICE_NAME, DevicesMixin
 from server.driver import DriverMixin
 from server.engine import Federation
@@ -105,6 +105,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         s = self.settings
         self.root.mkdir(parents=True, exist_ok=True)
         self.sessions = make_sessionmaker(s.db_url)
+        self.db_writer = BatchWriter(self.sessions)
         if self.generated_secret:
             log.warning(
                 "no enrollment secret configured; generated one: %s", self.enrollment_secret

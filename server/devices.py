@@ -76,8 +76,8 @@ class DevicesMixin(CoordinatorState):
             last_seen=now,
         )
         self._enrolling.add(device_id)
-        try:  # the commit in a worker thread: the event loop serves others meanwhile
-            await asyncio.to_thread(self._add_device, device)
+        try:  # committed with the others enrolling meanwhile, in a worker thread
+            await self.db_writer.add(device)
         except IntegrityError:
             raise ApiError(
                 409, f"device name {device_id!r} is already enrolled", "name_taken"
@@ -94,10 +94,6 @@ class DevicesMixin(CoordinatorState):
         self.events.publish("device_enrolled", device_id=device_id, devices=len(self.devices))
         self._poke.set()
         return {"device_id": device_id, "token": token}
-
-    def _add_device(self, device: Device) -> None:
-        with self.sessions.begin() as db:
-            db.add(device)
 
     def authenticate(self, authorization: str | None) -> str:
         """`Authorization: Bearer <token>` -> device id, or 401."""

@@ -15,6 +15,7 @@ from server.engine import RoundPlan
 from server.validation import ValidationError
 
 if TYPE_CHECKING:
+    from server.db import BatchWriter
     from server.engine import Federation
     from server.events import EventBus
     from server.settings import Settings
@@ -92,6 +93,7 @@ class CoordinatorState:
     current: OpenRound | None
     federation: Federation | None
     sessions: Any  # sqlalchemy sessionmaker
+    db_writer: BatchWriter  # group commits of enrollments
     on_finished: Callable[[], None] | None  # serve() shuts uvicorn down with it
     devices: dict[str, int]  # device id -> num_samples
     finish_reason: str | None

@@ -220,10 +220,10 @@ def test_an_enrollment_the_full_database_refuses_is_a_507_and_enrolls_nobody(tmp
     with running(settings) as client:
         coordinator = client.app_ref.state.coordinator
 
-        def full(device):
+        def full(rows):
             raise _disk_full()
 
-        monkeypatch.setattr(coordinator, "_add_device", full)
+        monkeypatch.setattr(coordinator.db_writer, "_commit", full)
         body = {"enrollment_secret": SECRET, "name": "phone-1"}
         r = client.post("/v1/devices", json=body)
         assert r.status_code == 507 and r.headers["Retry-After"] == "60", r.text
