@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.api import ROUTERS
@@ -88,6 +89,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if out_of_space(exc):  # a write the full disk refused: nothing changed, retry later
             full = no_space("the request")
             return _error(full.status, full.message, full.headers)
+        if isinstance(exc, OperationalError):  # the database locked or out of reach: transient
+            return _error(
+                503, "the database is busy: nothing was stored; retry", {"Retry-After": "5"}
+            )
         return _error(500, f"internal server error: {type(exc).__name__}")
 
     for router in ROUTERS:

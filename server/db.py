@@ -186,12 +186,18 @@ def json_strict(value: Any) -> str:
     return json.dumps(finite_json(value), allow_nan=False)
 
 
+#: Seconds a SQLite writer waits for the write lock.
+SQLITE_LOCK_TIMEOUT = 30.0
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets its directory created, WAL and cross-thread use; any
     other backend (a server) gets pre-pinged connections and strict JSON."""
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"check_same_thread": False}
+        # timeout: how long a writer waits for SQLite's one write lock before "database is
+        # locked" (the driver's default 5 s is passed under thousands of phones' writes).
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": SQLITE_LOCK_TIMEOUT}
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -138,7 +138,7 @@ class DevicesMixin(CoordinatorState):
     # -- what a device sees --------------------------------------------------------------------------
 
     def _upload_flag(self, r: OpenRound, device_id: str) -> bool | None:
-        if device_id not in r.plan.cohort:
+        if device_id not in r.selected:
             return False
         if not self.settings.topk:
             return True
@@ -172,7 +172,7 @@ class DevicesMixin(CoordinatorState):
                 "uploaded": False,
                 "upload": False,
             }
-        selected = device_id in r.plan.cohort
+        selected = device_id in r.selected
         return {
             "round": r.number,
             "attempt": r.attempt,

@@ -62,7 +62,7 @@ class DriverMixin(CoordinatorState):
             return False
         now = time.time()
         if self.settings.topk and r.uploaders is None:
-            if set(r.losses) >= set(r.plan.cohort):
+            if r.selected <= r.losses.keys():
                 self._decide(r, now)
                 return True
             if now < r.deadline:

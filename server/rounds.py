@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,11 @@ class OpenRound:
     @property
     def number(self) -> int:
         return self.plan.round
+
+    @cached_property
+    def selected(self) -> frozenset[str]:
+        """The cohort as a set: every request of a selected device asks (10,000 phones poll)."""
+        return frozenset(self.plan.cohort)
 
     @property
     def attempt(self) -> int:

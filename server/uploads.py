@@ -41,7 +41,7 @@ class UploadsMixin(CoordinatorState):
             raise ApiError(
                 409, f"round {n} is closed and being aggregated; wait for the next", "stale_round"
             )
-        if device_id not in r.plan.cohort:
+        if device_id not in r.selected:
             raise ApiError(
                 403, f"device {device_id!r} is not selected in round {n}", "not_selected"
             )

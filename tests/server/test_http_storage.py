@@ -10,12 +10,14 @@ import sqlite3
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import OperationalError
 
 from models.checkpoint import public_bytes
 from server import driver, upload_store
+from server.app import create_app
 from server.db import Device, MetricRow, Receipt
 from server.influence import coordinate_range
 from server.nospace import out_of_space
@@ -230,3 +232,18 @@ def test_an_enrollment_the_full_database_refuses_is_a_507_and_enrolls_nobody(tmp
         assert "phone-1" not in coordinator.devices
         monkeypatch.undo()  # space is back: the same name enrolls
         assert client.post("/v1/devices", json=body).status_code == 200
+
+
+def test_a_locked_database_is_a_503_to_retry_not_a_500(tmp_path, monkeypatch):
+    app = create_app(make_settings(tmp_path, rounds=1, wait_devices=5))
+    # the app's last-resort handler answers; the test client must not re-raise what it handled
+    with TestClient(app, raise_server_exceptions=False) as client:
+        coordinator = app.state.coordinator
+
+        def locked(rows):
+            raise OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+
+        monkeypatch.setattr(coordinator.db_writer, "_commit", locked)
+        r = client.post("/v1/devices", json={"enrollment_secret": SECRET, "name": "phone-1"})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
+        assert "phone-1" not in coordinator.devices
