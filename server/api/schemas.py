@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.config import Batching
+from common.config import Batching, Precision
 from server.devices import DEVICE_NAME
 from server.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
 
@@ -102,6 +102,7 @@ class Task(_Answer):
     clip: float
     max_len: int
     batching: Batching
+    precision: Precision = Field(description="auto: the phone resolves it for its hardware")
     seed: int = Field(description="seeds the device's training and noise")
     beta: float
     sigma: float

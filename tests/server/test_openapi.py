@@ -158,6 +158,7 @@ def test_answers(doc):
         "clip",
         "max_len",
         "batching",
+        "precision",
         "seed",
         "beta",
         "sigma",
