@@ -7,6 +7,7 @@ import time
 
 from sqlalchemy import create_engine, text
 
+from common.task import TASK_KEYS
 from server.db import hash_token
 from tests.support.http import (
     SECRET,
@@ -92,21 +93,7 @@ def test_a_round_over_http_advances_the_model(tmp_path):
             selected = [v for v in views if v["selected"]]
             assert len(selected) == 2  # fraction 0.5 of 4
             task = selected[0]["task"]
-            assert set(task) == {
-                "local_epochs",
-                "batch_size",
-                "lr",
-                "momentum",
-                "clip",
-                "max_len",
-                "batching",
-                "precision",
-                "seed",
-                "beta",
-                "sigma",
-                "deadline",
-                "model_round",
-            }
+            assert tuple(task) == TASK_KEYS
             assert task["model_round"] == 0 and task["local_epochs"] == 1
             assert task["precision"] == "auto"  # each phone resolves it on its own hardware
             unselected = [v for v in views if not v["selected"]]
