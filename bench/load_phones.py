@@ -39,6 +39,8 @@ from typing import Any
 import h11
 import numpy as np
 
+from common.task import still_selected
+
 READ_SIZE = 1 << 18
 #: Statuses a phone retries (as device_sim.client: the server is busy or restarting).
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
@@ -568,13 +570,7 @@ class Phone:
             if decision is not None:
                 break
             newer = await self.current(self.cfg.loss_wait)
-            same = (
-                newer.get("state") == "open"
-                and newer.get("round") == r
-                and int(newer.get("attempt") or 0) == attempt
-                and newer.get("selected")
-            )
-            if not same or newer.get("uploaded"):
+            if not still_selected(newer, r, attempt) or newer.get("uploaded"):
                 return newer
             decision = newer.get("upload")
         if decision is not True:

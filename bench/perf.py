@@ -70,19 +70,25 @@ def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum, devic
     return tokens
 
 
-def bench_trainer(
-    vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
-) -> dict:
-    from common.config import TrainConfig
-    from device_sim.trainer import train_local
+def _training_setup(vocab: int, sentences: int, preset: str):
+    """One torch thread, the preset model (seed 0) and a synthetic corpus: what the trainer
+    benches train on."""
     from models.checkpoint import build_model, model_state
     from models.config import ModelConfig
 
     torch.set_num_threads(1)
     cfg = ModelConfig.preset(preset, vocab)
     torch.manual_seed(0)
-    state = model_state(build_model(cfg))
-    seqs = _corpus(sentences, vocab)
+    return cfg, model_state(build_model(cfg)), _corpus(sentences, vocab)
+
+
+def bench_trainer(
+    vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
+) -> dict:
+    from common.config import TrainConfig
+    from device_sim.trainer import train_local
+
+    cfg, state, seqs = _training_setup(vocab, sentences, preset)
     # fp32, as the bare loop: this measures the trainer's overhead (bf16: bench_precision).
     tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision="fp32")
     ours, bare = [], []
@@ -113,15 +119,9 @@ def bench_precision(
     """The trainer's tokens/s under bf16 against fp32: the same step, interleaved, one thread."""
     from common.config import TrainConfig
     from device_sim.trainer import train_local
-    from models.checkpoint import build_model, model_state
-    from models.config import ModelConfig
     from models.precision import native_bf16, resolve_precision
 
-    torch.set_num_threads(1)
-    cfg = ModelConfig.preset(preset, vocab)
-    torch.manual_seed(0)
-    state = model_state(build_model(cfg))
-    seqs = _corpus(sentences, vocab)
+    cfg, state, seqs = _training_setup(vocab, sentences, preset)
     speeds: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for r in range(repeats):  # interleaved, alternating which goes first
         for precision in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):

@@ -131,3 +131,15 @@ def _int(d: Mapping, key: str) -> int:
 
 def _float(d: Mapping, key: str) -> float:
     return float(_field(d, key, (int, float), "a number"))
+
+
+def still_selected(view: Mapping[str, Any], round_idx: int, attempt: int) -> bool:
+    """Whether a view of the round (GET /v1/rounds/current) still has this phone selected in
+    the open round `round_idx`, attempt `attempt`: a phone waiting for FedMed's topK decision
+    gives up when it is not (the round moved on, or was opened again)."""
+    return bool(
+        view.get("state") == "open"
+        and view.get("round") == round_idx
+        and int(view.get("attempt") or 0) == attempt
+        and view.get("selected")
+    )

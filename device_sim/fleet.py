@@ -34,7 +34,7 @@ import httpx
 import torch
 from tqdm import tqdm
 
-from common.task import RoundTask
+from common.task import RoundTask, still_selected
 from corpora.dataset import device_shards
 from device_sim.attacks import SCALE_FACTOR, apply_attack, backdoor_task, boost_factor
 from device_sim.client import ApiError, DeviceClient, FedkeyError, ModelCache, Stopped
@@ -259,13 +259,7 @@ class _Phone:
                 return None
             newer = self.call(self.client.current, self.phone.loss_wait)
             self.see(newer)
-            same = (
-                newer.get("state") == "open"
-                and newer.get("round") == r
-                and int(newer.get("attempt") or 0) == attempt
-                and newer.get("selected")
-            )
-            if not same or newer.get("uploaded"):
+            if not still_selected(newer, r, attempt) or newer.get("uploaded"):
                 return newer
             decision = newer.get("upload")
         if decision is False:

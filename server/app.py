@@ -87,8 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         if out_of_space(exc):  # a write the full disk refused: nothing changed, retry later
-            full = no_space("the request")
-            return _error(full.status, full.message, full.headers)
+            return await _api_error(request, no_space("the request"))
         if isinstance(exc, OperationalError):  # the database locked or out of reach: transient
             return _error(
                 503, "the database is busy: nothing was stored; retry", {"Retry-After": "5"}

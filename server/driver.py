@@ -194,8 +194,7 @@ class DriverMixin(CoordinatorState):
 
     def _fail(self, r: OpenRound, why: str) -> None:
         """Quorum missed: nothing applied; the same round opens again with attempt + 1."""
-        with self.sessions.begin() as db:
-            db.get(Round, r.row_id).state = Attempt.FAILED
+        self._set_round_row_state(r.row_id, Attempt.FAILED)
         for up in r.uploads.values():
             Path(up.path).unlink(missing_ok=True)
         self.current = None

@@ -160,9 +160,7 @@ class UploadsMixin(CoordinatorState):
                     raise _different_duplicate(device_id, n) from None
                 raise
             if existing is not None:
-                if existing.sha256 == received.sha256:
-                    return existing.reply(n)
-                raise _different_duplicate(device_id, n)
+                return _same_again(existing, received.sha256, device_id, n)
             await asyncio.to_thread(
                 validation.check_update_file, received.path, self.fed.model_config
             )
@@ -173,10 +171,8 @@ class UploadsMixin(CoordinatorState):
             # The round may have moved on while the body streamed in: check again, then commit.
             r = self._still_open(r, device_id, n)
             existing = r.uploads.get(device_id)
-            if existing is not None:
-                if existing.sha256 == received.sha256:
-                    return existing.reply(n)
-                raise _different_duplicate(device_id, n)
+            if existing is not None:  # uploaded meanwhile
+                return _same_again(existing, received.sha256, device_id, n)
             final = self._round_dir(n) / f"{device_id}.safetensors"
             up = Upload(
                 secrets.token_hex(16),
@@ -286,6 +282,13 @@ class UploadsMixin(CoordinatorState):
 
     def _round_dir(self, n: int) -> Path:
         return self.uploads_dir / f"round_{n:04d}"
+
+
+def _same_again(existing: Upload, sha256: str, device_id: str, n: int) -> dict:
+    """A second upload for the round: the first receipt when the bytes are the same, else 409."""
+    if existing.sha256 == sha256:
+        return existing.reply(n)
+    raise _different_duplicate(device_id, n)
 
 
 def _different_duplicate(device_id: str, n: int) -> ApiError:
