@@ -377,7 +377,7 @@ PHONES = {
         typer.Option(
             "iid",
             "--partition",
-            help="iid: the seed papers' equal shards; user: one phone per user; dirichlet: non-IID.",
+            help="iid: the seed papers' equal shards; user: one phone per user; dirichlet: non-IID; articles: whole articles per phone (WikiText-2's ' = Title = ' headings).",
         ),
     ),
     "alpha": (

@@ -23,7 +23,7 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: The server's tokenizer (models.tokenizers builds it; TOKENIZER_KINDS there lists these).
 TokenizerKind = Literal["word", "sentencepiece"]
 #: How the training text is cut into the phones' shards (corpora.partition does it).
-Scheme = Literal["iid", "user", "dirichlet"]
+Scheme = Literal["iid", "user", "dirichlet", "articles"]
 
 
 @dataclass
