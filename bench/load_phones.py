@@ -1,7 +1,7 @@
 """The fake phones of `fedkey bench load`: the real phone's HTTP contract without the training.
 
-Each phone is a coroutine with its own keep-alive HTTP/1.1 connection (h11 over asyncio streams,
-opened again when it closes), following device_sim.client / device_sim.fleet step by step:
+Each phone is a coroutine with its own keep-alive HTTP/1.1 connection (device_sim.aclient: h11
+over asyncio streams, opened again when it closes), following device_sim.client / device_sim.fleet step by step:
 
     enroll      POST /v1/devices (name, num_samples)
     follow      GET /v1/rounds/current?wait=S, long-polling for its view of the round to change
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import random
 import time
@@ -36,174 +35,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import h11
 import numpy as np
 
 from common.task import still_selected
-
-READ_SIZE = 1 << 18
-#: Statuses a phone retries (as device_sim.client: the server is busy or restarting).
-TRANSIENT = frozenset({429, 500, 502, 503, 504})
-
-
-class HttpError(Exception):
-    """A request that got no HTTP answer: `kind` names how it failed (connection_dropped,
-    connect_refused, read_timeout, ...)."""
-
-    def __init__(self, kind: str, detail: str = "") -> None:
-        self.kind = kind
-        super().__init__(f"{kind}: {detail}" if detail else kind)
+from device_sim.aclient import TRANSIENT, Connection, HttpError, Reply, raise_nofile
+from device_sim.protocol import MAX_REENROLL, actionable, round_key
 
 
 class GaveUp(Exception):
     """A phone stopped before the run finished: its retries, steps or time ran out."""
-
-
-def os_kind(e: OSError, when: str) -> str:
-    """An OSError as an error kind: connect_refused, connection_reset, too_many_open_files, ..."""
-    names = {
-        errno.ECONNREFUSED: "refused",
-        errno.ECONNRESET: "reset",
-        errno.EPIPE: "broken_pipe",
-        errno.EMFILE: "too_many_open_files",
-        errno.ENFILE: "too_many_open_files",
-        errno.EADDRNOTAVAIL: "no_local_port",
-        errno.ETIMEDOUT: "timeout",
-    }
-    name = names.get(e.errno or 0) or errno.errorcode.get(e.errno or 0, type(e).__name__).lower()
-    if name in ("too_many_open_files", "no_local_port"):
-        return name
-    return f"{when}_{name}"
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]  # names lower-cased
-    body: bytes  # empty when the caller did not keep it
-    size: int  # body bytes received
-
-    def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
-
-    def detail(self) -> str:
-        try:
-            data = self.json()
-        except ValueError:
-            return self.body[:200].decode("utf-8", "replace")
-        if isinstance(data, dict) and "detail" in data:
-            return str(data["detail"])[:200]
-        return str(data)[:200]
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection (h11 over asyncio streams), opened on first use and
-    again after the server closes it. `opened` counts the connections it made."""
-
-    def __init__(self, host: str, port: int, connect_timeout: float = 30.0) -> None:
-        self.host = host
-        self.port = port
-        self.connect_timeout = connect_timeout
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.conn: h11.Connection | None = None
-        self.opened = 0
-
-    async def _open(self) -> None:
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        except TimeoutError:
-            raise HttpError("connect_timeout") from None
-        except OSError as e:
-            raise HttpError(os_kind(e, "connect"), str(e)) from None
-        self.conn = h11.Connection(h11.CLIENT)
-        self.opened += 1
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = self.conn = None
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        headers: Iterable[tuple[str, str]] = (),
-        body: bytes = b"",
-        timeout: float = 120.0,
-        keep: Callable[[dict[str, str]], bool] | None = None,
-    ) -> Reply:
-        """Send one request and read its reply within `timeout` seconds; `keep(headers)` decides
-        whether the body is kept (else only its size is). HttpError when no reply came."""
-        c = self.conn
-        if c is not None:
-            if c.our_state is h11.DONE and c.their_state is h11.DONE:
-                c.start_next_cycle()
-            elif not (c.our_state is h11.IDLE and c.their_state is h11.IDLE):
-                self.close()
-        if self.conn is None:
-            await self._open()
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._exchange(method, target, list(headers), body, keep)
-        except TimeoutError:
-            self.close()
-            raise HttpError("read_timeout") from None
-        except h11.ProtocolError as e:
-            self.close()
-            raise HttpError("protocol_error", str(e)) from None
-        except OSError as e:
-            self.close()
-            raise HttpError(os_kind(e, "connection"), str(e)) from None
-        except BaseException:  # HttpError, a cancelled phone: the connection is in no known state
-            self.close()
-            raise
-
-    async def _exchange(
-        self,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        keep: Callable[[dict[str, str]], bool] | None,
-    ) -> Reply:
-        c, reader, writer = self.conn, self.reader, self.writer
-        assert c is not None and reader is not None and writer is not None
-        hs = [("Host", f"{self.host}:{self.port}"), *headers]
-        if body or method in ("POST", "PUT"):
-            hs.append(("Content-Length", str(len(body))))
-        writer.write(c.send(h11.Request(method=method, target=target, headers=hs)))
-        if body:
-            writer.writelines(c.send_with_data_passthrough(h11.Data(data=body)) or [])
-        writer.write(c.send(h11.EndOfMessage()) or b"")
-        await writer.drain()
-        status, reply_headers, chunks, size, keeping = 0, {}, [], 0, True
-        while True:
-            event = c.next_event()
-            if event is h11.NEED_DATA:
-                data = await reader.read(READ_SIZE)
-                if not data and not status:
-                    raise HttpError("connection_dropped", "closed before a reply")
-                c.receive_data(data)
-                continue
-            if isinstance(event, h11.InformationalResponse):
-                continue
-            if isinstance(event, h11.Response):
-                status = event.status_code
-                reply_headers = {k.decode().lower(): v.decode() for k, v in event.headers}
-                keeping = keep is None or keep(reply_headers)
-            elif isinstance(event, h11.Data):
-                size += len(event.data)
-                if keeping:
-                    chunks.append(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise HttpError("connection_dropped", "closed during the reply")
-        if c.our_state is h11.MUST_CLOSE or c.their_state is h11.MUST_CLOSE:
-            self.close()
-        return Reply(status, reply_headers, b"".join(chunks), size)
 
 
 # -- the bodies phones upload --------------------------------------------------------------------
@@ -344,11 +184,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 class Phone:
-    """One fake phone: device_sim.fleet's loop (enroll, follow, act when selected) over its own
-    connection, uploading noisy copies of the global model instead of training."""
-
-    MAX_TRIES = 3  # acting on one (round, attempt), as device_sim.fleet
-    MAX_REENROLL = 3
+    """One fake phone: device_sim.phone's loop (enroll, follow, act when selected; the same
+    decisions, device_sim.protocol) over its own connection, uploading noisy copies of the global
+    model instead of training."""
 
     def __init__(self, index: int, cfg: PhoneConfig, stats: Stats, models: ModelBodies) -> None:
         self.index = index
@@ -426,7 +264,7 @@ class Phone:
     async def bearer(self, route: str, method: str, target: str, **kwargs: Any) -> Reply:
         """A call with the device token; a 401 enrolls again (as device_sim.fleet) and retries."""
         reply = await self.call(route, method, target, **kwargs)
-        if reply.status == 401 and self.reenrolled < self.MAX_REENROLL:
+        if reply.status == 401 and self.reenrolled < MAX_REENROLL:
             self.reenrolled += 1
             self.stats.events["reenrolled"] += 1
             await self.enroll()
@@ -511,25 +349,14 @@ class Phone:
             return self.model_round
         raise GaveUp("GET /v1/model: no usable download")
 
-    def actionable(self, view: dict[str, Any], key: tuple[int, int]) -> bool:
-        return (
-            view.get("state") == "open"
-            and bool(view.get("selected"))
-            and view.get("task") is not None
-            and not view.get("uploaded")
-            and view.get("upload") is not False
-            and key not in self.handled
-            and self.tries[key] < self.MAX_TRIES
-        )
-
     async def follow(self) -> None:
         view = await self.current(0)
         for _ in range(self.cfg.max_steps):
             if view.get("state") == "finished":
                 self.stats.events["finished"] += 1
                 return
-            key = (int(view["round"]), int(view.get("attempt") or 0))
-            if self.actionable(view, key):
+            key = round_key(view)
+            if actionable(view, key, self.handled, self.tries):
                 self.tries[key] += 1
                 newer = await self.participate(view, key)
                 view = newer if newer is not None else await self.current(0)
@@ -614,18 +441,9 @@ async def run_phones(cfg: PhoneConfig, indexes: Iterable[int], stats: Stats) -> 
 
 def shard_main(cfg: PhoneConfig, indexes: list[int], queue: Any) -> None:
     """A driver process's life: its phones in one event loop, then their Stats on `queue`."""
-    _raise_nofile()
+    raise_nofile()
     stats = Stats()
     try:
         asyncio.run(run_phones(cfg, indexes, stats))
     finally:
         queue.put(stats)
-
-
-def _raise_nofile() -> None:
-    """The soft limit on open files up to the hard one: a driver holds a socket per phone."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -33,13 +33,19 @@ log = logging.getLogger("fedkey.device")
 
 __all__ = [
     "ApiError",
+    "Backoff",
     "DeviceClient",
     "FedkeyError",
     "GlobalModel",
     "ModelCache",
     "ServerUnavailable",
     "Stopped",
+    "checkpoint_of",
+    "detail_of",
     "parse_checkpoint",
+    "retry_after",
+    "transient_status",
+    "upload_request",
 ]
 
 
@@ -114,19 +120,95 @@ def parse_checkpoint(body: bytes, round_header: str | None = None) -> GlobalMode
     return GlobalModel(rnd, config, tokenizer, state)
 
 
-def _detail(resp: httpx.Response) -> str:
+def detail_of(body: bytes, reason: str = "") -> str:
+    """The server's "detail" message of an error reply's body (else the body, shortened)."""
     try:
-        body = resp.json()
+        data = json.loads(body)
     except ValueError:
-        return resp.text[:500] or resp.reason_phrase
-    if isinstance(body, dict) and "detail" in body:
-        d = body["detail"]
+        return body[:500].decode("utf-8", "replace") or reason
+    if isinstance(data, dict) and "detail" in data:
+        d = data["detail"]
         return d if isinstance(d, str) else json.dumps(d)
-    return json.dumps(body)[:500]
+    return json.dumps(data)[:500]
 
 
-def _transient_status(status: int) -> bool:
+def transient_status(status: int) -> bool:
+    """A status worth retrying: the server is busy (429) or failing / restarting (5xx)."""
     return status >= 500 or status == 429
+
+
+def retry_after(value: str | None) -> float:
+    """A Retry-After header's seconds (0 when absent or not a number of seconds)."""
+    try:
+        return float(value or 0)
+    except ValueError:
+        return 0.0
+
+
+class Backoff:
+    """One request's retries: capped exponential backoff with jitter (so a fleet does not hammer a
+    restarting server in step), at least the server's Retry-After, for up to `retry_seconds` from
+    the first failure. Both phone clients (this module's and device_sim.aphone's) use it."""
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        retry_seconds: float,
+        initial: float,
+        maximum: float,
+        jitter: random.Random,
+    ) -> None:
+        self.what = f"{method} {path}"
+        self.retry_seconds = retry_seconds
+        self.initial = initial
+        self.maximum = maximum
+        self.jitter = jitter
+        self.deadline: float | None = None
+        self.attempt = 0
+
+    def next_delay(self, problem: str, status: int | None, wait_at_least: float = 0.0) -> float:
+        """Seconds to wait before the next attempt after a transient failure (`problem`);
+        ServerUnavailable once the budget is spent."""
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + self.retry_seconds
+            log.warning(
+                "%s failed (%s); retrying for up to %.0f s", self.what, problem, self.retry_seconds
+            )
+        if now >= self.deadline:
+            message = f"{self.what}: the server stayed unavailable for {self.retry_seconds:.0f} s (last: {problem})"
+            raise ServerUnavailable(message, status, problem)
+        delay = min(self.maximum, self.initial * 2**self.attempt) * self.jitter.uniform(0.5, 1.0)
+        delay = min(max(delay, min(wait_at_least, self.maximum)), self.deadline - now)
+        self.attempt += 1
+        return max(delay, 0.0)
+
+    def answered(self) -> None:
+        """The request got a final answer: say so when it took retries."""
+        if self.attempt:
+            log.info("%s: the server answers again", self.what)
+
+
+def upload_request(
+    state: dict[str, torch.Tensor], num_samples: int, train_loss: float
+) -> tuple[bytes, dict[str, str]]:
+    """The body (safetensors) and headers of POST /v1/rounds/{n}/update."""
+    body = st_save({k: v.detach().cpu().contiguous() for k, v in state.items()})
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "X-Fedkey-Num-Samples": str(int(num_samples)),
+        "X-Fedkey-Train-Loss": repr(float(train_loss)),
+    }
+    return body, headers
+
+
+def checkpoint_of(body: bytes, round_header: str | None) -> GlobalModel:
+    """The model download's body as a GlobalModel; FedkeyError when it is not a usable one."""
+    try:
+        return parse_checkpoint(body, round_header)
+    except (CheckpointError, ValueError, KeyError, TypeError) as e:
+        raise FedkeyError(f"GET /v1/model: the download is not a usable model: {e}") from e
 
 
 class DeviceClient:
@@ -192,12 +274,13 @@ class DeviceClient:
                 raise FedkeyError(f"{method} {path} needs a device token: enroll first")
             headers["Authorization"] = f"Bearer {self.token}"
         url = self.base_url + path
-        deadline: float | None = None
-        attempt = 0
+        backoff = Backoff(
+            method, path, self.retry_seconds, self.backoff_initial, self.backoff_max, self._jitter
+        )
         while True:
             if self.stop is not None and self.stop.is_set():
                 raise Stopped(f"stopped before {method} {path}")
-            retry_after = 0.0
+            at_least = 0.0
             try:
                 resp = self.http.request(
                     method, url, headers=headers, timeout=self._timeout(wait), **kwargs
@@ -208,35 +291,14 @@ class DeviceClient:
                 status, problem = None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             else:
                 if resp.status_code < 400:
-                    if attempt:
-                        log.info("%s %s: the server answers again", method, path)
+                    backoff.answered()
                     return resp
-                detail = _detail(resp)
-                if not _transient_status(resp.status_code):
+                detail = detail_of(resp.content, resp.reason_phrase)
+                if not transient_status(resp.status_code):
                     raise ApiError(resp.status_code, detail, method, path)
                 status, problem = resp.status_code, f"{resp.status_code}: {detail}"
-                try:
-                    retry_after = float(resp.headers.get("Retry-After", 0))
-                except ValueError:
-                    retry_after = 0.0
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self.retry_seconds
-                log.warning(
-                    "%s %s failed (%s); retrying for up to %.0f s",
-                    method,
-                    path,
-                    problem,
-                    self.retry_seconds,
-                )
-            if now >= deadline:
-                message = f"{method} {path}: the server stayed unavailable for {self.retry_seconds:.0f} s (last: {problem})"
-                raise ServerUnavailable(message, status, problem)
-            delay = min(self.backoff_max, self.backoff_initial * 2**attempt)
-            delay = delay * self._jitter.uniform(0.5, 1.0)
-            delay = min(max(delay, min(retry_after, self.backoff_max)), deadline - now)
-            self._sleep(max(delay, 0.0))
-            attempt += 1
+                at_least = retry_after(resp.headers.get("Retry-After"))
+            self._sleep(backoff.next_delay(problem, status, at_least))
 
     # -- the contract ----------------------------------------------------------------------------
 
@@ -274,10 +336,7 @@ class DeviceClient:
                 if cache.model is None:
                     raise FedkeyError("the server answered 304 Not Modified but nothing is cached")
                 return cache.model
-            try:
-                model = parse_checkpoint(resp.content, resp.headers.get("X-Fedkey-Round"))
-            except (CheckpointError, ValueError, KeyError, TypeError) as e:
-                raise FedkeyError(f"GET /v1/model: the download is not a usable model: {e}") from e
+            model = checkpoint_of(resp.content, resp.headers.get("X-Fedkey-Round"))
             cache.etag = resp.headers.get("ETag")
             cache.model = model
             return model
@@ -306,12 +365,7 @@ class DeviceClient:
 
         Retrying is safe: the server answers a repeated identical upload with the same receipt.
         """
-        body = st_save({k: v.detach().cpu().contiguous() for k, v in state.items()})
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "X-Fedkey-Num-Samples": str(int(num_samples)),
-            "X-Fedkey-Train-Loss": repr(float(train_loss)),
-        }
+        body, headers = upload_request(state, num_samples, train_loss)
         return self.request(
             "POST", f"/v1/rounds/{round_idx}/update", content=body, headers=headers
         ).json()
