@@ -1,8 +1,11 @@
 """Phones (run_device) and the fleet (run_fleet) against the fake server of tests/support:
-uploads equal phone_round in-process bit for bit; 409, topK "no", dropout, attacks, restarts."""
+uploads equal phone_round in-process bit for bit; 409, topK "no", dropout, attacks, restarts.
+The phone tests run each phone both ways: as a thread with the blocking client (the thread
+fleet's) and as an asyncio task with the async client (the Ray fleet's, device_sim.aphone)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import httpx
@@ -10,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
+from device_sim.aphone import AsyncDeviceClient, run_phone, thread_trainer
 from device_sim.client import DeviceClient
 from device_sim.fleet import (
     SCALE_FACTOR,
@@ -20,6 +24,7 @@ from device_sim.fleet import (
     run_device,
     run_fleet,
 )
+from device_sim.phone import DeviceReport
 from device_sim.trainer import phone_round
 from server.engine import client_seed
 from tests.support.fake_server import SECRET, TRAIN, FakeFederation, FakeServer, shards_for
@@ -43,7 +48,7 @@ def expected_upload(fed: FakeFederation, shard, name: str, r: int) -> dict[str, 
     return res.state
 
 
-def run_phones(url: str, shards: dict, phones: dict[str, PhoneConfig]) -> dict:
+def phones_in_threads(url: str, shards: dict, phones: dict[str, PhoneConfig]) -> dict:
     """Each phone in its own thread (one training at a time), as a fleet worker does."""
     lock, reports, errors = threading.Lock(), {}, {}
     http = httpx.Client()
@@ -68,7 +73,34 @@ def run_phones(url: str, shards: dict, phones: dict[str, PhoneConfig]) -> dict:
     return reports
 
 
-def test_uploads_are_bitwise_phone_round_of_the_task():
+def phones_in_a_loop(url: str, shards: dict, phones: dict[str, PhoneConfig]) -> dict:
+    """Every phone an asyncio task of one event loop (each its own connection and model cache),
+    training in a worker thread one at a time, as a phone host of the Ray fleet runs them."""
+    reports = {n: DeviceReport(n) for n in phones}
+
+    async def main() -> None:
+        train = thread_trainer()
+        clients = {
+            n: AsyncDeviceClient(url, retry_seconds=10, backoff_initial=0.02) for n in phones
+        }
+        await asyncio.gather(
+            *(
+                run_phone(clients[n], n, shards[n], SECRET, phones[n], train, None, reports[n])
+                for n in phones
+            )
+        )
+
+    asyncio.run(asyncio.wait_for(main(), timeout=30))
+    assert {n: r.error for n, r in reports.items() if r.error} == {}
+    return reports
+
+
+@pytest.fixture(params=["thread", "asyncio"])
+def run_phones(request):
+    return phones_in_threads if request.param == "thread" else phones_in_a_loop
+
+
+def test_uploads_are_bitwise_phone_round_of_the_task(run_phones):
     shards = shards_for(3)
     fed = FakeFederation(n_devices=3, beta=0.01, defer=True)  # randomization, deferred topK
     srv = FakeServer(fed).start()
@@ -95,7 +127,7 @@ def test_uploads_are_bitwise_phone_round_of_the_task():
     assert fed.hits["model"] == 6  # one download per phone and round (each its own cache)
 
 
-def test_stale_round_topk_no_dropout_and_attacks():
+def test_stale_round_topk_no_dropout_and_attacks(run_phones):
     shards = shards_for(6)
     fed = FakeFederation(
         n_devices=6, decline={"device-0"}, stale_once={"device-1"}, dont_wait_for={"device-2"}
