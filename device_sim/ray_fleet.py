@@ -1,0 +1,276 @@
+"""`fedkey devices --backend ray`: one fleet of phones spread over the machines of a Ray cluster.
+
+The phones are asyncio tasks (device_sim.aphone: the thread fleet's protocol, device_sim.phone,
+over one lean keep-alive connection each) inside *phone hosts*: async Ray actors that reserve no
+CPU, placed round-robin on the cluster's nodes (at least one per node, and at most
+PHONES_PER_HOST phones each). An idle phone is a suspended coroutine and a socket, so a host holds
+thousands cheaply (bench.fleet_memory measures it). Each phone's private shard is shipped once,
+to the host that runs it.
+
+Their training goes to the long-lived trainer actors of device_sim.ray_pool (one CPU or a fraction
+of a GPU each): a host puts each global model version in the object store once (not once per
+phone) and awaits the ObjectRef of each of its phones' training, so its other phones keep polling
+meanwhile. The training seed comes with the task, so which actor trains a phone never changes the
+upload: the weights are bitwise those of the thread fleet (tests/ray/test_ray_fleet.py).
+
+A host that dies (its node lost, the actor killed) costs only its phones: their reports say so,
+the server closes the round without them (at its quorum or deadline), and the other hosts carry
+on. The summary is run_fleet's dict.
+
+Flower's simulation engine also runs clients on Ray; it starts an actor's client per round and
+ships the model per client, which its users meet as start-up costs and out-of-memory actors. Here
+actors live for the whole run and the model travels once per host and round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from device_sim.aclient import raise_nofile
+from device_sim.aphone import AsyncDeviceClient, AsyncModelCache, AsyncTrainer, run_phone
+from device_sim.client import DeviceClient, GlobalModel
+from device_sim.config import FleetConfig, PhoneConfig
+from device_sim.fleet import RoundsBar, fleet_phones, summarize
+from device_sim.phone import DeviceReport
+from device_sim.pool import LocalTask
+from device_sim.trainer import TrainResult
+
+log = logging.getLogger("fedkey.device")
+
+#: The most phones one host runs (bench.fleet_memory: 10,000 idle phones fit in well under 1 GB).
+PHONES_PER_HOST = 10_000
+
+Phone = tuple[str, list[list[int]], PhoneConfig]  # name, private shard, behaviour
+#: A phone host's training: its phones' tasks and the object-store reference of the global state
+#: -> an ObjectRef of the TrainResult (device_sim.ray_pool's trainer actors).
+Submit = Callable[[LocalTask, Any], Any]
+
+__all__ = ["PHONES_PER_HOST", "PhoneHost", "plan_hosts", "rss_bytes", "run_ray_fleet"]
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (VmRSS), in bytes; 0 where /proc is not there."""
+    try:
+        with open(f"/proc/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class ObjectStoreTrainer:
+    """A host's training: each global model version put in the object store once, each phone's
+    task submitted with a reference to it (`submit`), its ObjectRef awaited."""
+
+    def __init__(self, submit: Submit) -> None:
+        self.submit = submit
+        self.model: GlobalModel | None = None
+        self.state_ref: Any = None
+        self.trained = 0
+
+    async def __call__(self, task: LocalTask, model: GlobalModel) -> TrainResult:
+        if self.model is not model:  # a new version (the shared cache hands out one object)
+            self.model, self.state_ref = model, ray.put(model.state)
+        result: TrainResult = await self.submit(task, self.state_ref)
+        self.trained += 1
+        return result
+
+
+@ray.remote(num_cpus=0)
+class PhoneHost:
+    """A Ray actor (async: its methods run in one event loop) that runs a share of the fleet's
+    phones as asyncio tasks; see the module docstring. It reserves no CPU: the trainer actors
+    have the cores."""
+
+    def __init__(self, server: str, secret: str, retry_seconds: float) -> None:
+        raise_nofile()  # a socket per phone
+        torch.set_num_threads(1)
+        self.server = server
+        self.secret = secret
+        self.retry_seconds = retry_seconds
+        self.stop = asyncio.Event()
+        self.reports: dict[str, DeviceReport] = {}
+        self.trainer: ObjectStoreTrainer | None = None
+
+    async def run(self, phones: list[Phone], submit: Submit | None) -> dict[str, dict]:
+        """Run `phones` until each has finished, failed or been stopped; their reports.
+        `submit` trains a task (None: phones that never train, e.g. bench.fleet_memory's)."""
+        cache = AsyncModelCache()  # one download per model version for all of them
+        train: AsyncTrainer = _no_training
+        if submit is not None:
+            self.trainer = ObjectStoreTrainer(submit)
+            train = self.trainer
+        coros = []
+        for name, shard, phone in phones:
+            report = self.reports[name] = DeviceReport(name)
+            client = AsyncDeviceClient(
+                self.server, cache=cache, retry_seconds=self.retry_seconds, stop=self.stop
+            )
+            coros.append(
+                run_phone(client, name, shard, self.secret, phone, train, self.stop, report)
+            )
+        await asyncio.gather(*coros)
+        return {n: r.to_dict() for n, r in self.reports.items()}
+
+    async def status(self) -> dict:
+        """Where it runs and how its phones are doing: node, pid, RSS bytes, phones, enrolled,
+        uploads, trained."""
+        return {
+            "node": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "rss": rss_bytes(),
+            "phones": len(self.reports),
+            "enrolled": sum(r.device_id is not None for r in self.reports.values()),
+            "uploads": sum(r.uploads for r in self.reports.values()),
+            "trained": self.trainer.trained if self.trainer is not None else 0,
+        }
+
+    async def halt(self) -> None:
+        """Stop every phone (they return from their waits at once)."""
+        self.stop.set()
+
+
+async def _no_training(task: LocalTask, model: GlobalModel) -> TrainResult:
+    raise RuntimeError(f"{task.device_id}: this phone host trains nothing (submit=None)")
+
+
+@dataclass
+class HostPlan:
+    """One phone host: the node it is placed on and the phones it runs."""
+
+    node: str
+    phones: list[Phone]
+
+
+def plan_hosts(
+    phones: list[Phone], nodes: list[str], per_host: int = PHONES_PER_HOST
+) -> list[HostPlan]:
+    """Share the phones among hosts round-robin: at least one host per node (when there are
+    enough phones), at most `per_host` phones each, the hosts spread over `nodes` in turn."""
+    if not nodes:
+        raise ValueError("the Ray cluster has no alive node")
+    count = min(len(phones), max(len(nodes), math.ceil(len(phones) / per_host)))
+    plans = [HostPlan(nodes[i % len(nodes)], []) for i in range(count)]
+    for i, phone in enumerate(phones):
+        plans[i % count].phones.append(phone)
+    return plans
+
+
+def alive_nodes() -> list[str]:
+    """The ids of the cluster's alive nodes, the driver's own first."""
+    here = ray.get_runtime_context().get_node_id()
+    ids = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    return sorted(ids, key=lambda n: n != here)
+
+
+def start_hosts(cfg: FleetConfig, plans: list[HostPlan]) -> list[Any]:
+    """One PhoneHost actor per plan, pinned to its node (soft: elsewhere if the node is gone)."""
+    return [
+        PhoneHost.options(  # type: ignore[attr-defined]
+            scheduling_strategy=NodeAffinitySchedulingStrategy(plan.node, soft=True),
+            name=None,
+        ).remote(cfg.server, cfg.enrollment_secret, cfg.retry_seconds)
+        for plan in plans
+    ]
+
+
+def run_ray_fleet(
+    cfg: FleetConfig,
+    submit: Submit,
+    workers: int,
+    progress: bool = True,
+    on_hosts: Callable[[list[dict]], None] | None = None,
+) -> dict:
+    """Run `cfg.count` phones on the connected Ray cluster until the server finishes (or Ctrl-C);
+    returns run_fleet's summary. `submit(task, state_ref)` trains a phone's task on the trainer
+    actors (`workers` of them); `on_hosts` receives each host's final status (node, pid, RSS,
+    phones, trained) before the hosts go.
+
+    A host that dies costs its phones (their reports carry the reason, the summary's errors a
+    crash line); the others run on. FleetError when every phone failed.
+    """
+    start = time.monotonic()
+    with httpx.Client(timeout=60.0) as http:
+        model = DeviceClient(cfg.server, http, retry_seconds=cfg.retry_seconds).download_model()
+        plans = plan_hosts(fleet_phones(cfg, model.tokenizer), alive_nodes())
+        hosts = start_hosts(cfg, plans)
+        runs = {
+            h.run.remote(p.phones, submit): i
+            for i, (h, p) in enumerate(zip(hosts, plans, strict=True))
+        }
+        done: dict[str, dict] = {}
+        crashes: list[str] = []
+        statuses: list[dict | None] = [None] * len(hosts)
+        bar = RoundsBar(cfg, http, lambda: sum(s["uploads"] for s in statuses if s), progress)
+        interrupted = False
+        pending = list(runs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=2.0)
+                for ref in ready:
+                    i = runs[ref]
+                    try:
+                        done.update(ray.get(ref))
+                    except ray.exceptions.RayError as e:
+                        crashes.append(_lost(plans[i], i, e, done))
+                _poll(hosts, statuses)
+                bar.poll()
+        except KeyboardInterrupt:
+            interrupted = True
+            bar.write("interrupted: stopping the phones")
+            _halt(hosts, {ref: runs[ref] for ref in pending}, plans, done)
+        finally:
+            _poll(hosts, statuses)
+            if on_hosts is not None:
+                on_hosts([s for s in statuses if s is not None])
+            for h in hosts:
+                ray.kill(h)
+            bar.close()
+    seconds = time.monotonic() - start
+    return summarize(cfg, workers, done, crashes, bar.completed, interrupted, seconds)
+
+
+def _lost(plan: HostPlan, index: int, e: BaseException, done: dict[str, dict]) -> str:
+    """A host died: its phones' reports say so; the crash line for the summary."""
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    line = f"phone host {index} on node {plan.node[:12]} died ({len(plan.phones)} phones lost): {reason}"
+    log.error("%s", line)
+    for name, _, _ in plan.phones:
+        report = DeviceReport(name)
+        report.error = f"its phone host died: {reason}"
+        done[name] = report.to_dict()
+    return line
+
+
+def _poll(hosts: list[Any], statuses: list[dict | None]) -> None:
+    """Each live host's status (a dead one keeps its last)."""
+    refs = [h.status.remote() for h in hosts]
+    for i, ref in enumerate(refs):
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            statuses[i] = ray.get(ref, timeout=10)
+
+
+def _halt(hosts: list[Any], pending: dict, plans: list[HostPlan], done: dict[str, dict]) -> None:
+    """Ctrl-C: stop every host's phones and collect what the running ones did."""
+    for h in hosts:
+        h.halt.remote()
+    for ref, i in pending.items():
+        try:
+            done.update(ray.get(ref, timeout=30))
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            _lost(plans[i], i, e, done)

@@ -1,0 +1,130 @@
+"""Asyncio phones (device_sim.aphone, the Ray fleet's phones without Ray) against the real server
+(uvicorn on loopback, a tiny model on the demo corpus): two rounds end with the same global
+weights, bit for bit, as the thread fleet's phones give the same server; and how phone hosts are
+planned over nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from device_sim.aphone import AsyncDeviceClient, AsyncModelCache, run_phone, thread_trainer
+from device_sim.client import parse_checkpoint
+from device_sim.config import FleetConfig
+from device_sim.fleet import fleet_phones, run_fleet
+from device_sim.phone import DeviceReport
+from device_sim.ray_fleet import plan_hosts
+from runners.processes import free_port
+from server.main import build_server
+from tests.support.http import DATA, SECRET, make_settings
+from tests.support.wait import wait_for
+
+PHONES = 3
+
+
+@contextmanager
+def server(tmp: Path) -> Iterator[tuple[str, Path]]:
+    """A real server (uvicorn in a thread) for PHONES phones and 2 rounds; (url, storage)."""
+    port = free_port()
+    settings = make_settings(tmp, port=port, wait_devices=PHONES, precision="fp32")
+    uvicorn_server = build_server(settings, log_level="warning")
+    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(up, timeout=60, every=0.05, what="the server did not start")
+        yield url, settings.storage
+    finally:
+        uvicorn_server.should_exit = True
+        thread.join(timeout=30)
+
+
+def fleet_config(url: str) -> FleetConfig:
+    return FleetConfig(
+        server=url,
+        count=PHONES,
+        data=DATA["data"],
+        max_train_tokens=DATA["max_train_tokens"],
+        seed=DATA["seed"],
+        device="cpu",
+        workers=0,
+        enrollment_secret=SECRET,
+        retry_seconds=20,
+        poll_wait=5,
+    )
+
+
+def final_weights(storage: Path) -> dict[str, torch.Tensor]:
+    wait_for(lambda: (storage / "checkpoints" / "round_0002.safetensors").exists(), timeout=30)
+    return load_file(storage / "checkpoints" / "round_0002.safetensors")
+
+
+@pytest.mark.slow
+def test_asyncio_phones_give_the_thread_fleets_weights(tmp_path):
+    with server(tmp_path / "threads") as (url, storage):
+        summary = run_fleet(fleet_config(url), progress=False)
+        want = final_weights(storage)
+    assert summary["errors"] == {} and summary["uploads"] == 2 * PHONES
+
+    with server(tmp_path / "asyncio") as (url, storage):
+        cfg = fleet_config(url)
+        model = httpx.get(url + "/v1/model")  # the shards are cut with the server's tokenizer
+        assert model.status_code == 200
+        phones = fleet_phones(cfg, parse_checkpoint(model.content).tokenizer)
+        reports = {name: DeviceReport(name) for name, _, _ in phones}
+
+        async def main() -> None:
+            cache, train = AsyncModelCache(), thread_trainer()
+            await asyncio.gather(
+                *(
+                    run_phone(
+                        AsyncDeviceClient(url, cache=cache, retry_seconds=20),
+                        name,
+                        shard,
+                        SECRET,
+                        phone,
+                        train,
+                        None,
+                        reports[name],
+                    )
+                    for name, shard, phone in phones
+                )
+            )
+
+        asyncio.run(asyncio.wait_for(main(), timeout=120))
+        got = final_weights(storage)
+    assert {n: r.error for n, r in reports.items() if r.error} == {}
+    assert [r.uploads for r in reports.values()] == [2] * PHONES
+    assert all(r.finished for r in reports.values())
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_hosts_are_spread_over_the_nodes():
+    phones = [(f"p{i}", [[1, 2]], None) for i in range(7)]
+    plans = plan_hosts(phones, ["a", "b"])  # type: ignore[arg-type]
+    assert [p.node for p in plans] == ["a", "b"]
+    assert [[n for n, _, _ in p.phones] for p in plans] == [
+        ["p0", "p2", "p4", "p6"],
+        ["p1", "p3", "p5"],
+    ]
+    many = plan_hosts(phones, ["a", "b"], per_host=2)  # 4 hosts of at most 2 phones
+    assert [p.node for p in many] == ["a", "b", "a", "b"]
+    assert sorted(len(p.phones) for p in many) == [1, 2, 2, 2]
+    assert [p.node for p in plan_hosts(phones[:1], ["a", "b"])] == ["a"]  # no empty host
+    with pytest.raises(ValueError, match="no alive node"):
+        plan_hosts(phones, [])
