@@ -406,6 +406,8 @@ def perf_params(quick: bool = False) -> dict:
             "repeats": 2 if quick else 5,
             "args": precision_workload(quick),
         },
+        # Idle phones in one Ray phone host (bench.fleet_memory): its RSS per phone.
+        "fleet_memory": {"phones": [1000] if quick else [1000, 10_000]},
     }
 
 
@@ -493,6 +495,12 @@ def _step_transport(p: dict, work: Path, shared: dict) -> dict:
     return bench_transport(t["data"], t["repeats"], str(work / "transport"))
 
 
+def _step_fleet_memory(p: dict, work: Path, shared: dict) -> dict:
+    from bench.fleet_memory import measure_idle_phones
+
+    return {"rows": [measure_idle_phones(n) for n in p["fleet_memory"]["phones"]]}
+
+
 STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[[dict], str]]] = {
     "trainer": (
         "trainer tokens/s vs a bare PyTorch loop, interleaved",
@@ -554,6 +562,14 @@ STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[
                 f"test perplexity bf16 {s['quality']['bf16']['test_ppl']:.3f} vs fp32 "
                 f"{s['quality']['fp32']['test_ppl']:.3f} ({s['quality']['test_ppl_change_pct']:+.3f}%)"
             ]
+        ),
+    ),
+    "fleet_memory": (
+        "idle phones long-polling in one Ray phone host: its RSS per phone",
+        _step_fleet_memory,
+        lambda s: ", ".join(
+            f"{r['phones']} phones: {r['actor_rss_idle_peak_mb']:.0f} MB, {r['per_phone_kb']} KB each"
+            for r in s["rows"]
         ),
     ),
 }
