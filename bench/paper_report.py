@@ -1,5 +1,13 @@
-"""The report of `fedkey bench paper`: results.md (our numbers beside the seed papers') and PNG
-curves.
+"""The report of `fedkey bench paper`: results.md and its PNG curves, leading with what a researcher
+asks (issue 18, item 5): under the ranking protocol, scored as a language model, which aggregation
+method trains the better keyboard model, and how close does it come to centralized training?
+
+Layout: the protocol and how many of its runs are done; per dataset, test perplexity (of the
+best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
+savings) of every method beside the centralized model that saw as many examples and the
+Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
+the learning-rate sweep; the curves; the evidence about the seed papers' column measure; then the
+old 8-round cut as an appendix whose title says what it cannot do.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything: `python -m bench.paper_report bench/results/cpu`.
@@ -7,259 +15,163 @@ without running anything: `python -m bench.paper_report bench/results/cpu`.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.paper import PRESETS, SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, SUITES, Preset
+from bench.paper_suites import KNOBS, TASK_OF, planned
+from bench.paper_tables import (
+    DATASET_NAMES,
+    _c,
+    _f,
+    _mb,
+    beyond_table,
+    code_table,
+    lr_table,
+    old_targets_table,
+    paper_table,
+    plot_curves,
+    privacy_tables,
+)
+from bench.presets import PRESETS, Preset
 from bench.report import markdown_table
 
-DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
-#: Issue 5's targets at C = 0.1: 10% below the best seed number.
-TARGETS = {"ptb": 102.0, "wikitext-2": 65.0}
+NAMES = {**DATASET_NAMES, "demo": "demo corpus"}
+RANKING = ("sweep", "rank", "noniid")
+#: Issue 18's targets: the best federated method at C 0.1 within 10% of the centralized model
+#: that saw as many examples; top-1 at least 1.25x the Kneser-Ney 3-gram's (Gboard's CIFG
+#: against its n-gram, Hard et al. 2018: 16.4% vs 13.0%); gpu preset, PTB: test ppl <= 100.
+WITHIN_CENTRAL = 0.10
+TOP1_VS_NGRAM = 1.25
+GPU_PTB_PPL = 100.0
+#: The methods of the ranking suites, in the tables' order of reference rows first.
+PARTITIONS = {"iid": "100 IID phones", "articles": "100 phones of whole articles",
+              "user": "one phone per owner"}  # fmt: skip
 
 
-def _f(v, spec=".2f") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+def _name(ds: str) -> str:
+    return NAMES.get(ds, ds)
+
+
+def _pct(ours, ref) -> str:
+    if ours is None or ref is None or not ref:
         return "-"
-    return format(v, spec)
+    return f"{(ours / ref - 1) * 100:+.1f}%"
 
 
-def _c(fraction) -> str:
-    return "0.1->0.5 (AdaFL)" if fraction is None else f"{fraction:g}"
-
-
-def _ratio(ours, theirs) -> str:
-    if ours is None or theirs is None:
+def _x(ours, ref) -> str:
+    if ours is None or ref is None or not ref:
         return "-"
-    return f"{(ours / theirs - 1) * 100:+.0f}%"
+    return f"{ours / ref:.2f}x"
 
 
-def _mb(n) -> str:
-    return f"{n / 1e6:,.0f}"
+def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None, dict | None]:
+    """(the centralized model at C 0.1, the Kneser-Ney 3-gram) of a preset on a dataset's text:
+    the rank suite's, or the noniid suite's for the demo corpus."""
+    mine = [r for r in runs if r.get("preset") == preset and r["dataset"] == dataset
+            and r["suite"] in ("rank", "noniid")]  # fmt: skip
+    central = [r for r in mine if r["kind"] == "central"]
+    central.sort(key=lambda r: (r["fraction"] != 0.1, r["fraction"] or 0))
+    ngram = [r for r in mine if r["kind"] == "ngram"]
+    return (central[0] if central else None), (ngram[0] if ngram else None)
 
 
-def _diverged(r: dict) -> bool:
-    """No round beat the initial model on validation: the reported model is the untrained one."""
-    return r["kind"] == "federated" and r["best_round"] == 0
-
-
-def paper_table(runs: list[dict]) -> str:
-    """One row per (C, method): each dataset's test perplexity beside the seed papers' number."""
-    keyed = {(r["method"], r["fraction"], r["dataset"]): r for r in runs}
-    order = []
-    for r in runs:
-        if (r["method"], r["fraction"]) not in order:
-            order.append((r["method"], r["fraction"]))
-    rank = {1.0: 0, 0.1: 1, 0.5: 2, None: 3}  # FedSGD, C 0.1, C 0.5, AdaFL's own fraction
-    order.sort(key=lambda k: rank.get(k[1], 4))
-    header = ["C", "method"]
-    for ds in DATASET_NAMES:
-        header += [f"{DATASET_NAMES[ds]} ours", "seed papers", "ours vs seed papers"]
+def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
+             waiting: Sequence[str] = ()) -> str:  # fmt: skip
+    """One row per method: test perplexity and the keyboard metrics, against the centralized
+    model and the n-gram; the reference rows first, then the federated runs best first, then the
+    runs not done yet (`waiting`)."""
+    header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
+              "KSR", "best round / rounds"]  # fmt: skip
+    cp = central["test_ppl"] if central else None
+    nt = ngram["top1"] if ngram else None
     rows = []
-    for method, c in order:
-        row = [_c(c), method]
-        for ds in DATASET_NAMES:
-            run = keyed.get((method, c, ds))
-            theirs = SEEDS.get((method, c), {}).get(ds)
-            ours = run["test_ppl"] if run else None
-            row += [_f(ours) + (" (diverged)" if run and _diverged(run) else ""), _f(theirs),
-                    _ratio(ours, theirs)]  # fmt: skip
-        rows.append(row)
-    table = markdown_table(header, rows)
-    if any(_diverged(r) for r in runs):
-        table += ("\n\n(diverged): every round's model was worse on validation than the initial "
-                  "one, so the reported model is the untrained one (perplexity ~ the vocabulary size).")  # fmt: skip
-    return table
-
-
-def detail_table(runs: list[dict]) -> str:
-    """Every run: the numbers behind the summary and what each cost."""
-    header = ["run", "test ppl", "best val ppl", "best round", "final test ppl", "top-1",
-              "top-3", "KSR", "rounds to ppl < 90", "updates", "uplink MB", "downlink MB",
-              "epsilon", "wall s"]  # fmt: skip
-    rows = [
-        [
-            f"{r['suite']}: {DATASET_NAMES.get(r['dataset'], r['dataset'])}, {r['method']}"
-            + (f", C {_c(r['fraction'])}" if r["kind"] == "federated" else ""),
-            _f(r["test_ppl"]),
-            _f(r["best_val_ppl"]),
-            r["best_round"],
-            _f(r["final_test_ppl"]),
-            _f(r["top1"], ".3f"),
-            _f(r["top3"], ".3f"),
-            _f(r["ksr"], ".3f"),
-            r["rounds_to_ppl_90"] if r["rounds_to_ppl_90"] is not None else "never",
-            r["updates"],
-            _mb(r["uplink_bytes"]),
-            _mb(r["downlink_bytes"]),
-            _f(r["epsilon"]),
-            _f(r["wall_seconds"], ".0f"),
-        ]
-        for r in runs
-    ]
+    fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
+    for r in [x for x in (central, ngram) if x] + [r for r in runs if r["kind"] == "central"
+                                                   and r is not central] + fed:  # fmt: skip
+        ref = r["kind"] != "federated"
+        label = f"**{r['method']}**" if ref else r["method"]
+        rounds = "-" if r["kind"] == "ngram" else f"{r['best_round']} / {r['rounds']}"
+        rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
+                     _f(r["test_ppl"]), _pct(r["test_ppl"], cp), _f(r["top1"], ".3f"),
+                     _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds])  # fmt: skip
+    rows += [[m, "-", "not run yet", "", "", "", "", "", ""] for m in waiting]
     return markdown_table(header, rows)
 
 
-def privacy_tables(runs: list[dict]) -> str:
-    parts = []
-    rand = [r for r in runs if r["group"].startswith("beta=")]
-    if rand:
-        betas = sorted(SEEDS_DP)
-        header = ["method"] + [f"beta = {b:g}" for b in betas]
-        rows = []
-        for i, method in enumerate(("FedAvg", "FedAtt")):
-            ours = {r["group"]: r["test_ppl"] for r in rand if r["method"].startswith(method)}
-            rows.append([f"{method} (ours)"] + [_f(ours.get(f"beta={b:g}")) for b in betas])
-            rows.append(
-                [f"{method} (FedAtt paper, Ji et al. 2019, Table III)"]
-                + [_f(SEEDS_DP[b][i]) for b in betas]
-            )
-        ds = DATASET_NAMES.get(rand[0]["dataset"], rand[0]["dataset"])
-        parts.append(
-            f"Randomization (each phone adds beta * N(0, 1) to its weights; no formal guarantee), "
-            f"{ds}, C 0.1, test perplexity:\n\n" + markdown_table(header, rows)
-        )
-    dp = [r for r in runs if r["group"].startswith("z=")]
-    if dp:
-        header = ["noise multiplier z", "clip S", "C", "epsilon (delta 1e-5)", "test ppl"]
-        rows = [
-            [
-                r["group"][2:],
-                _arg(r["command"], "--dp-clip"),
-                _c(r["fraction"]),
-                _f(r["epsilon"]),
-                _f(r["test_ppl"]),
-            ]  # fmt: skip
-            for r in sorted(dp, key=lambda r: float(r["group"][2:]))
-        ]
-        parts.append(
-            "DP-FedAvg (clip each update to S, N(0, (z S)^2) on the sum, RDP accountant with "
-            "sampling rate C; epsilon after the last round):\n\n" + markdown_table(header, rows)
-        )
-    return "\n\n".join(parts)
-
-
-def _arg(cmd: str, flag: str) -> str:
-    """The value of ``flag`` in a command line (the last one wins, as in the CLI)."""
-    words = cmd.split()
-    if flag not in words:
-        return "-"
-    return words[len(words) - 1 - words[::-1].index(flag) + 1]
-
-
-def beyond_table(runs: list[dict], paper: list[dict]) -> str:
-    """Each improvement beside the best seed method's number, the ceiling and our best paper run."""
-    header = [
-        "dataset",
-        "row",
-        "test ppl",
-        "vs best seed",
-        "vs centralized",
-        "top-1",
-        "top-3",
-        "KSR",
-    ]
-    rows = []
-    for ds in DATASET_NAMES:
-        mine = [r for r in runs if r["dataset"] == ds]
-        if not mine:
-            continue
-        best_seed = min(v[ds] for (m, c), v in SEEDS.items() if c == 0.1)
-        central = next((r["test_ppl"] for r in mine if r["kind"] == "central"), None)
-        base = [r for r in paper if r["dataset"] == ds and r["fraction"] == 0.1]
-        if base:
-            best = min(base, key=lambda r: r["test_ppl"])
-            mine = [{**best, "method": f"best paper run at C 0.1: {best['method']}"}] + mine
-        for r in mine:
-            rows.append([DATASET_NAMES[ds], r["method"], _f(r["test_ppl"]),
-                         _ratio(r["test_ppl"], best_seed), _ratio(r["test_ppl"], central),
-                         _f(r["top1"], ".3f"), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f")])  # fmt: skip
-    return markdown_table(header, rows)
-
-
-def lr_table(runs: list[dict]) -> str:
-    """Test perplexity after each epoch of the centralized runs with the seed papers' lr and
-    ours."""
-    epochs = max(len(r["curve"]) - 1 for r in runs)
-    header = ["optimizer (centralized, all of PTB)"] + [
-        f"after epoch {e}" for e in range(1, epochs + 1)
-    ]
-    rows = [[r["method"]] + [_f(p[2]) for p in r["curve"][1:]] for r in runs]
-    seeds = {m: v["ptb"] for (m, c), v in SEEDS.items() if c == 0.1}
-    return (
-        f"One epoch is ~4.2k SGD steps of 10 sentences; one client of the seed papers' protocol "
-        f"takes {SEEDS_CLIENT_STEPS:,} (50 rounds x E 5 x 42 batches), and FedAvg of IID clients "
-        f"at a small lr moves about as far as one client does. The seed papers report "
-        f"{_f(seeds['FedAvg'])} for FedAvg and {_f(min(seeds.values()))} for their best method "
-        f"on PTB at C 0.1.\n\n" + markdown_table(header, rows)
-    )
-
-
-def code_table(runs: list[dict]) -> str:
-    """The code suite: the seed papers' measure (column perplexity) beside their table, and the
-    sentence-level perplexity of the same models."""
-    header = ["dataset", "C", "method", "column ppl (their measure)", "seed papers",
-              "ours vs seed papers", "sentence ppl of the same model", "best round"]  # fmt: skip
-    rows = [[DATASET_NAMES[r["dataset"]], _c(r["fraction"]) if r["kind"] == "federated" else "-",
-             r["method"], _f(r.get("col_test_ppl")),
-             _f(r["seed_ppl"]), _ratio(r.get("col_test_ppl"), r["seed_ppl"]), _f(r["test_ppl"]),
-             str(r["best_round"])] for r in runs]  # fmt: skip
-    return (
-        "The seed papers' published code (fed-att) gave its DataLoader lists of token ids of "
-        "unequal length; the default collate of the PyTorch of its day transposed each batch and "
-        "cut it to the shortest sentence (pytorch/pytorch#23141), so it trained on, and scored, "
-        "*columns*: token j of every sentence in a batch of 10 (training) or 128 (evaluation), "
-        "the first column all start tokens (`models/batching.py: column_batches`). These runs "
-        "train that way (`--batching columns`) with the seed papers' whole protocol (all data, "
-        "50 rounds, E 5, lr 0.01, no clipping) and pick the best round by that measure, as their "
-        "code did. The position-only unigram knows nothing but where a word stands in its "
-        "sentence (`fedkey ngram --positional`): on columns, where the context is the same "
-        "position of other sentences, that is all a model can learn. The sentence ppl column "
-        "is the same model scored as a language model.\n\n" + markdown_table(header, rows)
-    )
+def _key(v) -> float:
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
 def targets_table(runs: list[dict]) -> str:
-    """Issue 5's targets: best federated run at C = 0.1 vs 10% under the best seed and the
-    centralized model trained on the same data (the beyond suite's for the preset's data, the lr
-    suite's at the same lr for the full suite's)."""
-    header = ["dataset", "training data", "our best federated at C 0.1", "test ppl", "target",
-              "met", "centralized", "within 5% of it"]  # fmt: skip
-    scopes = (("the preset's", ("paper", "beyond"), "beyond"), ("all", ("full",), "lr"))
+    """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand."""
+    header = ["preset", "dataset", "best federated at C 0.1", "test ppl", "centralized",
+              "within 10%", "best federated top-1", "3-gram top-1", "top-1 >= 1.25x"]  # fmt: skip
     rows = []
-    for ds, target in TARGETS.items():
-        for scope, suites, central_suite in scopes:
-            fed = [r for r in runs if r["dataset"] == ds and r["kind"] == "federated"
-                   and r["fraction"] == 0.1 and r["suite"] in suites]  # fmt: skip
+    for preset in _presets(runs):
+        for ds in DATASET_NAMES:
+            fed = [r for r in runs if r.get("preset") == preset and r["suite"] == "rank"
+                   and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
             if not fed:
                 continue
-            best = min(fed, key=lambda r: r["test_ppl"])
-            central = [r for r in runs if r["dataset"] == ds and r["kind"] == "central"
-                       and r["suite"] == central_suite]  # fmt: skip
-            if central_suite == "lr":  # the one with the federated runs' lr
-                central = [r for r in central if _lr(r) == _lr(best)]
-            cp = central[0]["test_ppl"] if central else None
-            rows.append([DATASET_NAMES[ds], scope, best["method"], _f(best["test_ppl"]),
-                         f"<= {target:g}", "yes" if best["test_ppl"] <= target else "no", _f(cp),
-                         "-" if cp is None else ("yes" if best["test_ppl"] <= 1.05 * cp else "no")])  # fmt: skip
-    return markdown_table(header, rows)
+            central, ngram = references(runs, preset, ds)
+            best = min(fed, key=lambda r: _key(r["test_ppl"]))
+            top = max(fed, key=lambda r: r["top1"] or 0)
+            cp = central["test_ppl"] if central else None
+            nt = ngram["top1"] if ngram else None
+            ppl_ok = "-" if cp is None else _yes(best["test_ppl"] <= (1 + WITHIN_CENTRAL) * cp)
+            top_ok = (
+                "-" if not nt or top["top1"] is None else _yes(top["top1"] >= TOP1_VS_NGRAM * nt)
+            )
+            rows.append([preset, _name(ds), best["method"], _f(best["test_ppl"]), _f(cp),
+                         f"{ppl_ok} ({_pct(best['test_ppl'], cp)})", f"{_f(top['top1'], '.3f')} "
+                         f"({top['method']})", _f(nt, ".3f"), f"{top_ok} ({_x(top['top1'], nt)})"])  # fmt: skip
+    if not rows:
+        return "No ranking run at C 0.1 is done yet."
+    gpu = [r for r in runs if r.get("preset") == "gpu" and r["suite"] == "rank"
+           and r["dataset"] == "ptb" and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
+    note = f"\n\ngpu preset, PTB, C 0.1: target test ppl <= {GPU_PTB_PPL:g}; " + (
+        f"best {_f(min(_key(r['test_ppl']) for r in gpu))}" if gpu else "not run (no GPU yet)"
+    )
+    return markdown_table(header, rows) + note
 
 
-def _lr(r: dict) -> float | None:
-    lr = _arg(r["command"], "--lr")
-    return None if lr == "-" else float(lr)
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "no"
 
 
-def plot_curves(
-    runs: list[dict], out: Path, name: str, title: str, curve: str = "curve"
-) -> Path | None:
-    """Test perplexity per round, one line per run (log scale); `curve` names the results.json
-    field (col_curve: the seed papers' column perplexity)."""
-    runs = [dict(r, curve=r[curve]) for r in runs if len(r.get(curve, ())) > 1]
+def _presets(runs: list[dict]) -> list[str]:
+    """The ranking presets present, in PRESETS' order."""
+    present = {r.get("preset") for r in runs if r["suite"] in RANKING}
+    return [p for p in PRESETS if p in present]
+
+
+def spread_table(runs: list[dict]) -> str:
+    """Per run with weights: the spread of the server's per-phone weights over its rounds: the
+    mean largest and smallest weight, the mean evenness (entropy / ln m), first and last round."""
+    header = ["dataset", "phones", "method", "weights", "rounds", "m", "mean max", "mean min",
+              "mean entropy", "evenness: mean", "round 1", "last round"]  # fmt: skip
+    rows = []
+    for r in runs:
+        sp = r.get("weight_spread") or []
+        if not sp:
+            continue
+        n = len(sp)
+        rows.append([_name(r["dataset"]), PARTITIONS.get(r.get("partition", "iid"), "-"),
+                     r["method"], sp[0]["source"], n, _f(sum(s["m"] for s in sp) / n, ".1f"),
+                     _f(sum(s["max"] for s in sp) / n, ".3f"),
+                     _f(sum(s["min"] for s in sp) / n, ".3f"),
+                     _f(sum(s["entropy"] for s in sp) / n, ".3f"),
+                     _f(sum(s["evenness"] for s in sp) / n, ".4f"), _f(sp[0]["evenness"], ".4f"),
+                     _f(sp[-1]["evenness"], ".4f")])  # fmt: skip
+    return markdown_table(header, rows) if rows else ""
+
+
+def plot_spread(runs: list[dict], out: Path, name: str, title: str) -> Path | None:
+    """Evenness of the server's weights (entropy / ln m) per round, one line per run."""
+    runs = [r for r in runs if len(r.get("weight_spread") or ()) > 1]
     if not runs:
         return None
     import matplotlib
@@ -267,17 +179,16 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
     for i, r in enumerate(runs):
-        x = [p[0] for p in r["curve"]]
-        ax.plot(x, [p[2] for p in r["curve"]], color=f"C{i % 10}", ls="-" if i < 10 else "--",
-                label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
-    ax.set_yscale("log")
-    ax.set_xlabel("round (epoch for the centralized model)")
-    ax.set_ylabel(("column " if curve == "col_curve" else "") + "test perplexity (log scale)")
+        sp = r["weight_spread"]
+        ax.plot([s["round"] for s in sp], [s["evenness"] for s in sp], color=f"C{i % 10}",
+                label=f"{r['method']} ({sp[0]['source']})")  # fmt: skip
+    ax.set_xlabel("round")
+    ax.set_ylabel("evenness: entropy / ln m (1 = equal weights)")
     ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / name
     fig.savefig(path, dpi=110)
@@ -285,100 +196,286 @@ def plot_curves(
     return path
 
 
-def markdown(runs: list[dict], preset: Preset, bench_commands: list[str], plots: list[Path]) -> str:
-    commits = sorted({r["git_commit"] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
-    devices = sorted({r["device"] for r in runs})
-    wall = sum(r["wall_seconds"] for r in runs)
+def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) -> str:
+    """Every sweep run: its knob, value and best validation perplexity; the chosen value marked."""
+    header = ["dataset (phones)", "knob", "value", "client lr", "best val ppl", "best round",
+              "chosen"]  # fmt: skip
+    rows = []
+    order = {k: i for i, k in enumerate(KNOBS)}
+    for r in sorted(runs, key=lambda r: (r["dataset"], order.get(r["group"].split("=")[0], 9),
+                                         float(r["group"].split("=")[1]))):  # fmt: skip
+        knob, value = r["group"].split("=")
+        chosen = choices.get(r["dataset"], {}).get(knob)
+        task = TASK_OF.get(r["dataset"])
+        phones = PARTITIONS.get(task.partition if task else "iid", "")
+        rows.append([f"{_name(r['dataset'])} ({phones})", knob.replace("_", " "), value,
+                     _arg(r["command"], "--lr"), _f(r["best_val_ppl"]), r["best_round"],
+                     "**chosen**" if chosen is not None and float(value) == chosen else ""])  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def _arg(cmd: str, flag: str) -> str:
+    words = cmd.split()
+    return words[len(words) - 1 - words[::-1].index(flag) + 1] if flag in words else "-"
+
+
+def progress(preset: Preset, runs: list[dict]) -> str:
+    """ "N of M runs done" of a ranking preset, per suite."""
+    mine = [r for r in runs if r.get("preset") == preset.name]
+    plan = planned(preset, runs)
+    done = {s: sum(r["suite"] == s for r in mine) for s in plan}
+    total_done, total = sum(done.values()), sum(max(plan[s], done[s]) for s in plan)
+    parts = ", ".join(f"{s} {done[s]} of {max(plan[s], done[s])}" for s in plan)
+    hours = sum(r["wall_seconds"] for r in mine) / 3600
+    return (f"**{total_done} of {total} runs done** ({parts}; {hours:.1f} hours of run time so "
+            f"far). The bench resumes where it stopped; a best value at the edge of a sweep grid "
+            f"adds a run.")  # fmt: skip
+
+
+def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
+             done: list[dict]) -> list[str]:  # fmt: skip
+    """The methods of a suite on a dataset that are planned and not done."""
+    from bench.paper_suites import noniid_suite, rank_suite
+
+    every = {d: {k: 1.0 for k in KNOBS} for d in NAMES}
+    mine = [r for r in runs if r.get("preset") == preset.name]
+    make = rank_suite if suite == "rank" else noniid_suite
+    specs = [s for s in make(preset, mine, choices=every) if s.dataset == dataset]
+    have = {r["id"] for r in done}
+    return [s.method for s in specs if s.id not in have]
+
+
+def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
+    out = []
+    for name in _presets(runs):
+        preset = PRESETS[name]
+        mine = [r for r in runs if r.get("preset") == name]
+        out += ["", f"## Language model and keyboard: preset `{name}`, "
+                f"{', '.join(f'C {c:g}' for c in preset.fractions)}, 100 IID phones", "",
+                progress(preset, runs), ""]  # fmt: skip
+        for ds in DATASET_NAMES:
+            rank = [r for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
+            central, ngram = references(runs, name, ds)
+            wait = _waiting(preset, runs, "rank", ds, rank)
+            out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait), ""]
+        out += ["test ppl: test perplexity of the model with the best validation perplexity over "
+                "the rounds, the end-of-sentence prediction counted; top-1 / top-3: next-word "
+                "accuracy on the test set; KSR: keystroke savings on the first "
+                f"{preset.ksr_sentences} test sentences. vs centralized: against the "
+                "centralized model that saw as many examples (rounds x C x E epochs); "
+                "top-1 vs 3-gram: against the Kneser-Ney 3-gram on the same test text.", ""]  # fmt: skip
+    out += ["## Targets (issue 18)", "", targets_table(runs)]
+    for name in _presets(runs):
+        preset = PRESETS[name]
+        noniid = [r for r in runs if r.get("preset") == name and r["suite"] == "noniid"]
+        if "noniid" not in preset.suites:
+            continue
+        out += ["", f"## Non-IID phones: preset `{name}`, C 0.1", "",
+                "WikiText-2 with whole articles per phone (`--partition articles`: its 600 "
+                "training articles dealt at random, 6 per phone, unequal sizes; the same text as "
+                "the rank suite, whose centralized model and 3-gram are the reference rows) and "
+                "the demo corpus with one phone per owner (`--partition user`, 22 phones, 2 a "
+                "round at C 0.1).", ""]  # fmt: skip
+        for ds in ("wikitext-2", "demo"):
+            mine = [r for r in noniid if r["dataset"] == ds]
+            central, ngram = references(runs, name, ds)
+            wait = _waiting(preset, runs, "noniid", ds, mine)
+            out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
+        spread = spread_table([r for r in runs if r.get("preset") == name
+                               and r["suite"] in ("rank", "noniid")])  # fmt: skip
+        out += ["### Does attention do anything where phones differ? The server's weights per "
+                "round", "", "From each round's per-phone weights in the metrics rows (bench.spread):"
+                " FedAtt's and FedMed's attention (averaged over layers), FedAttOpt's, and FedAvg's"
+                " n_k / n for comparison. Evenness = entropy / ln m: 1 when every phone weighs the "
+                "same.", "", spread or "No federated run with weights is done yet."]  # fmt: skip
+        out += [
+            f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith(f"spread:{name}")
+        ]
+    return out
+
+
+def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
+    out = []
+    for name in _presets(runs):
+        sweep = [r for r in runs if r.get("preset") == name and r["suite"] == "sweep"]
+        if not sweep:
+            continue
+        preset = PRESETS[name]
+        chosen = choices.get(name, {})
+        out += ["", f"## Learning rates, chosen on the validation set: preset `{name}`", "",
+                f"As Reddi et al. 2021 (\"Adaptive Federated Optimization\", Section 5, Appendix "
+                f"D) choose theirs: short runs ({preset.sweep_rounds} rounds of FedAvg at C 0.1, "
+                f"all of the data), the value with the lowest best validation perplexity; first "
+                f"the client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, then at "
+                f"that client lr the server lr of FedAvgM (momentum 0.9) over "
+                f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
+                f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
+                f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}. A best value at the "
+                f"grid's edge adds one more step past it (twice at most). Test perplexity is "
+                f"never read. Every method uses its dataset's client lr (WikiText-2 by article: "
+                f"the IID sweep's); FedAtt's and FedAttOpt's server step stays 1.2 (their code's "
+                f"default). Chosen (results.json, lr_choices): "
+                + ("; ".join(f"{_name(d)}: " + ", ".join(f"{k.replace('_', ' ')} {v:g}"
+                                                       for k, v in c.items())
+                             for d, c in chosen.items()) or "none yet") + ".", "",
+                sweep_table(sweep, chosen)]  # fmt: skip
+    return out
+
+
+OLD_SUITES = ("paper", "privacy", "beyond", "lr", "full")
+
+
+def appendix(runs: list[dict]) -> list[str]:
+    """The old suites' tables per preset (the 8-round cut's under a title that says what they
+    cannot do); the code suite's evidence has its own section."""
+    out: list[str] = []
+    for name in PRESETS:
+        old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
+        if old:
+            out += _appendix(name, old)
+    return out
+
+
+def _appendix(name: str, old: list[dict]) -> list[str]:
     by_suite = defaultdict(list)
-    for r in runs:
+    for r in old:
         by_suite[r["suite"]].append(r)
-    out = [
-        f"# fedkey bench paper, preset `{preset.name}`",
-        "",
-        "Produced by " + ", then ".join(f"`{c}`" for c in bench_commands) + "; every run's own "
-        "command line is in results.json and in the last table.",
-        "",
-        f"- Protocol: {preset.note}",
-        f"- Git commit: {', '.join(commits)}",
-        f"- Device: {', '.join(devices)}",
-        f"- Runs: {len(runs)}, {wall / 60:.1f} minutes of run time summed over them ("
-        + ", ".join(
-            f"{s} {sum(r['wall_seconds'] for r in rs) / 60:.1f}" for s, rs in by_suite.items()
-        )
-        + "; with `--jobs 2` two run at once, each slower for sharing the cores)",
-        _not_run(runs, preset),
-        "- test ppl = the test perplexity of the model with the best validation perplexity over "
-        "the rounds (as the seed papers report); perplexity counts the end-of-sentence "
-        "prediction.",
-    ]
+    if name == "cpu-8round":
+        out = ["", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little training "
+               "to rank the methods", "", f"- Protocol: {PRESETS[name].note}", "- Numbers near "
+               "the initial model's (~2,000 against the seed papers' ~100): 8 rounds of 1-2 "
+               "local steps move the model little, and the order of the methods is noise. Kept "
+               "as the record of what was run; the ranking above replaces it. Its runs were "
+               "made when this preset was called `cpu` (the bench commands above that name "
+               "`--preset cpu` with the suites paper, privacy, beyond, lr, full, code); "
+               "results.json files them under `cpu-8round`, their commands unchanged, so that "
+               "preset resumes them.", ""]  # fmt: skip
+    else:
+        out = ["", f"## Appendix: the old suites at preset `{name}`", "",
+               f"- Protocol: {PRESETS[name].note}", ""]  # fmt: skip
     if by_suite.get("paper"):
-        out += ["", "## The seed papers' table (FedAtt, Ji et al. 2019, Table II; FedAttOpt, "
-                "Jiang et al. 2020, Table 2; FedMed, Wu et al. 2020, Table 2)", "",
-                paper_table(by_suite["paper"])]  # fmt: skip
+        out += ["### The seed papers' table at the cut", "", paper_table(by_suite["paper"]), ""]
     if by_suite.get("privacy"):
-        out += ["", "## Privacy", "", privacy_tables(by_suite["privacy"])]
+        out += ["### Privacy", "", privacy_tables(by_suite["privacy"]), ""]
     if by_suite.get("beyond"):
-        out += ["", "## Beyond the seed papers (C 0.1)", "",
-                beyond_table(by_suite["beyond"], by_suite.get("paper", []))]  # fmt: skip
+        out += ["### Beyond the seed papers (C 0.1)", "",
+                beyond_table(by_suite["beyond"], by_suite.get("paper", [])), ""]  # fmt: skip
     if by_suite.get("lr"):
-        out += ["", "## The seeds' learning rate (evidence)", "", lr_table(by_suite["lr"])]
+        out += ["### The seeds' learning rate", "", lr_table(by_suite["lr"]), ""]
     if by_suite.get("full"):
-        out += ["", "## All of the training data (evidence)", "",
-                "The paper suite's FedAvg and FedAtt, and FedAvg with the server optimizers of "
-                "the beyond suite, at C 0.1 with the preset's rounds, E and lr, but all of each "
-                "dataset's training split:", "", paper_table(by_suite["full"])]  # fmt: skip
-    if by_suite.get("code"):
-        out += ["", "## The seed papers' code, as it ran (evidence)", "",
-                code_table(by_suite["code"])]  # fmt: skip
-    out += ["", "## Targets (issue 5)", "", targets_table(runs)]
-    if plots:
-        out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+        out += ["### All of the training data at the cut's rounds", "",
+                paper_table(by_suite["full"]), ""]  # fmt: skip
+    out += ["### Issue 5's targets at the cut", "", old_targets_table(old)]
+    return out
+
+
+def detail_table(runs: list[dict]) -> str:
+    header = ["preset", "run", "test ppl", "best val ppl", "best round", "final test ppl",
+              "top-1", "top-3", "KSR", "updates", "uplink MB", "wall s"]  # fmt: skip
+    rows = [[r.get("preset", "-"), r["id"], _f(r["test_ppl"]), _f(r["best_val_ppl"]),
+             r["best_round"], _f(r["final_test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"),
+             _f(r["ksr"], ".3f"), r["updates"], _mb(r["uplink_bytes"]),
+             _f(r["wall_seconds"], ".0f")] for r in runs]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
+             plots: Mapping[str, Path]) -> str:  # fmt: skip
+    """results.md: ranking first, then the sweep, curves, the column-measure evidence, the
+    appendix, every run and its command."""
+    commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
+    devices = sorted({r["device"] for r in runs})
+    presets = _presets(runs)
+    out = ["# fedkey bench paper: which aggregation method trains the better keyboard model?", ""]
+    for name in presets:
+        out += [f"- Preset `{name}`: {PRESETS[name].note}"]
+    out += [
+        "- Produced by " + ", then ".join(f"`{c}`" for c in bench_commands) + "; every run's "
+        "own command line is in results.json and at the end of this file. Rebuild this file: "
+        "`python -m bench.paper_report bench/results/cpu`.",
+        f"- Git commits: {', '.join(commits)}",
+        f"- Devices: {', '.join(devices)}",
+    ]
+    out += ranking_sections(runs, plots)
+    out += sweep_sections(runs, choices)
+    curves = [p for k, p in plots.items() if k.startswith("curve:")]
+    if curves:
+        out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in curves]
+    code = [r for r in runs if r["suite"] == "code"]
+    if code:
+        out += ["", "## The seed papers' column measure (evidence)", "", code_table(code)]
+        out += [f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith("code:")]
+    out += appendix(runs)
+    old_curves = [p for k, p in plots.items() if k.startswith("old:")]
+    if old_curves:
+        out += ["", "### Curves of the old suites", ""]
+        out += [f"![{p.stem}]({p.name})" for p in old_curves]
     out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
-    out += [f"- `{r['id']}`: `{r['command']}`" for r in runs]
+    out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`" for r in runs]
     return "\n".join(out) + "\n"
 
 
-def _not_run(runs: list[dict], preset: Preset) -> str:
-    """The runs of the suites present that results.json does not hold yet (a partial bench)."""
-    from bench.paper import suite_runs
-
-    done = {r["id"] for r in runs}
-    missing = [s.id for suite in sorted({r["suite"] for r in runs})
-               for s in suite_runs(suite, preset) if s.id not in done]  # fmt: skip
-    if not missing:
-        return "- Every run of these suites is here."
-    return (f"- Not run yet ({len(missing)}; the same command resumes with them): "
-            + ", ".join(f"`{m}`" for m in missing))  # fmt: skip
+def draw(runs: list[dict], out: Path) -> dict[str, Path]:
+    """Every figure: kind:key -> path (kinds: curve, spread, code, old)."""
+    plots: dict[str, Path | None] = {}
+    for name in _presets(runs):
+        mine = [r for r in runs if r.get("preset") == name]
+        for suite in ("rank", "noniid"):
+            for ds in NAMES:
+                sel = [r for r in mine if r["suite"] == suite and r["dataset"] == ds]
+                title = f"{_name(ds)}, {suite} ({name})"
+                plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
+                    sel, out, f"curves_{name}_{suite}_{ds}.png", title
+                )
+        for ds in NAMES:
+            sel = [r for r in mine if r["suite"] == "sweep" and r["dataset"] == ds]
+            plots[f"curve:{name}:sweep:{ds}"] = plot_curves(
+                sel,
+                out,
+                f"curves_{name}_sweep_{ds}.png",
+                f"{_name(ds)}, sweep ({name})",
+                split="val",
+            )
+        sel = [r for r in mine if r["suite"] == "noniid" or (r["suite"] == "rank" and r["dataset"]
+                                                             == "wikitext-2")]  # fmt: skip
+        plots[f"spread:{name}"] = plot_spread(
+            sel, out, f"spread_{name}.png", f"the server's weights per round ({name})"
+        )
+    for ds in DATASET_NAMES:
+        sel = [r for r in runs if r["suite"] == "code" and r["dataset"] == ds]
+        title = f"{DATASET_NAMES[ds]}, as the seed papers' code ran (column perplexity)"
+        plots[f"code:{ds}"] = plot_curves(sel, out, f"curves_code_{ds}.png", title, "col_curve")
+    for name in PRESETS:
+        old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
+        prefix = "" if name == "cpu-8round" else f"{name}_"  # the 8-round cut's old file names
+        for suite in OLD_SUITES:
+            for ds in DATASET_NAMES:
+                sel = [r for r in old if r["suite"] == suite and r["dataset"] == ds]
+                parts = {"": sel}
+                if suite == "paper":  # one figure per C (FedSGD and AdaFL in both)
+                    parts = {f"_c{c:g}": [r for r in sel if r["fraction"] in (c, None, 1.0)]
+                             for c in (0.1, 0.5)}  # fmt: skip
+                for tag, part in parts.items():
+                    title = f"{DATASET_NAMES[ds]}, {suite}{tag.replace('_c', ', C ')} ({name})"
+                    plots[f"old:{name}:{suite}:{ds}{tag}"] = plot_curves(
+                        part, out, f"curves_{prefix}{suite}_{ds}{tag}.png", title
+                    )
+    return {k: p for k, p in plots.items() if p is not None}
 
 
 def write_report(
-    runs: list[dict], preset: Preset, out: Path, bench_commands: Sequence[str] = ()
+    runs: list[dict], out: Path, bench_commands: Sequence[str] = (), choices: Mapping | None = None
 ) -> Path:
-    """OUT/results.md and OUT/curves_*.png from results.json's run objects."""
+    """OUT/results.md and OUT/*.png from results.json's run objects."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = []
-    for suite in SUITES:
-        for ds in DATASET_NAMES:
-            sel = [r for r in runs if r["suite"] == suite and r["dataset"] == ds]
-            if suite == "paper":
-                for c, tag in ((0.1, "c0.1"), (0.5, "c0.5")):
-                    part = [r for r in sel if r["fraction"] in (c, None, 1.0)]
-                    title = f"{DATASET_NAMES[ds]}, C {c:g} (+ FedSGD, AdaFL)"
-                    plots.append(plot_curves(part, out, f"curves_{suite}_{ds}_{tag}.png", title))
-            elif suite == "code":
-                title = f"{DATASET_NAMES[ds]}, as the seed papers' code ran (column perplexity)"
-                plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title, "col_curve"))
-            else:
-                title = f"{DATASET_NAMES[ds]}, {suite}"
-                plots.append(plot_curves(sel, out, f"curves_{suite}_{ds}.png", title))
-    drawn = [p for p in plots if p is not None]
+    plots = draw(runs, out)
     path = out / "results.md"
-    path.write_text(markdown(runs, preset, list(bench_commands), drawn))
+    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots))
     return path
 
 
 if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    data = json.loads((folder / "results.json").read_text())
-    runs = data["runs"]
-    print(write_report(runs, PRESETS[runs[0]["preset"]], folder, data["bench_commands"]))
+    from bench.paper import write
+
+    write(Path(sys.argv[1]))
+    print(Path(sys.argv[1]) / "results.md")

@@ -69,12 +69,12 @@ def bench_paper(
     preset: PaperPreset = typer.Option(
         PaperPreset("cpu"),
         "--preset",
-        help="gpu: the seed papers' full protocol over HTTP; cpu: cut to ~1 hour on 2 cores (how is in the report); smoke: minutes, for a first look.",
+        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol over HTTP (E 5, C 0.1 and 0.5); cpu-8round: the old 8-round cut (its runs are the report's appendix); smoke: minutes, for a first look.",
     ),
     suite: list[PaperSuite] = typer.Option(
-        [PaperSuite("paper")],
+        [PaperSuite("sweep"), PaperSuite("rank")],
         "--suite",
-        help="paper: the seed papers' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seed papers' lr 0.01 against ours, centrally on all of PTB; full: FedAvg and FedAtt on all the training data at the preset's rounds; code: FedAvg and FedAtt as the seed papers' published code ran them (column batches and column perplexity, their whole protocol) (repeat the option for several).",
+        help="sweep: client and server learning rates chosen on the validation set (short runs, Reddi et al. 2021); rank: every method of the papers' table, FedAvgM, FedAdam, the centralized model with as many examples, the Kneser-Ney 3-gram, PTB and WikiText-2 (needs the sweep's choices); noniid: the same methods on WikiText-2 by article and the demo corpus by owner; paper: the seed papers' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seed papers' lr 0.01 against ours, centrally on all of PTB; full: FedAvg and FedAtt on all the training data at the preset's rounds; code: FedAvg and FedAtt as the seed papers' published code ran them (column batches and column perplexity, their whole protocol) (repeat the option for several).",
     ),
     data_root: Path = typer.Option(
         Path("../shared/data"),
@@ -84,7 +84,7 @@ def bench_paper(
     out: Path = typer.Option(
         Path("bench/results"),
         "--out",
-        help="Results go to OUT/<preset>/: results.json, results.md, curves_*.png.",
+        help="Results go to OUT/<preset>/ (cpu-8round: OUT/cpu/): results.json, results.md, curves_*.png.",
     ),
     runs_dir: Path = typer.Option(
         Path("runs/bench"), "--runs-dir", help="Each run's own folder (checkpoints, metrics, log)."
@@ -113,7 +113,7 @@ def bench_paper(
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
             jobs=jobs,
         )
-    except (FileNotFoundError, RuntimeError) as e:
+    except (FileNotFoundError, RuntimeError, ValueError) as e:
         raise UserError(str(e)) from None
 
 

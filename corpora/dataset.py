@@ -76,6 +76,7 @@ def load_cut(cfg: DataConfig) -> tuple[Corpus, list[str]]:
         valid=corpus.valid[:m] if m else corpus.valid,
         test=corpus.test[:m] if m else corpus.test,
         train_users=corpus.train_users[:n] if corpus.train_users else None,
+        train_articles=corpus.train_articles[:n] if corpus.train_articles else None,
     )
     return cut, vocab_text
 

@@ -33,6 +33,7 @@ from common.text import normalize_text
 __all__ = [
     "ACCEPTED_LAYOUTS",
     "Corpus",
+    "article_starts",
     "load_corpus",
     "load_jsonl",
     "load_stackexchange_posts",
@@ -51,7 +52,9 @@ class Corpus:
 
     Items are sentences or messages whose tokens are separated by single spaces. ``train_users``
     gives the owner of each training item (same length as ``train``), or is ``None`` when the
-    corpus has no natural users (PTB, WikiText-2).
+    corpus has no natural users (PTB, WikiText-2). ``train_articles`` gives the article of each
+    training item where the text is made of articles (WikiText-2: :func:`article_starts`), so a
+    partition can give each phone whole articles (``corpora.partition.by_article``).
     """
 
     name: str
@@ -59,13 +62,16 @@ class Corpus:
     valid: list[str]
     test: list[str]
     train_users: list[str] | None = None
+    train_articles: list[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.train_users is not None and len(self.train_users) != len(self.train):
-            raise ValueError(
-                f"corpus {self.name!r}: train_users has {len(self.train_users)} entries "
-                f"but train has {len(self.train)} items"
-            )
+        for label, labels in (("train_users", self.train_users),
+                              ("train_articles", self.train_articles)):  # fmt: skip
+            if labels is not None and len(labels) != len(self.train):
+                raise ValueError(
+                    f"corpus {self.name!r}: {label} has {len(labels)} entries "
+                    f"but train has {len(self.train)} items"
+                )
 
     @property
     def users(self) -> list[str]:
@@ -133,6 +139,28 @@ def _paper_sentences(line: str) -> list[str]:
     return [" ".join(piece.lower().split()) for piece in f" {line} ".split(" . ") if piece.strip()]
 
 
+_TITLE = re.compile(r"^= [^=].* =$")  # matched on the stripped line
+
+
+def article_starts(lines: Sequence[str]) -> list[int]:
+    """The line numbers at which a WikiText article begins: a level-1 heading ``" = Title = "``
+    with a blank line before and after it.
+
+    WikiText (Merity et al. 2016) keeps each Wikipedia article whole, its title as a level-1
+    heading and its sections as ``" = = Section = = "``. A few tables inside articles also
+    render as level-1 lines (a hockey legend's ``" = Goals ; A = "``), but those sit between
+    text lines, never between blank ones: this rule finds WikiText-2's 600 / 60 / 60 articles
+    exactly (train / valid / test) where the pattern alone finds 629 in train.
+    """
+    return [
+        i
+        for i, line in enumerate(lines)
+        if _TITLE.match(line.strip())
+        and (i == 0 or not lines[i - 1].strip())
+        and (i + 1 == len(lines) or not lines[i + 1].strip())
+    ]
+
+
 def load_text_dir(
     path: str | Path, paper_protocol: bool = False, *, drop_headings: bool = False
 ) -> Corpus:
@@ -147,6 +175,10 @@ def load_text_dir(
     Seed protocol (``paper_protocol=True``): each line is lowercased and split on ``" . "`` into
     sentences; empty pieces are dropped. Start/end tokens are added later by the tokenizer.
 
+    Where the training text has article titles (:func:`article_starts`; WikiText-2, not PTB),
+    ``train_articles`` names the article of every training item (``"0007 Nebraska Highway 88"``:
+    its order in the file and its title), the title line included in its own article.
+
     PTB, standard protocol: 42,068 / 3,370 / 3,761 items and 887,521 / 70,390 / 78,669 words.
     """
     root = Path(path).expanduser()
@@ -159,20 +191,35 @@ def load_text_dir(
             "(expected train.txt, valid.txt and test.txt)"
         )
     splits: dict[str, list[str]] = {}
+    articles: list[str] = []
     for split in _SPLITS:
         items: list[str] = []
-        for line in _read_lines(root / f"{split}.txt"):
+        lines = _read_lines(root / f"{split}.txt")
+        starts = article_starts(lines) if split == "train" else []
+        title_of = {line: f"{k:04d} {lines[line].strip()[2:-2]}" for k, line in enumerate(starts)}
+        article = ""  # text before the first title, if any, is an article of its own
+        for i, line in enumerate(lines):
+            article = title_of.get(i, article)
             stripped = line.strip()
             if not stripped:
                 continue
             if drop_headings and len(stripped) > 1 and stripped[0] == "=" == stripped[-1]:
                 continue
+            before = len(items)
             if paper_protocol:
                 items.extend(_paper_sentences(line))
             else:
                 items.append(" ".join(stripped.split()))
+            if split == "train":
+                articles += [article] * (len(items) - before)
         splits[split] = items
-    return Corpus(name=root.name, train=splits["train"], valid=splits["valid"], test=splits["test"])
+    return Corpus(
+        name=root.name,
+        train=splits["train"],
+        valid=splits["valid"],
+        test=splits["test"],
+        train_articles=articles if any(articles) else None,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,10 +496,12 @@ def slice_corpus(
         if n is not None and n < 0:
             raise ValueError(f"{label} must be >= 0 or None, got {n}")
     users = corpus.train_users[:max_train] if corpus.train_users is not None else None
+    articles = corpus.train_articles[:max_train] if corpus.train_articles is not None else None
     return Corpus(
         name=corpus.name,
         train=corpus.train[:max_train],
         valid=corpus.valid[:max_eval],
         test=corpus.test[:max_eval],
         train_users=users,
+        train_articles=articles,
     )

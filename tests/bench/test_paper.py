@@ -1,5 +1,6 @@
-"""`fedkey bench paper`: every command it would run is a valid fedkey command, the report puts
-our numbers beside the seed papers', and a smoke run goes end to end and resumes."""
+"""`fedkey bench paper`, its old suites (the seed papers' table and its evidence): every command
+it would run is a valid fedkey command, the report's appendix puts our numbers beside the seed
+papers', and a smoke run goes end to end and resumes."""
 
 import json
 import shlex
@@ -9,8 +10,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.paper import PRESETS, SEEDS, SUITES, RunSpec, command, seed_number, suite_runs, summarize
-from bench.paper_report import code_table, lr_table, markdown, paper_table, targets_table
+from bench.paper import PRESETS, SEEDS, RunSpec, command, seed_number, suite_runs, summarize
+from bench.paper_report import OLD_SUITES, markdown
+from bench.paper_tables import code_table, lr_table, paper_table
+from bench.paper_tables import old_targets_table as targets_table
 from cli import app
 
 runner = CliRunner()
@@ -19,7 +22,8 @@ runner = CliRunner()
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_run_of_every_suite_is_a_command_the_cli_accepts(preset):
     group = typer.main.get_command(app)
-    specs = [s for suite in SUITES for s in suite_runs(suite, PRESETS[preset])]
+    suites = [s for s in PRESETS[preset].suites if s in (*OLD_SUITES, "code")]
+    specs = [s for suite in suites for s in suite_runs(suite, PRESETS[preset])]
     assert len({s.id for s in specs}) == len(specs)  # ids name the run folders
     for spec in specs:
         words = command(spec, PRESETS[preset], Path("data"), Path("runs") / spec.id)
@@ -44,7 +48,7 @@ def test_gpu_preset_is_the_seeds_protocol():
 
 
 def test_lr_suite_trains_on_all_the_data_with_each_optimizer():
-    preset = PRESETS["cpu"]
+    preset = PRESETS["cpu-8round"]
     specs = suite_runs("lr", preset)
     assert [s.group for s in specs] == ["lr=0.01", "lr=1"]
     for spec in specs:
@@ -80,7 +84,7 @@ def _run(dataset, method, fraction, ppls, suite="paper", kind="federated"):
         "git_commit": "abc",
         "git_dirty": False,
         "device": "cpu",
-        "preset": "cpu",
+        "preset": "cpu-8round",
         "seed_ppl": None,
     }
 
@@ -106,8 +110,9 @@ def test_report_sets_our_numbers_beside_the_seeds():
     targets = targets_table(runs)
     assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets
     assert "| WikiText-2 | the preset's | FedAvg | 60.00 | <= 65 | yes |" in targets
-    md = markdown(runs, PRESETS["cpu"], ["fedkey bench paper --preset cpu"], [])
-    assert PRESETS["cpu"].note in md and "fedkey simulate ..." in md
+    md = markdown(runs, ["fedkey bench paper --preset cpu"], {}, {})
+    assert PRESETS["cpu-8round"].note in md and "fedkey simulate ..." in md
+    assert "## Appendix: the old 8-round cut (preset `cpu-8round`): too little training" in md
 
 
 def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
@@ -126,7 +131,7 @@ def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
     assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets_table(
         runs
     )
-    assert "## The seeds' learning rate" in markdown(runs, PRESETS["cpu"], ["b"], [])
+    assert "## The seeds' learning rate" in markdown(runs, ["b"], {}, {})
 
 
 def test_full_data_runs_are_their_own_table_and_meet_the_ceiling_at_their_lr():
@@ -142,12 +147,13 @@ def test_full_data_runs_are_their_own_table_and_meet_the_ceiling_at_their_lr():
     targets = targets_table(runs)
     assert "| PTB | all | FedAtt | 145.00 | <= 102 | no | 140.00 | yes |" in targets
     assert "| PTB | the preset's | FedAvg | 150.00 |" in targets  # no same-data ceiling: -
-    md = markdown(runs, PRESETS["cpu"], ["b"], [])
-    section = md.split("## All of the training data")[1].split("##")[0]
+    md = markdown(runs, ["b"], {}, {})
+    section = md.split("### All of the training data")[1].split("##")[0]
     assert "| 0.1 | FedAtt | 145.00 | 115.43 | +26% | - | 91.82 | - |" in section
     assert "150.00" not in section
     assert suite_runs("full", PRESETS["gpu"]) == []  # its paper suite is on all the data already
-    words = command(suite_runs("full", PRESETS["cpu"])[0], PRESETS["cpu"], Path("d"), Path("o"))
+    old = PRESETS["cpu-8round"]
+    words = command(suite_runs("full", old)[0], old, Path("d"), Path("o"))
     assert "--max-train-tokens" not in words and words[words.index("--rounds") + 1] == "8"
 
 
@@ -189,12 +195,12 @@ def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
     assert fedavg["test_ppl"] < fedavg["curve"][0][2]  # better than the initial model
     assert shlex.split(fedavg["command"])[:2] == ["fedkey", "simulate"]
     assert (out / "results.md").read_text().count("138.13") >= 1
-    assert (out / "curves_paper_ptb_c0.1.png").stat().st_size > 1000
+    assert (out / "curves_smoke_paper_ptb_c0.1.png").stat().st_size > 1000
     again = runner.invoke(app, args)  # everything is in results.json already: nothing runs
     assert again.exit_code == 0 and "test ppl" not in again.output
 
 
-@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+@pytest.mark.parametrize("preset", ["cpu-8round", "gpu"])
 def test_code_suite_runs_the_seeds_code_whatever_the_preset(preset):
     specs = suite_runs("code", PRESETS[preset])
     assert {(s.dataset, s.method, s.fraction) for s in specs} == {

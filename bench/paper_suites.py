@@ -1,0 +1,474 @@
+"""The suites of `fedkey bench paper`: which runs each one makes (RunSpec), and the seed papers'
+published numbers they are held against.
+
+Ranking suites (presets `cpu` and `gpu`, issue 18):
+  sweep   the learning rates, chosen on the VALIDATION set only with short runs, as Reddi et al.
+          2021 ("Adaptive Federated Optimization", Section 5, Appendix D) tune theirs: FedAvg's
+          client lr over a grid, then the server lr of FedAvgM and of FedAdam at that client lr.
+          A best value at the grid's edge extends the grid by one step (twice at most).
+  rank    every method of the papers' table (FedSGD, FedAvg, FedAtt, FedAttOpt, FedMed and its
+          topK, AdaFL + FedAvg / FedAtt), FedAvg with server momentum and with FedAdam, the
+          centralized model that saw as many examples, and the Kneser-Ney 3-gram; PTB and
+          WikiText-2, 100 IID phones, at the preset's C.
+  noniid  the same methods at C 0.1 where phones differ: WikiText-2 with whole articles per phone
+          (--partition articles) and the demo corpus with one phone per owner (--partition user).
+Old suites (preset `cpu-8round`, and any preset that names them): paper, privacy, beyond, lr,
+full, code (see each function); `code` is the evidence about the seed papers' column measure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from bench.presets import Preset
+
+#: The seed papers' test perplexity (FedAtt, Ji et al. 2019, Table II; FedAttOpt, Jiang et al.
+#: 2020, Table 2; FedMed, Wu et al. 2020, Table 2): (method, C) -> {dataset: ppl}.
+SEEDS: dict[tuple[str, float], dict[str, float]] = {
+    ("FedSGD", 1.0): {"wikitext-2": 112.45, "ptb": 155.27},
+    ("FedAvg", 0.1): {"wikitext-2": 95.27, "ptb": 138.13},
+    ("FedAtt", 0.1): {"wikitext-2": 91.82, "ptb": 115.43},
+    ("FedAttOpt", 0.1): {"wikitext-2": 72.25, "ptb": 116.49},
+    ("FedMed", 0.1): {"wikitext-2": 80.32, "ptb": 113.03},
+    ("FedAvg", 0.5): {"wikitext-2": 79.75, "ptb": 128.24},
+    ("FedAtt", 0.5): {"wikitext-2": 69.38, "ptb": 123.00},
+    ("FedAttOpt", 0.5): {"wikitext-2": 75.58, "ptb": 117.82},
+    ("FedMed", 0.5): {"wikitext-2": 68.42, "ptb": 122.23},
+}
+#: FedAtt, Ji et al. 2019, Table III (the paper does not name the dataset):
+#: beta -> (FedAvg, FedAtt).
+SEEDS_DP = {0.0: (88.21, 77.66), 0.001: (88.17, 77.76), 0.005: (88.36, 78.59),
+            0.01: (89.74, 79.51), 0.05: (103.17, 101.82)}  # fmt: skip
+DATASETS = ("ptb", "wikitext-2")
+SUITES = ("sweep", "rank", "noniid", "paper", "privacy", "beyond", "lr", "full", "code")
+#: The demo corpus's owners: one phone each (--partition user).
+DEMO_OWNERS = 22
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a suite: the command it is and where its number goes in the tables."""
+
+    suite: str
+    dataset: str  # a folder under the data root, or "demo"
+    method: str  # the label of the table row
+    fraction: float | None  # C; None where the method picks its own (AdaFL)
+    args: tuple[str, ...] = ()  # flags beyond the preset's
+    kind: str = "federated"  # federated | central | ngram
+    group: str = ""  # a column or sweep key inside a suite (privacy: beta / z; sweep: knob=value)
+    full_train: bool = False  # all of the training split, whatever the preset's cut
+    full_eval: bool = False  # all of the validation and test splits, whatever the preset's cut
+    lr: float | None = None  # the local lr, where not the preset's (chosen by the sweep)
+    rounds: int | None = None  # the rounds, where not the preset's (the sweep's short runs)
+    partition: str = "iid"
+    clients: int = 100
+
+    @property
+    def id(self) -> str:
+        c = "auto" if self.fraction is None else f"c{self.fraction:g}"
+        slug = re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-")
+        return f"{self.suite}-{self.dataset}-{slug}-{c}"
+
+
+def _fed(suite, dataset, method, fraction, *args, group="", full_train=False):
+    return RunSpec(
+        suite, dataset, method, fraction, tuple(args), group=group, full_train=full_train
+    )
+
+
+# -- the ranking suites ---------------------------------------------------------------------------
+
+#: The server optimizers of Reddi et al. 2021 on any strategy's aggregate: (label suffix, flags).
+SERVER_OPTS = (
+    (" + server momentum 0.9", ("--server-opt", "momentum", "--server-lr", "1.0")),
+    (" + FedAdam", ("--server-opt", "adam", "--server-lr", "0.01")),
+)
+#: The sweep's knobs: name -> (label, the flags of the run beside --server-lr / --lr).
+KNOBS = {
+    "client_lr": ("FedAvg, client lr", ("--strategy", "fedavg")),
+    "momentum_server_lr": (
+        "FedAvgM (server momentum 0.9), server lr",
+        ("--strategy", "fedavg", "--server-opt", "momentum", "--server-momentum", "0.9"),
+    ),
+    "adam_server_lr": (
+        "FedAdam, server lr",
+        ("--strategy", "fedavg", "--server-opt", "adam", "--server-momentum", "0.9"),
+    ),
+}
+#: Times a sweep extends its grid past an edge where the best value sits.
+MAX_EXTENSIONS = 2
+
+
+@dataclass(frozen=True)
+class Task:
+    """A dataset as phones hold it: the sweep tunes per task, the ranking runs reuse its choice."""
+
+    dataset: str
+    partition: str = "iid"
+    clients: int = 100
+
+
+TASKS = (Task("ptb"), Task("wikitext-2"), Task("demo", "user", DEMO_OWNERS))
+#: The task whose chosen learning rates a dataset's runs use (WikiText-2 by article: the IID
+#: sweep's, so the partition is the only change between the rank and noniid suites).
+TASK_OF = {"ptb": TASKS[0], "wikitext-2": TASKS[1], "demo": TASKS[2]}
+
+
+def _grid(preset: Preset, knob: str) -> tuple[float, ...]:
+    return {"client_lr": preset.client_lrs, "momentum_server_lr": preset.momentum_server_lrs,
+            "adam_server_lr": preset.adam_server_lrs}[knob]  # fmt: skip
+
+
+def sweep_spec(preset: Preset, task: Task, knob: str, value: float, client_lr: float) -> RunSpec:
+    """One short run of the sweep: FedAvg (with a server optimizer for the server knobs) at C 0.1
+    for the preset's sweep_rounds, judged by its best validation perplexity."""
+    label, flags = KNOBS[knob]
+    args = flags if knob == "client_lr" else (*flags, "--server-lr", f"{value:g}")
+    return RunSpec(
+        "sweep", task.dataset, f"{label} {value:g}", 0.1, args, group=f"{knob}={value:g}",
+        full_train=True, full_eval=True, lr=value if knob == "client_lr" else client_lr,
+        rounds=preset.sweep_rounds, partition=task.partition, clients=task.clients,
+    )  # fmt: skip
+
+
+def _score(r: dict) -> float:
+    v = r.get("best_val_ppl")
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
+
+
+def _tried(results: list[dict], preset: Preset, task: Task, knob: str) -> dict[float, float]:
+    """value -> best validation perplexity of the sweep's runs of `knob` so far."""
+    return {
+        float(r["group"].split("=")[1]): _score(r)
+        for r in results
+        if r["suite"] == "sweep" and r.get("preset") == preset.name
+        and r["dataset"] == task.dataset and r["group"].startswith(knob + "=")
+    }  # fmt: skip
+
+
+def choose(
+    results: list[dict], preset: Preset, task: Task, knob: str
+) -> tuple[float | None, list[float]]:
+    """(the value of `knob` with the lowest best validation perplexity, or None while undecided;
+    the values still to run). The grid first; while the best sits at an edge, one more step past
+    it (the grid's own ratio, snapped to half-decades), at most MAX_EXTENSIONS times a side. Test perplexity is never
+    read."""
+    grid = _grid(preset, knob)
+    tried = _tried(results, preset, task, knob)
+    missing = [v for v in grid if v not in tried]
+    if missing:
+        return None, missing
+    best = min(tried, key=lambda v: (tried[v], v))
+    values = sorted(tried)
+    if len(grid) > 1:
+        step = (max(grid) / min(grid)) ** (1 / (len(grid) - 1))
+        if best == values[0] and sum(v < min(grid) for v in values) < MAX_EXTENSIONS:
+            return None, [half_decade(best / step)]
+        if best == values[-1] and sum(v > max(grid) for v in values) < MAX_EXTENSIONS:
+            return None, [half_decade(best * step)]
+    return best, []
+
+
+def half_decade(value: float) -> float:
+    """The nearest value of the 1-3-10 series (10^(k/2), written 1 or 3 x 10^j): the grid points
+    of Reddi et al. 2021's sweeps."""
+    e = round(2 * math.log10(value)) / 2
+    return float(f"{(3 if e % 1 else 1) * 10 ** math.floor(e):.1g}")
+
+
+def lr_choices(results: list[dict], preset: Preset) -> dict[str, dict[str, float]]:
+    """task dataset -> {knob: chosen value} for every knob the sweep has decided."""
+    out: dict[str, dict[str, float]] = {}
+    for task in TASKS:
+        for knob in KNOBS:
+            value, _ = choose(results, preset, task, knob)
+            if value is not None:
+                out.setdefault(task.dataset, {})[knob] = value
+    return out
+
+
+def sweep_suite(preset: Preset, results: list[dict], tasks=TASKS) -> list[RunSpec]:
+    """The sweep's runs decidable now: the client-lr grid (and its edge extensions), then, once
+    the client lr is chosen, the server-lr grids at it."""
+    runs: list[RunSpec] = []
+    for task in tasks:
+        client_lr, _ = choose(results, preset, task, "client_lr")
+        for knob in KNOBS:
+            if knob != "client_lr" and client_lr is None:
+                break
+            _, todo = choose(results, preset, task, knob)
+            values = sorted({*_grid(preset, knob), *todo, *_tried(results, preset, task, knob)})
+            for v in values:
+                lr = v if knob == "client_lr" else client_lr
+                runs.append(sweep_spec(preset, task, knob, v, lr))  # type: ignore[arg-type]
+    return runs
+
+
+def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float | None, tuple]]:
+    """The papers' table and the server optimizers: (label, C, flags)."""
+    mom, adam = choice["momentum_server_lr"], choice["adam_server_lr"]
+    return [
+        ("FedAvg", fraction, ("--strategy", "fedavg")),
+        ("FedAtt", fraction, ("--strategy", "fedatt")),
+        ("FedAttOpt", fraction, ("--strategy", "fedattopt")),
+        ("FedMed", fraction, ("--strategy", "fedmed")),
+        ("FedAvgM", fraction, ("--strategy", "fedavg", *KNOBS["momentum_server_lr"][1][2:],
+                               "--server-lr", f"{mom:g}")),
+        ("FedAdam", fraction, ("--strategy", "fedavg", *KNOBS["adam_server_lr"][1][2:],
+                               "--server-lr", f"{adam:g}")),
+        ("FedMed topK 0.8", fraction, ("--strategy", "fedmed", "--topk-beta", "0.8")),
+        # AdaFL's dynamic fraction (0.1 -> 0.5) replaces C: one run per aggregator.
+        ("AdaFL + FedAvg", None, ("--strategy", "fedavg", "--adafl")),
+        ("AdaFL + FedAtt", None, ("--strategy", "fedatt", "--adafl")),
+        ("FedSGD", 1.0, ("--strategy", "fedsgd")),  # every phone every round: the longest
+    ]  # fmt: skip
+
+
+def rank_suite(
+    preset: Preset, results: list[dict], datasets=DATASETS, choices: dict | None = None
+) -> list[RunSpec]:
+    """Per dataset: the n-gram, the centralized model per C, then the methods (a dataset whose
+    sweep has not decided yet has only the n-gram). `choices`: instead of the sweep's."""
+    runs: list[RunSpec] = []
+    choices = lr_choices(results, preset) if choices is None else choices
+    for ds in datasets:
+        choice = choices.get(ds, {})
+        runs.append(RunSpec("rank", ds, "Kneser-Ney 3-gram", None, kind="ngram",
+                            full_train=True, full_eval=True))  # fmt: skip
+        if "client_lr" not in choice:
+            continue
+        lr = choice["client_lr"]
+        for c in preset.fractions:
+            epochs = preset.central_epochs_for(c)
+            runs.append(RunSpec("rank", ds, f"centralized, {epochs} epochs (as many examples "
+                                f"as C {c:g})", c, ("--epochs", str(epochs)), kind="central",
+                                full_train=True, full_eval=True, lr=lr))  # fmt: skip
+        if len(choice) < len(KNOBS):
+            continue
+        seen = set()
+        for c in preset.fractions:
+            for method, frac, flags in _methods(c, choice):
+                key = (method, frac)
+                if key not in seen:
+                    seen.add(key)
+                    runs.append(RunSpec("rank", ds, method, frac, flags, full_train=True,
+                                        full_eval=True, lr=lr))  # fmt: skip
+    return runs
+
+
+def noniid_suite(preset: Preset, results: list[dict], choices: dict | None = None) -> list[RunSpec]:
+    """The ranking methods at C 0.1 on phones that differ: WikiText-2 by article (100 phones of
+    whole articles) and the demo corpus by owner (22 phones); the demo's own n-gram and
+    centralized model (WikiText-2's are the rank suite's: the same text)."""
+    runs: list[RunSpec] = []
+    choices = lr_choices(results, preset) if choices is None else choices
+    for ds, partition, clients in (("wikitext-2", "articles", 100), ("demo", "user", DEMO_OWNERS)):
+        choice = choices.get(TASK_OF[ds].dataset, {})
+        if ds == "demo":
+            runs.append(RunSpec("noniid", ds, "Kneser-Ney 3-gram", None, kind="ngram",
+                                full_train=True, full_eval=True, clients=clients))  # fmt: skip
+            if "client_lr" in choice:
+                epochs = preset.central_epochs_for(0.1)
+                runs.append(RunSpec("noniid", ds, f"centralized, {epochs} epochs", 0.1,
+                                    ("--epochs", str(epochs)), kind="central", full_train=True,
+                                    full_eval=True, lr=choice["client_lr"], clients=clients))  # fmt: skip
+        if len(choice) < len(KNOBS):
+            continue
+        for method, frac, flags in _methods(0.1, choice):
+            runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,
+                                full_eval=True, lr=choice["client_lr"], partition=partition,
+                                clients=clients))  # fmt: skip
+    return runs
+
+
+def planned(preset: Preset, results: list[dict]) -> dict[str, int]:
+    """Ranking suite -> the runs it makes in all, as far as known now: the sweep's grids (with
+    the edge extensions asked for so far; one not yet asked for adds a run), and the rank and
+    noniid suites as they will be once every knob is chosen."""
+    mine = [r for r in results if r.get("preset") == preset.name]
+    every = {t.dataset: {k: _grid(preset, k)[0] for k in KNOBS} for t in TASKS}
+    out: dict[str, int] = {}
+    for suite in ("sweep", "rank", "noniid"):
+        if suite not in preset.suites:
+            continue
+        if suite == "sweep":
+            out[suite] = sum(
+                len(
+                    {*_grid(preset, k), *choose(mine, preset, t, k)[1], *_tried(mine, preset, t, k)}
+                )
+                for t in TASKS
+                for k in KNOBS
+            )
+        elif suite == "rank":
+            out[suite] = len(rank_suite(preset, mine, choices=every))
+        else:
+            out[suite] = len(noniid_suite(preset, mine, choices=every))
+    return out
+
+
+# -- the old suites (the seed papers' table at the preset's cut, and its evidence) ---------------
+
+
+def paper_suite(datasets=DATASETS) -> list[RunSpec]:
+    runs = []
+    for ds in datasets:
+        runs.append(_fed("paper", ds, "FedSGD", 1.0, "--strategy", "fedsgd"))
+        for c in (0.1, 0.5):
+            runs += [
+                _fed("paper", ds, "FedAvg", c, "--strategy", "fedavg"),
+                _fed("paper", ds, "FedAtt", c, "--strategy", "fedatt"),
+                _fed("paper", ds, "FedAttOpt", c, "--strategy", "fedattopt"),
+                _fed("paper", ds, "FedMed", c, "--strategy", "fedmed"),
+                _fed(
+                    "paper", ds, "FedMed topK 0.8", c, "--strategy", "fedmed", "--topk-beta", "0.8"
+                ),
+            ]
+        runs += [
+            _fed("paper", ds, "AdaFL + FedAvg", None, "--strategy", "fedavg", "--adafl"),
+            _fed("paper", ds, "AdaFL + FedAtt", None, "--strategy", "fedatt", "--adafl"),
+        ]
+    return runs
+
+
+#: FedAttOpt's server step at C 0.5: the paper (Jiang et al. 2020) gives no epsilon, and its
+#: gradient is a sum over the m clients of terms of norm ~1/d_k, so the step grows with m. 1.2
+#: (FedAtt's default, in its published code and the FedAtt/Plato summary) x 10/50
+#: takes the step 1.2 takes at C 0.1.
+ATTOPT_EPSILON_C05 = 0.24
+
+
+def paper_suite_extra(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
+    """Evidence rows: FedAvg with the seed papers' lr where the preset changed it, and FedAttOpt at
+    C 0.5 with its step scaled to the number of clients."""
+    runs = []
+    for ds in datasets:
+        if preset.lr != 0.01:
+            runs.append(_fed("paper", ds, "FedAvg, seeds' lr 0.01", 0.1,
+                             "--strategy", "fedavg", "--lr", "0.01"))  # fmt: skip
+        eps = f"{ATTOPT_EPSILON_C05:g}"
+        runs.append(_fed("paper", ds, f"FedAttOpt, epsilon {eps}", 0.5,
+                         "--strategy", "fedattopt", "--epsilon", eps))  # fmt: skip
+    return runs
+
+
+def privacy_suite(dataset: str = "wikitext-2") -> list[RunSpec]:
+    runs = []
+    for method, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt")):
+        for beta in SEEDS_DP:
+            runs.append(_fed("privacy", dataset, f"{method} beta {beta:g}", 0.1, "--strategy",
+                             strategy, "--dp-beta", f"{beta:g}", group=f"beta={beta:g}"))  # fmt: skip
+    # DP-FedAvg (McMahan et al. 2018): half the clients per round, so the noise is split 50 ways.
+    for z in (0.1, 0.3, 1.0):
+        runs.append(_fed("privacy", dataset, f"DP-FedAvg z {z:g}", 0.5, "--strategy", "fedavg",
+                         "--dp-clip", "1.0", "--dp-noise-multiplier", f"{z:g}", group=f"z={z:g}"))  # fmt: skip
+    return runs
+
+
+def beyond_suite(datasets=DATASETS, base: str = "fedavg") -> list[RunSpec]:
+    """Each known improvement as its own row on `base` at C = 0.1, plus ceiling and baseline."""
+    name = {"fedavg": "FedAvg", "fedatt": "FedAtt"}[base]
+    rows = (
+        *((name + suffix, flags) for suffix, flags in SERVER_OPTS),
+        (f"{name} + lr decay 0.8/round", ("--lr-decay", "0.8")),
+        (f"{name} + dropout 0.1", ("--dropout", "0.1")),
+        (f"{name}, LSTM cell", ("--cell", "lstm")),
+    )
+    runs = []
+    for ds in datasets:
+        runs += [_fed("beyond", ds, m, 0.1, "--strategy", base, *a) for m, a in rows]
+        runs.append(RunSpec("beyond", ds, "centralized (ceiling)", None, kind="central"))
+        runs.append(RunSpec("beyond", ds, "Kneser-Ney 3-gram", None, kind="ngram"))
+    return runs
+
+
+#: SGD steps one client takes in the seed papers' protocol: 50 rounds x E 5 x 42 batches of 10 of
+#: its ~420 PTB sentences. FedAvg of IID clients at a small lr moves about as far as one of them.
+SEEDS_CLIENT_STEPS = 50 * 5 * 42
+
+
+def lr_suite(preset: Preset) -> list[RunSpec]:
+    """The seed papers' optimizer against ours, centrally on all of PTB for 2 epochs: how far can
+    lr 0.01 get in the steps the seed papers' protocol gives it?"""
+    epochs = str(min(2, preset.central_epochs))
+    return [
+        RunSpec(
+            "lr",
+            "ptb",
+            f"centralized, SGD lr {lr:g} momentum 0.5",
+            None,
+            ("--lr", f"{lr:g}", "--epochs", epochs),
+            kind="central",
+            group=f"lr={lr:g}",
+            full_train=True,
+        )  # fmt: skip
+        for lr in (0.01, 1.0)
+    ]
+
+
+def full_suite(preset: Preset, datasets=DATASETS) -> list[RunSpec]:
+    """The seed papers' two headline methods at the preset's rounds, E and lr on all of the training
+    data, and the server optimizers on FedAvg (presets that cut the data only)."""
+    if preset.max_train_tokens is None:
+        return []
+    runs = [
+        _fed("full", ds, name, 0.1, "--strategy", strategy, full_train=True)
+        for ds in datasets
+        for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt"))
+    ]
+    return runs + [
+        _fed("full", ds, "FedAvg" + suffix, 0.1, "--strategy", "fedavg", *flags, full_train=True)
+        for ds in datasets
+        for suffix, flags in SERVER_OPTS
+    ]
+
+
+#: The seed papers' local training as their code ran it (fed-att src/utils/options.py, Update.py):
+#: 50 rounds, E 5, SGD lr 0.01, no gradient clipping, every word in the vocabulary, batches of
+#: columns. The preset's rounds, E and lr come first on the command line; these win.
+SEEDS_CODE_FLAGS = ("--rounds", "50", "--local-epochs", "5", "--lr", "0.01", "--clip", "0",
+                    "--vocab-size", "50000", "--batching", "columns")  # fmt: skip
+
+
+def code_suite(datasets=DATASETS) -> list[RunSpec]:
+    """FedAvg and FedAtt at C 0.1 as the seed papers' published code ran them, and a unigram by
+    position in the sentence on the same measure: is the gap to their table the measure
+    (column perplexity) rather than the methods?"""
+    runs = []
+    for ds in datasets:
+        for name, strategy in (("FedAvg", "fedavg"), ("FedAtt", "fedatt")):
+            args: tuple[str, ...] = ("--strategy", strategy, *SEEDS_CODE_FLAGS)
+            runs.append(RunSpec("code", ds, name, 0.1, args, full_train=True, full_eval=True))
+        args = ("--strategy", "fedatt", "--epsilon", "1", "--norm", "spectral", *SEEDS_CODE_FLAGS)
+        runs.append(RunSpec("code", ds, "FedAtt, epsilon 1, spectral norm", 0.1, args,
+                            full_train=True, full_eval=True))  # fmt: skip
+        args = ("--positional", "--vocab-size", "50000")
+        runs.append(RunSpec("code", ds, "position-only unigram", None, args, kind="ngram",
+                            full_train=True, full_eval=True))  # fmt: skip
+    return runs
+
+
+def suite_runs(suite: str, preset: Preset, results: list[dict] | None = None) -> list[RunSpec]:
+    """The runs of one suite for a preset; the ranking suites read the sweep's choices from
+    `results` (results.json's run objects)."""
+    results = results or []
+    if suite == "sweep":
+        return sweep_suite(preset, results)
+    if suite == "rank":
+        return rank_suite(preset, results)
+    if suite == "noniid":
+        return noniid_suite(preset, results)
+    if suite == "paper":
+        return paper_suite() + paper_suite_extra(preset)
+    if suite == "privacy":
+        return privacy_suite()
+    if suite == "beyond":
+        return beyond_suite()
+    if suite == "lr":
+        return lr_suite(preset)
+    if suite == "full":
+        return full_suite(preset)
+    if suite == "code":
+        return code_suite()
+    raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")

@@ -1,0 +1,187 @@
+"""The ranking presets of `fedkey bench paper` (issue 18, item 3): what the cpu and gpu presets run,
+the learning-rate sweep that chooses on validation only, and the command lines the CLI accepts."""
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from bench.paper import Bench, command, run_bench, select
+from bench.paper_suites import KNOBS, MAX_EXTENSIONS, TASKS, choose, lr_choices, planned
+from bench.presets import PRESETS
+from cli import app
+
+runner = CliRunner()
+PAPERS_TABLE = {"FedSGD", "FedAvg", "FedAtt", "FedAttOpt", "FedMed", "FedMed topK 0.8",
+                "AdaFL + FedAvg", "AdaFL + FedAtt"}  # fmt: skip
+
+
+def sweep_run(preset, dataset, knob, value, val_ppl, test_ppl=500.0):
+    return {"suite": "sweep", "preset": preset, "dataset": dataset, "group": f"{knob}={value:g}",
+            "best_val_ppl": val_ppl, "test_ppl": test_ppl, "id": f"s-{dataset}-{knob}-{value}"}  # fmt: skip
+
+
+def decided(preset_name, best_index=1):
+    """Sweep results in which every knob's grid value `best_index` has the lowest validation
+    perplexity (an interior point: nothing to extend)."""
+    p = PRESETS[preset_name]
+    grids = {"client_lr": p.client_lrs, "momentum_server_lr": p.momentum_server_lrs,
+             "adam_server_lr": p.adam_server_lrs}  # fmt: skip
+    return [sweep_run(preset_name, t.dataset, k, v, 100.0 if i == best_index else 200.0)
+            for t in TASKS for k, grid in grids.items() for i, v in enumerate(grid)]  # fmt: skip
+
+
+def flag(words, name):
+    return words[len(words) - 1 - words[::-1].index(name) + 1]
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "smoke"])
+def test_every_ranking_command_is_one_the_cli_accepts(preset):
+    p = PRESETS[preset]
+    results = decided(preset, best_index=len(p.client_lrs) // 2)
+    specs = select(p, [s for s in ("sweep", "rank", "noniid") if s in p.suites], results)
+    assert len({s.id for s in specs}) == len(specs)
+    group = typer.main.get_command(app)
+    for spec in specs:
+        words = command(spec, p, Path("data"), Path("runs") / spec.id)
+        sub = group.get_command(None, words[1])
+        sub.make_context(words[1], words[2:])  # raises on an unknown flag or a bad value
+
+
+def test_cpu_preset_is_issue_18s_protocol_with_the_sweeps_learning_rates():
+    p = PRESETS["cpu"]
+    results = decided("cpu")  # chooses client lr 1, FedAvgM 0.3, FedAdam 0.01
+    rank = select(p, ["rank"], results)
+    for ds in ("ptb", "wikitext-2"):
+        mine = [s for s in rank if s.dataset == ds]
+        assert PAPERS_TABLE | {"FedAvgM", "FedAdam"} <= {s.method for s in mine}
+        assert {s.kind for s in mine} == {"federated", "central", "ngram"}
+        for spec in mine:
+            words = command(spec, p, Path("d"), Path("o"))
+            assert "--max-train-tokens" not in words and "--max-eval-sentences" not in words
+            if spec.kind == "ngram":
+                continue
+            assert flag(words, "--lr") == "1"  # the sweep's choice, not the preset's lr
+            if spec.kind == "central":  # as many examples as 50 rounds x C 0.1 x E 1
+                assert flag(words, "--epochs") == "5"
+                continue
+            assert words[1] == "simulate" and flag(words, "--rounds") == "50"
+            assert flag(words, "--local-epochs") == "1" and flag(words, "--clients") == "100"
+            assert "--partition" not in words  # IID
+            if spec.method == "FedSGD":
+                assert flag(words, "--fraction") == "1"
+            elif spec.method.startswith("AdaFL"):
+                assert "--adafl" in words
+            else:
+                assert flag(words, "--fraction") == "0.1"
+            if spec.method == "FedAvgM":
+                assert flag(words, "--server-opt") == "momentum"
+                assert flag(words, "--server-lr") == "0.3"
+            if spec.method == "FedAdam":
+                assert flag(words, "--server-opt") == "adam"
+                assert flag(words, "--server-lr") == "0.01"
+
+
+def test_gpu_preset_is_the_papers_protocol_at_both_fractions():
+    p = PRESETS["gpu"]
+    rank = select(p, ["rank"], decided("gpu"))
+    fractions = {s.fraction for s in rank if s.kind == "federated"}
+    assert {0.1, 0.5, 1.0, None} == fractions
+    central = {flag(command(s, p, Path("d"), Path("o")), "--epochs")
+               for s in rank if s.kind == "central" and s.dataset == "ptb"}  # fmt: skip
+    assert central == {"25", "125"}  # 50 rounds x C x E 5
+    fedavg = next(s for s in rank if s.method == "FedAvg" and s.fraction == 0.5)
+    words = command(fedavg, p, Path("d"), Path("o"))
+    assert words[1] == "run" and flag(words, "--local-epochs") == "5"
+    assert flag(words, "--lr") == "0.1"  # the middle of its grid, as decided() chose
+    assert 0.01 in p.client_lrs  # the papers' lr is in the grid
+
+
+def test_sweep_chooses_on_validation_never_on_test():
+    p = PRESETS["cpu"]
+    task = TASKS[0]
+    runs = [sweep_run("cpu", "ptb", "client_lr", 0.3, 150.0, test_ppl=90.0),
+            sweep_run("cpu", "ptb", "client_lr", 1.0, 120.0, test_ppl=300.0),
+            sweep_run("cpu", "ptb", "client_lr", 3.0, 130.0, test_ppl=80.0)]  # fmt: skip
+    assert choose(runs, p, task, "client_lr") == (1.0, [])
+    assert choose(runs[:2], p, task, "client_lr") == (None, [3.0])  # the grid first
+    # another preset's or dataset's runs do not count
+    other = [{**r, "preset": "gpu"} for r in runs] + [{**r, "dataset": "wikitext-2"} for r in runs]
+    assert choose(other, p, task, "client_lr") == (None, [0.3, 1.0, 3.0])
+
+
+def test_a_best_value_at_the_grids_edge_extends_the_grid_twice_at_most():
+    p = PRESETS["cpu"]
+    task = TASKS[0]
+    runs = [sweep_run("cpu", "ptb", "client_lr", v, 100.0 + v) for v in p.client_lrs]
+    value, todo = choose(runs, p, task, "client_lr")  # 0.3 best: half a decade below
+    assert value is None and todo == [0.1]
+    high = [sweep_run("cpu", "ptb", "client_lr", v, 100.0 - v) for v in p.client_lrs]
+    assert choose(high, p, task, "client_lr") == (None, [10.0])
+    runs.append(sweep_run("cpu", "ptb", "client_lr", 0.1, 90.0))
+    assert choose(runs, p, task, "client_lr") == (None, [0.03])
+    runs.append(sweep_run("cpu", "ptb", "client_lr", 0.03, 80.0))
+    assert MAX_EXTENSIONS == 2 and choose(runs, p, task, "client_lr") == (0.03, [])
+    # the extension is a run of the sweep suite, at the value asked for
+    specs = select(p, ["sweep"], runs[:4])
+    assert "sweep-ptb-fedavg-client-lr-0-03-c0.1" in {s.id for s in specs}
+
+
+def test_server_lrs_are_swept_at_the_chosen_client_lr_and_recorded(tmp_path):
+    p = PRESETS["cpu"]
+    runs = [sweep_run("cpu", "ptb", "client_lr", v, {0.3: 150.0, 1.0: 120.0, 3.0: 130.0}[v])
+            for v in p.client_lrs]  # fmt: skip
+    before = select(p, ["sweep"], runs[:2])
+    assert not any(s.group.startswith(("momentum", "adam")) for s in before if s.dataset == "ptb")
+    specs = [s for s in select(p, ["sweep"], runs) if s.dataset == "ptb"]
+    server = [s for s in specs if not s.group.startswith("client_lr")]
+    assert {s.group.split("=")[0] for s in server} == {"momentum_server_lr", "adam_server_lr"}
+    for spec in server:
+        words = command(spec, p, Path("d"), Path("o"))
+        assert flag(words, "--lr") == "1" and flag(words, "--rounds") == str(p.sweep_rounds)
+        assert flag(words, "--server-lr") == spec.group.split("=")[1]
+    # Bench writes the choices into results.json beside the runs
+    bench = Bench(tmp_path)
+    for r in runs:
+        bench.add({**r, "command": "c", "kind": "federated", "fraction": 0.1}, "fedkey bench")
+    assert bench.lr_choices()["cpu"] == {"ptb": {"client_lr": 1.0}}
+    assert lr_choices(runs, p) == {"ptb": {"client_lr": 1.0}}
+
+
+def test_rank_waits_for_the_sweep_and_says_so(tmp_path):
+    p = PRESETS["cpu"]
+    assert {s.kind for s in select(p, ["rank"], [])} == {"ngram"}  # nothing else is decidable
+    for ds in ("ptb", "wikitext-2"):
+        (tmp_path / ds).mkdir()
+    with pytest.raises(RuntimeError, match="add --suite sweep"):
+        run_bench("cpu", ["rank"], tmp_path, tmp_path / "out", tmp_path / "runs")
+    result = runner.invoke(app, ["bench", "paper", "--preset", "cpu", "--suite", "paper",
+                                 "--dry-run", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code != 0 and "preset cpu has no suite paper" in result.output
+
+
+def test_noniid_runs_the_same_methods_on_articles_and_owners():
+    p = PRESETS["cpu"]
+    specs = select(p, ["noniid"], decided("cpu"))
+    fed = [s for s in specs if s.kind == "federated"]
+    assert {s.dataset for s in fed} == {"wikitext-2", "demo"}
+    for ds, partition, clients in (("wikitext-2", "articles", "100"), ("demo", "user", "22")):
+        mine = [s for s in fed if s.dataset == ds]
+        assert PAPERS_TABLE | {"FedAvgM", "FedAdam"} == {s.method for s in mine}
+        for spec in mine:
+            words = command(spec, p, Path("d"), Path("o"))
+            assert flag(words, "--partition") == partition and flag(words, "--clients") == clients
+            if spec.fraction == 0.1:
+                assert flag(words, "--fraction") == "0.1"
+    demo = [command(s, p, Path("d"), Path("o")) for s in specs if s.dataset == "demo"]
+    assert all(flag(w, "--data") == "demo" for w in demo)
+
+
+def test_progress_counts_every_planned_run():
+    p = PRESETS["cpu"]
+    plan = planned(p, [])
+    # 3 tasks x (3 + 3 + 3) grid values; 2 datasets x (10 methods + ngram + central);
+    # WikiText-2 by article (10) and the demo (10 + ngram + central)
+    assert plan == {"sweep": 27, "rank": 24, "noniid": 22}
+    assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr"}

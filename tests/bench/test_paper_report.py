@@ -1,0 +1,110 @@
+"""The layout of `fedkey bench paper`'s results.md (issue 18, item 5), on small synthetic rows: it
+opens with perplexity and keyboard metrics per method beside the centralized model and the
+n-gram, then the targets, the non-IID phones and their weights' spread, the sweep, the curves,
+the column-measure evidence, and the old 8-round cut last, as an appendix."""
+
+from bench.paper import Bench, summarize
+from bench.paper_report import lm_table, markdown, targets_table, write_report
+from bench.paper_suites import RunSpec
+
+
+def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,
+        group="", partition="iid", weights=None):  # fmt: skip
+    rows = [{"round": i, "val_ppl": p + 1, "test_ppl": p, "top1": top1, "top3": 0.3, "ksr": 0.4,
+             "aggregated": ["a", "b"] * (i > 0),
+             "info": {"attention_mean": weights} if weights and i else {}}
+            for i, p in enumerate(ppls)]  # fmt: skip
+    spec = RunSpec(suite, dataset, method, fraction, kind=kind, group=group, partition=partition)
+    return {"id": f"{spec.id}", **summarize(rows, spec), "wall_seconds": 60.0,
+            "command": f"fedkey simulate --lr 1 --id {spec.id}", "git_commit": "abcdef1234",
+            "git_dirty": False, "device": "cpu", "preset": preset, "seed_ppl": None}  # fmt: skip
+
+
+CENTRAL = "centralized, 5 epochs (as many examples as C 0.1)"
+
+
+def ranking_runs():
+    return [
+        run("sweep", "ptb", "FedAvg, client lr 1", 0.1, [1000, 300], group="client_lr=1"),
+        run("sweep", "ptb", "FedAvg, client lr 3", 0.1, [1000, 350], group="client_lr=3"),
+        run("rank", "ptb", CENTRAL, 0.1, [1000, 150], kind="central", top1=0.25),
+        run("rank", "ptb", "Kneser-Ney 3-gram", None, [200], kind="ngram", top1=0.16),
+        run("rank", "ptb", "FedAvg", 0.1, [1000, 180, 160], top1=0.22),
+        run(
+            "rank", "ptb", "FedAtt", 0.1, [1000, 170, 164], top1=0.21, weights={"a": 0.6, "b": 0.4}
+        ),  # fmt: skip
+        run(
+            "noniid",
+            "wikitext-2",
+            "FedAtt",
+            0.1,
+            [1000, 400, 390],
+            partition="articles",
+            weights={"a": 0.9, "b": 0.1},
+        ),  # fmt: skip
+        run("code", "ptb", "FedAvg", 0.1, [1000, 900], preset="cpu-8round"),
+        run("paper", "ptb", "FedAvg", 0.1, [10000, 2000], preset="cpu-8round"),
+    ]
+
+
+def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appendix():
+    md = markdown(ranking_runs(), ["fedkey bench paper --preset cpu"], {"cpu": {"ptb": {
+        "client_lr": 1.0}}}, {})  # fmt: skip
+    heads = [line for line in md.splitlines() if line.startswith("## ")]
+    assert heads[0].startswith("## Language model and keyboard: preset `cpu`")
+    order = ["## Language model", "## Targets (issue 18)", "## Non-IID phones",
+             "## Learning rates, chosen on the validation set", "## The seed papers' column "
+             "measure", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little "
+             "training to rank the methods", "## Every run", "## Commands"]  # fmt: skip
+    at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
+    assert at == sorted(at), heads
+    assert "**7 of 73 runs done** (sweep 2 of 27, rank 4 of 24, noniid 1 of 22;" in md
+    first = md.split("### PTB")[1].split("###")[0]
+    assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
+    assert first.count("| centralized") + first.count("**centralized") == 1  # not twice
+    assert first.index("| FedAvg |") < first.index("| FedAtt |")  # best test ppl first
+    assert "| FedAttOpt | - | not run yet |" in first
+    sweep = md.split("## Learning rates")[1].split("\n## ")[0]
+    assert "| client lr | 1 | 1 | 301.00 | 1 | **chosen** |" in sweep
+    assert "| client lr | 3 |" in sweep and "client lr 1" in sweep
+
+
+def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
+    runs = ranking_runs()
+    central, ngram = runs[2], runs[3]
+    table = lm_table(runs[4:6], central, ngram)
+    fedavg = next(line for line in table.splitlines() if line.startswith("| FedAvg |"))
+    # 160 vs 150: +6.7%; top-1 0.22 vs the 3-gram's 0.16: 1.38x; best of 2 rounds at round 2
+    assert fedavg == "| FedAvg | 0.1 | 160.00 | +6.7% | 0.220 | 1.38x | 0.300 | 0.400 | 2 / 2 |"
+
+
+def test_targets_say_where_we_stand():
+    runs = ranking_runs()
+    line = next(x for x in targets_table(runs).splitlines() if x.startswith("| cpu | PTB |"))
+    assert "| FedAvg | 160.00 | 150.00 | yes (+6.7%) |" in line
+    assert "0.220 (FedAvg) | 0.160 | yes (1.38x) |" in line
+    runs[4]["test_ppl"] = 170.0  # +13% now; FedAtt's 164 is +9.3%: still within 10%
+    assert "| FedAtt | 164.00 | 150.00 | yes (+9.3%)" in targets_table(runs)
+    runs[5]["test_ppl"] = 200.0
+    assert "| FedAvg | 170.00 | 150.00 | no (+13.3%)" in targets_table(runs)
+    assert "not run (no GPU yet)" in targets_table(runs)
+
+
+def test_attention_spread_is_reported_per_run():
+    md = markdown(ranking_runs(), ["b"], {}, {})
+    section = md.split("### Does attention do anything")[1].split("\n## ")[0]
+    line = next(x for x in section.splitlines() if "100 phones of whole articles" in x)
+    # two rounds of max 0.9, min 0.1: entropy 0.325, evenness H / ln 2 = 0.469
+    assert "| FedAtt | attention_mean | 2 | 2.0 | 0.900 | 0.100 | 0.325 | 0.4690 |" in line
+
+
+def test_report_is_rebuilt_from_results_json(tmp_path):
+    bench = Bench(tmp_path)
+    for r in ranking_runs():
+        bench.add(r, "fedkey bench paper --preset cpu")
+    path = write_report(bench.read(), tmp_path, bench.commands(), bench.lr_choices())
+    md = path.read_text()
+    assert md.startswith("# fedkey bench paper: which aggregation method trains the better")
+    assert (tmp_path / "curves_cpu_rank_ptb.png").stat().st_size > 1000
+    assert (tmp_path / "spread_cpu.png").stat().st_size > 1000
+    assert "![curves_cpu_rank_ptb](curves_cpu_rank_ptb.png)" in md
