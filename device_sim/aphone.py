@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,7 +24,7 @@ from urllib.parse import urlencode
 from device_sim.aclient import Connection, HttpError, Reply, split_url
 from device_sim.client import (
     ApiError,
-    Backoff,
+    ClientBase,
     FedkeyError,
     GlobalModel,
     Stopped,
@@ -36,7 +35,7 @@ from device_sim.client import (
     upload_request,
 )
 from device_sim.config import PhoneConfig
-from device_sim.phone import Call, DeviceReport, Op, PhoneLoop, Steps, Train
+from device_sim.phone import Call, DeviceReport, Op, PhoneLoop, Steps, Train, advance, failed
 from device_sim.pool import LocalTask, run_task
 from device_sim.trainer import TrainResult
 
@@ -81,7 +80,7 @@ async def pause(stop: asyncio.Event | None, seconds: float) -> bool:
     return stop.is_set()
 
 
-class AsyncDeviceClient:
+class AsyncDeviceClient(ClientBase):
     """One phone's keep-alive connection to the server at `base_url`; see the module docstring.
 
     `timeout`: seconds for a reply (long-polls get their wait on top); `stop`: an event that ends
@@ -103,16 +102,9 @@ class AsyncDeviceClient:
             host, port, self.prefix, tls = split_url(base_url)
         except ValueError as e:
             raise FedkeyError(f"the server's URL: {e}") from None
+        super().__init__(token, retry_seconds, backoff_initial, backoff_max, timeout, stop)
         self.conn = Connection(host, port, connect_timeout=timeout, tls=tls)
-        self.token = token
-        self.device_id: str | None = None
         self.cache = cache if cache is not None else AsyncModelCache()
-        self.retry_seconds = retry_seconds
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.timeout = timeout
-        self.stop = stop
-        self._jitter = random.Random()  # timing only: never touches what is trained or uploaded
 
     def close(self) -> None:
         self.conn.close()
@@ -129,18 +121,11 @@ class AsyncDeviceClient:
         body: bytes = b"",
     ) -> Reply:
         """Send with retries; returns a reply whose status is < 400, raises otherwise."""
-        hs = dict(headers or {})
-        if auth:
-            if self.token is None:
-                raise FedkeyError(f"{method} {path} needs a device token: enroll first")
-            hs["Authorization"] = f"Bearer {self.token}"
+        hs = self._start(method, path, auth, headers)
         target = self.prefix + path + (f"?{urlencode(params)}" if params else "")
-        backoff = Backoff(
-            method, path, self.retry_seconds, self.backoff_initial, self.backoff_max, self._jitter
-        )
+        backoff = self._backoff(method, path)
         while True:
-            if self.stop is not None and self.stop.is_set():
-                raise Stopped(f"stopped before {method} {path}")
+            self._check_stop(method, path)
             at_least = 0.0
             try:
                 reply = await self.conn.request(
@@ -166,15 +151,9 @@ class AsyncDeviceClient:
         self, secret: str, name: str | None = None, num_samples: int | None = None
     ) -> tuple[str, str]:
         """POST /v1/devices -> (device_id, token); the token is kept for the later calls."""
-        data: dict[str, Any] = {"enrollment_secret": secret}
-        if name is not None:
-            data["name"] = name
-        if num_samples is not None:
-            data["num_samples"] = int(num_samples)
+        data = self._enrollment(secret, name, num_samples)
         reply = await self.request("POST", "/v1/devices", auth=False, **_json(data))
-        answer = reply.json()
-        self.device_id, self.token = str(answer["device_id"]), str(answer["token"])
-        return self.device_id, self.token
+        return self._enrolled(reply.json())
 
     async def current(self, wait: float = 0.0) -> dict:
         """GET /v1/rounds/current, long-polling up to `wait` s for this device's view to change."""
@@ -242,11 +221,7 @@ async def drive_async(steps: Steps, execute: Callable[[Op], Awaitable[Any]]) -> 
     """device_sim.phone.drive for coroutines: run a phone's protocol, awaiting each op."""
     value: Any = None
     error: Exception | None = None
-    while True:
-        try:
-            op = steps.throw(error) if error is not None else steps.send(value)
-        except StopIteration:
-            return
+    while (op := advance(steps, value, error)) is not None:
         try:
             value, error = await execute(op), None
         except Exception as e:
@@ -290,12 +265,7 @@ async def run_phone(
 
     try:
         await drive_async(PhoneLoop(name, shard, secret, phone, stop, report).run(), execute)
-    except FedkeyError as e:
-        if stop is None or not stop.is_set():
-            report.error = str(e)
-            log.error("%s: %s", name, e)
-    except Exception as e:  # a bug must not take the other phones down silently
-        report.error = f"{type(e).__name__}: {e}"
-        log.exception("%s crashed", name)
+    except Exception as e:
+        failed(report, e, stop)
     finally:
         client.close()

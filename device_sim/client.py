@@ -34,6 +34,7 @@ log = logging.getLogger("fedkey.device")
 __all__ = [
     "ApiError",
     "Backoff",
+    "ClientBase",
     "DeviceClient",
     "FedkeyError",
     "GlobalModel",
@@ -211,7 +212,64 @@ def checkpoint_of(body: bytes, round_header: str | None) -> GlobalModel:
         raise FedkeyError(f"GET /v1/model: the download is not a usable model: {e}") from e
 
 
-class DeviceClient:
+class ClientBase:
+    """What both phone clients (this module's DeviceClient, device_sim.aphone's
+    AsyncDeviceClient) keep and decide alike: the device token, the retry budget and backoff
+    (`retry_seconds`; doubling from `backoff_initial` up to `backoff_max` seconds, with jitter),
+    the reply timeout (`timeout`; long-polls get their wait on top) and the fleet's `stop`."""
+
+    def __init__(
+        self,
+        token: str | None,
+        retry_seconds: float,
+        backoff_initial: float,
+        backoff_max: float,
+        timeout: float,
+        stop: Any,
+    ) -> None:
+        self.token = token
+        self.device_id: str | None = None
+        self.retry_seconds = retry_seconds
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.timeout = timeout
+        self.stop = stop
+        self._jitter = random.Random()  # timing only: never touches what is trained or uploaded
+
+    def _start(self, method: str, path: str, auth: bool, headers: dict | None) -> dict[str, str]:
+        """A request's headers (with the bearer token when `auth`), checking a phone that was
+        stopped or never enrolled."""
+        out = dict(headers or {})
+        if auth:
+            if self.token is None:
+                raise FedkeyError(f"{method} {path} needs a device token: enroll first")
+            out["Authorization"] = f"Bearer {self.token}"
+        return out
+
+    def _backoff(self, method: str, path: str) -> Backoff:
+        return Backoff(
+            method, path, self.retry_seconds, self.backoff_initial, self.backoff_max, self._jitter
+        )
+
+    def _check_stop(self, method: str, path: str) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped(f"stopped before {method} {path}")
+
+    @staticmethod
+    def _enrollment(secret: str, name: str | None, num_samples: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"enrollment_secret": secret}
+        if name is not None:
+            body["name"] = name
+        if num_samples is not None:
+            body["num_samples"] = int(num_samples)
+        return body
+
+    def _enrolled(self, reply: dict) -> tuple[str, str]:
+        self.device_id, self.token = str(reply["device_id"]), str(reply["token"])
+        return self.device_id, self.token
+
+
+class DeviceClient(ClientBase):
     """One phone's connection to the server at `base_url` through the (shareable) `http` client.
 
     `retry_seconds`: how long transient failures of one request are retried before
@@ -234,17 +292,10 @@ class DeviceClient:
         timeout: float = 60.0,
         stop: threading.Event | None = None,
     ):
+        super().__init__(token, retry_seconds, backoff_initial, backoff_max, timeout, stop)
         self.base_url = base_url.rstrip("/")
         self.http = http
-        self.token = token
-        self.device_id: str | None = None
         self.cache = cache if cache is not None else ModelCache()
-        self.retry_seconds = retry_seconds
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.timeout = timeout
-        self.stop = stop
-        self._jitter = random.Random()  # timing only: never touches what is trained or uploaded
 
     # -- transport -------------------------------------------------------------------------------
 
@@ -268,18 +319,11 @@ class DeviceClient:
         **kwargs: Any,
     ) -> httpx.Response:
         """Send with retries; returns a response whose status is < 400, raises otherwise."""
-        headers = dict(headers or {})
-        if auth:
-            if self.token is None:
-                raise FedkeyError(f"{method} {path} needs a device token: enroll first")
-            headers["Authorization"] = f"Bearer {self.token}"
+        headers = self._start(method, path, auth, headers)
         url = self.base_url + path
-        backoff = Backoff(
-            method, path, self.retry_seconds, self.backoff_initial, self.backoff_max, self._jitter
-        )
+        backoff = self._backoff(method, path)
         while True:
-            if self.stop is not None and self.stop.is_set():
-                raise Stopped(f"stopped before {method} {path}")
+            self._check_stop(method, path)
             at_least = 0.0
             try:
                 resp = self.http.request(
@@ -306,14 +350,8 @@ class DeviceClient:
         self, secret: str, name: str | None = None, num_samples: int | None = None
     ) -> tuple[str, str]:
         """POST /v1/devices -> (device_id, token); the token is kept for the later calls."""
-        body: dict[str, Any] = {"enrollment_secret": secret}
-        if name is not None:
-            body["name"] = name
-        if num_samples is not None:
-            body["num_samples"] = int(num_samples)
-        reply = self.request("POST", "/v1/devices", auth=False, json=body).json()
-        self.device_id, self.token = str(reply["device_id"]), str(reply["token"])
-        return self.device_id, self.token
+        body = self._enrollment(secret, name, num_samples)
+        return self._enrolled(self.request("POST", "/v1/devices", auth=False, json=body).json())
 
     def current(self, wait: float = 0.0) -> dict:
         """GET /v1/rounds/current, long-polling up to `wait` seconds for this device's view to change."""

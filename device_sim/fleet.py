@@ -36,7 +36,7 @@ from corpora.dataset import device_shards
 from device_sim.attacks import SCALE_FACTOR, apply_attack
 from device_sim.client import DeviceClient, FedkeyError, ModelCache
 from device_sim.config import ATTACKS, FleetConfig, PhoneConfig
-from device_sim.phone import Call, DeviceReport, Op, PhoneLoop, Train, drive
+from device_sim.phone import Call, DeviceReport, Op, PhoneLoop, Train, drive, failed
 from device_sim.pool import LocalTask, TrainerPool, default_workers, run_task
 from device_sim.trainer import TrainResult
 
@@ -137,13 +137,8 @@ def _phone_thread(client: DeviceClient, name, shard, secret, phone, trainer, sto
     """One phone's loop in a thread of the fleet; its failures end up in its report."""
     try:
         _run_phone(client, name, shard, secret, phone, trainer, stop, report)
-    except FedkeyError as e:
-        if not stop.is_set():
-            report.error = str(e)
-            log.error("%s: %s", name, e)
     except Exception as e:  # a bug must not take the other phones down silently
-        report.error = f"{type(e).__name__}: {e}"
-        log.exception("%s crashed", name)
+        failed(report, e, stop)
 
 
 def summarize(cfg, workers, reports, crashes, rounds_completed, interrupted, seconds) -> dict:

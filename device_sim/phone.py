@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from common.task import RoundTask, still_selected
 from device_sim.attacks import apply_attack, backdoor_task, boost_factor
-from device_sim.client import ApiError, GlobalModel, Stopped
+from device_sim.client import ApiError, FedkeyError, GlobalModel, Stopped
 from device_sim.config import PhoneConfig
 from device_sim.pool import LocalTask
 from device_sim.protocol import MAX_REENROLL, actionable, round_key
@@ -41,7 +41,9 @@ __all__ = [
     "Pause",
     "PhoneLoop",
     "Train",
+    "advance",
     "drive",
+    "failed",
     "num_samples",
 ]
 
@@ -298,17 +300,33 @@ class PhoneLoop:
         return None
 
 
+def advance(steps: Steps, value: Any, error: Exception | None) -> Op | None:
+    """The protocol's next op, given the last op's result (or its exception, raised inside the
+    protocol where the phone would have met it); None once the phone is done."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(value)
+    except StopIteration:
+        return None
+
+
 def drive(steps: Steps, execute: Callable[[Op], Any]) -> None:
-    """Run a phone's protocol with a blocking `execute` (an op -> its result); an exception of
-    `execute` is raised inside the protocol, where the phone would have met it."""
+    """Run a phone's protocol with a blocking `execute` (an op -> its result)."""
     value: Any = None
     error: Exception | None = None
-    while True:
-        try:
-            op = steps.throw(error) if error is not None else steps.send(value)
-        except StopIteration:
-            return
+    while (op := advance(steps, value, error)) is not None:
         try:
             value, error = execute(op), None
         except Exception as e:
             value, error = None, e
+
+
+def failed(report: DeviceReport, e: Exception, stop: StopFlag | None) -> None:
+    """A phone's end by an exception, in its report (a fleet's phones never take each other
+    down): the server's refusal or absence (FedkeyError) unless the fleet was stopping, or a bug."""
+    if isinstance(e, FedkeyError):
+        if stop is None or not stop.is_set():
+            report.error = str(e)
+            log.error("%s: %s", report.name, e)
+    else:
+        report.error = f"{type(e).__name__}: {e}"
+        log.exception("%s crashed", report.name, exc_info=e)
