@@ -149,9 +149,15 @@ class Federation:
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory) -> Iterator[Federation]:
     """Two phones enrolled and selected in round 1, which is open; rounds=1, so the round's end
-    is the run's."""
+    is the run's. The round's deadline is far off: it stays attempt 0 however long the fuzz runs
+    (at the deadline it would fail for want of uploads and reopen with every device the fuzz
+    enrolled)."""
     settings = make_settings(
-        tmp_path_factory.mktemp("fuzz"), port=free_port(), rounds=1, wait_devices=2
+        tmp_path_factory.mktemp("fuzz"),
+        port=free_port(),
+        rounds=1,
+        wait_devices=2,
+        round_deadline=3600.0,
     )
     with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as running:
         mp.setattr(server.api.deps, "MAX_WAIT", LONG_POLL)
@@ -228,7 +234,9 @@ def test_the_fuzz_reached_past_the_gates(federation: Federation) -> None:
 
 def test_the_federation_is_intact_after_the_fuzz(federation: Federation) -> None:
     """Model, checkpoints and metrics unchanged; after a restart on the same storage (the rows the
-    fuzz wrote read back) round 1 is still open, and the two phones complete it."""
+    fuzz wrote read back) round 1 is still open, phone B's loss report taken if the fuzz made one,
+    and the two phones complete it."""
+    reported = federation.answered[("device token", "POST /v1/rounds/{n}/loss", 200)] > 0
     assert snapshot(federation.client, federation.storage) == federation.before
     federation.stop()
     settings = federation.settings.model_copy(update={"port": free_port()})
@@ -239,7 +247,9 @@ def test_the_federation_is_intact_after_the_fuzz(federation: Federation) -> None
         for p in federation.phones:
             p.client = client  # the same tokens, on the restarted server
             view = p.current()
-            assert view["round"] == 1 and view["selected"] and not view["uploaded"], view
+            assert (view["round"], view["attempt"]) == (1, 0), view
+            assert view["selected"] and not view["uploaded"], view
+            assert view["loss_reported"] == (p is federation.phones[1] and reported), view
             p.train(view)
             r = p.upload()
             assert r.status_code == 200, r.text
