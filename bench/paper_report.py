@@ -85,17 +85,21 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
     runs not done yet (`waiting`)."""
     header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
               "KSR", "best round / rounds"]  # fmt: skip
+    # A run at C 0.5 (the gpu preset) is held against the centralized model of as many examples
+    # as C 0.5 where there is one; every other run against `central`.
+    same = {r["fraction"]: r["test_ppl"] for r in runs if r["kind"] == "central"}
     cp = central["test_ppl"] if central else None
     nt = ngram["top1"] if ngram else None
     rows = []
     fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
-    for r in [x for x in (central, ngram) if x] + [r for r in runs if r["kind"] == "central"
-                                                   and r is not central] + fed:  # fmt: skip
+    others = [r for r in runs if r["kind"] == "central" and r is not central]
+    for r in [x for x in (central, ngram) if x] + others + fed:
         ref = r["kind"] != "federated"
         label = f"**{r['method']}**" if ref else r["method"]
         rounds = "-" if r["kind"] == "ngram" else f"{r['best_round']} / {r['rounds']}"
+        base = same.get(r["fraction"], cp) if r["kind"] == "federated" else cp
         rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
-                     _f(r["test_ppl"]), _pct(r["test_ppl"], cp), _f(r["top1"], ".3f"),
+                     _f(r["test_ppl"]), _pct(r["test_ppl"], base), _f(r["top1"], ".3f"),
                      _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds])  # fmt: skip
     rows += [[m, "-", "not run yet", "", "", "", "", "", ""] for m in waiting]
     return markdown_table(header, rows)
@@ -325,7 +329,14 @@ def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
 OLD_SUITES = ("paper", "privacy", "beyond", "lr", "full")
 
 
-def appendix(runs: list[dict]) -> list[str]:
+def is_old(bench_command: str) -> bool:
+    """A bench command line of the old suites only (none of sweep, rank, noniid)."""
+    words = bench_command.split()
+    suites = {words[i + 1] for i, w in enumerate(words[:-1]) if w == "--suite"}
+    return bool(suites) and not suites & set(RANKING)
+
+
+def appendix(runs: list[dict], bench_commands: Sequence[str] = ()) -> list[str]:
     """The old suites' tables per preset (the 8-round cut's under a title that says what they
     cannot do); the code suite's evidence has its own section."""
     out: list[str] = []
@@ -333,6 +344,9 @@ def appendix(runs: list[dict]) -> list[str]:
         old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
         if old:
             out += _appendix(name, old)
+    olds = [c for c in bench_commands if is_old(c)]
+    if olds:
+        out += ["", "The old suites' bench commands: " + ", then ".join(f"`{c}`" for c in olds)]
     return out
 
 
@@ -346,8 +360,8 @@ def _appendix(name: str, old: list[dict]) -> list[str]:
                "the initial model's (~2,000 against the seed papers' ~100): 8 rounds of 1-2 "
                "local steps move the model little, and the order of the methods is noise. Kept "
                "as the record of what was run; the ranking above replaces it. Its runs were "
-               "made when this preset was called `cpu` (the bench commands above that name "
-               "`--preset cpu` with the suites paper, privacy, beyond, lr, full, code); "
+               "made when this preset was called `cpu` (the bench commands at the end of this "
+               "appendix); "
                "results.json files them under `cpu-8round`, their commands unchanged, so that "
                "preset resumes them.", ""]  # fmt: skip
     else:
@@ -390,7 +404,12 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     for name in presets:
         out += [f"- Preset `{name}`: {PRESETS[name].note}"]
     out += [
-        "- Produced by " + ", then ".join(f"`{c}`" for c in bench_commands) + "; every run's "
+        "- Produced by "
+        + (
+            ", then ".join(f"`{c}`" for c in bench_commands if not is_old(c))
+            or "the old suites' commands (appendix)"
+        )
+        + "; every run's "
         "own command line is in results.json and at the end of this file. Rebuild this file: "
         "`python -m bench.paper_report bench/results/cpu`.",
         f"- Git commits: {', '.join(commits)}",
@@ -405,7 +424,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     if code:
         out += ["", "## The seed papers' column measure (evidence)", "", code_table(code)]
         out += [f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith("code:")]
-    out += appendix(runs)
+    out += appendix(runs, bench_commands)
     old_curves = [p for k, p in plots.items() if k.startswith("old:")]
     if old_curves:
         out += ["", "### Curves of the old suites", ""]

@@ -48,7 +48,8 @@ def ranking_runs():
 
 
 def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appendix():
-    md = markdown(ranking_runs(), ["fedkey bench paper --preset cpu"], {"cpu": {"ptb": {
+    cmds = ["fedkey bench paper --preset cpu --suite paper", "fedkey bench paper --preset cpu"]
+    md = markdown(ranking_runs(), cmds, {"cpu": {"ptb": {
         "client_lr": 1.0}}}, {})  # fmt: skip
     heads = [line for line in md.splitlines() if line.startswith("## ")]
     assert heads[0].startswith("## Language model and keyboard: preset `cpu`")
@@ -64,6 +65,9 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     assert first.count("| centralized") + first.count("**centralized") == 1  # not twice
     assert first.index("| FedAvg |") < first.index("| FedAtt |")  # best test ppl first
     assert "| FedAttOpt | - | not run yet |" in first
+    produced = next(line for line in md.splitlines() if line.startswith("- Produced by"))
+    assert "`fedkey bench paper --preset cpu`;" in produced and "--suite paper" not in produced
+    assert "The old suites' bench commands: `fedkey bench paper --preset cpu --suite paper`" in md
     sweep = md.split("## Learning rates")[1].split("\n## ")[0]
     assert "| client lr | 1 | 1 | 301.00 | 1 | **chosen** |" in sweep
     assert "| client lr | 3 |" in sweep and "client lr 1" in sweep
@@ -76,6 +80,15 @@ def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
     fedavg = next(line for line in table.splitlines() if line.startswith("| FedAvg |"))
     # 160 vs 150: +6.7%; top-1 0.22 vs the 3-gram's 0.16: 1.38x; best of 2 rounds at round 2
     assert fedavg == "| FedAvg | 0.1 | 160.00 | +6.7% | 0.220 | 1.38x | 0.300 | 0.400 | 2 / 2 |"
+    # at C 0.5 (gpu), against the centralized model of as many examples as C 0.5
+    c05 = run("rank", "ptb", "centralized, 125 epochs", 0.5, [1000, 120], kind="central")
+    at05 = run("rank", "ptb", "FedAvg", 0.5, [1000, 132])
+    table = lm_table([c05, at05, *runs[4:6]], central, ngram)
+    assert (
+        "| FedAvg | 0.5 | 132.00 | +10.0% |" in table
+        and "| FedAvg | 0.1 | 160.00 | +6.7% |" in table
+    )
+    assert "| **centralized, 125 epochs** | - | 120.00 | -20.0% |" in table
 
 
 def test_targets_say_where_we_stand():
