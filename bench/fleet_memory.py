@@ -65,6 +65,7 @@ def measure_idle_phones(phones: int, poll_wait: float = 30.0, timeout: float = 9
     and stopped here."""
     import ray
 
+    from device_sim.ray_cluster import RayOptions, connect
     from device_sim.ray_fleet import PhoneHost
 
     secret = secrets.token_urlsafe(16)
@@ -72,7 +73,7 @@ def measure_idle_phones(phones: int, poll_wait: float = 30.0, timeout: float = 9
         port = free_port()
         proc = _server(Path(tmp) / "run", port, phones, secret)
         url = f"http://{HOST}:{port}"
-        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+        session = connect(RayOptions(num_cpus=1))  # a local instance on 127.0.0.1
         try:
             wait_healthy(url, proc, timeout=120)
             host = PhoneHost.remote(url, secret, 300.0)  # type: ignore[attr-defined]
@@ -100,7 +101,7 @@ def measure_idle_phones(phones: int, poll_wait: float = 30.0, timeout: float = 9
             host.halt.remote()
             reports = ray.get(run, timeout=120)
         finally:
-            ray.shutdown()
+            session.close()
             _stop(proc)
     errors = sorted({r["error"] for r in reports.values() if r["error"]})
     peak = max(samples)

@@ -30,22 +30,25 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 import ray
-import torch
+from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from device_sim.aclient import raise_nofile
 from device_sim.aphone import AsyncDeviceClient, AsyncModelCache, AsyncTrainer, run_phone
-from device_sim.client import DeviceClient, GlobalModel
+from device_sim.client import DeviceClient, FedkeyError, GlobalModel
 from device_sim.config import FleetConfig, PhoneConfig
 from device_sim.fleet import RoundsBar, fleet_phones, summarize
 from device_sim.phone import DeviceReport
 from device_sim.pool import LocalTask
+from device_sim.ray_cluster import RayOptions
+from device_sim.ray_pool import RayTrainerPool, train_remote
 from device_sim.trainer import TrainResult
 
 log = logging.getLogger("fedkey.device")
@@ -54,11 +57,15 @@ log = logging.getLogger("fedkey.device")
 PHONES_PER_HOST = 10_000
 
 Phone = tuple[str, list[list[int]], PhoneConfig]  # name, private shard, behaviour
-#: A phone host's training: its phones' tasks and the object-store reference of the global state
-#: -> an ObjectRef of the TrainResult (device_sim.ray_pool's trainer actors).
-Submit = Callable[[LocalTask, Any], Any]
 
-__all__ = ["PHONES_PER_HOST", "PhoneHost", "plan_hosts", "rss_bytes", "run_ray_fleet"]
+__all__ = [
+    "PHONES_PER_HOST",
+    "PhoneHost",
+    "fleet_on_ray",
+    "plan_hosts",
+    "rss_bytes",
+    "run_ray_fleet",
+]
 
 
 def rss_bytes() -> int:
@@ -74,21 +81,57 @@ def rss_bytes() -> int:
 
 
 class ObjectStoreTrainer:
-    """A host's training: each global model version put in the object store once, each phone's
-    task submitted with a reference to it (`submit`), its ObjectRef awaited."""
+    """A host's training on the trainer actors `handles` (device_sim.ray_pool): each global
+    model version put in the object store once, each phone's shard once (for the run), each task
+    sent to the actor this host has given the least work (`offset` spreads the hosts' first
+    choices), its ObjectRef awaited. A task whose actor died is sent once more to another one;
+    an actor that died is not used again by this host."""
 
-    def __init__(self, submit: Submit) -> None:
-        self.submit = submit
+    def __init__(self, handles: list[Any], offset: int = 0) -> None:
+        if not handles:
+            raise ValueError("no trainer actors to train on")
+        self.handles = handles[offset % len(handles) :] + handles[: offset % len(handles)]
+        self.load = [0] * len(self.handles)
+        self.dead: set[int] = set()
         self.model: GlobalModel | None = None
         self.state_ref: Any = None
-        self.trained = 0
+        self.shards: dict[str, tuple[list[list[int]], Any]] = {}
+        self.trained_on: Counter[str] = Counter()  # Ray node id -> trainings of this host
 
-    async def __call__(self, task: LocalTask, model: GlobalModel) -> TrainResult:
+    def _state(self, model: GlobalModel) -> Any:
         if self.model is not model:  # a new version (the shared cache hands out one object)
             self.model, self.state_ref = model, ray.put(model.state)
-        result: TrainResult = await self.submit(task, self.state_ref)
-        self.trained += 1
-        return result
+        return self.state_ref
+
+    def _shard(self, task: LocalTask) -> Any:
+        cached = self.shards.get(task.device_id)
+        if cached is None or cached[0] is not task.shard:  # e.g. a backdoor's poisoned copy
+            cached = self.shards[task.device_id] = (task.shard, ray.put(task.shard))
+        return cached[1]
+
+    async def __call__(self, task: LocalTask, model: GlobalModel) -> TrainResult:
+        state, shard = self._state(model), self._shard(task)
+        for attempt in (1, 2):
+            alive = [i for i in range(len(self.handles)) if i not in self.dead]
+            if not alive:
+                raise FedkeyError(f"{task.device_id}: every trainer actor this host knew died")
+            actor = min(alive, key=self.load.__getitem__)
+            self.load[actor] += 1
+            try:
+                result, where = await train_remote(
+                    self.handles[actor], replace(task, shard=[]), state, shard
+                )
+            except (RayActorError, ObjectLostError) as e:
+                self.dead.add(actor)
+                log.warning("%s: its trainer actor died (%s)", task.device_id, type(e).__name__)
+                if attempt == 2:
+                    raise FedkeyError(f"{task.device_id}: two trainer actors died") from None
+                continue
+            finally:
+                self.load[actor] -= 1
+            self.trained_on[where.node_id] += 1
+            return result
+        raise AssertionError("unreachable")
 
 
 @ray.remote(num_cpus=0)
@@ -99,7 +142,6 @@ class PhoneHost:
 
     def __init__(self, server: str, secret: str, retry_seconds: float) -> None:
         raise_nofile()  # a socket per phone
-        torch.set_num_threads(1)
         self.server = server
         self.secret = secret
         self.retry_seconds = retry_seconds
@@ -107,13 +149,16 @@ class PhoneHost:
         self.reports: dict[str, DeviceReport] = {}
         self.trainer: ObjectStoreTrainer | None = None
 
-    async def run(self, phones: list[Phone], submit: Submit | None) -> dict[str, dict]:
-        """Run `phones` until each has finished, failed or been stopped; their reports.
-        `submit` trains a task (None: phones that never train, e.g. bench.fleet_memory's)."""
+    async def run(
+        self, phones: list[Phone], trainers: list[Any] | None, offset: int = 0
+    ) -> dict[str, dict]:
+        """Run `phones` until each has finished, failed or been stopped; their reports. Their
+        training goes to the trainer actors `trainers` (None: phones that never train, e.g.
+        bench.fleet_memory's idle ones); `offset`: this host's index, to spread first choices."""
         cache = AsyncModelCache()  # one download per model version for all of them
         train: AsyncTrainer = _no_training
-        if submit is not None:
-            self.trainer = ObjectStoreTrainer(submit)
+        if trainers is not None:
+            self.trainer = ObjectStoreTrainer(trainers, offset)
             train = self.trainer
         coros = []
         for name, shard, phone in phones:
@@ -129,7 +174,7 @@ class PhoneHost:
 
     async def status(self) -> dict:
         """Where it runs and how its phones are doing: node, pid, RSS bytes, phones, enrolled,
-        uploads, trained."""
+        uploads, trained, and trained_on (Ray node id -> its phones' trainings there)."""
         return {
             "node": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
@@ -137,7 +182,8 @@ class PhoneHost:
             "phones": len(self.reports),
             "enrolled": sum(r.device_id is not None for r in self.reports.values()),
             "uploads": sum(r.uploads for r in self.reports.values()),
-            "trained": self.trainer.trained if self.trainer is not None else 0,
+            "trained": sum(r.trained for r in self.reports.values()),
+            "trained_on": dict(self.trainer.trained_on) if self.trainer is not None else {},
         }
 
     async def halt(self) -> None:
@@ -179,27 +225,45 @@ def alive_nodes() -> list[str]:
 
 
 def start_hosts(cfg: FleetConfig, plans: list[HostPlan]) -> list[Any]:
-    """One PhoneHost actor per plan, pinned to its node (soft: elsewhere if the node is gone)."""
+    """One PhoneHost actor per plan, pinned to its node (alive a moment ago). Not soft: Ray's
+    soft affinity does not keep an actor without resources (num_cpus=0) on its node."""
     return [
         PhoneHost.options(  # type: ignore[attr-defined]
-            scheduling_strategy=NodeAffinitySchedulingStrategy(plan.node, soft=True),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(plan.node, soft=False),
             name=None,
         ).remote(cfg.server, cfg.enrollment_secret, cfg.retry_seconds)
         for plan in plans
     ]
 
 
+def fleet_on_ray(
+    cfg: FleetConfig,
+    opts: RayOptions,
+    progress: bool = True,
+    on_hosts: Callable[[list[dict]], None] | None = None,
+) -> dict:
+    """`fedkey devices --backend ray`: connect to the cluster `opts` names (a local instance by
+    default), start the trainer actors (device_sim.ray_pool), run the fleet (run_ray_fleet) and
+    stop what was started. RayUnavailable (one line) when no cluster can be reached."""
+    pool = RayTrainerPool(opts)
+    try:
+        pool.ready()  # the trainers have imported torch before the phones need them
+        return run_ray_fleet(cfg, pool.handles, pool.workers, progress, on_hosts)
+    finally:
+        pool.close()
+
+
 def run_ray_fleet(
     cfg: FleetConfig,
-    submit: Submit,
+    trainers: list[Any],
     workers: int,
     progress: bool = True,
     on_hosts: Callable[[list[dict]], None] | None = None,
 ) -> dict:
     """Run `cfg.count` phones on the connected Ray cluster until the server finishes (or Ctrl-C);
-    returns run_fleet's summary. `submit(task, state_ref)` trains a phone's task on the trainer
-    actors (`workers` of them); `on_hosts` receives each host's final status (node, pid, RSS,
-    phones, trained) before the hosts go.
+    returns run_fleet's summary. Their training goes to the trainer actors `trainers`
+    (device_sim.ray_pool handles; `workers`, their number, goes in the summary); `on_hosts`
+    receives each host's last status (PhoneHost.status) before the hosts go.
 
     A host that dies costs its phones (their reports carry the reason, the summary's errors a
     crash line); the others run on. FleetError when every phone failed.
@@ -210,7 +274,7 @@ def run_ray_fleet(
         plans = plan_hosts(fleet_phones(cfg, model.tokenizer), alive_nodes())
         hosts = start_hosts(cfg, plans)
         runs = {
-            h.run.remote(p.phones, submit): i
+            h.run.remote(p.phones, trainers, i): i
             for i, (h, p) in enumerate(zip(hosts, plans, strict=True))
         }
         done: dict[str, dict] = {}

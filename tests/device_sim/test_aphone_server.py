@@ -6,83 +6,31 @@ planned over nodes."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from device_sim.aphone import AsyncDeviceClient, AsyncModelCache, run_phone, thread_trainer
 from device_sim.client import parse_checkpoint
-from device_sim.config import FleetConfig
 from device_sim.fleet import fleet_phones, run_fleet
 from device_sim.phone import DeviceReport
 from device_sim.ray_fleet import plan_hosts
-from runners.processes import free_port
-from server.main import build_server
-from tests.support.http import DATA, SECRET, make_settings
-from tests.support.wait import wait_for
+from tests.device_sim.real_server import final_weights, fleet_config, real_server
+from tests.support.http import SECRET
 
 PHONES = 3
 
 
-@contextmanager
-def server(tmp: Path) -> Iterator[tuple[str, Path]]:
-    """A real server (uvicorn in a thread) for PHONES phones and 2 rounds; (url, storage)."""
-    port = free_port()
-    settings = make_settings(tmp, port=port, wait_devices=PHONES, precision="fp32")
-    uvicorn_server = build_server(settings, log_level="warning")
-    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(up, timeout=60, every=0.05, what="the server did not start")
-        yield url, settings.storage
-    finally:
-        uvicorn_server.should_exit = True
-        thread.join(timeout=30)
-
-
-def fleet_config(url: str) -> FleetConfig:
-    return FleetConfig(
-        server=url,
-        count=PHONES,
-        data=DATA["data"],
-        max_train_tokens=DATA["max_train_tokens"],
-        seed=DATA["seed"],
-        device="cpu",
-        workers=0,
-        enrollment_secret=SECRET,
-        retry_seconds=20,
-        poll_wait=5,
-    )
-
-
-def final_weights(storage: Path) -> dict[str, torch.Tensor]:
-    wait_for(lambda: (storage / "checkpoints" / "round_0002.safetensors").exists(), timeout=30)
-    return load_file(storage / "checkpoints" / "round_0002.safetensors")
-
-
 @pytest.mark.slow
 def test_asyncio_phones_give_the_thread_fleets_weights(tmp_path):
-    with server(tmp_path / "threads") as (url, storage):
-        summary = run_fleet(fleet_config(url), progress=False)
+    with real_server(tmp_path / "threads", PHONES) as (url, storage):
+        summary = run_fleet(fleet_config(url, PHONES), progress=False)
         want = final_weights(storage)
     assert summary["errors"] == {} and summary["uploads"] == 2 * PHONES
 
-    with server(tmp_path / "asyncio") as (url, storage):
-        cfg = fleet_config(url)
+    with real_server(tmp_path / "asyncio", PHONES) as (url, storage):
+        cfg = fleet_config(url, PHONES)
         model = httpx.get(url + "/v1/model")  # the shards are cut with the server's tokenizer
         assert model.status_code == 200
         phones = fleet_phones(cfg, parse_checkpoint(model.content).tokenizer)
