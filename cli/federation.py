@@ -11,6 +11,7 @@ import typer
 from cli.errors import INTERRUPTED, UserError, check_can_listen
 from cli.options import (
     ATTACKS,
+    BACKEND,
     CANARY,
     DATA,
     FEDERATION,
@@ -27,6 +28,7 @@ from cli.options import (
     check_url,
     opt,
     phone_data,
+    ray_options,
     with_options,
 )
 from device_sim.config import FleetConfig
@@ -227,6 +229,7 @@ def fleet_config(url: str, count: int, secret: str, opts: dict, **extra) -> Flee
     FLEET,
     ATTACKS,
     CANARY,
+    BACKEND,
 )
 def devices(
     server_url: str = typer.Option(
@@ -261,9 +264,12 @@ def devices(
     ),
     **opts,
 ) -> None:
-    """Run N simulated phones, each with its own private shard, against a server until it finishes."""
+    """Run N simulated phones, each with its own private shard, against a server until it
+    finishes. --backend ray spreads them over a Ray cluster: asyncio phones in actors on every
+    node, their training on the cluster's trainer actors."""
     from device_sim.client import FedkeyError, ServerUnavailable
     from device_sim.fleet import run_fleet
+    from device_sim.ray_cluster import RayUnavailable
 
     fleet = fleet_config(
         server_url,
@@ -273,8 +279,16 @@ def devices(
         name_prefix=name_prefix,
         retry_seconds=retry_seconds,
     )
+    ray = ray_options(opts)
     try:
-        summary = run_fleet(fleet)
+        if ray is None:
+            summary = run_fleet(fleet)
+        else:
+            from device_sim.ray_fleet import fleet_on_ray
+
+            summary = fleet_on_ray(fleet, ray)
+    except RayUnavailable as e:
+        raise UserError(str(e)) from None
     except ServerUnavailable as e:
         raise UserError(f"{e}; is a fedkey server running at {server_url} (--server)?") from None
     except FedkeyError as e:  # FleetError (every phone failed the same way), a refused request
