@@ -185,3 +185,17 @@ def test_progress_counts_every_planned_run():
     # WikiText-2 by article (10) and the demo (10 + ngram + central)
     assert plan == {"sweep": 27, "rank": 24, "noniid": 22}
     assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr"}
+
+
+def test_costliest_runs_wait_until_every_other_run_is_done():
+    p = PRESETS["cpu"]
+    order = [(s.suite, s.dataset, s.method) for s in select(p, ["sweep", "rank", "noniid"],
+                                                            decided("cpu"))]  # fmt: skip
+    late = [i for i, (_, _, m) in enumerate(order) if m in ("FedSGD", "AdaFL + FedAvg")]
+    assert min(late) > max(i for i, (_, _, m) in enumerate(order)
+                           if m not in ("FedSGD", "AdaFL + FedAvg", "AdaFL + FedAtt"))  # fmt: skip
+    first = [o for o in order if o[1] == "ptb"][:2]
+    assert first[0][0] == "sweep" and order.index(("rank", "ptb", "FedAvg")) < order.index(
+        ("sweep", "wikitext-2", "FedAvg, client lr 0.3")
+    )
+    assert order[-1] == ("noniid", "demo", "FedSGD")
