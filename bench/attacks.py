@@ -55,9 +55,13 @@ class Protocol:
     seed: int = 0
     workers: int | None = None  # training processes per run (None: one per core)
     backdoor: tuple[str, ...] = ()  # --backdoor-* flags beyond the defaults
+    # auto would be bf16 on a CPU with avx512_bf16 and fp32 elsewhere: the arms compared in one
+    # table must run at one precision, whatever machine runs each cell.
+    precision: str = "fp32"
 
     def flags(self) -> list[str]:
         f = ["--data", "demo", "--partition", "iid", "--fraction", "1.0"]
+        f += ["--precision", self.precision]
         f += ["--rounds", str(self.rounds), "--local-epochs", str(self.local_epochs)]
         f += ["--max-eval-sentences", str(self.max_eval_sentences), "--ksr-sentences", "0"]
         f += ["--seed", str(self.seed)]

@@ -56,12 +56,15 @@ class InfluenceConfig:
     """Bounded influence: what one phone's upload can do to the global model.
 
     Every update's delta is clipped on the server before any strategy sees it (whole model or per
-    layer): to ``clip_multiple`` times the round's median update norm (adaptive, the default: a
-    multiple of what honest phones send), to ``clip_norm`` (fixed), or not at all (off: the seed
-    papers' behaviour; it also turns off the two caps below). Attention scores are divided by
+    layer): to ``multiple`` times the round's median update norm (adaptive, the default, 1: the
+    median, what honest phones send; server.influence says why), to ``norm`` (fixed), or not at
+    all (off: the seed papers' behaviour; it also turns off the two caps below). Attention scores are divided by
     ``temperature`` times the bound, so no phone's weight passes ``e^(1/T) / (e^(1/T) + m - 1)``;
     a FedAvg weight n_k is capped at ``weight_cap`` times the round's median n_k. Under DP the clip
     is the DP clip S (fixed, data-independent).
+
+    With the trim, FedAtt's attention also counts no layer distance beyond the round's
+    (k+1)-th largest (``Bound.distance_caps``).
 
     ``trim`` (beta) first clamps every coordinate of every delta to the range of the round's values
     of that coordinate without their ceil(beta m) smallest and largest (winsorizing,
@@ -74,7 +77,7 @@ class InfluenceConfig:
 
     mode: ClipMode = "adaptive"
     norm: float | None = None  # S of the fixed mode
-    multiple: float = 2.0  # adaptive: S = multiple * median of the round's norms
+    multiple: float = 1.0  # adaptive: S = multiple * median of the round's norms (FLAME's median)
     scope: ClipScope = "model"
     temperature: float = 1.0  # attention: softmax(score / (T * bound))
     weight_cap: float = 4.0  # n_k <= weight_cap * median n_k

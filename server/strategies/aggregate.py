@@ -263,6 +263,7 @@ class LayerwiseAttention:
         global_state: Mapping[str, Tensor],
         score_fn: Callable[[Tensor, Tensor, Tensor], float],
         score_scale: Mapping[str, float] | None = None,
+        score_cap: Mapping[str, float] | None = None,
     ) -> None:
         self.global_state = global_state
         self.keys = floating_keys(global_state)
@@ -270,6 +271,10 @@ class LayerwiseAttention:
         # The attention cap: layer l's logit is its score times score_scale[l] (1 / (T S_l) for
         # FedAtt under a clip), so logits span a known interval; None: the raw score.
         self.score_scale = dict(score_scale) if score_scale is not None else None
+        # Winsorized scores: layer l's raw score counts at most score_cap[l] (FedAtt under the
+        # trim: the round's (k+1)-th largest distance); None: no cap. ``capped`` counts them.
+        self.score_cap = dict(score_cap) if score_cap is not None else None
+        self.capped = 0
         self.layers = {k: OnlineSoftmaxSum() for k in self.keys}
         self.scores: list[tuple[Hashable, dict[str, float]]] = []
 
@@ -304,6 +309,10 @@ class LayerwiseAttention:
             c = _layer(client_state, k)
             u = _delta(g, c, k)
             s = _check_finite(float(self.score_fn(u, g, c)), f"score of layer {k!r}")
+            if self.score_cap is not None and s > self.score_cap[k]:
+                # the cap is computed in float64 from the same delta: count real cuts only
+                self.capped += s > self.score_cap[k] * (1 + 1e-6)
+                s = self.score_cap[k]
             if self.score_scale is not None:
                 s *= self.score_scale[k]
             self.layers[k].add(s, {k: u})

@@ -32,12 +32,19 @@ class Bound:
     """What the server's clip guarantees of every update of a round (server.influence makes it):
     each delta's whole-model L2 norm is at most ``norm`` (S) and layer ``k``'s at most
     ``layers[k]`` (S_l; equal to S under the model scope). ``temperature`` is the attention cap:
-    attentive strategies divide their scores by ``temperature`` times the bound."""
+    attentive strategies divide their scores by ``temperature`` times the bound.
+
+    ``distance_caps`` (with the coordinate trim, never under DP): per layer, the round's
+    (k+1)-th largest bounded layer distance ``||u_k^l||`` (k the trim's count). FedAtt counts
+    no distance beyond it, so the k farthest phones score as the (k+1)-th farthest: the
+    winsorizing the trim applies to every coordinate, applied to the attention's input.
+    None: distances are used as they are."""
 
     norm: float
     layers: Mapping[str, float]
     scope: Literal["model", "layer"] = "model"
     temperature: float = 1.0
+    distance_caps: Mapping[str, float] | None = None
 
 
 @dataclass

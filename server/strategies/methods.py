@@ -144,11 +144,13 @@ class FedAtt(Strategy):
         updates: Iterator[ClientUpdate],
         bound: Bound | None,
     ) -> tuple[StateDict, Info]:
-        scale = None
+        scale = cap = None
         if bound is not None:  # logits ||u^l|| / (T S_l) in [0, 1/T]: weights capped
             scale = {k: 1.0 / (bound.temperature * s) for k, s in bound.layers.items()}
+            if self.norm == "l2":  # the caps are order statistics of the L2 distances
+                cap = bound.distance_caps
         scorer = LayerwiseAttention.fedatt_scorer(self.norm)
-        att = LayerwiseAttention(global_state, scorer, scale)
+        att = LayerwiseAttention(global_state, scorer, scale, cap)
         for u in updates:
             att.add(u.state, tag=u.device_id)
         new = att.result(self.epsilon)
@@ -161,6 +163,8 @@ class FedAtt(Strategy):
         }
         if bound is not None:
             info["attention_cap"] = _cap(att.count, math.exp(1.0 / bound.temperature))
+        if cap is not None:
+            info["winsorized_scores"] = att.capped
         return new, info
 
     def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:

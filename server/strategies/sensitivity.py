@@ -11,6 +11,10 @@ of a cohort of ``m`` is replaced by any other phone (the cohort size is public).
   ``w = exp(logit)`` differ by at most the factor ``rho = e^r``; FedAtt's logit is
   ``||u_k^l|| / (T S_l)`` (in ``[0, 1/T]``, ``rho = e^(1/T)``), FedMed's is ``JS / T`` (the
   Jensen-Shannon divergence lies in ``[0, ln 2]``, ``rho = 2^(1/T)``).
+* a phone's logit depends on its own update only: FedAtt's winsorized distances
+  (``Bound.distance_caps``, the round's (k+1)-th largest) come with the coordinate trim, which
+  DP refuses (server.config.dp_problem), so under DP the caps are None and the derivation below
+  ("the others' relative weights do not change") holds.
 
 **Attention step** (FedAtt, Ji et al. 2019, eq. 4; FedMed's adaptive step, Wu et al. 2020, eq. 5):
 ``Delta_out = step * A`` with, per layer, ``A^l = sum_k alpha_k^l u_k^l`` and

@@ -2,6 +2,7 @@
 and sample-count weights, so one well-formed hostile upload cannot take over the global model."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -31,9 +32,12 @@ def test_adaptive_bound_is_a_multiple_of_the_median_and_cuts_a_boosted_update_ba
     norms = sorted(norm_of(u) for u in ups)
     median = (norms[4] + norms[5]) / 2
     rnd = bound_round(InfluenceConfig(trim=0), GLOBAL, ups)
-    assert rnd.bound.norm == pytest.approx(2.0 * median)
+    assert rnd.bound.norm == pytest.approx(median)  # the default multiple: 1, the median
+    assert bound_round(InfluenceConfig(trim=0, multiple=2), GLOBAL, ups).bound.norm == (
+        pytest.approx(2 * median)
+    )
     out = list(rnd)
-    assert norm_of(out[-1]) == pytest.approx(2.0 * median, rel=1e-6)  # the x100 phone
+    assert norm_of(out[-1]) == pytest.approx(median, rel=1e-6)  # the x100 phone
     # The honest updates within the bound are passed as they are (the same tensors).
     for before, after in zip(ups[:-1], out[:-1], strict=True):
         if norm_of(before) <= rnd.bound.norm:
@@ -122,11 +126,11 @@ def test_the_trim_cuts_a_backdoor_coordinate_back_to_the_honest_range():
     honest_max = max(float(delta(u, "bias")[3]) for u in ups[:9])
     fedavg = get_strategy("fedavg")
 
-    untrimmed = bound_round(InfluenceConfig(trim=0), GLOBAL, ups)
+    untrimmed = bound_round(InfluenceConfig(trim=0, multiple=2), GLOBAL, ups)
     assert untrimmed.info["clipped"] == 0  # within 2x the median norm: the clip lets it through
     pushed, _ = fedavg.aggregate(GLOBAL, untrimmed, untrimmed.bound)
 
-    rnd = bound_round(InfluenceConfig(), GLOBAL, ups)  # the default: trim 0.1, 1 value per end
+    rnd = bound_round(InfluenceConfig(multiple=2), GLOBAL, ups)  # trim 0.1: 1 value per end
     assert rnd.info["trimmed"] == 1
     out = list(rnd)
     second = sorted(float(delta(u, "bias")[3]) for u in ups)[-2]
@@ -172,3 +176,64 @@ def test_dp_does_not_trim_by_default_and_refuses_an_explicit_trim():
     assert dp_problem("fedavg", dp, InfluenceConfig(), {}) is None
     assert "--trim 0" in dp_problem("fedavg", dp, InfluenceConfig(trim=0.1), {})
     assert bound_round(InfluenceConfig(mode="off"), GLOBAL, ups).info["trimmed"] == 0
+
+
+def test_fedatt_scores_the_farthest_phone_as_the_second_farthest_under_the_trim():
+    """FedAtt's softmax favours the farthest update: a persistent attacker, trimmed and clipped,
+    still got 1.3x an honest phone's weight on the embedding (bench attacks). Under the trim its
+    distance is winsorized like its coordinates: it counts as the round's (k+1)-th largest."""
+    ups = [honest(i, scale=0.1 + 0.05 * i) for i in range(9)]  # phone 8 the farthest honest
+    far = {}  # at an honest extreme on every coordinate, as a trimmed backdoor is: never trimmed
+    for key in ("emb", "bias"):
+        d = torch.stack([delta(u, key) for u in ups])
+        hi, lo = d.max(dim=0).values, d.min(dim=0).values
+        far[key] = GLOBAL[key] + torch.where(hi.abs() >= lo.abs(), hi, lo)
+    ups.append(ClientUpdate({**ups[8].state, **far}, 100, 1.0, "d09"))
+    rnd = bound_round(InfluenceConfig(multiple=3), GLOBAL, ups)  # the clip does not bite here
+    bounded = [layer_norms(GLOBAL, u.state) for u in rnd]
+    for key, cap in rnd.bound.distance_caps.items():  # the attacker farthest, phone 8 second
+        order = sorted(range(10), key=lambda i, key=key: bounded[i][key])
+        assert order[-2:] == [8, 9]
+        assert cap == pytest.approx(bounded[8][key], rel=1e-6)
+    fedatt = get_strategy("fedatt")
+    new, info = fedatt.aggregate(GLOBAL, rnd, rnd.bound)
+    assert info["winsorized_scores"] == 2  # the attacker's two layers
+    weights = info["attention_mean"]
+    assert weights["d09"] == pytest.approx(weights["d08"], rel=1e-6)
+    # The same bounded round without the caps: the attacker outweighs every honest phone.
+    _, raw = fedatt.aggregate(GLOBAL, rnd, replace(rnd.bound, distance_caps=None))
+    assert raw["attention_mean"]["d09"] > 1.01 * raw["attention_mean"]["d08"]
+    assert "winsorized_scores" not in raw
+
+
+def test_no_distance_caps_without_the_trim_or_under_dp():
+    """The caps make one phone's score depend on the others', which the DP analysis (replace one
+    phone, the others' logits unchanged) does not cover: they come with the trim only."""
+    ups = [honest(i) for i in range(10)]
+    assert bound_round(InfluenceConfig(trim=0), GLOBAL, ups).bound.distance_caps is None
+    assert bound_round(InfluenceConfig(), GLOBAL, ups, clip_norm=1.0).bound.distance_caps is None
+    _, info = get_strategy("fedatt", norm="spectral").aggregate(
+        GLOBAL, bound_round(InfluenceConfig(), GLOBAL, ups), None
+    )
+    assert "winsorized_scores" not in info
+
+
+def test_the_default_clip_cuts_a_trimmed_backdoor_to_the_median_norm():
+    """A trimmed backdoor sits at an honest extreme on every coordinate it pushes: no coordinate
+    is out of range, but its norm is (bench attacks: 1.6x the median while honest phones were
+    within 1.05x), so a clip at twice the median never bit. At the median (FLAME, Nguyen et al.
+    2022) it is cut to an honest phone's norm."""
+    ups = [honest(i, scale=0.1) for i in range(9)]
+    far = {}
+    for key in ("emb", "bias"):
+        d = torch.stack([delta(u, key) for u in ups])
+        hi, lo = d.max(dim=0).values, d.min(dim=0).values
+        far[key] = GLOBAL[key] + torch.where(hi.abs() >= lo.abs(), hi, lo)
+    ups.append(ClientUpdate({**ups[0].state, **far}, 100, 1.0, "d09"))
+    trimmed = [norm_of(u) for u in bound_round(InfluenceConfig(mode="off"), GLOBAL, ups)]
+    median = sorted(trimmed)[4] / 2 + sorted(trimmed)[5] / 2
+    assert trimmed[9] > 1.3 * median  # farther than any honest phone, as in the bench
+    assert bound_round(InfluenceConfig(multiple=2), GLOBAL, ups).info["clipped"] == 0
+    rnd = bound_round(InfluenceConfig(), GLOBAL, ups)
+    assert norm_of(list(rnd)[9]) == pytest.approx(rnd.bound.norm, rel=1e-6)
+    assert rnd.bound.norm < 1.05 * median  # the median of the trimmed norms
