@@ -48,7 +48,6 @@ from device_sim.fleet import RoundsBar, fleet_phones, summarize
 from device_sim.phone import DeviceReport
 from device_sim.pool import LocalTask
 from device_sim.ray_cluster import RayOptions
-from device_sim.ray_pool import RayTrainerPool, train_remote
 from device_sim.trainer import TrainResult
 
 log = logging.getLogger("fedkey.device")
@@ -110,6 +109,8 @@ class ObjectStoreTrainer:
         return cached[1]
 
     async def __call__(self, task: LocalTask, model: GlobalModel) -> TrainResult:
+        from device_sim.ray_pool import train_remote
+
         state, shard = self._state(model), self._shard(task)
         for attempt in (1, 2):
             alive = [i for i in range(len(self.handles)) if i not in self.dead]
@@ -245,6 +246,8 @@ def fleet_on_ray(
     """`fedkey devices --backend ray`: connect to the cluster `opts` names (a local instance by
     default), start the trainer actors (device_sim.ray_pool), run the fleet (run_ray_fleet) and
     stop what was started. RayUnavailable (one line) when no cluster can be reached."""
+    from device_sim.ray_pool import RayTrainerPool
+
     pool = RayTrainerPool(opts)
     try:
         pool.ready()  # the trainers have imported torch before the phones need them
