@@ -120,6 +120,16 @@ def command(cell: Cell, protocol: Protocol, run_dir: Path) -> list[str]:
     return cmd + ["--out", str(run_dir)]
 
 
+def clip_multiple(rows: list[dict]) -> float | None:
+    """The adaptive clip's S over the round's median norm in the last aggregated round (the
+    multiple the run's server used, whatever its defaults were then); None without one."""
+    for r in reversed(rows):
+        clip = (r.get("info") or {}).get("clip") or {}
+        if clip.get("mode") == "adaptive" and clip.get("norm") and clip.get("median_norm"):
+            return round(clip["norm"] / clip["median_norm"], 3)
+    return None
+
+
 def summarize(rows: list[dict], cell: Cell) -> dict:
     """One results.json object from a cell's metrics rows (round 0: the initial model)."""
     refused = [why for r in rows for why in (r.get("rejected") or {}).values()]
@@ -138,6 +148,7 @@ def summarize(rows: list[dict], cell: Cell) -> dict:
         "refused_uploads": len(refused),
         "refused_reasons": sorted(set(refused)),
         "aggregated_per_round": [len(r.get("aggregated", [])) for r in rows[1:]],
+        "clip_multiple": clip_multiple(rows),
         # round, test ppl, backdoor top-1, backdoor top-3
         "curve": [
             [r["round"], r["test_ppl"], r.get("backdoor_top1"), r.get("backdoor_top3")]

@@ -14,7 +14,8 @@ from bench.report import markdown_table
 from server.storage import PLOT_CAP
 
 NAMES = {"fedavg": "FedAvg", "fedatt": "FedAtt"}
-#: Issue 15's acceptance: the backdoor's final top-1 success with the defaults under this ...
+#: Issue 15's acceptance: the backdoor's final top-1 and top-3 success with the defaults under
+#: this ...
 DEFENDED_MAX = 0.10
 #: ... where the undefended run's is over this.
 UNDEFENDED_MIN = 0.50
@@ -48,8 +49,8 @@ def _ratio(run: dict, clean: dict | None) -> float | None:
 
 def acceptance(runs: dict[str, dict]) -> list[dict]:
     """Per strategy and population: the backdoor's final success without the defence, with the
-    clip alone and with the defaults, and whether issue 15's bar is met (defended < 10% where
-    undefended > 50%)."""
+    clip alone and with the defaults, and whether issue 15's bar is met (defended top-1 and top-3
+    < 10% where the undefended top-1 > 50%; "top-1 only" when the top-3 is not)."""
     out = []
     for s in STRATEGIES:
         for n, m in POPULATIONS:
@@ -61,8 +62,10 @@ def acceptance(runs: dict[str, dict]) -> list[dict]:
                 continue
             if off["backdoor_top1"] <= UNDEFENDED_MIN:
                 verdict = "no test: the undefended backdoor stays under 50%"
-            elif on["backdoor_top1"] < DEFENDED_MAX:
+            elif on["backdoor_top1"] < DEFENDED_MAX and (on["backdoor_top3"] or 0) < DEFENDED_MAX:
                 verdict = "met"
+            elif on["backdoor_top1"] < DEFENDED_MAX:
+                verdict = "**top-1 only**: top-3 not under 10%"
             else:
                 verdict = "**not met**"
             clip = runs.get(Cell(s, "clip", n, m, "backdoor").id)
@@ -126,8 +129,9 @@ def _notes(runs: dict[str, dict], rows: list[dict]) -> list[str]:
 
 
 def _matrix_table(runs: dict[str, dict]) -> str:
-    header = ["strategy", "defence", "attackers", "attack", "final test ppl", "clean run's",
-              "ratio", "refused uploads", "backdoor top-1", "backdoor top-3"]  # fmt: skip
+    header = ["strategy", "defence", "clip S / median", "attackers", "attack", "final test ppl",
+              "clean run's", "ratio", "refused uploads", "backdoor top-1",
+              "backdoor top-3"]  # fmt: skip
     body = []
     for cell in cells():
         r = runs.get(cell.id)
@@ -138,6 +142,7 @@ def _matrix_table(runs: dict[str, dict]) -> str:
         body.append([
             NAMES[cell.strategy],
             cell.defence,
+            "-" if r.get("clip_multiple") is None else _f(r["clip_multiple"]),
             cell.population,
             cell.attack,
             _f(r["final_test_ppl"]),
@@ -260,8 +265,8 @@ def markdown(
         "",
         "Malicious phones against FedAvg and FedAtt, with the server's defaults (bounded influence: "
         "every coordinate of every update trimmed to the range of the round's other updates, "
-        "every update clipped to a multiple of the round's median norm, attention and FedAvg "
-        "weights capped), with the clip alone (`--trim 0`) and without any bound (`--bound off`, "
+        "every update clipped to a multiple of the round's median norm, FedAtt's distances "
+        "winsorized like the coordinates, attention and FedAvg weights capped), with the clip alone (`--trim 0`) and without any bound (`--bound off`, "
         "the seed papers' server), on the demo corpus with "
         f"every phone selected every round ({p.rounds} rounds, E {p.local_epochs}). Attacks: "
         "`scale` uploads global + 100 x its delta, `signflip` global - 10 x its delta, `backdoor` "
@@ -275,8 +280,9 @@ def markdown(
         "",
         "## Acceptance (issue 15)",
         "",
-        f"The backdoor's success after the last round, with the defaults under {_pct(DEFENDED_MAX)} "
-        f"where the undefended run's exceeds {_pct(UNDEFENDED_MIN)}:",
+        "The backdoor's success after the last round, with the defaults under "
+        f"{_pct(DEFENDED_MAX)} (top-1 and top-3) where the undefended run's top-1 exceeds "
+        f"{_pct(UNDEFENDED_MIN)}:",
         "",
         _acceptance_table(accepted) or "(no backdoor cells yet)",
         "",
@@ -285,7 +291,9 @@ def markdown(
         "## Every cell",
         "",
         "Final test perplexity against the clean run of the same arm (strategy, defence, phones), "
-        "and the backdoor's final success.",
+        "and the backdoor's final success. Clip S / median: the adaptive clip's multiple of the "
+        "round's median norm the run's server used (its default then; \"-\": no adaptive clip); "
+        'runs of different multiples come from different commits ("How it was run").',
         "",
         _matrix_table(by_id),
         "",

@@ -12,8 +12,11 @@ from bench.attacks import Cell, Protocol, cells, command
 from bench.attacks_report import acceptance, write_report
 
 
-def fake(cell: Cell, ppl: float, top1: float | None = None, refused: int = 0, **kw) -> dict:
-    top3 = None if top1 is None else min(1.0, top1 + 0.1)
+def fake(
+    cell: Cell, ppl: float, top1: float | None = None, refused: int = 0, top3=None, **kw
+) -> dict:
+    if top3 is None:
+        top3 = None if top1 is None else min(1.0, top1 + 0.1)
     return {
         "id": cell.id,
         "strategy": cell.strategy,
@@ -47,6 +50,7 @@ def test_the_matrix_and_its_commands():
     line = shlex.join(off)
     assert "--bound off" in line and "--clients 30" in line and "--malicious 3" in line
     assert "--attack backdoor" in line and "--rounds 3" in line and "--fraction 1.0" in line
+    assert "--precision fp32" in line  # one precision for every arm, on any machine
     clean = shlex.join(command(Cell("fedavg", "on", 10, 1, "clean"), Protocol(), attacks.Path("r")))
     assert "--malicious 0 --attack backdoor" in clean and "--bound" not in clean
     assert "--trim" not in clean  # "on" is the server's defaults
@@ -66,28 +70,33 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedatt", "off", 30, 3, "signflip"), 3.6e289),  # the plot's ticks overflowed
         fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
-        fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05),
+        fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05, clip_multiple=1.0),
         fake(Cell("fedavg", "clip", 10, 1, "backdoor"), 104.0, top1=0.6),
         fake(Cell("fedavg", "on", 10, 1, "nan"), 102.0, refused=2),
         fake(Cell("fedatt", "off", 10, 1, "backdoor"), 5e9, top1=0.9),  # a wrecked model
         fake(Cell("fedatt", "on", 10, 1, "backdoor"), 100.0, top1=0.3),
         fake(Cell("fedavg", "off", 30, 3, "backdoor"), 100.0, top1=0.4),
         fake(Cell("fedavg", "on", 30, 3, "backdoor"), 100.0, top1=0.0),
+        fake(Cell("fedatt", "off", 30, 3, "backdoor"), 100.0, top1=0.9),
+        fake(Cell("fedatt", "on", 30, 3, "backdoor"), 100.0, top1=0.02, top3=0.09),
     ]
     verdicts = {(a["strategy"], a["population"]): a["verdict"] for a in acceptance(
         {r["id"]: r for r in runs})}  # fmt: skip
-    assert verdicts[("fedavg", "1 of 10")] == "met"
+    assert verdicts[("fedavg", "1 of 10")].startswith("**top-1 only**")  # 5% / 15%
+    assert verdicts[("fedatt", "3 of 30")] == "met"  # 2% / 9%
     assert verdicts[("fedatt", "1 of 10")] == "**not met**"
     assert verdicts[("fedavg", "3 of 30")].startswith("no test")
     md = write_report(runs, tmp_path, ["fedkey bench attacks"]).read_text()
     assert md.index("## Acceptance") < md.index("## Every cell")
     assert "FedAtt, 1 of 10, undefended: the boosted updates wrecked the model (final test " in md
     assert "FedAvg, 1 of 10, undefended" not in md  # 110 against 100 clean: not wrecked
-    assert "| FedAvg | 1 of 10 | 80% / 90% | 60% / 70% | 5% / 15% | 101.00 / 110.00 | met |" in md
+    assert "| FedAvg | 1 of 10 | 80% / 90% | 60% / 70% | 5% / 15% | 101.00 / 110.00 | **top-1" in md
+    assert "| FedAtt | 3 of 30 | 90% / 100% | - | 2% / 9% | 100.00 / 100.00 | met |" in md
     assert "| FedAtt | 1 of 10 | 90% / 100% | - | 30% / 40% |" in md  # no clip-only run yet
-    assert "| FedAvg | off | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
+    assert "| FedAvg | off | - | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
+    assert "| FedAvg | on | 1.00 | 1 of 10 | backdoor | 101.00 |" in md
     assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
-    assert "| FedAtt | off | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md
+    assert "| FedAtt | off | - | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md
     assert "| `fedavg-on-1of10-nan` | 2 | 2 | 422 tensor 'x' contains NaN values |" in md
     assert "1.020x | yes |" in md
     assert (tmp_path / "attacks.png").stat().st_size > 0
@@ -142,3 +151,15 @@ def test_a_failed_cell_does_not_stop_the_others_and_is_named_at_the_end(tmp_path
     assert done == {
         f"fedavg-on-1of10-{a}" for a in ("clean", "signflip", "backdoor", "nan", "shape")
     }
+
+
+def test_the_clip_multiple_is_read_from_the_last_adaptive_round():
+    rows = [
+        {"round": 0},
+        {"round": 1, "info": {"clip": {"mode": "adaptive", "norm": 8.0, "median_norm": 4.0}}},
+        {"round": 2, "info": {"clip": {"mode": "adaptive", "norm": 5.0, "median_norm": 5.0}}},
+    ]
+    assert attacks.clip_multiple(rows) == 1.0
+    assert attacks.clip_multiple(rows[:2]) == 2.0
+    assert attacks.clip_multiple([{"round": 1, "info": {"clip": {"mode": "dp"}}}]) is None
+    assert attacks.clip_multiple([{"round": 1, "info": {}}]) is None
