@@ -168,7 +168,8 @@ class Bench:
     """results.json of a results folder (one or more presets' runs), updated one run at a time under
     a file lock (two suites may run side by side) and replaced atomically, so an interrupted bench
     loses at most its current run. Beside the runs it keeps the bench command lines and, per
-    preset, the learning rates the sweep chose (``lr_choices``, which the ranking suites use)."""
+    preset, the learning rates the sweep chose (``lr_choices``, which the ranking suites use).
+    The other benches (attacks, canary, privacy, load) keep their results with it too."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -219,9 +220,11 @@ class Bench:
             ]
             choices = dict(data["lr_choices"])
             preset = PRESETS.get(result.get("preset", ""))
-            if preset is not None and result["suite"] == "sweep":
+            if preset is not None and result.get("suite") == "sweep":
                 choices[preset.name] = lr_choices(runs, preset)
             body = {"bench_commands": cmds, "lr_choices": choices, "runs": runs}
+            if not choices:  # the other benches' results.json (attacks, canary, ...) as before
+                del body["lr_choices"]
             atomic_write(self.path, json.dumps(body, indent=1))
         return runs
 

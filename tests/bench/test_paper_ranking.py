@@ -199,3 +199,13 @@ def test_costliest_runs_wait_until_every_other_run_is_done():
         ("sweep", "wikitext-2", "FedAvg, client lr 0.3")
     )
     assert order[-1] == ("noniid", "demo", "FedSGD")
+
+
+def test_other_benches_results_keep_their_shape(tmp_path):
+    """attacks, canary, privacy and load keep their results with Bench too: no preset, no suite."""
+    bench = Bench(tmp_path)
+    bench.add({"id": "fedavg-scale-1of10", "command": "fedkey simulate"}, "fedkey bench attacks")
+    bench.add({"id": "fedavg-scale-1of10", "command": "fedkey simulate x"}, "fedkey bench attacks")
+    data = (tmp_path / "results.json").read_text()
+    assert "lr_choices" not in data and bench.read() == [
+        {"id": "fedavg-scale-1of10", "command": "fedkey simulate x"}]  # fmt: skip
