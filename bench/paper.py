@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import fnmatch
 import json
+import math
 import shlex
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -95,8 +96,9 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
     """One results.json object from a run's metrics rows (round 0 = the initial model)."""
     # Column-batched runs (the code suite) choose their best model by the seed papers' measure.
     key = "col_val_ppl" if "col_val_ppl" in rows[-1] else "val_ppl"
-    best = min(rows, key=lambda r: r[key])
-    below_90 = [r["round"] for r in rows if r["round"] > 0 and r["test_ppl"] < 90]
+    # A diverged round (NaN, inf, or None) is never the best one.
+    best = min(rows, key=lambda r: _finite(r[key]))
+    below_90 = [r["round"] for r in rows if r["round"] > 0 and _finite(r["test_ppl"]) < 90]
     return {
         "suite": spec.suite,
         "dataset": spec.dataset,
@@ -130,6 +132,11 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
             else {}
         ),
     }
+
+
+def _finite(value) -> float:
+    """A perplexity, or infinity for a diverged round's NaN, inf or None."""
+    return value if isinstance(value, float | int) and math.isfinite(value) else math.inf
 
 
 def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> dict:

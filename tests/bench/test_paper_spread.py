@@ -48,3 +48,12 @@ def test_federated_summaries_carry_the_spread_and_others_none():
     assert fed["partition"] == "user" and fed["weight_spread"][0]["max"] == pytest.approx(0.8)
     ngram = summarize(rows[:1], RunSpec("rank", "ptb", "Kneser-Ney 3-gram", None, kind="ngram"))
     assert ngram["weight_spread"] == []
+
+
+def test_a_diverged_round_is_never_the_best():
+    rows = [{"round": 0, "val_ppl": 1000.0, "test_ppl": 1000.0},
+            {"round": 1, "val_ppl": float("nan"), "test_ppl": float("nan")},
+            {"round": 2, "val_ppl": 900.0, "test_ppl": 910.0},
+            {"round": 3, "val_ppl": None, "test_ppl": None}]  # fmt: skip
+    summary = summarize(rows, RunSpec("sweep", "ptb", "FedAvg, client lr 3", 0.1))
+    assert (summary["best_round"], summary["test_ppl"]) == (2, 910.0)
