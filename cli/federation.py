@@ -100,7 +100,7 @@ def _report_attack(rows: list[dict]) -> None:
         )
 
 
-@with_options(*SETTINGS_GROUPS, PHONES, ATTACKS)
+@with_options(*SETTINGS_GROUPS, PHONES, BACKEND, ATTACKS)
 def simulate(
     clients: int = typer.Option(100, "--clients", "-K", min=1, help="Number of simulated phones."),
     out: Path = typer.Option(
@@ -115,23 +115,30 @@ def simulate(
     ),
     **opts,
 ) -> None:
-    """Run federated rounds in-process and print perplexity per round."""
+    """Run federated rounds, the phones trained in local processes or on a Ray cluster
+    (--backend ray), and print perplexity per round."""
+    from device_sim.ray_cluster import RayUnavailable
     from runners.simulate import simulate as run_simulation
 
     settings = build_settings(opts, storage=out)
-    rows = run_simulation(
-        phone_data(settings, opts, clients),
-        settings.federation_config(),
-        settings.build_model_config,
-        str(out),
-        opts["workers"],
-        opts["device"],
-        resume=resume,
-        malicious=opts["malicious"],
-        attack=opts["attack"],
-        backdoor=backdoor_config(opts),
-        probes=canary_probes(settings),
-    )
+    try:
+        rows = run_simulation(
+            phone_data(settings, opts, clients),
+            settings.federation_config(),
+            settings.build_model_config,
+            str(out),
+            opts["workers"],
+            opts["device"],
+            resume=resume,
+            malicious=opts["malicious"],
+            attack=opts["attack"],
+            backdoor=backdoor_config(opts),
+            probes=canary_probes(settings),
+            backend=opts["backend"],
+            ray=ray_options(opts),
+        )
+    except RayUnavailable as e:
+        raise UserError(str(e)) from None
     _report(rows, out)
     _report_attack(rows)
 
@@ -351,6 +358,7 @@ def run(
     {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip", "precision")},
     {"ksr_sentences": FEDERATION["ksr_sentences"]},
     PHONES,
+    BACKEND,
 )
 def train_central_cmd(
     epochs: int = typer.Option(
@@ -364,20 +372,28 @@ def train_central_cmd(
     ),
     **opts,
 ) -> None:
-    """Train the same model centrally on the union of the phones' data: the ceiling for federated quality."""
+    """Train the same model centrally on the union of the phones' data: the ceiling for federated
+    quality. With --backend ray each epoch trains on one actor of the cluster (a GPU node with
+    --ray-gpus-per-worker 1)."""
+    from device_sim.ray_cluster import RayUnavailable
     from runners.simulate import train_central
 
     settings = build_settings(opts, storage=out)
-    rows = train_central(
-        phone_data(settings, opts, clients),
-        settings.train_config(),
-        settings.build_model_config,
-        str(out),
-        epochs,
-        settings.seed,
-        opts["device"],
-        ksr_sentences=settings.ksr_sentences,
-    )
+    try:
+        rows = train_central(
+            phone_data(settings, opts, clients),
+            settings.train_config(),
+            settings.build_model_config,
+            str(out),
+            epochs,
+            settings.seed,
+            opts["device"],
+            ksr_sentences=settings.ksr_sentences,
+            backend=opts["backend"],
+            ray=ray_options(opts),
+        )
+    except RayUnavailable as e:
+        raise UserError(str(e)) from None
     _report(rows, out)
 
 

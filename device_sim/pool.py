@@ -14,7 +14,8 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,8 @@ def run_task(task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainRes
 
 
 class TrainerPool:
-    """`workers` spawn-context processes (workers == 0: train in this process)."""
+    """`workers` spawn-context processes (workers == 0: train in this process): the `local`
+    training backend (device_sim.backends.TrainingBackend)."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -90,6 +92,15 @@ class TrainerPool:
 
     def train(self, task: LocalTask, global_state: dict[str, torch.Tensor]) -> TrainResult:
         return self.submit(task, global_state).result()
+
+    def stream(
+        self, tasks: Iterable[LocalTask], global_state: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[str, TrainResult | None]]:
+        """(device_id, result) as each task finishes. A worker process that dies breaks the
+        whole executor (BrokenProcessPool), so here that is an error, not a lost phone."""
+        futures = {self.submit(t, global_state): t.device_id for t in tasks}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
 
     def run(
         self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]

@@ -12,6 +12,9 @@ rules and the error a person sees are the same everywhere:
 
 A session shuts down only what it started: a driver that was already connected (a test's, a
 caller's) stays connected; one we connected is disconnected; the instance we started is stopped.
+Ray's authentication mode (RAY_AUTH_MODE; starting a local instance turns token auth on, as
+`ray start` does since Ray 2.60) is fixed for the process once set: one process should not
+switch between clusters with different modes.
 
 Ray rewrites a loopback bootstrap address to the machine's outward IP before connecting
 (ray-project/ray#59110), so a head bound to 127.0.0.1 (`ray start --head --node-ip-address
@@ -175,6 +178,7 @@ def connect(opts: RayOptions) -> RaySession:
     if opts.address is None:
         try:
             ray.init(
+                address="local",  # a new instance, never one found in RAY_ADDRESS or /tmp/ray
                 num_cpus=opts.num_cpus,
                 num_gpus=None,
                 _node_ip_address=LOCALHOST,

@@ -1,10 +1,16 @@
-"""`fedkey simulate` and `fedkey train-central`: the round engine with phones in local processes.
+"""`fedkey simulate` and `fedkey train-central`: the round engine with the phones' training on a
+training backend (device_sim.backends): this machine's processes (`local`) or trainer actors on a
+Ray cluster (`ray`, device_sim.ray_pool).
 
-A pool of worker processes (one torch thread each: on a 2-core machine two single-threaded
-trainers side by side beat one two-threaded trainer by far) holds every phone's private shard;
-each round the server's Federation plans a cohort, the pool trains it, and the Federation
-aggregates. Training is seeded per (seed, round, device), so the global weights do not depend
-on the number of workers or on the transport.
+Each round the server's Federation plans a cohort, the backend trains it (one torch thread per
+trainer: on a 2-core machine two single-threaded trainers side by side beat one two-threaded
+trainer by far), and the Federation aggregates. Training is seeded per (seed, round, device), so
+the global weights depend neither on the number of workers nor on the backend. Results arrive as
+phones finish and each upload is prepared and checked on arrival; the aggregation itself takes
+the updates in the cohort's order (Federation.complete_round sums floats in list order, so a
+completion order would make the weights depend on timing). Under `ray` a phone whose trainer
+died twice in a round is left out of it and named in the row's `lost` field; the row's
+`trained_on` counts the phones each Ray node trained.
 
 With `malicious` > 0 the last phones (by name, as in `fedkey devices`) attack
 (device_sim.attacks), and every upload passes the HTTP server's checks (server.validation): a
@@ -31,9 +37,11 @@ from device_sim.attacks import (
     boost_factor,
     trigger_contexts,
 )
+from device_sim.backends import Backend, TrainingBackend, make_backend
 from device_sim.config import ATTACKS, Attack, BackdoorConfig
-from device_sim.pool import LocalTask, TrainerPool, default_workers
-from device_sim.trainer import resolve_device, train_local
+from device_sim.pool import LocalTask, run_task
+from device_sim.ray_cluster import RayOptions
+from device_sim.trainer import resolve_device
 from models.batching import count_targets
 from models.precision import resolve_precision
 from server.config import FederationConfig
@@ -51,6 +59,30 @@ class _Rejections:
 
     def __call__(self, model, tokenizer) -> dict:
         return {"rejected": dict(self.current)}
+
+
+class _Placement:
+    """A probe for the ray backend: the round's lost phones ({device: why}) and how many phones
+    each Ray node trained ({node id: phones})."""
+
+    def __init__(self) -> None:
+        self.lost: dict[str, str] = {}
+        self.trained_on: dict[str, int] = {}
+
+    def __call__(self, model, tokenizer) -> dict:
+        return {"lost": dict(self.lost), "trained_on": dict(self.trained_on)}
+
+
+def _lost_phones(pool: TrainingBackend, cohort: list[str], results: dict) -> dict[str, str]:
+    """The cohort's phones that came back with no result, and why (the ray backend says)."""
+    why = getattr(pool, "lost", {})
+    return {d: why.get(d, "no result") for d in cohort if d not in results}
+
+
+def _trained_on(pool: TrainingBackend, devices) -> dict[str, int]:
+    """Phones per Ray node this round (empty for the local backend)."""
+    nodes_used = getattr(pool, "nodes_used", None)
+    return nodes_used(devices) if nodes_used is not None else {}
 
 
 def _federation(
@@ -92,8 +124,12 @@ def simulate(
     attack: Attack = "scale",
     backdoor: BackdoorConfig | None = None,
     probes: list[Probe] | None = None,
+    backend: Backend = "local",
+    ray: RayOptions | None = None,
 ) -> list[dict]:
-    """Run rounds in-process up to `fed.rounds`; returns the metrics rows (also in out_dir).
+    """Run rounds up to `fed.rounds`, the phones trained by `backend` (`workers` local processes,
+    or the trainer actors of the Ray cluster `ray` describes); returns the metrics rows (also in
+    out_dir).
 
     `probes`: extra round metrics (server.engine.Probe), e.g. a canary's exposure
     (models.exposure.ExposureProbe).
@@ -106,7 +142,7 @@ def simulate(
         raise ValueError(f"unknown attack {attack!r}; choose one of {ATTACKS}")
     backdoor = backdoor or BackdoorConfig()
     # Start the workers first: they import torch while the data loads and round 0 is evaluated.
-    pool = TrainerPool(default_workers() if workers is None else workers)
+    pool = make_backend(backend, workers, ray)
     try:
         prepared = prepare(data)
         model_config = model_config_for(prepared.tokenizer.vocab_size)
@@ -122,6 +158,9 @@ def simulate(
         rejections = _Rejections()
         if bad:
             probes.append(rejections)
+        placement = _Placement()
+        if backend == "ray":
+            probes.append(placement)
         federation = _federation(
             fed, model_config, prepared, prepared.shards, out_dir, device, probes
         )
@@ -165,38 +204,49 @@ def simulate(
                     backdoor_task(t, prepared.tokenizer, backdoor) if t.device_id in bad else t
                     for t in tasks
                 ]
-            results = pool.run(tasks, federation.global_state)
-            if attack == "backdoor":  # an attacker declares its own shard's size, as if honest
-                for d in bad & set(results):
-                    results[d] = replace(results[d], num_tokens=count_targets(prepared.shards[d]))
-            uploaders = federation.choose_uploaders(
-                plan, {d: r.train_loss for d, r in results.items()}
-            )
             attackers = sum(d in bad for d in plan.cohort)
             boost = boost_factor(backdoor, len(plan.cohort), attackers)
-            updates, rejections.current = [], {}
-            for d in uploaders:
+            results, uploads, rejections.current = {}, {}, {}
+            for d, result in pool.stream(tasks, federation.global_state):
+                if result is None:  # its trainer died twice: lost for this round
+                    continue
+                if attack == "backdoor" and d in bad:  # declares its own shard's size, as if honest
+                    result = replace(result, num_tokens=count_targets(prepared.shards[d]))
+                results[d] = result
                 state = apply_attack(
-                    attack if d in bad else None, results[d].state, federation.global_state, boost
+                    attack if d in bad else None, result.state, federation.global_state, boost
                 )
-                try:  # the HTTP server's checks on an upload's tensors
+                try:  # the HTTP server's checks on an upload's tensors, as it arrives
                     check_tensors(state, model_config)
                     check_finite(state)
+                    uploads[d] = state
                 except ValidationError as e:
                     rejections.current[d] = f"{e.status} {e.message}"
-                    continue
-                updates.append(
-                    ClientUpdate(
-                        state=state,
-                        num_samples=results[d].num_tokens,
-                        train_loss=results[d].train_loss,
-                        device_id=d,
-                    )
+            lost = _lost_phones(pool, plan.cohort, results)
+            placement.lost, placement.trained_on = lost, _trained_on(pool, results)
+            if lost:
+                bar.write(f"round {plan.round}: lost {len(lost)} phone(s) ({', '.join(lost)})")
+            trained = [d for d in plan.cohort if d in results]  # the cohort's order: see above
+            uploaders = federation.choose_uploaders(
+                plan, {d: results[d].train_loss for d in trained}
+            )
+            chosen = set(uploaders)  # a refusal counts for a phone that was to upload
+            rejections.current = {d: w for d, w in rejections.current.items() if d in chosen}
+            updates = [
+                ClientUpdate(
+                    state=uploads[d],
+                    num_samples=results[d].num_tokens,
+                    train_loss=results[d].train_loss,
+                    device_id=d,
                 )
+                for d in uploaders
+                if d in uploads
+            ]
             if not updates:
+                what = "every upload was refused" if not lost else "no upload to aggregate"
+                why = {**{d: f"lost ({w})" for d, w in lost.items()}, **rejections.current}
                 raise ValueError(
-                    f"round {plan.round}: every upload was refused "
-                    f"({'; '.join(f'{d}: {why}' for d, why in rejections.current.items())})"
+                    f"round {plan.round}: {what} ({'; '.join(f'{d}: {w}' for d, w in why.items())})"
                 )
             row = federation.complete_round(plan, updates)
             rows.append(row)
@@ -217,8 +267,49 @@ def train_central(
     device: str = "auto",
     progress: bool = True,
     ksr_sentences: int = 100,
+    backend: Backend = "local",
+    ray: RayOptions | None = None,
 ) -> list[dict]:
-    """The ceiling: the same model trained on the union of every phone's data, one row per epoch."""
+    """The ceiling: the same model trained on the union of every phone's data, one row per epoch.
+
+    Under `backend` "ray" each epoch is one task on one trainer actor of the cluster (e.g. on its
+    GPU node: --ray-gpus-per-worker 1), the union put in the object store once; the server side
+    (evaluation, checkpoints) stays here. Same seed, same weights as in this process."""
+    trainer = (
+        make_backend("ray", ray=replace(ray or RayOptions(), workers=1))
+        if backend == "ray"
+        else None
+    )
+    try:
+        return _train_central(
+            data,
+            train,
+            model_config_for,
+            out_dir,
+            epochs,
+            seed,
+            device,
+            progress,
+            ksr_sentences,
+            trainer,
+        )
+    finally:
+        if trainer is not None:
+            trainer.close()
+
+
+def _train_central(
+    data: DataConfig,
+    train: TrainConfig,
+    model_config_for,
+    out_dir: str,
+    epochs: int,
+    seed: int,
+    device: str,
+    progress: bool,
+    ksr_sentences: int,
+    trainer: TrainingBackend | None,
+) -> list[dict]:
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
     union = [s for shard in prepared.shards.values() for s in shard]
@@ -244,14 +335,18 @@ def train_central(
     ):
         plan = federation.plan_round(["central"])
         plan.train = one_epoch
-        res = train_local(
-            model_config,
-            federation.global_state,
+        task = LocalTask(
+            "central",
             union,
-            one_epoch,
             client_seed(seed, epoch, "central"),
-            device,
-        )
+            model_config,
+            one_epoch,
+            device=device,
+        )  # beta 0: phone_round is train_local
+        if trainer is None:
+            res = run_task(task, federation.global_state)
+        else:
+            res = trainer.train(task, federation.global_state)
         update = ClientUpdate(
             state=res.state,
             num_samples=res.num_tokens,

@@ -6,12 +6,18 @@ one trainer actor fits per node and work has to cross nodes. It is started once 
 stopped at its end, only its own processes (never `ray stop`, which would stop every Ray
 instance on the machine). Tests that need it skip with the reason when Ray cannot start here.
 
+It runs with token authentication (RAY_AUTH_MODE=token, the token in ~/.ray/auth_token), as
+`ray start --head` and a local `ray.init()` do since Ray 2.60: a process's auth mode is fixed
+once Ray has read it, so a test that starts a local instance (which turns token auth on) and
+then joins this cluster needs the cluster to agree.
+
 Connect a driver with `connect(RayOptions(address=two_nodes.address))` and close the session at
 the end of the test (device_sim.ray_cluster); the cluster outlives it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,8 +46,17 @@ def two_nodes() -> Iterator[TwoNodes]:
         from ray.cluster_utils import Cluster
     except ImportError as e:  # pragma: no cover - ray is pinned
         pytest.skip(f"Ray is not installed: {e}")
+    from ray._private.authentication.authentication_token_setup import (
+        ensure_token_if_auth_enabled,
+    )
+    from ray._raylet import Config
+
+    mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")  # Ray caches the mode: read it again, as ray.init does
     cluster = None
     try:
+        ensure_token_if_auth_enabled()  # creates ~/.ray/auth_token if there is none
         cluster = Cluster(
             initialize_head=True,
             connect=False,
@@ -70,3 +85,8 @@ def two_nodes() -> Iterator[TwoNodes]:
         if ray.is_initialized():  # a test left its driver connected
             ray.shutdown()
         cluster.shutdown()
+        if mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = mode
+        Config.initialize("")
