@@ -49,7 +49,7 @@ def two_nodes() -> Iterator[TwoNodes]:
     from ray._private.authentication.authentication_token_setup import (
         ensure_token_if_auth_enabled,
     )
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # compiled; its .pyi omits it
 
     mode = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -73,6 +73,7 @@ def two_nodes() -> Iterator[TwoNodes]:
             cluster.shutdown()
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         pytest.skip(f"could not start a two-node Ray cluster here: {first}")
+    assert cluster.head_node is not None
     try:
         yield TwoNodes(
             address=str(cluster.address),
