@@ -7,6 +7,7 @@
     python -m bench.perf memory     peak memory of streaming aggregation, 10 vs 200 updates
     python -m bench.perf http       `fedkey run` (HTTP) wall time against `fedkey simulate`, same workload
     python -m bench.perf transport  model download / update upload throughput on loopback
+    python -m bench.perf ray        simulate's round time with --backend ray vs local, Ray's start-up
 
 Ratios are measured side by side in one run and interleaved: these machines are noisy.
 """
@@ -363,6 +364,11 @@ PRECISION_WORKLOAD = (
 PRECISION_PTB = "--max-train-tokens 100000 --max-eval-sentences 500"
 
 
+#: The ray step's workload (bench.ray_perf): the http step's, both backends with 2 trainers.
+RAY_WORKLOAD = "--data demo --clients 20 --fraction 0.5 --rounds 5 --local-epochs 2"
+RAY_WORKLOAD_QUICK = "--data demo --clients 20 --fraction 0.5 --rounds 2 --local-epochs 1"
+
+
 def precision_workload(quick: bool = False) -> str:
     if quick:
         return PRECISION_WORKLOAD.replace("--rounds 10", "--rounds 3") + " --data demo"
@@ -408,6 +414,12 @@ def perf_params(quick: bool = False) -> dict:
         },
         # Idle phones in one Ray phone host (bench.fleet_memory): its RSS per phone.
         "fleet_memory": {"phones": [1000] if quick else [1000, 10_000]},
+        # The same simulate with --backend ray and local (bench.ray_perf), Ray's start-up.
+        "ray": {
+            "args": RAY_WORKLOAD_QUICK if quick else RAY_WORKLOAD,
+            "repeats": 1 if quick else 3,
+            "workers": 2,
+        },
     }
 
 
@@ -501,6 +513,13 @@ def _step_fleet_memory(p: dict, work: Path, shared: dict) -> dict:
     return {"rows": [measure_idle_phones(n) for n in p["fleet_memory"]["phones"]]}
 
 
+def _step_ray(p: dict, work: Path, shared: dict) -> dict:
+    from bench.ray_perf import bench_ray
+
+    r = p["ray"]
+    return bench_ray(r["args"].split(), r["repeats"], str(work / "ray"), r["workers"])
+
+
 STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[[dict], str]]] = {
     "trainer": (
         "trainer tokens/s vs a bare PyTorch loop, interleaved",
@@ -570,6 +589,16 @@ STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[
         lambda s: ", ".join(
             f"{r['phones']} phones: {r['actor_rss_idle_peak_mb']:.0f} MB, {r['per_phone_kb']} KB each"
             for r in s["rows"]
+        ),
+    ),
+    "ray": (
+        "fedkey simulate --backend ray vs local, same workload, interleaved; Ray's start-up",
+        _step_ray,
+        lambda s: (
+            f"per-round seconds ratio {s['round_seconds_ratio_of_best']:.3f}, wall-time ratio "
+            f"{s['wall_ratio_of_best']:.3f}; start-up: Ray {s['startup']['ray_startup_seconds']} s"
+            f" (ray.init {s['startup']['ray_init_seconds']} s), local pool "
+            f"{s['startup']['local_pool_ready_seconds']} s"
         ),
     ),
 }
@@ -704,6 +733,13 @@ def main(argv: list[str] | None = None) -> None:
     tr.add_argument("--data", default="demo", help="the corpus whose vocabulary sizes the model")
     tr.add_argument("--repeats", type=int, default=10)
     tr.add_argument("--out", default="runs/bench-transport")
+    ry = sub.add_parser("ray", help="simulate's round time with --backend ray vs local")
+    ry.add_argument("--repeats", type=int, default=2)
+    ry.add_argument("--workers", type=int, default=2, help="local processes and ray actors")
+    ry.add_argument("--out", default="runs/bench-ray")
+    ry.add_argument("--args", default=RAY_WORKLOAD, help="the workload, for both backends")
+    rs = sub.add_parser("_ray_startup")  # internal: start-up seconds in a fresh process
+    rs.add_argument("workers", type=int)
     a = sub.add_parser("_aggregate")  # internal: one measurement in a fresh process
     a.add_argument("strategy")
     a.add_argument("updates", type=int)
@@ -729,6 +765,15 @@ def main(argv: list[str] | None = None) -> None:
 
         shutil.rmtree(args.out, ignore_errors=True)
         print(json.dumps(bench_transport(args.data, args.repeats, args.out), indent=2))
+    elif args.cmd == "ray":
+        from bench.ray_perf import bench_ray
+
+        result = bench_ray(args.args.split(), args.repeats, args.out, args.workers)
+        print(json.dumps(result, indent=2))
+    elif args.cmd == "_ray_startup":
+        from bench.ray_perf import startup
+
+        print(json.dumps(startup(args.workers)))
     else:
         print(json.dumps(_aggregate_once(args.strategy, args.updates, args.vocab)))
 
