@@ -159,15 +159,13 @@ class UploadsMixin(CoordinatorState):
                 if e.status == 413 and existing is not None:  # surely not the same bytes
                     raise _different_duplicate(device_id, n) from None
                 raise
-            if existing is not None:
+            if existing is not None:  # a retry: held to the same headers (422), not let through
+                _upload_headers(headers, self.settings.max_samples)
                 return _same_again(existing, received.sha256, device_id, n)
             await asyncio.to_thread(
                 validation.check_update_file, received.path, self.fed.model_config
             )
-            num_samples = validation.parse_num_samples(
-                headers.get(validation.NUM_SAMPLES_HEADER), self.settings.max_samples
-            )
-            train_loss = validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
+            num_samples, train_loss = _upload_headers(headers, self.settings.max_samples)
             # The round may have moved on while the body streamed in: check again, then commit.
             r = self._still_open(r, device_id, n)
             existing = r.uploads.get(device_id)
@@ -282,6 +280,14 @@ class UploadsMixin(CoordinatorState):
 
     def _round_dir(self, n: int) -> Path:
         return self.uploads_dir / f"round_{n:04d}"
+
+
+def _upload_headers(headers: Mapping[str, str], max_samples: int) -> tuple[int, float]:
+    """An upload's X-Fedkey-Num-Samples and X-Fedkey-Train-Loss, or 422 saying what is wrong."""
+    num_samples = validation.parse_num_samples(
+        headers.get(validation.NUM_SAMPLES_HEADER), max_samples
+    )
+    return num_samples, validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
 
 
 def _same_again(existing: Upload, sha256: str, device_id: str, n: int) -> dict:

@@ -1,0 +1,55 @@
+"""A repeated upload (the same bytes again: a phone's retry) answers the first receipt, but only as
+a well-formed upload: its X-Fedkey-* headers are required as on the first. Found by the schema fuzz
+(tests/server/test_fuzz.py): a repeat without them was answered 200, a request the OpenAPI
+document calls invalid."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.http import enroll_phones, make_settings, running, snapshot
+from tests.support.wait import wait_for
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Two phones selected in round 1; phone A has uploaded, B has not (the round stays open)."""
+    tmp = tmp_path_factory.mktemp("repeat")
+    with running(make_settings(tmp, rounds=1, wait_devices=2)) as client:
+        a, b = enroll_phones(client, 2)
+        a.train(wait_for(lambda: (v := a.current()) and v["state"] == "open" and v))
+        first = a.upload()
+        assert first.status_code == 200, first.text
+        yield {"client": client, "a": a, "receipt": first.json(), "storage": tmp / "run"}
+
+
+def test_a_repeat_answers_the_first_receipt(server):
+    again = server["a"].upload()
+    assert again.status_code == 200, again.text
+    assert again.json() == server["receipt"]
+
+
+@pytest.mark.parametrize(
+    "header,value,word",
+    [
+        ("X-Fedkey-Num-Samples", None, "missing"),
+        ("X-Fedkey-Num-Samples", "many", "positive integer"),
+        ("X-Fedkey-Train-Loss", None, "missing"),
+        ("X-Fedkey-Train-Loss", "nan", "finite"),
+    ],
+)
+def test_a_repeat_without_its_headers_is_refused(server, header, value, word):
+    a, client = server["a"], server["client"]
+    before = snapshot(client, server["storage"])
+    headers = a.upload_headers()
+    if value is None:
+        del headers[header]
+    else:
+        headers[header] = value
+    r = a.upload(headers=headers)
+    assert r.status_code == 422, (r.status_code, r.text)
+    detail = r.json()["detail"]
+    assert header in detail and word in detail, detail
+    assert snapshot(client, server["storage"]) == before
+    assert a.current()["uploaded"] is True  # the first upload stands
+    assert a.upload().json() == server["receipt"]
