@@ -160,8 +160,8 @@ class UploadsMixin(CoordinatorState):
                     raise _different_duplicate(device_id, n) from None
                 raise
             if existing is not None:  # a retry: held to the same headers (422), not let through
-                _upload_headers(headers, self.settings.max_samples)
-                return _same_again(existing, received.sha256, device_id, n)
+                declared = _upload_headers(headers, self.settings.max_samples)
+                return _same_again(existing, received.sha256, declared, device_id, n)
             await asyncio.to_thread(
                 validation.check_update_file, received.path, self.fed.model_config
             )
@@ -170,7 +170,9 @@ class UploadsMixin(CoordinatorState):
             r = self._still_open(r, device_id, n)
             existing = r.uploads.get(device_id)
             if existing is not None:  # uploaded meanwhile
-                return _same_again(existing, received.sha256, device_id, n)
+                return _same_again(
+                    existing, received.sha256, (num_samples, train_loss), device_id, n
+                )
             final = self._round_dir(n) / f"{device_id}.safetensors"
             up = Upload(
                 secrets.token_hex(16),
@@ -290,9 +292,12 @@ def _upload_headers(headers: Mapping[str, str], max_samples: int) -> tuple[int, 
     return num_samples, validation.parse_train_loss(headers.get(validation.TRAIN_LOSS_HEADER))
 
 
-def _same_again(existing: Upload, sha256: str, device_id: str, n: int) -> dict:
-    """A second upload for the round: the first receipt when the bytes are the same, else 409."""
-    if existing.sha256 == sha256:
+def _same_again(
+    existing: Upload, sha256: str, declared: tuple[int, float], device_id: str, n: int
+) -> dict:
+    """A second upload for the round: the first receipt when it is the same upload again (the
+    same bytes and the same declared sample count and loss: a retry), else 409."""
+    if existing.sha256 == sha256 and (existing.num_samples, existing.train_loss) == declared:
         return existing.reply(n)
     raise _different_duplicate(device_id, n)
 

@@ -1,7 +1,7 @@
 """A repeated upload (the same bytes again: a phone's retry) answers the first receipt, but only as
 a well-formed upload: its X-Fedkey-* headers are required as on the first. Found by the schema fuzz
 (tests/server/test_fuzz.py): a repeat without them was answered 200, a request the OpenAPI
-document calls invalid."""
+document calls invalid. A repeat that declares another sample count or loss is another upload: 409."""
 
 from __future__ import annotations
 
@@ -52,4 +52,20 @@ def test_a_repeat_without_its_headers_is_refused(server, header, value, word):
     assert header in detail and word in detail, detail
     assert snapshot(client, server["storage"]) == before
     assert a.current()["uploaded"] is True  # the first upload stands
+    assert a.upload().json() == server["receipt"]
+
+
+@pytest.mark.parametrize(
+    "header,value", [("X-Fedkey-Num-Samples", "7"), ("X-Fedkey-Train-Loss", "0.125")]
+)
+def test_the_same_bytes_declaring_otherwise_are_refused(server, header, value):
+    a, client = server["a"], server["client"]
+    before = snapshot(client, server["storage"])
+    headers = a.upload_headers()
+    assert headers[header] != value
+    headers[header] = value
+    r = a.upload(headers=headers)
+    assert r.status_code == 409, (r.status_code, r.text)
+    assert "already uploaded a different update" in r.json()["detail"]
+    assert snapshot(client, server["storage"]) == before
     assert a.upload().json() == server["receipt"]

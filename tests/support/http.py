@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any, TypedDict
 
+import httpx
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -88,7 +89,7 @@ def running(settings: Settings):
 
 
 class Phone:
-    def __init__(self, client: TestClient, name: str, shard: list[list[int]]):
+    def __init__(self, client: httpx.Client, name: str, shard: list[list[int]]):
         self.client = client
         self.name = name
         self.shard = shard
@@ -168,24 +169,24 @@ class Phone:
         )
 
 
-def enroll_phones(client: TestClient, clients: int) -> list[Phone]:
+def enroll_phones(client: httpx.Client, clients: int) -> list[Phone]:
     return [Phone(client, name, shard).enroll() for name, shard in shards(clients).items()]
 
 
-def metrics(client: TestClient) -> list[dict]:
+def metrics(client: httpx.Client) -> list[dict]:
     r = client.get("/v1/metrics")
     assert r.status_code == 200
     return r.json()["rounds"]
 
 
-def wait_round(client: TestClient, done: int, timeout: float = 30.0) -> list[dict]:
+def wait_round(client: httpx.Client, done: int, timeout: float = 30.0) -> list[dict]:
     """Wait until round `done` is in /v1/metrics."""
     return wait_for(
         lambda: (rows := metrics(client)) and rows[-1]["round"] >= done and rows, timeout
     )
 
 
-def snapshot(client: TestClient, storage: Path) -> dict:
+def snapshot(client: httpx.Client, storage: Path) -> dict:
     """What a rejected request must not change: model bytes, checkpoint files, metrics."""
     model = client.get("/v1/model").content
     files = {
