@@ -110,17 +110,17 @@ def _notes(runs: dict[str, dict], rows: list[dict]) -> list[str]:
     grows = [
         a
         for a in rows
-        if a["on"]["backdoor_top1"] >= DEFENDED_MAX
-        and (a["on"]["curve"][1][2] or 0.0) < a["on"]["backdoor_top1"]
+        if max(a["on"]["backdoor_top1"], a["on"]["backdoor_top3"] or 0.0) >= DEFENDED_MAX
+        and (a["on"]["curve"][1][3] or 0.0) < (a["on"]["backdoor_top3"] or 0.0)
     ]
     if grows:
         notes.append(
             "- With the defaults the attacker's boost is cut to the bound, but it is selected in "
             "every round and trains on its poisoned sentences every round: the backdoor's success "
-            "grows round after round ("
+            "grows round after round (top-1 / top-3, "
             + ", ".join(
                 f"{NAMES[a['strategy']]} {a['population']}: "
-                + " -> ".join(_pct(p[2]) for p in a["on"]["curve"][1:])
+                + " -> ".join(f"{_pct(p[2])} / {_pct(p[3])}" for p in a["on"]["curve"][1:])
                 for a in grows
             )
             + ")."

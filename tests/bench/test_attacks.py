@@ -74,7 +74,12 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedavg", "clip", 10, 1, "backdoor"), 104.0, top1=0.6),
         fake(Cell("fedavg", "on", 10, 1, "nan"), 102.0, refused=2),
         fake(Cell("fedatt", "off", 10, 1, "backdoor"), 5e9, top1=0.9),  # a wrecked model
-        fake(Cell("fedatt", "on", 10, 1, "backdoor"), 100.0, top1=0.3),
+        fake(
+            Cell("fedatt", "on", 10, 1, "backdoor"),
+            100.0,
+            top1=0.3,
+            curve=[[0, 1800.0, 0.0, 0.0], [1, 200.0, 0.0, 0.1], [2, 100.0, 0.3, 0.4]],
+        ),
         fake(Cell("fedavg", "off", 30, 3, "backdoor"), 100.0, top1=0.4),
         fake(Cell("fedavg", "on", 30, 3, "backdoor"), 100.0, top1=0.0),
         fake(Cell("fedatt", "off", 30, 3, "backdoor"), 100.0, top1=0.9),
@@ -99,6 +104,8 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert "| FedAtt | off | - | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md
     assert "| `fedavg-on-1of10-nan` | 2 | 2 | 422 tensor 'x' contains NaN values |" in md
     assert "1.020x | yes |" in md
+    # Past the bar and higher than after round 1: the note shows it per round.
+    assert "grows round after round (top-1 / top-3, FedAtt 1 of 10: 0% / 10% -> 30% / 40%)" in md
     assert (tmp_path / "attacks.png").stat().st_size > 0
 
 
