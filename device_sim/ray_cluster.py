@@ -74,7 +74,7 @@ class RayOptions:
         if self.cpus_per_worker == 0 and self.gpus_per_worker == 0:
             raise ValueError("a trainer actor needs some CPU or GPU: --ray-cpus-per-worker > 0")
         if self.workers is not None and self.workers < 1:
-            raise ValueError(f"workers {self.workers}: the ray backend needs at least one actor")
+            raise ValueError(f"--workers {self.workers}: the ray backend needs at least one actor")
 
 
 def _split(address: str) -> tuple[str, int] | None:
