@@ -11,7 +11,17 @@ import json
 from pathlib import Path
 
 # The steps of `fedkey bench perf`, in the order they run (also the names --skip takes).
-STEPS = ("trainer", "http", "memory", "keyboard", "export", "transport", "precision")
+STEPS = (
+    "trainer",
+    "http",
+    "memory",
+    "keyboard",
+    "export",
+    "transport",
+    "precision",
+    "fleet_memory",
+    "ray",
+)
 
 MET, NOT_MET, SKIPPED, FAILED = "met", "not met", "skipped", "failed"
 
@@ -152,6 +162,31 @@ def targets(result: dict) -> list[dict]:
             "-" if change is None else f"{change:+.3f}%",
             "within 1%",
             None if change is None else abs(change) <= 1.0,
+            why,
+        )
+    )
+
+    s, why = _step(result, "fleet_memory")
+    biggest = max((s or {}).get("rows") or [], key=lambda r: r["phones"], default=None)
+    rows.append(
+        _row(
+            f"{biggest['phones'] if biggest else 10_000:,} idle phones in one Ray phone host, "
+            "the actor's peak RSS",
+            "-" if biggest is None else f"{biggest['actor_rss_idle_peak_mb']:.0f} MB",
+            "< 1 GB",
+            None if biggest is None else biggest["under_1_gb"],
+            why,
+        )
+    )
+
+    s, why = _step(result, "ray")
+    ratio = (s or {}).get("round_seconds_ratio_of_best")
+    rows.append(
+        _row(
+            "`--backend ray` vs `local`, summed per-round seconds (same simulate)",
+            "-" if ratio is None else f"{ratio:.3f}x",
+            "<= 1.1x",
+            None if ratio is None else ratio <= 1.1,
             why,
         )
     )
@@ -494,6 +529,62 @@ def markdown(result: dict) -> str:
             ),
             "",
             f"Test perplexity bf16 vs fp32: {qs['test_ppl_change_pct']:+.3f}%.",
+        ]
+
+    out += ["", "## 8. An idle phone's memory in a Ray phone host", ""]
+    note = _not_run(result, "fleet_memory")
+    if note:
+        out.append(note)
+    else:
+        out += [
+            "Enrolled phones long-polling the server as asyncio tasks in one phone-host actor "
+            "(device_sim.ray_fleet, bench.fleet_memory); the actor's RSS before the phones and "
+            "its peak while they idle:",
+            "",
+            markdown_table(
+                ["phones", "empty MB", "idle peak MB", "KB per phone", "enrolled in s", "errors"],
+                [
+                    [
+                        f"{r['phones']:,}",
+                        r["actor_rss_empty_mb"],
+                        r["actor_rss_idle_peak_mb"],
+                        r["per_phone_kb"],
+                        r["enroll_seconds"],
+                        len(r["phone_errors"]),
+                    ]
+                    for r in steps["fleet_memory"]["rows"]
+                ],
+            ),
+        ]
+
+    out += ["", "## 9. Training on Ray vs the local pool", ""]
+    note = _not_run(result, "ray")
+    if note:
+        out.append(note)
+    else:
+        s = steps["ray"]
+        start = s["startup"]
+        out += [
+            "The same `fedkey simulate` with `--backend ray` (a private Ray instance, long-lived "
+            "trainer actors) and `--backend local` (the process pool), interleaved:",
+            "",
+            markdown_table(
+                ["backend", "summed per-round s, every repeat", "wall s, every repeat"],
+                [
+                    [
+                        b,
+                        ", ".join(map(str, s[f"{b}_round_seconds"])),
+                        ", ".join(map(str, s[f"{b}_seconds"])),
+                    ]
+                    for b in ("ray", "local")
+                ],
+            ),
+            "",
+            f"Ratios of the best repeats, ray / local: per-round {s['round_seconds_ratio_of_best']:.3f}x,"
+            f" wall {s['wall_ratio_of_best']:.3f}x. Start-up: Ray {start['ray_startup_seconds']} s"
+            f" (ray.init {start['ray_init_seconds']} s, trainer actors ready "
+            f"{start['ray_actors_ready_seconds']} s) against {start['local_pool_ready_seconds']} s "
+            "for the local pool's processes.",
         ]
 
     failed = [n for n, s in steps.items() if "error" in s]

@@ -134,6 +134,37 @@ FAKE = {
                 "test_ppl_change_pct": 0.5,
             },
         },
+        "fleet_memory": {
+            "rows": [
+                {
+                    "phones": n,
+                    "poll_wait_s": 25.0,
+                    "enroll_seconds": 3.0,
+                    "actor_rss_empty_mb": 287.0,
+                    "actor_rss_idle_peak_mb": peak,
+                    "actor_rss_idle_last_mb": peak,
+                    "per_phone_kb": kb,
+                    "under_1_gb": peak < 1024,
+                    "phone_errors": [],
+                }
+                for n, peak, kb in ((1000, 305.1, 18.8), (10_000, 1100.0, 83.3))  # not met
+            ]
+        },
+        "ray": {
+            "local_seconds": [146.0, 150.0],
+            "ray_seconds": [109.0, 140.0],
+            "local_round_seconds": [119.8, 209.0],
+            "ray_round_seconds": [85.3, 140.0],
+            "round_seconds_ratio_of_best": 0.712,
+            "wall_ratio_of_best": 0.747,
+            "startup": {
+                "ray_init_seconds": 6.4,
+                "ray_actors_ready_seconds": 4.2,
+                "ray_shutdown_seconds": 1.0,
+                "ray_startup_seconds": 10.6,
+                "local_pool_ready_seconds": 4.5,
+            },
+        },
     },
 }
 
@@ -151,6 +182,8 @@ EXPECTED = {
     "trainer tokens/s, bf16 vs fp32 (cpu)": "met",
     "trainer tokens/s, bf16 vs fp32 (cuda)": "not met",
     "test perplexity, bf16 vs fp32 (the same 10-round run)": "met",
+    "10,000 idle phones in one Ray phone host, the actor's peak RSS": "not met",
+    "`--backend ray` vs `local`, summed per-round seconds (same simulate)": "met",
 }
 
 
@@ -173,7 +206,19 @@ def test_markdown_says_met_and_not_met(tmp_path):
     saved = json.loads(json_path.read_text())
     assert saved["steps"] == FAKE["steps"] and saved["meta"] == FAKE["meta"]
     assert {r["measure"]: r["status"] for r in saved["targets"]} == EXPECTED
-    for figure in ("1.100x", "1.250x", "1.00 ms", "+0.500%", "12.00 ms", "2.100x", "140.700"):
+    for figure in (
+        "1.100x",
+        "1.250x",
+        "1.00 ms",
+        "+0.500%",
+        "12.00 ms",
+        "2.100x",
+        "140.700",
+        "0.712x",
+        "1100 MB",
+        "83.3",
+        "10.6 s",
+    ):
         assert figure in md
     assert "Failures" not in md
 
