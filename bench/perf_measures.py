@@ -1,0 +1,332 @@
+"""The measurements behind `fedkey bench perf` (bench.perf runs them and writes the report):
+the local trainer against a bare PyTorch loop, bf16 against fp32, streaming aggregation's peak
+memory, `fedkey run` against `fedkey simulate`, and model transfer on loopback. Each returns a
+plain dict of figures; ratios are measured side by side in one run, interleaved."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runners.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `-m cli`, `-m bench.perf` from here
+
+
+def _corpus(n_sentences: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 30, (n_sentences,), generator=g)
+    return [[1, *torch.randint(3, vocab, (int(n),), generator=g).tolist(), 2] for n in lengths]
+
+
+def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum, device="cpu") -> int:
+    """The reference: the plainest PyTorch training loop over the same padded batches."""
+    from models.batching import IGNORE, batches
+    from models.checkpoint import build_model
+
+    dev = torch.device(device)
+    model = build_model(model_config, state).to(dev)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE)
+    tokens = 0
+    for epoch in range(epochs):
+        order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(epoch)).tolist()
+        for inputs, targets in batches(seqs, batch_size, order):
+            tokens += int((targets != IGNORE).sum())  # on the CPU, as the trainer counts
+            inputs, targets = inputs.to(dev), targets.to(dev)
+            logits, _ = model(inputs)
+            loss = loss_fn(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)  # the trainer's .cpu() copy of the weights waits too
+    return tokens
+
+
+def _training_setup(vocab: int, sentences: int, preset: str):
+    """One torch thread, the preset model (seed 0) and a synthetic corpus: what the trainer
+    benches train on."""
+    from models.checkpoint import build_model, model_state
+    from models.config import ModelConfig
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig.preset(preset, vocab)
+    torch.manual_seed(0)
+    return cfg, model_state(build_model(cfg)), _corpus(sentences, vocab)
+
+
+def bench_trainer(
+    vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
+) -> dict:
+    from common.config import TrainConfig
+    from device_sim.trainer import train_local
+
+    cfg, state, seqs = _training_setup(vocab, sentences, preset)
+    # fp32, as the bare loop: this measures the trainer's overhead (bf16: bench_precision).
+    tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision="fp32")
+    ours, bare = [], []
+    for r in range(repeats):  # interleaved, so drift in machine load hits both alike
+        t = time.perf_counter()
+        res = train_local(cfg, state, seqs, tc, seed=r, device=device)
+        ours.append(res.num_tokens / (time.perf_counter() - t))
+        t = time.perf_counter()
+        n = bare_loop(cfg, state, seqs, 1, 10, 0.01, 0.5, device)
+        bare.append(n / (time.perf_counter() - t))
+    best_ours, best_bare = max(ours), max(bare)
+    return {
+        "device": device,
+        "model": preset,
+        "vocab": vocab,
+        "sentences": sentences,
+        "trainer_tokens_per_s": round(best_ours),
+        "bare_loop_tokens_per_s": round(best_bare),
+        "ratio": round(best_ours / best_bare, 3),
+        "all_trainer": [round(x) for x in ours],
+        "all_bare": [round(x) for x in bare],
+    }
+
+
+def bench_precision(
+    vocab: int, sentences: int, repeats: int, preset: str, device: str = "cpu"
+) -> dict:
+    """The trainer's tokens/s under bf16 against fp32: the same step, interleaved, one thread."""
+    from common.config import TrainConfig
+    from device_sim.trainer import train_local
+    from models.precision import native_bf16, resolve_precision
+
+    cfg, state, seqs = _training_setup(vocab, sentences, preset)
+    speeds: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for r in range(repeats):  # interleaved, alternating which goes first
+        for precision in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
+            tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision=precision)
+            t = time.perf_counter()
+            res = train_local(cfg, state, seqs, tc, seed=r, device=device)
+            speeds[precision].append(res.num_tokens / (time.perf_counter() - t))
+    best = {p: max(v) for p, v in speeds.items()}
+    return {
+        "device": device,
+        "model": preset,
+        "vocab": vocab,
+        "sentences": sentences,
+        "native_bf16": native_bf16(device),
+        "auto": resolve_precision("auto", device),
+        "fp32_tokens_per_s": round(best["fp32"]),
+        "bf16_tokens_per_s": round(best["bf16"]),
+        "ratio": round(best["bf16"] / best["fp32"], 3),
+        "all_fp32": [round(x) for x in speeds["fp32"]],
+        "all_bf16": [round(x) for x in speeds["bf16"]],
+    }
+
+
+def bench_precision_quality(args: list[str], out: str) -> dict:
+    """The same `fedkey simulate` run under --precision fp32 and bf16: the last round's test
+    perplexity of each and the relative difference (bf16 - fp32) / fp32 in percent."""
+    out = str(Path(out).resolve())  # the commands run in ROOT
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        run_dir = f"{out}/{precision}"
+        cmd = [sys.executable, "-m", "cli", "simulate", *args, "--precision", precision]
+        seconds = _timed([*cmd, "--out", run_dir])
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        last = json.loads([line for line in lines if line.strip()][-1])
+        runs[precision] = {
+            "rounds": last["round"],
+            "val_ppl": last["val_ppl"],
+            "test_ppl": last["test_ppl"],
+            "best_test_ppl": last["best_test_ppl"],
+            "train_precision": last.get("train_precision"),
+            "eval_precision": last.get("eval_precision"),
+            "wall_seconds": round(seconds, 1),
+            "round_seconds": round(_round_seconds(run_dir), 1),
+        }
+        print(
+            f"  {precision}: test perplexity {last['test_ppl']:.3f} after round {last['round']} "
+            f"({seconds:.0f} s)",
+            flush=True,
+        )
+    fp32, bf16 = runs["fp32"]["test_ppl"], runs["bf16"]["test_ppl"]
+    return {
+        "args": " ".join(args),
+        **runs,
+        "test_ppl_change_pct": round((bf16 - fp32) / fp32 * 100, 3),
+    }
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak resident set in KiB: VmHWM, which starts afresh at exec. Not
+    ru_maxrss: Linux carries the parent's peak into a child that subprocess starts with vfork."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _aggregate_once(strategy: str, updates: int, vocab: int) -> dict:
+    """Run in a fresh process: peak RSS of aggregating `updates` lazily generated updates."""
+    from models.checkpoint import build_model, model_state
+    from models.config import ModelConfig
+    from server.strategies import ClientUpdate, get_strategy
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    glob = model_state(build_model(ModelConfig.preset("small", vocab)))
+    base_rss = _peak_rss_kib()
+
+    def stream():  # one update alive at a time, as when the server reads them from disk
+        for k in range(updates):
+            g = torch.Generator().manual_seed(k)
+            state = {n: t + 0.01 * torch.randn(t.shape, generator=g) for n, t in glob.items()}
+            yield ClientUpdate(state=state, num_samples=100 + k, train_loss=4.0, device_id=f"d{k}")
+
+    s = get_strategy(strategy)
+    t = time.perf_counter()
+    s.aggregate(glob, stream())
+    seconds = time.perf_counter() - t
+    peak = _peak_rss_kib()
+    model_mb = sum(v.numel() * v.element_size() for v in glob.values()) / 2**20
+    return {
+        "strategy": strategy,
+        "updates": updates,
+        "model_mb": round(model_mb, 1),
+        "peak_rss_mb": round(peak / 1024, 1),
+        "rss_before_mb": round(base_rss / 1024, 1),
+        "seconds": round(seconds, 2),
+    }
+
+
+def bench_memory(counts: list[int], strategies: list[str], vocab: int) -> list[dict]:
+    rows = []
+    for strategy in strategies:
+        for n in counts:
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.perf", "_aggregate", strategy, str(n), str(vocab)],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=ROOT,
+            )
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _timed(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    return time.perf_counter() - t
+
+
+def _round_seconds(run_dir: str | Path) -> float:
+    """The sum of the per-round `seconds` in a run's metrics.jsonl (round 0 is the start)."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return sum(row["seconds"] for row in map(json.loads, filter(None, lines)) if row["round"] > 0)
+
+
+def bench_http(args: list[str], repeats: int, out: str) -> dict:
+    """Whole-command wall time of the same federation in-process and over HTTP, interleaved;
+    also the summed per-round `seconds` of each run's metrics (no process start-up in them)."""
+    out = str(Path(out).resolve())  # the commands run in ROOT
+    fedkey = [sys.executable, "-m", "cli"]
+    sim, http = list[float](), list[float]()  # each command's wall seconds
+    sim_rounds, http_rounds = list[float](), list[float]()  # and its summed round seconds
+    for i in range(repeats):
+        # Alternate which goes first (A B, B A, ...), so neither always follows the other.
+        for kind in ("simulate", "run") if i % 2 == 0 else ("run", "simulate"):
+            run_dir = f"{out}/{'sim' if kind == 'simulate' else 'http'}{i}"
+            seconds = _timed([*fedkey, kind, *args, "--out", run_dir])
+            walls, rounds = (sim, sim_rounds) if kind == "simulate" else (http, http_rounds)
+            walls.append(seconds)
+            rounds.append(_round_seconds(run_dir))
+        print(
+            f"  repeat {i + 1}/{repeats}: simulate {sim[-1]:.1f} s (rounds {sim_rounds[-1]:.1f} s),"
+            f" run {http[-1]:.1f} s (rounds {http_rounds[-1]:.1f} s)",
+            flush=True,
+        )
+    return {
+        "args": " ".join(args),
+        "simulate_seconds": [round(x, 2) for x in sim],
+        "http_seconds": [round(x, 2) for x in http],
+        "ratio_of_best": round(min(http) / min(sim), 3),
+        "simulate_round_seconds": [round(x, 3) for x in sim_rounds],
+        "http_round_seconds": [round(x, 3) for x in http_rounds],
+        "round_seconds_ratio_of_best": round(min(http_rounds) / min(sim_rounds), 3),
+    }
+
+
+def bench_transport(data: str, repeats: int, out: str) -> dict:
+    """MB/s of GET /v1/model and POST /v1/rounds/1/update for the small model on loopback."""
+    import httpx
+    from safetensors.torch import load as st_load
+    from safetensors.torch import save as st_save
+
+    from runners.loopback import ServerProcess
+    from server.settings import Settings
+
+    port, secret = free_port(), "bench"
+    settings = Settings(
+        data=data,
+        storage=Path(out).resolve(),
+        port=port,
+        enrollment_secret=secret,
+        wait_devices=2,
+        fraction=1.0,
+        max_eval_sentences=50,
+        ksr_sentences=0,
+        round_deadline=600,
+    )
+    with ServerProcess(settings, Path(out)) as server:
+        server.wait_healthy()
+        url = server.url
+        with httpx.Client(base_url=url, timeout=60) as http:
+            tokens = [
+                http.post(
+                    "/v1/devices",
+                    json={"enrollment_secret": secret, "name": f"d{i}", "num_samples": 10},
+                ).json()["token"]
+                for i in range(2)
+            ]
+            auth = {"Authorization": f"Bearer {tokens[0]}"}
+            while (
+                http.get("/v1/rounds/current", headers=auth, params={"wait": 5}).json()["state"]
+                != "open"
+            ):
+                pass
+            t, size = time.perf_counter(), 0
+            for _ in range(repeats):
+                body = http.get("/v1/model").content
+                size += len(body)
+            down = size / (time.perf_counter() - t) / 2**20
+            update = st_save(st_load(body))
+            headers = {
+                **auth,
+                "X-Fedkey-Num-Samples": "10",
+                "X-Fedkey-Train-Loss": "4.2",
+                "Content-Type": "application/octet-stream",
+            }
+            t = time.perf_counter()
+            first = http.post("/v1/rounds/1/update", content=update, headers=headers)
+            first.raise_for_status()
+            first_s = time.perf_counter() - t
+            t = time.perf_counter()
+            # Identical re-uploads: the whole body crosses, then the receipt.
+            for _ in range(repeats):
+                http.post("/v1/rounds/1/update", content=update, headers=headers).raise_for_status()
+            up = len(update) * repeats / (time.perf_counter() - t) / 2**20
+    return {
+        "model_mb": round(len(update) / 2**20, 2),
+        "download_mb_per_s": round(down, 1),
+        "upload_mb_per_s": round(up, 1),
+        "first_upload_validated_seconds": round(first_s, 3),
+    }
