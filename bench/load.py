@@ -15,8 +15,10 @@ Per round: seconds from opening to aggregation (evaluation and checkpoint includ
 row's `seconds`, opening to the end of the aggregation, beside it), the cohort and the uploads
 aggregated, /healthz p50 / p99 / max while the round ran. Per cell: the same over the rounds,
 the time to enroll, the server's peak RSS, every failed request by kind (retried or not), the
-uploads refused, the phones that gave up. Results: OUT/results.json (one object per (phones,
-rounds, label) cell with the command that reproduces it; a cell already there with the same
+uploads refused, the phones that gave up. The server's database: SQLite (its default) or, with
+--database postgresql, a throwaway PostgreSQL cluster (bench.postgres), as issue 16 asks for both.
+Results: OUT/results.json (one object per (phones, rounds, label, database) cell with the command
+that reproduces it; a cell already there with the same
 command is not run again, so an interrupted bench resumes) and OUT/results.md.
 """
 
@@ -55,6 +57,9 @@ FRACTION = 0.1  # 10% of the phones upload each round
 ROUND_DEADLINE = 900.0  # seconds: long, so a round closes when its cohort uploaded
 PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
 HOST = "127.0.0.1"
+# the server's database: SQLite in its storage folder (its default), or a throwaway PostgreSQL
+# cluster (bench.postgres) passed as --database-url
+DATABASES = ("sqlite", "postgresql")
 
 __all__ = ["Cell", "LoadError", "cohort_size", "command", "run_cell", "run_load"]
 
@@ -68,10 +73,12 @@ class Cell:
     phones: int
     rounds: int
     label: str = "run"
+    database: str = "sqlite"  # one of DATABASES
 
     @property
     def id(self) -> str:
-        return f"{self.label}-{self.phones}-phones-{self.rounds}-rounds"
+        base = f"{self.label}-{self.phones}-phones-{self.rounds}-rounds"
+        return base if self.database == "sqlite" else f"{base}-{self.database}"
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ def command(cell: Cell, opts: Options) -> list[str]:
     """The command line that runs this cell alone."""
     cmd = ["fedkey", "bench", "load", "--phones", str(cell.phones), "--rounds", str(cell.rounds)]
     cmd += ["--label", cell.label]
+    if cell.database != "sqlite":
+        cmd += ["--database", cell.database]
     if opts.drivers:
         cmd += ["--drivers", str(opts.drivers)]
     if opts.server_tree is not None:
@@ -104,13 +113,16 @@ def command(cell: Cell, opts: Options) -> list[str]:
     return cmd
 
 
-def server_argv(cell: Cell, port: int, storage: Path, secret: str) -> list[str]:
-    return [
+def server_argv(
+    cell: Cell, port: int, storage: Path, secret: str, database_url: str | None = None
+) -> list[str]:
+    argv = [
         sys.executable, "-m", "cli", "server", "--data", "demo", "--storage", str(storage),
         "--host", HOST, "--port", str(port), "--rounds", str(cell.rounds),
         "--fraction", str(FRACTION), "--wait-devices", str(cell.phones),
         "--round-deadline", str(ROUND_DEADLINE), "--enrollment-secret", secret,
     ]  # fmt: skip
+    return argv + ["--database-url", database_url] if database_url else argv
 
 
 # -- the server's memory ---------------------------------------------------------------------------
@@ -521,7 +533,22 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
 
 
 def run_cell(cell: Cell, opts: Options = Options(), progress: bool = True) -> dict:
-    """Run one cell: the server, the phones, the measurements; its results.json object."""
+    """Run one cell: the server (on SQLite, or on a throwaway PostgreSQL cluster started for the
+    cell and stopped after it), the phones, the measurements; its results.json object."""
+    if cell.database not in DATABASES:
+        raise LoadError(f"--database {cell.database}: choose one of {', '.join(DATABASES)}")
+    if cell.database == "sqlite":
+        return _run_cell(cell, opts, progress, None)
+    from bench.postgres import PostgresError, cluster
+
+    try:
+        with cluster() as url:
+            return _run_cell(cell, opts, progress, url)
+    except PostgresError as e:
+        raise LoadError(str(e)) from None
+
+
+def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | None) -> dict:
     from tqdm import tqdm
 
     tree = (opts.server_tree or ROOT).resolve()
@@ -544,7 +571,7 @@ def run_cell(cell: Cell, opts: Options = Options(), progress: bool = True) -> di
         env.pop("FEDKEY_STORAGE", None)
         with log_path.open("w") as log:
             server = subprocess.Popen(
-                server_argv(cell, port, work / "storage", secret),
+                server_argv(cell, port, work / "storage", secret, database_url),
                 cwd=tree,
                 env=env,
                 stdout=log,
@@ -577,6 +604,7 @@ def run_cell(cell: Cell, opts: Options = Options(), progress: bool = True) -> di
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
     # The machine's 1-minute load average before and after: other work on it skews the figures.
     result["loadavg"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    result["database"] = cell.database
     result.update(provenance(tree))
     return result
 
@@ -641,10 +669,14 @@ def run_load(
     dry_run: bool = False,
     bench_command: str = "",
     progress: bool = True,
+    database: str = "sqlite",
 ) -> list[dict]:
-    """Run every cell (phones x rounds x label) not yet in OUT/results.json, then the report."""
+    """Run every cell (phones x rounds x label x database) not yet in OUT/results.json, then
+    the report."""
+    if database not in DATABASES:
+        raise LoadError(f"--database {database}: choose one of {', '.join(DATABASES)}")
     bench = Bench(out)
-    cells = [Cell(n, rounds, label) for n in phones]
+    cells = [Cell(n, rounds, label, database) for n in phones]
     todo = bench.pending(cells, lambda c: (c.id, command(c, opts)), dry_run)
     if dry_run:
         return bench.read()
@@ -692,7 +724,7 @@ def _errors(r: dict) -> str:
     return f"{r['errors_total']} (" + "; ".join(f"{k}: {v}" for k, v in top) + ")"
 
 
-HEAD = ("label", "phones", "uploads/round", "s/round", "aggregation s/round",
+HEAD = ("label", "database", "phones", "uploads/round", "s/round", "aggregation s/round",
         "/healthz p50 / p99 / max (s)", "server peak RSS", "enroll (s)", "errors")  # fmt: skip
 
 
@@ -700,6 +732,7 @@ def table_row(r: dict) -> list[str]:
     h = r["healthz"]
     return [
         r["label"],
+        r.get("database", "sqlite"),
         f"{r['phones']:,}",
         _uploads(r),
         _span(r["seconds_per_round"]),
@@ -727,7 +760,9 @@ def print_table(runs: list[dict]) -> None:
 
 
 def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
-    runs = sorted(runs, key=lambda r: (r["label"], r["phones"], r["rounds"]))
+    runs = sorted(
+        runs, key=lambda r: (r["label"], r.get("database", "sqlite"), r["phones"], r["rounds"])
+    )
     lines = [
         "# fedkey bench load: the server under fake phones",
         "",
@@ -741,7 +776,9 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "(aggregate, privacy, evaluate, checkpoint), the rest of a round is collecting the uploads; "
         "server s (per round): the metrics row's seconds, opening to the end of the aggregation "
         "(before evaluation). A cell run with --server-tree DIR ran the server of that checkout "
-        "(its commit in the table). "
+        "(its commit in the table). Database: the server's SQLite in its storage folder, or "
+        "PostgreSQL (a throwaway cluster of Debian's postgresql package on 127.0.0.1, started "
+        "for the cell by bench/postgres.py, durability settings left at their defaults). "
         "/healthz: a probe every 0.1-0.25 s while the rounds ran. Server "
         "peak RSS: the largest of its VmHWM and the sampled RSS of it and its children. Errors: "
         "every failed request (retried or not) by kind, refused uploads, phones that gave up.",
@@ -756,15 +793,16 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "",
         "## Per round",
         "",
-        "| label | phones | round | selected | uploads | s | server s | /healthz p50 / p99 / max (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| label | database | phones | round | selected | uploads | s | server s "
+        "| /healthz p50 / p99 / max (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         for p in r["per_round"]:
             h = p["healthz"]
             lines.append(
-                f"| {r['label']} | {r['phones']:,} | {p['round']} | {p['selected']} | "
-                f"{p['uploads']} | {_s(p['seconds'])} | {_s(p['server_seconds'])} | "
+                f"| {r['label']} | {r.get('database', 'sqlite')} | {r['phones']:,} | "
+                f"{p['round']} | {p['selected']} | {p['uploads']} | {_s(p['seconds'])} | {_s(p['server_seconds'])} | "
                 f"{_s(h['p50'])} / {_s(h['p99'])} / {_s(h['max'])} |"
             )
     lines += ["", "## Errors, statuses and server warnings", ""]

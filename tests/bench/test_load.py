@@ -13,6 +13,7 @@ from safetensors.numpy import load, save
 from typer.testing import CliRunner
 
 import bench.load as load_bench
+import bench.postgres as bench_postgres
 from bench.load import Cell, Options, cohort_size, command, run_load
 from bench.load_phones import ModelBodies, make_variants, percentile
 from cli import app
@@ -122,3 +123,44 @@ def test_percentile_is_nearest_rank():
     assert percentile([], 99) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([float(x) for x in range(1, 101)], 99) == 99.0
+
+
+def test_the_database_is_part_of_the_cell_and_its_command(tmp_path, capsys):
+    run_load([100, 1000], 3, label="postgres", out=tmp_path, dry_run=True, database="postgresql")
+    assert capsys.readouterr().out.splitlines() == [
+        "fedkey bench load --phones 100 --rounds 3 --label postgres --database postgresql",
+        "fedkey bench load --phones 1000 --rounds 3 --label postgres --database postgresql",
+    ]
+    # SQLite stays the default: its cells keep their ids and commands (results.json resumes)
+    assert Cell(100, 3, "x").id == "x-100-phones-3-rounds"
+    assert Cell(100, 3, "x", "postgresql").id == "x-100-phones-3-rounds-postgresql"
+    assert "--database" not in command(Cell(100, 3, "x"), Options())
+    url = "postgresql+psycopg://fedkey@127.0.0.1:5/fedkey"
+    argv = load_bench.server_argv(Cell(5, 1, "x", "postgresql"), 80, tmp_path, "s", url)
+    assert argv[-2:] == ["--database-url", url]
+    assert "--database-url" not in load_bench.server_argv(Cell(5, 1), 80, tmp_path, "s")
+
+
+def test_an_unknown_database_or_a_missing_postgres_is_a_load_error(tmp_path, monkeypatch):
+    with pytest.raises(load_bench.LoadError, match="--database mysql: choose one of sqlite"):
+        run_load([5], 1, out=tmp_path, database="mysql")
+    monkeypatch.setattr(bench_postgres, "pg_bin", lambda: None)
+    with pytest.raises(load_bench.LoadError, match="initdb not found; install it"):
+        load_bench.run_cell(Cell(5, 1, "x", "postgresql"), progress=False)
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_the_report_has_a_database_column(tmp_path):
+    row = {
+        "id": "p-5-phones-1-rounds-postgresql", "label": "p", "database": "postgresql",
+        "phones": 5, "rounds": 1, "uploads_per_round": [1], "seconds_per_round": [1.5],
+        "aggregation_seconds": 0.5, "healthz": {"n": 3, "p50": 0.01, "p99": 0.02, "max": 0.03},
+        "server_peak_rss": 2**30, "enroll_seconds": 1.0, "errors_total": 0, "errors": {},
+        "statuses": {}, "machine": "m", "git_commit": "abc",
+        "per_round": [{"round": 1, "selected": 1, "uploads": 1, "seconds": 1.5,
+                       "server_seconds": 1.2, "healthz": {"p50": 0.01, "p99": 0.02, "max": 0.03}}],
+    }  # fmt: skip
+    load_bench.write_report([row], tmp_path, ["fedkey bench load --database postgresql"])
+    md = (tmp_path / "results.md").read_text()
+    assert "| label | database | phones |" in md
+    assert "| p | postgresql | 5 | 1 | 1.5 |" in md and "| p | postgresql | 5 | 1 | 1 | 1 |" in md
