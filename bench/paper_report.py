@@ -306,23 +306,40 @@ def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
             continue
         preset = PRESETS[name]
         chosen = choices.get(name, {})
-        out += ["", f"## Learning rates, chosen on the validation set: preset `{name}`", "",
-                f"As Reddi et al. 2021 (\"Adaptive Federated Optimization\", Section 5, Appendix "
-                f"D) choose theirs: short runs ({preset.sweep_rounds} rounds of FedAvg at C 0.1, "
-                f"all of the data), the value with the lowest best validation perplexity; first "
-                f"the client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, then at "
-                f"that client lr the server lr of FedAvgM (momentum 0.9) over "
-                f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
-                f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
-                f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}. A best value at the "
-                f"grid's edge adds one more step past it (twice at most). Test perplexity is "
-                f"never read. Every method uses its dataset's client lr (WikiText-2 by article: "
-                f"the IID sweep's); FedAtt's and FedAttOpt's server step stays 1.2 (their code's "
-                f"default). Chosen (results.json, lr_choices): "
-                + ("; ".join(f"{_name(d)}: " + ", ".join(f"{k.replace('_', ' ')} {v:g}"
-                                                       for k, v in c.items())
-                             for d, c in chosen.items()) or "none yet") + ".", "",
-                sweep_table(sweep, chosen)]  # fmt: skip
+        out += [
+            "",
+            f"## Learning rates, chosen on the validation set: preset `{name}`",
+            "",
+            f'As Reddi et al. 2021 ("Adaptive Federated Optimization", Section 5, Appendix '
+            f"D) choose theirs: short runs ({preset.sweep_rounds} rounds of FedAvg at C 0.1, "
+            f"all of the data), the value with the lowest best validation perplexity; first "
+            f"the client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, then at "
+            f"that client lr the server lr of FedAvgM (momentum 0.9) over "
+            f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
+            f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
+            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}. A best value at the "
+            f"grid's edge adds one more step past it (twice at most). Test perplexity is "
+            f"never read. Every method uses its dataset's client lr (WikiText-2 by article: "
+            f"the IID sweep's); FedAtt's and FedAttOpt's server step stays 1.2 (their code's "
+            f"default). Chosen (results.json, lr_choices): "
+            + (
+                "; ".join(
+                    f"{_name(d)}: "
+                    + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in c.items())
+                    for d, c in chosen.items()
+                )
+                or "none yet"
+            )
+            + ".",
+            "",
+            sweep_table(sweep, chosen),
+        ]
+        last = sum(r["best_round"] == r["rounds"] for r in sweep)
+        if last:
+            out += ["", f"{last} of {len(sweep)} sweep runs were still improving at their last "
+                    f"round: {preset.sweep_rounds} rounds rank the learning rates by early "
+                    "progress, which favours the larger ones (a chosen lr that diverges later "
+                    "shows in the rank suite's curves)."]  # fmt: skip
     return out
 
 
