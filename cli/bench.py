@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
+from bench.load import DATABASES
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
 from cli.errors import UserError
@@ -25,10 +26,12 @@ def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
 
 if TYPE_CHECKING:  # built at run time; to a type checker, a StrEnum
     BenchStep = StrEnum
+    LoadDatabase = StrEnum
     PaperPreset = StrEnum
     PaperSuite = StrEnum
 else:
     BenchStep = choices("BenchStep", STEPS)
+    LoadDatabase = choices("LoadDatabase", DATABASES)
     PaperPreset = choices("PaperPreset", sorted(PRESETS))
     PaperSuite = choices("PaperSuite", SUITES)
 
@@ -275,6 +278,12 @@ def bench_load(
         help="Run the server from this checkout (e.g. a `git worktree` of another commit).",
     ),
     port: int = typer.Option(0, "--port", min=0, help="The server's port (0: a free one)."),
+    database: LoadDatabase = typer.Option(
+        "sqlite",
+        "--database",
+        help="The server's database: SQLite in its storage (its default) or a throwaway "
+        "PostgreSQL cluster started for each cell (Debian's postgresql package).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
 ) -> None:
     """The federation server under N fake phones (the real HTTP contract, no training): seconds
@@ -298,6 +307,7 @@ def bench_load(
             opts,
             dry_run=dry_run,
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+            database=str(database),
         )
     except LoadError as e:
         raise UserError(str(e)) from None
