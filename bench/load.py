@@ -201,6 +201,8 @@ class Watch:
     # the same, by the server's clock (the events' "time"): a round's seconds
     opened_at: dict[int, float] = field(default_factory=dict)
     aggregated_at: dict[int, float] = field(default_factory=dict)
+    # round -> the server's time of its last accepted upload: aggregation starts then
+    last_upload_at: dict[int, float] = field(default_factory=dict)
     failed: list[dict] = field(default_factory=list)  # round_failed events
     finished: float | None = None
     enrolled: int = 0
@@ -235,6 +237,8 @@ async def watch_events(port: int, watch: Watch, on_round: Any) -> None:
                     if isinstance(at, float):
                         watch.aggregated_at[r] = at
                     on_round(r)
+                elif kind == "update_received" and isinstance(r, int) and isinstance(at, float):
+                    watch.last_upload_at[r] = max(at, watch.last_upload_at.get(r, at))
                 elif kind == "round_failed":
                     watch.failed.append({k: event.get(k) for k in ("round", "attempt", "reason")})
                 elif kind == "run_finished":
@@ -458,6 +462,26 @@ def _round_times(watch: Watch, rounds: int) -> dict[int, tuple[float, float]]:
     return out
 
 
+def split_by_phase(watch: Watch, rounds: int) -> dict[str, list[float]]:
+    """The /healthz latencies during the rounds, by what the server was doing: "collecting" (a
+    round open, uploads arriving) or "aggregating" (from the round's last upload to its
+    aggregated event: the engine's worker thread, evaluation and checkpoint included). A probe
+    whose request overlapped an aggregation counts as aggregating."""
+    offset = time.time() - time.monotonic()
+    spans = []
+    for r in range(1, rounds + 1):
+        if r in watch.last_upload_at and r in watch.aggregated_at:
+            spans.append((watch.last_upload_at[r] - offset, watch.aggregated_at[r] - offset))
+    times = _round_times(watch, rounds)
+    out: dict[str, list[float]] = {"collecting": [], "aggregating": []}
+    for t, x, _, _ in watch.health:
+        if not any(a <= t <= b for a, b in times.values()):
+            continue
+        busy = any(t <= b and t + x >= a for a, b in spans)
+        out["aggregating" if busy else "collecting"].append(x)
+    return out
+
+
 def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
     """One results.json object from a drive."""
     watch, stats = d.watch, d.stats
@@ -512,6 +536,7 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
         "event_stream_lag": _stats(watch.events_lag),
         "healthz": _stats(in_rounds),
         "healthz_enrolling": _stats(enrolling),
+        "healthz_by_phase": {k: _stats(v) for k, v in split_by_phase(watch, cell.rounds).items()},
         "server_peak_rss": rss.peak,
         "server_children": rss.children,
         "server_rss_timeline": [[round(t - watch.t0, 1), b] for t, b in rss.timeline],
@@ -812,6 +837,13 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         for name, value in (("errors", r["errors"]), ("statuses", r["statuses"])):
             shown = ", ".join(f"{k}: {v}" for k, v in value.items()) or "none"
             lines.append(f"- {name}: {shown}")
+        phases = r.get("healthz_by_phase") or {}
+        if phases:
+            shown = "; ".join(
+                f"{k} (n {v['n']}) {_s(v['p50'])} / {_s(v['p99'])} / {_s(v['max'])}"
+                for k, v in phases.items()
+            )
+            lines.append(f"- /healthz p50 / p99 / max (s) by phase: {shown}")
         lag = r.get("event_stream_lag") or {}
         if lag.get("n"):
             lines.append(

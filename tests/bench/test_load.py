@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -164,3 +165,20 @@ def test_the_report_has_a_database_column(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| label | database | phones |" in md
     assert "| p | postgresql | 5 | 1 | 1.5 |" in md and "| p | postgresql | 5 | 1 | 1 | 1 |" in md
+
+
+def test_healthz_is_split_into_collecting_and_aggregating():
+    watch = load_bench.Watch()
+    offset = time.time() - time.monotonic()
+    # round 1: opened at 10, last upload at 20, aggregated at 30 (server clock = monotonic + offset)
+    watch.opened_at[1], watch.last_upload_at[1], watch.aggregated_at[1] = (
+        10 + offset, 20 + offset, 30 + offset,
+    )  # fmt: skip
+    watch.health += [
+        (5.0, 0.01, None, "waiting"),  # before the round: neither
+        (12.0, 0.02, 1, "open"),
+        (19.0, 2.0, 1, "open"),  # started collecting, stalled into the aggregation
+        (25.0, 0.5, 1, "aggregating"),
+    ]
+    got = load_bench.split_by_phase(watch, 1)
+    assert got == {"collecting": [0.02], "aggregating": [2.0, 0.5]}
