@@ -242,7 +242,9 @@ class DriverMixin(CoordinatorState):
         self._load_model()
         self._schedule_export()
         if not self.settings.keep_uploads:
-            shutil.rmtree(self._round_dir(r.number), ignore_errors=True)
+            # In a worker thread: deleting a round's uploads (a file per phone) held the event
+            # loop 0.3 s per round at 100 uploads of 4.4 MB (py-spy, fedkey bench load).
+            await asyncio.to_thread(shutil.rmtree, self._round_dir(r.number), ignore_errors=True)
         self.current = None
         self.state = RoundState.WAITING
         self._next_attempt = 0
