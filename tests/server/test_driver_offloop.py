@@ -1,10 +1,13 @@
-"""The round driver's slow file work stays off the event loop (issue 16, a free event loop): the
-uploads of an aggregated round are deleted in a worker thread, and are gone afterwards."""
+"""The round driver leaves the event loop free (issue 16): an aggregated round's uploads are
+deleted in a worker thread, and rounds complete in one thread at a lower CPU priority."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import sys
+import threading
 
 import pytest
 
@@ -39,3 +42,19 @@ def test_an_aggregated_rounds_uploads_are_deleted_off_the_event_loop(tmp_path, m
         wait_for(lambda: not round_dir.exists())
     assert (str(round_dir), False) in calls, calls
     assert not any(on_loop for _, on_loop in calls), calls
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a per-thread nice value is Linux's")
+def test_rounds_complete_in_one_thread_at_a_lower_cpu_priority_than_the_loop():
+    def priority() -> tuple[str, int]:
+        tid = threading.get_native_id()
+        return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)
+
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    pool = server.driver.aggregation_executor()
+    assert pool is server.driver.aggregation_executor()  # one for the process
+    name, nice = pool.submit(priority).result(timeout=30)
+    assert name.startswith("fedkey-aggregate")
+    assert nice == min(19, ours + server.driver.AGGREGATION_NICE)
+    # this thread (the event loop's, in the server) keeps its priority
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
