@@ -142,6 +142,18 @@ def test_the_database_is_part_of_the_cell_and_its_command(tmp_path, capsys):
     assert "--database-url" not in load_bench.server_argv(Cell(5, 1), 80, tmp_path, "s")
 
 
+def test_the_database_option_reaches_the_cells(tmp_path):
+    ok = CliRunner().invoke(
+        app,
+        ["bench", "load", "--phones", "5", "--database", "postgresql", "--dry-run"]
+        + ["--out", str(tmp_path)],
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "--database postgresql" in ok.output
+    bad = CliRunner().invoke(app, ["bench", "load", "--database", "mysql", "--dry-run"])
+    assert bad.exit_code != 0 and "'sqlite', 'postgresql'" in bad.output
+
+
 def test_an_unknown_database_or_a_missing_postgres_is_a_load_error(tmp_path, monkeypatch):
     with pytest.raises(load_bench.LoadError, match="--database mysql: choose one of sqlite"):
         run_load([5], 1, out=tmp_path, database="mysql")
