@@ -43,7 +43,7 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     data = json.loads((out / "results.json").read_text())
     assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds"]
     md = (out / "results.md").read_text()
-    assert "| test | 20 | 2 |" in md and "/healthz p50 / p99 / max" in md
+    assert "| test | sqlite | 20 | 2 |" in md and "/healthz p50 / p99 / max" in md
     assert "server peak RSS" in md
 
     # Resumable: the same cell again runs nothing.
