@@ -6,7 +6,8 @@ the way tests/server/test_postgres.py does: Debian's initdb and pg_ctl (the post
 port, trust authentication, one fresh database; as root (initdb refuses it) the cluster runs as the
 `postgres` user (or `nobody`) through runuser. Unlike the tests' cluster it keeps durability on
 (fsync, synchronous commits): the bench measures the server as it would run, not a tuned test
-fixture. It is stopped and deleted when the cell ends.
+fixture. It is stopped and deleted when the cell ends. tests/server/test_postgres.py starts its
+cluster with `temp_cluster` too, with durability off (`FAST`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ ROLE = "fedkey"
 DATABASE = "fedkey"
 HOST = "127.0.0.1"
 
-__all__ = ["PostgresError", "cluster"]
+#: Server settings for a cluster whose data may be lost (the tests'): no fsync, no WAL waits.
+FAST = ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "shared_buffers=16MB")
+
+__all__ = ["FAST", "Cluster", "PostgresError", "cluster", "temp_cluster"]
 
 
 class PostgresError(RuntimeError):
@@ -59,7 +63,9 @@ def cluster_user() -> str | None:
     raise PostgresError("running as root (initdb refuses it) and there is no postgres user")
 
 
-class _Cluster:
+class Cluster:
+    """A cluster in `root` run by `user` (None: this one); `port` once started."""
+
     def __init__(self, bindir: Path, root: Path, user: str | None) -> None:
         self.bindir = bindir
         self.root = root
@@ -81,10 +87,17 @@ class _Cluster:
     def log_tail(self) -> str:
         return self.log.read_text()[-600:].strip() if self.log.exists() else "(no log)"
 
-    def start(self, max_connections: int) -> None:
+    def url(self, database: str = DATABASE) -> str:
+        """The SQLAlchemy URL of `database` on this cluster, as the server's --database-url."""
+        return f"postgresql+psycopg://{ROLE}@{HOST}:{self.port}/{database}"
+
+    def start(self, max_connections: int, settings: tuple[str, ...] = ()) -> None:
+        """initdb, then pg_ctl start with `settings` (postgresql.conf lines, e.g. FAST; FAST
+        also skips initdb's sync), then the database DATABASE; PostgresError saying why not."""
         init = self.run(
             str(self.bindir / "initdb"),
             *("-D", str(self.data), "-U", ROLE, "--auth=trust", "-E", "UTF8", "--locale=C"),
+            *(["--no-sync"] if "fsync=off" in settings else []),
         )
         if init.returncode != 0:
             raise PostgresError(f"initdb failed: {(init.stderr or init.stdout).strip()[-400:]}")
@@ -93,6 +106,7 @@ class _Cluster:
             options = (
                 f"-k {shlex.quote(str(self.root))} -h {HOST} -p {self.port} "
                 f"-c max_connections={max_connections}"
+                + "".join(f" -c {setting}" for setting in settings)
             )
             ctl = self.run(
                 str(self.bindir / "pg_ctl"),
@@ -117,25 +131,37 @@ class _Cluster:
 
 
 @contextlib.contextmanager
+def temp_cluster(max_connections: int = 100, settings: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """A started cluster in a fresh temporary directory, stopped and deleted afterwards;
+    PostgresError (one line: why, what to install) when it cannot start."""
+    bindir = pg_bin()
+    if bindir is None:
+        raise PostgresError(
+            "PostgreSQL's initdb not found; install it (apt-get install postgresql)"
+        )
+    user = cluster_user()
+    # not a private temp dir of this user: the cluster may run as another one
+    root = Path(tempfile.mkdtemp(prefix="fedkey-pg-"))
+    if user:
+        entry = pwd.getpwnam(user)
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+    c = Cluster(bindir, root, user)
+    try:
+        c.start(max_connections, settings)
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def cluster(max_connections: int = 100) -> Iterator[str]:
     """A fresh cluster for one bench cell: yields the server's `--database-url`
     (postgresql+psycopg://fedkey@127.0.0.1:PORT/fedkey); stopped and deleted afterwards."""
-    bindir = pg_bin()
-    if bindir is None:
+    if pg_bin() is None:
         raise PostgresError(
             "--database postgresql: PostgreSQL's initdb not found; install it "
             "(apt-get install postgresql) or use --database sqlite"
         )
-    user = cluster_user()
-    # not a private temp dir of this user: the cluster may run as another one
-    root = Path(tempfile.mkdtemp(prefix="fedkey-bench-pg-"))
-    if user:
-        entry = pwd.getpwnam(user)
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-    c = _Cluster(bindir, root, user)
-    try:
-        c.start(max_connections)
-        yield f"postgresql+psycopg://{ROLE}@{HOST}:{c.port}/{DATABASE}"
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with temp_cluster(max_connections) as c:
+        yield c.url()

@@ -4,29 +4,21 @@ directory, listening on 127.0.0.1 on a free port only, trust auth, one fresh dat
 Debian's postgresql package puts initdb and pg_ctl in /usr/lib/postgresql/<version>/bin (CI installs
 it; .ci/run). initdb refuses to run as root: as root the cluster runs as the `postgres` user (or
 `nobody`) through runuser. Without initdb, or when the cluster does not start, the tests skip and
-say why.
+say why. The cluster is bench.postgres.temp_cluster (the one `fedkey bench load --database
+postgresql` starts), with durability off.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import itertools
 import json
 import math
-import os
-import pwd
-import shlex
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from bench.postgres import FAST, Cluster, PostgresError, temp_cluster
 from server.db import MetricRow, make_sessionmaker
 from tests.support.http import (
     SECRET,
@@ -41,132 +33,34 @@ from tests.support.http import (
 )
 from tests.support.wait import wait_for
 
-ROLE = "fedkey"
 BIG = 3_000_000_000  # more than a 32-bit INTEGER holds (2**31 - 1)
-
-
-def pg_bin() -> Path | None:
-    """The directory holding initdb and pg_ctl: on PATH, else Debian's newest version."""
-    found = shutil.which("initdb")
-    candidates = [str(Path(found).resolve().parent)] if found else []
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-    for d in candidates:
-        if (Path(d) / "initdb").exists() and (Path(d) / "pg_ctl").exists():
-            return Path(d)
-    return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    """A started cluster; `database()` creates a fresh database and returns its URL."""
-
-    def __init__(self, bindir: Path, root: Path, user: str | None):
-        self.bindir = bindir
-        self.root = root
-        self.data = root / "data"
-        self.log = root / "postgres.log"
-        self.prefix = ["runuser", "-u", user, "--"] if user else []
-        self.port = 0
-        self._names = itertools.count()
-
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [*self.prefix, *args],
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "LC_ALL": "C", "LANG": "C"},
-        )
-
-    def log_tail(self) -> str:
-        return self.log.read_text()[-1500:] if self.log.exists() else "(no log)"
-
-    def start(self) -> str | None:
-        """Start the cluster; the reason it could not, or None."""
-        init = self.run(
-            str(self.bindir / "initdb"),
-            *("-D", str(self.data), "-U", ROLE, "--auth=trust", "-E", "UTF8", "--locale=C"),
-            "--no-sync",
-        )
-        if init.returncode != 0:
-            return f"initdb failed: {(init.stderr or init.stdout).strip()[-800:]}"
-        for _ in range(3):  # the free port may be taken between the probe and the start
-            self.port = free_port()
-            options = (
-                f"-k {shlex.quote(str(self.root))} -h 127.0.0.1 -p {self.port} "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                "-c max_connections=40 -c shared_buffers=16MB"
-            )
-            ctl = self.run(
-                str(self.bindir / "pg_ctl"),
-                *("start", "-w", "-t", "30", "-D", str(self.data), "-l", str(self.log)),
-                *("-o", options),
-            )
-            if ctl.returncode == 0:
-                return None
-        return f"pg_ctl start failed: {ctl.stderr.strip()[-400:]}\n{self.log_tail()}"
-
-    def stop(self) -> None:
-        self.run(str(self.bindir / "pg_ctl"), "stop", "-m", "immediate", "-D", str(self.data))
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://{ROLE}@127.0.0.1:{self.port}/{database}"
-
-    def database(self) -> str:
-        name = f"fedkey_{next(self._names)}"
-        engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
-        with engine.connect() as db:
-            db.execute(text(f"CREATE DATABASE {name}"))
-        engine.dispose()
-        return self.url(name)
-
-
-def cluster_user() -> tuple[str | None, str | None]:
-    """(the user to run the cluster as, None for this one; or None and why it cannot run)."""
-    if os.geteuid() != 0:
-        return None, None
-    if not shutil.which("runuser"):
-        return None, "running as root (initdb refuses it) and runuser is not installed"
-    for user in ("postgres", "nobody"):
-        with contextlib.suppress(KeyError):
-            pwd.getpwnam(user)
-            return user, None
-    return None, "running as root (initdb refuses it) and there is no postgres or nobody user"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    bindir = pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL's initdb not found (apt-get install postgresql)")
-    user, why = cluster_user()
-    if why:
-        pytest.skip(why)
-    # not pytest's tmp dir: it is private to root, and the cluster may run as another user
-    root = Path(tempfile.mkdtemp(prefix="fedkey-pg-"))
-    if user:
-        entry = pwd.getpwnam(user)
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-    c = Cluster(bindir, root, user)
     try:
-        why = c.start()
-        if why:
-            pytest.skip(f"the PostgreSQL test cluster did not start: {why}")
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        with temp_cluster(max_connections=40, settings=FAST) as c:
+            yield c
+    except PostgresError as e:
+        pytest.skip(f"the PostgreSQL test cluster did not start: {e}")
+
+
+_names = itertools.count()
+
+
+def fresh_database(cluster: Cluster) -> str:
+    """A new empty database on `cluster`: its URL."""
+    name = f"fedkey_{next(_names)}"
+    engine = create_engine(cluster.url("postgres"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as db:
+        db.execute(text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return cluster.url(name)
 
 
 @pytest.fixture
 def pg_url(cluster: Cluster) -> str:
-    return cluster.database()
+    return fresh_database(cluster)
 
 
 def sql(url: str, statement: str, **params) -> list[tuple]:
