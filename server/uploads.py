@@ -141,15 +141,19 @@ class UploadsMixin(CoordinatorState):
         received: upload_store.Received | None = None
         try:
             device_id = self.authenticate(authorization)
-            r = self._open_round_for(device_id, n)
-            self._check_may_upload(r, device_id)
-            if device_id in r.storing:
-                raise ApiError(
-                    409,
-                    f"device {device_id!r} has an upload for round {n} in progress",
-                    "duplicate",
-                )
-            existing = r.uploads.get(device_id)
+            # A repeat of an upload the round already holds is answered the same way whether or
+            # not the round has closed since: a phone whose answer was lost gets its receipt.
+            r = self._held(device_id, n)
+            existing = r.uploads.get(device_id) if r is not None else None
+            if r is None:
+                r = self._open_round_for(device_id, n)
+                self._check_may_upload(r, device_id)
+                if device_id in r.storing:
+                    raise ApiError(
+                        409,
+                        f"device {device_id!r} has an upload for round {n} in progress",
+                        "duplicate",
+                    )
             try:
                 validation.check_content_length(headers.get("content-length"), self.upload_limit)
                 received = await upload_store.receive(
@@ -263,6 +267,13 @@ class UploadsMixin(CoordinatorState):
         with self.sessions.begin() as db:
             db.execute(delete(Receipt).where(Receipt.receipt == up.receipt))
         Path(up.path).unlink(missing_ok=True)
+
+    def _held(self, device_id: str, n: int) -> OpenRound | None:
+        """Round `n` when it holds an upload from `device_id` (open or being aggregated)."""
+        r = self.current
+        if r is not None and r.number == n and device_id in r.uploads:
+            return r
+        return None
 
     def _check_may_upload(self, r: OpenRound, device_id: str) -> None:
         flag = self._upload_flag(r, device_id)

@@ -1,12 +1,17 @@
 """A repeated upload (the same bytes again: a phone's retry) answers the first receipt, but only as
 a well-formed upload: its X-Fedkey-* headers are required as on the first. Found by the schema fuzz
 (tests/server/test_fuzz.py): a repeat without them was answered 200, a request the OpenAPI
-document calls invalid. A repeat that declares another sample count or loss is another upload: 409."""
+document calls invalid. A repeat that declares another sample count or loss is another upload: 409.
+Both hold after the round has closed too (found by the fuzz's restart check, where the other phone's
+upload closed the round first)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from server.coordinator import Coordinator
 from tests.support.http import enroll_phones, make_settings, running, snapshot
 from tests.support.wait import wait_for
 
@@ -69,3 +74,37 @@ def test_the_same_bytes_declaring_otherwise_are_refused(server, header, value):
     assert "already uploaded a different update" in r.json()["detail"]
     assert snapshot(client, server["storage"]) == before
     assert a.upload().json() == server["receipt"]
+
+
+def test_a_repeat_after_the_round_closed_still_answers_the_first_receipt(tmp_path, monkeypatch):
+    """A's answer was lost and B's upload closed the round meanwhile: while the round is being
+    aggregated A's retry still gets its receipt (not "closed"), and another upload from A is still
+    the 409 that says so."""
+    release = threading.Event()
+    complete = Coordinator._complete
+
+    def held(self, *args, **kwargs):  # aggregation waits until the test has asked
+        release.wait(60)
+        return complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(Coordinator, "_complete", held)
+    with running(make_settings(tmp_path, rounds=1, wait_devices=2)) as client:
+        a, b = enroll_phones(client, 2)
+        try:
+            for p in (a, b):
+                p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
+            first = a.upload()
+            assert first.status_code == 200, first.text
+            assert b.upload().status_code == 200
+            wait_for(lambda: client.get("/healthz").json()["state"] == "aggregating")
+            again = a.upload()
+            assert again.status_code == 200, again.text
+            assert again.json() == first.json()
+            headers = a.upload_headers()
+            headers["X-Fedkey-Num-Samples"] = str(a.num_samples + 1)
+            other = a.upload(headers=headers)
+            assert other.status_code == 409, other.text
+            assert "already uploaded a different update" in other.json()["detail"]
+        finally:
+            release.set()
+        wait_for(lambda: client.get("/healthz").json()["state"] == "finished")
