@@ -52,6 +52,7 @@ from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
 from server.telemetry import Telemetry
+from server.threads import io_executor
 from server.uploads import UploadsMixin
 
 log = logging.getLogger("fedkey.server")
@@ -102,6 +103,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
     async def start(self) -> None:
         """Load the data, build or resume the federation, reconcile the database, start driving."""
         torch.set_num_threads(1)
+        asyncio.get_running_loop().set_default_executor(io_executor())
         s = self.settings
         self.root.mkdir(parents=True, exist_ok=True)
         self.sessions = make_sessionmaker(s.db_url)

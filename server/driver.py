@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import os
 import shutil
-import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from server.db import Attempt, MetricRow, Round
@@ -21,38 +16,13 @@ from server.nospace import out_of_space
 from server.rounds import CoordinatorState, OpenRound, RoundState, Upload
 from server.strategies import ClientUpdate
 from server.strategies.selection import cohort_size
+from server.threads import aggregation_executor
 from server.upload_store import StoredState
 
 log = logging.getLogger("fedkey.server")
 
 #: Seconds before an aggregation the full disk refused is tried again.
 AGGREGATION_RETRY = 10.0
-#: How much lower the aggregation thread's CPU priority is than the event loop's (Linux nice).
-AGGREGATION_NICE = 10
-
-
-def _lower_priority() -> None:
-    """The aggregation thread yields the CPU to the event loop: on Linux a thread has its own nice
-    value (setpriority on its thread id), and threads it starts (torch's OpenMP team) inherit it.
-    Measured at 1,000 phones on 2 cores: while /healthz stalled, the loop thread was runnable
-    but waiting for a CPU 43% of the time and barely waited for the GIL (/proc schedstat, wchan).
-    Elsewhere, or when refused, the priority stays as it is."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError):
-        tid = threading.get_native_id()
-        os.setpriority(
-            os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + AGGREGATION_NICE
-        )
-
-
-@functools.cache
-def aggregation_executor() -> ThreadPoolExecutor:
-    """The one thread that completes rounds (one aggregation at a time per server process), at a
-    lower CPU priority than the event loop (``_lower_priority``)."""
-    return ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="fedkey-aggregate", initializer=_lower_priority
-    )
 
 
 class DriverMixin(CoordinatorState):

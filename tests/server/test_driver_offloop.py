@@ -12,6 +12,7 @@ import threading
 import pytest
 
 import server.driver
+import server.threads
 from tests.support.http import enroll_phones, make_settings, run_round, running, wait_round
 from tests.support.wait import wait_for
 
@@ -51,10 +52,28 @@ def test_rounds_complete_in_one_thread_at_a_lower_cpu_priority_than_the_loop():
         return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)
 
     ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    pool = server.driver.aggregation_executor()
-    assert pool is server.driver.aggregation_executor()  # one for the process
+    pool = server.threads.aggregation_executor()
+    assert pool is server.threads.aggregation_executor()  # one for the process
     name, nice = pool.submit(priority).result(timeout=30)
     assert name.startswith("fedkey-aggregate")
-    assert nice == min(19, ours + server.driver.AGGREGATION_NICE)
+    assert nice == min(19, ours + server.threads.AGGREGATION_NICE)
     # this thread (the event loop's, in the server) keeps its priority
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a per-thread nice value is Linux's")
+def test_the_loops_worker_threads_run_below_the_loops_priority(tmp_path):
+    """asyncio.to_thread in the server (upload bodies, validation, database commits) runs in the
+    coordinator's default executor, IO_NICE below the loop thread."""
+
+    def priority() -> tuple[str, int]:
+        tid = threading.get_native_id()
+        return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)
+
+    async def loop_and_worker() -> tuple[tuple[str, int], tuple[str, int]]:
+        return priority(), await asyncio.to_thread(priority)
+
+    with running(make_settings(tmp_path, rounds=1, wait_devices=2)) as client:
+        (_, loop_nice), (name, nice) = client.portal.call(loop_and_worker)
+    assert name.startswith("fedkey-io")
+    assert nice == min(19, loop_nice + server.threads.IO_NICE)
