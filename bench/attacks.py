@@ -4,9 +4,11 @@ server's bounded influence, on the demo corpus.
 The matrix (every cell one `fedkey simulate` command line, run as a child process):
 
     strategy    fedavg, fedatt
-    defence     on (the defaults: the server trims every coordinate of every update to the range
-                of the round's others, clips it to a multiple of the round's median norm, caps
-                attention and FedAvg weights), clip (the same without the trim: --trim 0), off
+    defence     on (the defaults: the server rejects the updates whose direction is an outlier
+                among the round's (the cosine filter, server.strategies.outliers), trims every
+                coordinate of every update to the range of the round's others, clips it to a
+                multiple of the round's median norm, caps attention and FedAvg weights), clip (the same without the trim and the filter:
+                --trim 0 --outlier-z 0), off
                 (--bound off: the seed papers' server, no bounding at all)
     population  1 attacker of 10 phones, 3 of 30 (every phone selected every round)
     attack      clean (no attacker), scale (delta x100), signflip (delta x-10), backdoor (a
@@ -33,10 +35,10 @@ from bench.runs import run_fedkey
 
 STRATEGIES = ("fedavg", "fedatt")
 #: The flags of each arm: "on" is the server's defaults, "clip" the defaults without the coordinate
-#: trim, "off" turns every bound off.
+#: trim and the cosine outlier filter (the clip and the caps alone), "off" turns every bound off.
 DEFENCES: dict[str, tuple[str, ...]] = {
     "on": (),
-    "clip": ("--trim", "0"),
+    "clip": ("--trim", "0", "--outlier-z", "0"),
     "off": ("--bound", "off"),
 }
 POPULATIONS = ((10, 1), (30, 3))  # (phones, attackers)
@@ -130,10 +132,19 @@ def clip_multiple(rows: list[dict]) -> float | None:
     return None
 
 
+def outlier_filter(rows: list[dict]) -> tuple[float | None, list[list[str]]]:
+    """The cosine outlier filter's cut in the run's last aggregated round (None: the run's server
+    had none, or it was off) and, per aggregated round, the phones it rejected."""
+    clips = [(r.get("info") or {}).get("clip") or {} for r in rows[1:]]
+    cut = next((c.get("outlier_z") for c in reversed(clips) if c.get("outlier_z")), None)
+    return cut, [sorted(c.get("outliers") or {}) for c in clips]
+
+
 def summarize(rows: list[dict], cell: Cell) -> dict:
     """One results.json object from a cell's metrics rows (round 0: the initial model)."""
     refused = [why for r in rows for why in (r.get("rejected") or {}).values()]
     last = rows[-1]
+    cut, outliers = outlier_filter(rows)
     return {
         "strategy": cell.strategy,
         "defence": cell.defence,
@@ -149,6 +160,8 @@ def summarize(rows: list[dict], cell: Cell) -> dict:
         "refused_reasons": sorted(set(refused)),
         "aggregated_per_round": [len(r.get("aggregated", [])) for r in rows[1:]],
         "clip_multiple": clip_multiple(rows),
+        "outlier_z": cut,
+        "outliers_per_round": outliers,  # the cosine filter's rejections, rounds 1..
         # round, test ppl, backdoor top-1, backdoor top-3
         "curve": [
             [r["round"], r["test_ppl"], r.get("backdoor_top1"), r.get("backdoor_top3")]

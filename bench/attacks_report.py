@@ -75,7 +75,7 @@ def acceptance(runs: dict[str, dict]) -> list[dict]:
 
 
 def _acceptance_table(rows: list[dict]) -> str:
-    header = ["strategy", "attackers", "undefended top-1 / top-3", "clip only (--trim 0)",
+    header = ["strategy", "attackers", "undefended top-1 / top-3", "clip only",
               "defended top-1 / top-3", "defended test ppl / undefended", "verdict"]  # fmt: skip
     body = []
     for a in rows:
@@ -129,7 +129,8 @@ def _notes(runs: dict[str, dict], rows: list[dict]) -> list[str]:
 
 
 def _matrix_table(runs: dict[str, dict]) -> str:
-    header = ["strategy", "defence", "clip S / median", "attackers", "attack", "final test ppl",
+    header = ["strategy", "defence", "clip S / median", "cosine filter", "attackers", "attack",
+              "final test ppl",
               "clean run's", "ratio", "refused uploads", "backdoor top-1",
               "backdoor top-3"]  # fmt: skip
     body = []
@@ -143,6 +144,7 @@ def _matrix_table(runs: dict[str, dict]) -> str:
             NAMES[cell.strategy],
             cell.defence,
             "-" if r.get("clip_multiple") is None else _f(r["clip_multiple"]),
+            _filter(r),
             cell.population,
             cell.attack,
             _f(r["final_test_ppl"]),
@@ -152,6 +154,31 @@ def _matrix_table(runs: dict[str, dict]) -> str:
             _pct(r["backdoor_top1"]),
             _pct(r["backdoor_top3"]),
         ])  # fmt: skip
+    return markdown_table(header, body)
+
+
+def _filter(run: dict) -> str:
+    """The matrix's cosine-filter cell: its cut and how many updates it rejected in all ("-": the
+    run's server had no filter, or it was off)."""
+    if run.get("outlier_z") is None:
+        return "-"
+    rejected = sum(len(ids) for ids in run.get("outliers_per_round") or [])
+    return f"z > {_f(run['outlier_z'], 'g')}: {rejected} rejected"
+
+
+def _outliers_table(runs: dict[str, dict]) -> str:
+    """Per round, the phones the cosine filter rejected, for the runs that had it."""
+    chosen = [runs[c.id] for c in cells() if c.id in runs and runs[c.id].get("outlier_z")]
+    if not chosen:
+        return ""
+    rounds = max(len(r["outliers_per_round"]) for r in chosen)
+    header = ["cell", "attackers (the last phones by name)", *(f"r{i + 1}" for i in range(rounds))]
+    body = []
+    for r in chosen:
+        names = sorted(f"device-{i}" for i in range(r["clients"]))
+        bad = ", ".join(names[len(names) - r["attackers"] :]) if r["attack"] != "clean" else "-"
+        per = [", ".join(ids) or "-" for ids in r["outliers_per_round"]]
+        body.append([f"`{r['id']}`", bad, *per, *[""] * (rounds - len(per))])
     return markdown_table(header, body)
 
 
@@ -264,9 +291,10 @@ def markdown(
         "# fedkey bench attacks",
         "",
         "Malicious phones against FedAvg and FedAtt, with the server's defaults (bounded influence: "
+        "the updates whose direction is an outlier among the round's rejected (cosine filter), "
         "every coordinate of every update trimmed to the range of the round's other updates, "
         "every update clipped to a multiple of the round's median norm, FedAtt's distances "
-        "winsorized like the coordinates, attention and FedAvg weights capped), with the clip alone (`--trim 0`) and without any bound (`--bound off`, "
+        "winsorized like the coordinates, attention and FedAvg weights capped), with the clip alone (`--trim 0 --outlier-z 0`) and without any bound (`--bound off`, "
         "the seed papers' server), on the demo corpus with "
         f"every phone selected every round ({p.rounds} rounds, E {p.local_epochs}). Attacks: "
         "`scale` uploads global + 100 x its delta, `signflip` global - 10 x its delta, `backdoor` "
@@ -300,6 +328,15 @@ def markdown(
         "## Backdoor success per round (top-1 / top-3)",
         "",
         _per_round_table(by_id),
+        "",
+        "## The cosine filter's rejections per round",
+        "",
+        "The phones the server's cosine outlier filter (server.strategies.outliers: mean cosine "
+        "to the round's others, modified z-score over the cut) kept out of each round, for the "
+        "runs whose server had it (attack cells: the attackers are the last phones by name, "
+        "device_sim.fleet).",
+        "",
+        _outliers_table(by_id) or "(no run with the filter yet)",
         "",
         "## Refused uploads",
         "",

@@ -326,6 +326,16 @@ FEDERATION = {
             "(default 0.1; 0 under DP, which refuses it).",
         ),
     ),
+    "outlier_z": (
+        float | None,
+        opt(
+            "outlier_z",
+            "--outlier-z",
+            help="Cosine outlier filter: reject an update whose mean cosine to the round's others "
+            "is this many modified z-scores below the median (fewer than half the phones; "
+            "default 3.5; 0 turns it off; off under DP, which refuses it).",
+        ),
+    ),
     "dp_beta": (
         float,
         opt(

@@ -32,6 +32,9 @@ DPSampling = Literal["fixed", "poisson"]
 DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
 #: The coordinate trim without DP: with 10 phones one value is clamped at each end, 3 with 30.
 DEFAULT_TRIM = 0.1
+#: The cosine outlier filter's cut without DP: Iglewicz & Hoaglin's modified z-score 3.5
+#: (server.strategies.outliers).
+DEFAULT_OUTLIER_Z = 3.5
 #: Strategies whose aggregate is the uniform mean under DP (the engine sets every weight to 1).
 MEAN_STRATEGIES: tuple[StrategyName, ...] = ("fedsgd", "fedavg")
 
@@ -73,6 +76,11 @@ class InfluenceConfig:
     range the round's other phones span, so a backdoor that pushes some coordinates further than
     any honest phone does is cut back to that range.
     None: ``DEFAULT_TRIM`` without DP, 0 under DP (the analysis covers the clip, not the trim).
+
+    ``outlier_z`` first rejects the updates whose mean cosine similarity to the others is
+    unusually low (modified z-score above it, fewer than half the cohort;
+    server.strategies.outliers): a persistent backdoor's direction, which the clip and the trim
+    do not see. None: ``DEFAULT_OUTLIER_Z`` without DP, 0 (off) under DP; 0: off.
     """
 
     mode: ClipMode = "adaptive"
@@ -82,6 +90,7 @@ class InfluenceConfig:
     temperature: float = 1.0  # attention: softmax(score / (T * bound))
     weight_cap: float = 4.0  # n_k <= weight_cap * median n_k
     trim: float | None = None  # coordinate trim beta; None: DEFAULT_TRIM, or 0 under DP
+    outlier_z: float | None = None  # cosine filter's cut; None: DEFAULT_OUTLIER_Z, or 0 under DP
 
     def __post_init__(self) -> None:
         if self.mode not in CLIP_MODES:
@@ -97,6 +106,10 @@ class InfluenceConfig:
             raise ValueError(f"the bound's norm must be > 0, got {self.norm}")
         if self.trim is not None and not 0 <= self.trim < 0.5:
             raise ValueError(f"the coordinate trim must be in [0, 0.5), got {self.trim}")
+        if self.outlier_z is not None and not self.outlier_z >= 0:
+            raise ValueError(
+                f"the outlier filter's cut must be >= 0 (0: off), got {self.outlier_z}"
+            )
 
     def trim_for(self, dp: bool) -> float:
         """The trim beta this round applies: the explicit one, else the default (0 under DP or
@@ -106,6 +119,15 @@ class InfluenceConfig:
         if self.trim is not None:
             return self.trim
         return 0.0 if dp else DEFAULT_TRIM
+
+    def outlier_z_for(self, dp: bool) -> float:
+        """The cosine filter's cut this round applies (0: off): the explicit one, else the
+        default (0 under DP or with bounding off)."""
+        if self.mode == "off":
+            return 0.0
+        if self.outlier_z is not None:
+            return self.outlier_z
+        return 0.0 if dp else DEFAULT_OUTLIER_Z
 
     @property
     def active(self) -> bool:
@@ -166,6 +188,12 @@ def dp_problem(
         return (
             "the coordinate trim clamps each update to the others' values, which the DP "
             "analysis (the clip's sensitivity) does not cover: use --trim 0 under DP"
+        )
+    if influence.outlier_z:
+        return (
+            "the cosine outlier filter rejects updates by their direction relative to the "
+            "others', which the DP analysis (the clip's sensitivity) does not cover: use "
+            "--outlier-z 0 under DP"
         )
     if params.get("selector") == "adafl":
         return (

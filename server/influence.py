@@ -39,6 +39,15 @@ with the clip not biting: its trimmed norm 1.6x the median). FedAtt counts no di
 the cap, so the farthest k phones weigh as the (k+1)-th farthest: the trim's winsorizing, applied
 to the attention's input. Not under DP (no trim there): replacing one phone would then move the
 others' scores, which the sensitivity analysis does not cover.
+
+Before all of this, the cosine outlier filter (server.strategies.outliers, ``outlier_z``)
+rejects the updates whose mean cosine similarity to the round's others is unusually low
+(Iglewicz & Hoaglin's modified z-score over 3.5, fewer than half the cohort): the clip and the
+trim bound a persistent backdoor's size, not its direction, and FedAtt's server step amplifies
+what is left of it (bench attacks, FedAtt, 1 of 10: 9% / 26% top-1 / top-3 after 5 rounds with
+both). The scores are those of the raw deltas (the cosine does not see a boost), the rejected
+phones are in ``info["outliers"]`` with their z-scores, and the trim, the clip and the caps are
+computed over the phones kept. Off under DP, as the trim is.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from torch import Tensor
 
 from server.config import InfluenceConfig
 from server.strategies import Bound, ClientUpdate
+from server.strategies.outliers import mean_cosines, modified_z, reject_outliers
 
 #: A bound of zero (every update equal to the global model) would divide the attention logits by 0.
 MIN_BOUND = 1e-12
@@ -100,6 +110,37 @@ def coordinate_range(
             hi[a:b] = torch.from_numpy(chosen[m - k - 1]).to(torch.float64) - flat_g[a:b]
         out[key] = (lo.reshape(g.shape), hi.reshape(g.shape))
     return out
+
+
+def cosine_scores(
+    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]]
+) -> np.ndarray:
+    """Each state's mean cosine similarity to the others, over the raw deltas
+    ``theta_k - theta`` of every floating layer (server.strategies.outliers.mean_cosines): one
+    pass for the norms ``||u_i||``, one for ``u_i . V`` with ``V = sum_j u_j / ||u_j||`` (V is
+    summed coordinate by coordinate, so each slice's share of the dot products needs only that
+    slice of V). Slice by slice as :func:`coordinate_range` reads the states, in float64."""
+    m = len(states)
+    keys = [k for k, g in global_state.items() if torch.is_floating_point(g)]
+    step = max(1, TRIM_CHUNK // max(m, 1))
+
+    def slices() -> Iterator[np.ndarray]:
+        for key in keys:
+            flat_g = global_state[key].detach().reshape(-1).to(torch.float64).numpy()
+            for a in range(0, flat_g.size, step):
+                b = min(a + step, flat_g.size)
+                rows = [_numpy(_flat_slice(s, key, a, b)).astype(np.float64) for s in states]
+                yield np.stack(rows) - flat_g[a:b]
+
+    sq = np.zeros(m)
+    for d in slices():
+        sq += np.einsum("ij,ij->i", d, d)
+    norms = np.sqrt(sq)
+    inv = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)
+    dots = np.zeros(m)
+    for d in slices():
+        dots += d @ (inv @ d)
+    return mean_cosines(dots, norms)
 
 
 def _numpy(t: Tensor):
@@ -267,9 +308,26 @@ def bound_round(
 
     ``clip_norm``: the DP clip (a fixed S whatever the mode). ``uniform``: every weight n_k = 1
     (DP: the declared counts are private data and the mean's analysis assumes equal weights).
-    The coordinate trim comes first, and the clip bounds the trimmed deltas. ``info`` reports the
-    trim, the bound, how many updates it clipped and the (trimmed) norms' median and maximum.
+    The cosine outlier filter comes first (the rejected updates are not aggregated), then the
+    coordinate trim, and the clip bounds the trimmed deltas. ``info`` reports the rejected
+    phones (device id -> modified z-score), the kept phones' cosine scores, the trim, the
+    bound, how many updates it clipped and the (trimmed) norms' median and maximum.
     """
+    cut = config.outlier_z_for(dp=clip_norm is not None)
+    filtered: dict = {}
+    if cut > 0 and len(updates) > 1:
+        scores = cosine_scores(global_state, [u.state for u in updates])
+        z = modified_z(scores)
+        out = set(reject_outliers(scores, cut))
+        kept = [i for i in range(len(updates)) if i not in out]
+        filtered = {
+            "outlier_z": cut,
+            "outliers": {updates[i].device_id: round(float(z[i]), 2) for i in sorted(out)},
+            "cosine_median": float(np.median(scores)),
+            "cosine_kept": [float(scores[kept].min()), float(scores[kept].max())],
+            "cosine_outliers": {updates[i].device_id: float(scores[i]) for i in sorted(out)},
+        }
+        updates = [updates[i] for i in kept]
     k = trim_count(config.trim_for(dp=clip_norm is not None), len(updates))
     ranges = coordinate_range(global_state, [u.state for u in updates], k) if k else None
     norms = [layer_norms(global_state, trim_state(global_state, u.state, ranges)) for u in updates]
@@ -283,6 +341,8 @@ def bound_round(
         "median_norm": statistics.median(whole) if whole else None,
         "max_norm": max(whole, default=None),
         "trimmed": k,  # values clamped at each end of every coordinate
+        "outliers": {},  # the cosine filter's rejections: device id -> modified z-score
+        **filtered,
     }
     if bound is None:
         factors = [dict.fromkeys(n, 1.0) for n in norms]

@@ -127,6 +127,7 @@ class Settings(BaseSettings):
     attention_temperature: float = Field(_INFLUENCE.temperature, gt=0)
     weight_cap: float = Field(_INFLUENCE.weight_cap, gt=0)
     trim: float | None = Field(_INFLUENCE.trim, ge=0, lt=0.5)
+    outlier_z: float | None = Field(_INFLUENCE.outlier_z, ge=0)
     # The largest sample count a phone may declare (enrollment, loss report, upload): 422 past it.
     max_samples: int = Field(100_000_000, ge=1, le=2**62)
 
@@ -269,6 +270,7 @@ class Settings(BaseSettings):
             temperature=self.attention_temperature,
             weight_cap=self.weight_cap,
             trim=self.trim,
+            outlier_z=self.outlier_z,
         )
 
     def federation_config(self) -> FederationConfig:

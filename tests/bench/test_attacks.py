@@ -57,7 +57,7 @@ def test_the_matrix_and_its_commands():
     clip = shlex.join(
         command(Cell("fedavg", "clip", 10, 1, "backdoor"), Protocol(), attacks.Path("r"))
     )
-    assert "--trim 0" in clip and "--bound" not in clip
+    assert "--trim 0 --outlier-z 0" in clip and "--bound" not in clip
 
 
 def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_path):
@@ -70,7 +70,14 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
         fake(Cell("fedatt", "off", 30, 3, "signflip"), 3.6e289),  # the plot's ticks overflowed
         fake(Cell("fedavg", "off", 10, 1, "backdoor"), 110.0, top1=0.8),
         fake(Cell("fedavg", "on", 10, 1, "clean"), 100.0, top1=0.0),
-        fake(Cell("fedavg", "on", 10, 1, "backdoor"), 101.0, top1=0.05, clip_multiple=1.0),
+        fake(
+            Cell("fedavg", "on", 10, 1, "backdoor"),
+            101.0,
+            top1=0.05,
+            clip_multiple=1.0,
+            outlier_z=3.5,
+            outliers_per_round=[["device-8", "device-9"], ["device-9"]],
+        ),
         fake(Cell("fedavg", "clip", 10, 1, "backdoor"), 104.0, top1=0.6),
         fake(Cell("fedavg", "on", 10, 1, "nan"), 102.0, refused=2),
         fake(Cell("fedatt", "off", 10, 1, "backdoor"), 5e9, top1=0.9),  # a wrecked model
@@ -98,10 +105,12 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert "| FedAvg | 1 of 10 | 80% / 90% | 60% / 70% | 5% / 15% | 101.00 / 110.00 | **top-1" in md
     assert "| FedAtt | 3 of 30 | 90% / 100% | - | 2% / 9% | 100.00 / 100.00 | met |" in md
     assert "| FedAtt | 1 of 10 | 90% / 100% | - | 30% / 40% |" in md  # no clip-only run yet
-    assert "| FedAvg | off | - | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
-    assert "| FedAvg | on | 1.00 | 1 of 10 | backdoor | 101.00 |" in md
+    assert "| FedAvg | off | - | - | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
+    assert "| FedAvg | on | 1.00 | z > 3.5: 3 rejected | 1 of 10 | backdoor | 101.00 |" in md
+    # The filter's rejections per round, beside the attackers' names.
+    assert "| `fedavg-on-1of10-backdoor` | device-9 | device-8, device-9 | device-9 |" in md
     assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
-    assert "| FedAtt | off | - | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md
+    assert "| FedAtt | off | - | - | 1 of 10 | scale | inf | 50.00 | infx | 0 |" in md
     assert "| `fedavg-on-1of10-nan` | 2 | 2 | 422 tensor 'x' contains NaN values |" in md
     assert "1.020x | yes |" in md
     # Past the bar and higher than after round 1: the note shows it per round.
@@ -170,3 +179,19 @@ def test_the_clip_multiple_is_read_from_the_last_adaptive_round():
     assert attacks.clip_multiple(rows[:2]) == 2.0
     assert attacks.clip_multiple([{"round": 1, "info": {"clip": {"mode": "dp"}}}]) is None
     assert attacks.clip_multiple([{"round": 1, "info": {}}]) is None
+
+
+def test_the_cosine_filter_is_read_per_round_and_absent_when_off():
+    clip = {"mode": "adaptive", "outlier_z": 3.5}
+    rows = [
+        {"round": 0},
+        {"round": 1, "info": {"clip": {**clip, "outliers": {"device-9": 31.0, "device-8": 13.0}}}},
+        {"round": 2, "info": {"clip": {**clip, "outliers": {}}}},
+    ]
+    assert attacks.outlier_filter(rows) == (3.5, [["device-8", "device-9"], []])
+    off = [{"round": 0}, {"round": 1, "info": {"clip": {"mode": "adaptive", "outliers": {}}}}]
+    assert attacks.outlier_filter(off) == (None, [[]])
+    clip_arm = shlex.join(
+        command(Cell("fedatt", "clip", 10, 1, "backdoor"), Protocol(), attacks.Path("r"))
+    )
+    assert "--trim 0 --outlier-z 0" in clip_arm  # the clip alone: no trim, no filter

@@ -237,3 +237,78 @@ def test_the_default_clip_cuts_a_trimmed_backdoor_to_the_median_norm():
     rnd = bound_round(InfluenceConfig(), GLOBAL, ups)
     assert norm_of(list(rnd)[9]) == pytest.approx(rnd.bound.norm, rel=1e-6)
     assert rnd.bound.norm < 1.05 * median  # the median of the trimmed norms
+
+
+def cohort(m: int, seed: int = 0, spread: float = 0.3) -> list[ClientUpdate]:
+    """Phones that agree as an iid cohort does: one shared direction plus their own noise."""
+    g = torch.Generator().manual_seed(seed)
+    common = {k: torch.randn(v.shape, generator=g) for k, v in GLOBAL.items() if k != "steps"}
+    ups = []
+    for i in range(m):
+        state = {k: c + spread * torch.randn(c.shape, generator=g) for k, c in common.items()}
+        ups.append(ClientUpdate({**state, "steps": torch.tensor(3)}, 100, 1.0, f"d{i:02d}"))
+    return ups
+
+
+def test_the_cosine_filter_rejects_an_update_pointing_away_whatever_its_boost():
+    """A persistent backdoor is cut to an honest norm by the clip and to the honest range by the
+    trim, but its direction is its own: it is rejected before either, boosted or not."""
+    for boost in (1.0, 10.0):
+        ups = cohort(9)
+        away = {k: v.clone() for k, v in ups[0].state.items()}
+        away["emb"] = boost * (0.5 * away["emb"] + torch.linspace(-2, 2, 24).reshape(6, 4))
+        ups.append(ClientUpdate(away, 100, 1.0, "d09"))
+        rnd = bound_round(InfluenceConfig(), GLOBAL, ups)
+        z = rnd.info["outliers"]
+        assert max(z, key=z.get) == "d09" and z["d09"] > 3.5
+        assert len(z) <= 2  # an honest phone may be rejected in a round too (see below)
+        assert [u.device_id for u in rnd] == [f"d{i:02d}" for i in range(9) if f"d{i:02d}" not in z]
+        assert rnd.info["cosine_outliers"]["d09"] < rnd.info["cosine_kept"][0]
+        kept = bound_round(InfluenceConfig(outlier_z=0), GLOBAL, ups)  # 0: the filter off
+        assert kept.info["outliers"] == {} and len(kept) == 10 and "outlier_z" not in kept.info
+
+
+def test_an_honest_cohort_keeps_nearly_every_phone():
+    """Honest phones' scores have a spread of their own; at the cut 3.5 an iid cohort of ten
+    loses about one phone in a hundred (tests/server/test_outliers.py, on the scores alone); a cut of 2 would cost several times that."""
+    rounds = [bound_round(InfluenceConfig(), GLOBAL, cohort(10, seed)) for seed in range(40)]
+    rejected = sum(len(r.info["outliers"]) for r in rounds)
+    assert rejected <= 0.03 * 400
+    assert all(len(r) + len(r.info["outliers"]) == 10 for r in rounds)
+    assert all(r.info["outlier_z"] == 3.5 for r in rounds)
+    loose = InfluenceConfig(outlier_z=2.0)
+    assert sum(
+        len(bound_round(loose, GLOBAL, cohort(10, s)).info["outliers"]) for s in range(40)
+    ) > (rejected)
+
+
+def test_cosine_scores_are_the_mean_pairwise_cosine_of_the_raw_deltas(monkeypatch):
+    ups = cohort(6, spread=1.0)
+    ups[2] = ClientUpdate(
+        {k: (v * 50 if k != "steps" else v) for k, v in ups[2].state.items()}, 100, 1.0, "x"
+    )
+    monkeypatch.setattr(influence, "TRIM_CHUNK", 7)  # slices across layer boundaries' inside
+    got = influence.cosine_scores(GLOBAL, [u.state for u in ups])
+    flat = torch.stack(
+        [torch.cat([delta(u, k).reshape(-1) for k in ("emb", "bias")]) for u in ups]
+    ).double()
+    unit = flat / flat.norm(dim=1, keepdim=True)
+    cos = unit @ unit.T
+    want = (cos.sum(dim=1) - 1) / (len(ups) - 1)
+    assert got == pytest.approx(want.numpy(), abs=1e-9)
+
+
+def test_dp_does_not_filter_by_default_and_refuses_an_explicit_cut():
+    """Which phones are kept depends on every phone's update: replacing one can drop another,
+    which the replace-one sensitivity does not cover."""
+    ups = cohort(9)
+    ups.append(ClientUpdate({k: -v for k, v in ups[0].state.items()}, 100, 1.0, "d09"))
+    rnd = bound_round(InfluenceConfig(), GLOBAL, ups, clip_norm=1.0)
+    assert len(rnd) == 10 and rnd.info["outliers"] == {}
+    dp = PrivacyConfig(clip_norm=1.0)
+    assert dp_problem("fedatt", dp, InfluenceConfig(), {}) is None
+    assert "--outlier-z 0" in dp_problem("fedatt", dp, InfluenceConfig(outlier_z=3.5), {})
+    assert dp_problem("fedatt", dp, InfluenceConfig(outlier_z=0), {}) is None
+    assert InfluenceConfig(mode="off", outlier_z=3.5).outlier_z_for(dp=False) == 0.0
+    with pytest.raises(ValueError, match="outlier filter"):
+        InfluenceConfig(outlier_z=-1)
