@@ -61,7 +61,8 @@ class InfluenceConfig:
     Every update's delta is clipped on the server before any strategy sees it (whole model or per
     layer): to ``multiple`` times the round's median update norm (adaptive, the default, 1: the
     median, what honest phones send; server.influence says why), to ``norm`` (fixed), or not at
-    all (off: the seed papers' behaviour; it also turns off the two caps below). Attention scores are divided by
+    all (off: the seed papers' behaviour; it also turns off the two caps below, the trim and the
+    outlier filter). Attention scores are divided by
     ``temperature`` times the bound, so no phone's weight passes ``e^(1/T) / (e^(1/T) + m - 1)``;
     a FedAvg weight n_k is capped at ``weight_cap`` times the round's median n_k. Under DP the clip
     is the DP clip S (fixed, data-independent).
