@@ -244,10 +244,8 @@ class DriverMixin(CoordinatorState):
         self._record_aggregated()
         self._load_model()
         self._schedule_export()
-        if not self.settings.keep_uploads:
-            # In a worker thread: deleting a round's uploads (a file per phone) held the event
-            # loop 0.3 s per round at 100 uploads of 4.4 MB (py-spy, fedkey bench load).
-            await asyncio.to_thread(shutil.rmtree, self._round_dir(r.number), ignore_errors=True)
+        # The round is over for the devices at once, with the new model: no view may offer its
+        # task (whose model is gone) while its uploads are deleted below.
         self.current = None
         self.state = RoundState.WAITING
         self._next_attempt = 0
@@ -269,6 +267,10 @@ class DriverMixin(CoordinatorState):
             epsilon=row["epsilon"],
         )
         self._notify()
+        if not self.settings.keep_uploads:
+            # In a worker thread: deleting a round's uploads (a file per phone) held the event
+            # loop 0.3 s per round at 100 uploads of 4.4 MB (py-spy, fedkey bench load).
+            await asyncio.to_thread(shutil.rmtree, self._round_dir(r.number), ignore_errors=True)
 
     def _record_aggregated(self) -> None:
         """Mark the aggregated rounds' rows and copy their metrics into the database; a failure

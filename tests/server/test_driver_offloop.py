@@ -77,3 +77,33 @@ def test_the_loops_worker_threads_run_below_the_loops_priority(tmp_path):
         (_, loop_nice), (name, nice) = client.portal.call(loop_and_worker)
     assert name.startswith("fedkey-io")
     assert nice == min(19, loop_nice + server.threads.IO_NICE)
+
+
+def test_no_view_offers_an_aggregated_rounds_task_while_its_uploads_are_deleted(
+    tmp_path, monkeypatch
+):
+    """Once round 1's model is served, no phone is told to train round 1 on round 0's model: the
+    round is over for the devices before its uploads are deleted (which may take a while)."""
+    deleting, release = threading.Event(), threading.Event()
+    real_rmtree = shutil.rmtree
+
+    def slow_rmtree(path, *args, **kwargs):
+        deleting.set()
+        release.wait(30)
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(server.driver.shutil, "rmtree", slow_rmtree)
+    settings = make_settings(tmp_path, rounds=2, fraction=1.0, wait_devices=2)
+    with running(settings) as client:
+        phones = enroll_phones(client, 2)
+        try:
+            run_round(phones)
+            wait_for(deleting.is_set, what="the uploads were never deleted")
+            assert client.get("/v1/model").headers["X-Fedkey-Round"] == "1"
+            for p in phones:
+                view = p.current()
+                assert view["round"] != 1 or view["state"] != "open", view
+                assert view["task"] is None or view["task"]["model_round"] == 1, view
+        finally:
+            release.set()
+        wait_round(client, 1)
