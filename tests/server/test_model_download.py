@@ -1,0 +1,41 @@
+"""GET /v1/model sends the checkpoint in slices (server.api.routes_model.ChunkedResponse), so a
+slow reader's transport never holds the whole 4.4 MB body: the bytes and Content-Length are those
+of the checkpoint, every write at most DOWNLOAD_CHUNK."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from server.api.routes_model import DOWNLOAD_CHUNK, ChunkedResponse
+from tests.support.http import make_settings, running
+
+
+def test_a_body_goes_out_in_slices_with_its_content_length():
+    body = bytes(range(256)) * (DOWNLOAD_CHUNK // 64 + 3)  # 4 full slices and a partial one
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    response = ChunkedResponse(body, media_type="application/octet-stream")
+    asyncio.run(response({"type": "http"}, receive, send))
+    start, *parts = sent
+    assert dict(start["headers"])[b"content-length"] == str(len(body)).encode()
+    chunks = [bytes(m["body"]) for m in parts]
+    assert b"".join(chunks) == body
+    assert [len(c) for c in chunks] == [DOWNLOAD_CHUNK] * 4 + [len(body) - 4 * DOWNLOAD_CHUNK, 0]
+    assert [m["more_body"] for m in parts] == [True] * 5 + [False]
+
+
+def test_the_download_is_the_checkpoint_its_etag_names(tmp_path):
+    with running(make_settings(tmp_path, rounds=1)) as client:
+        r = client.get("/v1/model")
+        assert r.status_code == 200
+        assert int(r.headers["content-length"]) == len(r.content) > DOWNLOAD_CHUNK
+        assert r.headers["etag"] == f'"{hashlib.sha256(r.content).hexdigest()}"'
+        again = client.get("/v1/model", headers={"If-None-Match": r.headers["etag"]})
+        assert again.status_code == 304 and again.content == b""
