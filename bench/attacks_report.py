@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench.attacks import ATTACKS, CHECKS, DEFENCES, POPULATIONS, STRATEGIES, Cell, Protocol, cells
 from bench.report import markdown_table
+from corpora.dataset import device_name
 from server.storage import PLOT_CAP
 
 NAMES = {"fedavg": "FedAvg", "fedatt": "FedAtt"}
@@ -175,7 +176,7 @@ def _outliers_table(runs: dict[str, dict]) -> str:
     header = ["cell", "attackers (the last phones by name)", *(f"r{i + 1}" for i in range(rounds))]
     body = []
     for r in chosen:
-        names = sorted(f"device-{i}" for i in range(r["clients"]))
+        names = sorted(device_name(i, r["clients"]) for i in range(r["clients"]))
         bad = ", ".join(names[len(names) - r["attackers"] :]) if r["attack"] != "clean" else "-"
         per = [", ".join(ids) or "-" for ids in r["outliers_per_round"]]
         body.append([f"`{r['id']}`", bad, *per, *[""] * (rounds - len(per))])
@@ -321,7 +322,10 @@ def markdown(
         "Final test perplexity against the clean run of the same arm (strategy, defence, phones), "
         "and the backdoor's final success. Clip S / median: the adaptive clip's multiple of the "
         "round's median norm the run's server used (its default then; \"-\": no adaptive clip); "
-        'runs of different multiples come from different commits ("How it was run").',
+        'runs of different multiples come from different commits ("How it was run"). Cosine '
+        "filter: the outlier filter's cut (modified z-score) and how many updates it rejected "
+        'over the run ("-": the run\'s server had no filter, or it was off: the "on" runs '
+        "without it come from before it was the default).",
         "",
         _matrix_table(by_id),
         "",
@@ -334,7 +338,7 @@ def markdown(
         "The phones the server's cosine outlier filter (server.strategies.outliers: mean cosine "
         "to the round's others, modified z-score over the cut) kept out of each round, for the "
         "runs whose server had it (attack cells: the attackers are the last phones by name, "
-        "device_sim.fleet).",
+        "device_sim.fleet; the clean cells have none, so what they lose is honest phones).",
         "",
         _outliers_table(by_id) or "(no run with the filter yet)",
         "",
