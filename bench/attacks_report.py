@@ -108,6 +108,7 @@ def _notes(runs: dict[str, dict], rows: list[dict]) -> list[str]:
                 "model. Model replacement's gamma (eq. 3) is FedAvg's; FedAtt's attention gives "
                 "the farthest update the largest weight, so the same boost overshoots."
             )
+    notes += [n for a in rows if (n := _filter_note(a, runs)) is not None]
     grows = [
         a
         for a in rows
@@ -167,6 +168,39 @@ def _filter(run: dict) -> str:
     return f"z > {_f(run['outlier_z'], 'g')}: {rejected} rejected"
 
 
+def _attackers(run: dict) -> set[str]:
+    """The attackers' names: the last phones by name (device_sim.fleet); none in a clean run."""
+    if run["attack"] == "clean" or not run["attackers"]:
+        return set()
+    names = sorted(device_name(i, run["clients"]) for i in range(run["clients"]))
+    return set(names[len(names) - run["attackers"] :])
+
+
+def _filter_note(a: dict, runs: dict[str, dict]) -> str | None:
+    """How often the cosine filter kept the attackers out of the defended backdoor run, and what
+    it cost honest phones there and in the clean run of the same arm."""
+    on = a["on"]
+    per_round = on.get("outliers_per_round")
+    if not on.get("outlier_z") or not per_round:
+        return None
+    bad = _attackers(on)
+    caught = sum(bad <= set(ids) for ids in per_round)
+    honest = sum(len(set(ids) - bad) for ids in per_round)
+    clean = runs.get(Cell(on["strategy"], "on", on["clients"], on["attackers"], "clean").id)
+    line = (
+        f"- {NAMES[on['strategy']]}, {a['population']}, defended: the cosine filter rejected "
+        f"every attacker in {caught} of {len(per_round)} rounds, and {honest} honest "
+        f"phone-round(s) of {len(per_round) * (on['clients'] - on['attackers'])}"
+    )
+    if clean and clean.get("outliers_per_round"):
+        lost = sum(len(ids) for ids in clean["outliers_per_round"])
+        line += (
+            f"; in the clean run, {lost} of {len(clean['outliers_per_round']) * clean['clients']}"
+            f" (test ppl {_f(clean['final_test_ppl'])})"
+        )
+    return line + "."
+
+
 def _outliers_table(runs: dict[str, dict]) -> str:
     """Per round, the phones the cosine filter rejected, for the runs that had it."""
     chosen = [runs[c.id] for c in cells() if c.id in runs and runs[c.id].get("outlier_z")]
@@ -176,8 +210,7 @@ def _outliers_table(runs: dict[str, dict]) -> str:
     header = ["cell", "attackers (the last phones by name)", *(f"r{i + 1}" for i in range(rounds))]
     body = []
     for r in chosen:
-        names = sorted(device_name(i, r["clients"]) for i in range(r["clients"]))
-        bad = ", ".join(names[len(names) - r["attackers"] :]) if r["attack"] != "clean" else "-"
+        bad = ", ".join(sorted(_attackers(r))) or "-"
         per = [", ".join(ids) or "-" for ids in r["outliers_per_round"]]
         body.append([f"`{r['id']}`", bad, *per, *[""] * (rounds - len(per))])
     return markdown_table(header, body)

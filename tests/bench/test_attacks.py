@@ -107,6 +107,10 @@ def test_report_leads_with_the_acceptance_and_compares_with_the_clean_run(tmp_pa
     assert "| FedAtt | 1 of 10 | 90% / 100% | - | 30% / 40% |" in md  # no clip-only run yet
     assert "| FedAvg | off | - | - | 1 of 10 | scale | 200.00 | 100.00 | 2.00x | 0 | - | - |" in md
     assert "| FedAvg | on | 1.00 | z > 3.5: 3 rejected | 1 of 10 | backdoor | 101.00 |" in md
+    assert (
+        "FedAvg, 1 of 10, defended: the cosine filter rejected every attacker in 2 of 2 rounds, "
+        "and 1 honest phone-round(s) of 18." in md
+    )
     # The filter's rejections per round, beside the attackers' names.
     assert "| `fedavg-on-1of10-backdoor` | device-9 | device-8, device-9 | device-9 |" in md
     assert "| signflip | 4.8e+07 | 100.00 | 4.8e+05x | 0 |" in md  # not 10 digits
