@@ -91,6 +91,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self._unrecorded: list[tuple[int, dict]] = []
         self._model: tuple[int, bytes, str] | None = None  # (round, checkpoint bytes, sha256)
         self._exporting: asyncio.Task | None = None
+        self._deletions: set[asyncio.Task] = set()  # aggregated rounds' uploads being deleted
         self._exported_round: int | None = None
         self._waiters: dict[str, asyncio.Event] = {}
         self._poke = asyncio.Event()
@@ -176,6 +177,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._last_seen_task  # its last batch is written
             self._last_seen_task = None
+        await asyncio.gather(*self._deletions, return_exceptions=True)
         self.events.close()
         if self.sessions is not None:
             self.sessions.kw["bind"].dispose()

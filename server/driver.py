@@ -245,7 +245,7 @@ class DriverMixin(CoordinatorState):
         self._load_model()
         self._schedule_export()
         # The round is over for the devices at once, with the new model: no view may offer its
-        # task (whose model is gone) while its uploads are deleted below.
+        # task (whose model is gone) while its uploads are deleted.
         self.current = None
         self.state = RoundState.WAITING
         self._next_attempt = 0
@@ -268,9 +268,19 @@ class DriverMixin(CoordinatorState):
         )
         self._notify()
         if not self.settings.keep_uploads:
-            # In a worker thread: deleting a round's uploads (a file per phone) held the event
-            # loop 0.3 s per round at 100 uploads of 4.4 MB (py-spy, fedkey bench load).
-            await asyncio.to_thread(shutil.rmtree, self._round_dir(r.number), ignore_errors=True)
+            self._delete_in_background(self._round_dir(r.number))
+
+    def _delete_in_background(self, path: Path) -> None:
+        """Delete an aggregated round's uploads in a worker thread while the next round opens:
+        on the loop it held the loop 0.3 s a round at 100 uploads of 4.4 MB (py-spy, fedkey
+        bench load), and awaited it kept the devices in "waiting" (and woke their long-polls
+        once more) between two rounds. Awaited by stop()."""
+        task = asyncio.create_task(
+            asyncio.to_thread(shutil.rmtree, path, ignore_errors=True),
+            name=f"fedkey-delete-{path.name}",
+        )
+        self._deletions.add(task)
+        task.add_done_callback(self._deletions.discard)
 
     def _record_aggregated(self) -> None:
         """Mark the aggregated rounds' rows and copy their metrics into the database; a failure

@@ -112,6 +112,7 @@ class CoordinatorState:
     _next_attempt: int
     _retry_aggregation_at: float  # time.time() before which a postponed aggregation waits
     _unrecorded: list[tuple[int, dict]]  # aggregated rounds' (row id, metrics row) not in the db
+    _deletions: set[asyncio.Task]  # aggregated rounds' uploads being deleted (worker threads)
     _waiters: dict[str, asyncio.Event]  # device id -> what its long-polls wait on
     _poke: asyncio.Event  # wakes the driver
     _stopping: bool

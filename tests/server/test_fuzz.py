@@ -272,4 +272,4 @@ def test_the_federation_is_intact_after_the_fuzz(federation: Federation) -> None
                 assert r.status_code == 200, r.text
         assert wait_round(client, 1)[-1]["round"] == 1
         assert client.get("/v1/model").headers["X-Fedkey-Round"] == "1"
-        assert client.get("/healthz").json()["state"] == "finished"
+        wait_for(lambda: client.get("/healthz").json()["state"] == "finished")

@@ -60,7 +60,7 @@ def test_stop_mid_round_and_continue(tmp_path):
         assert [r["round"] for r in rows] == [0, 1, 2, 3]
         assert rows[2]["aggregated"] == ["device-0", "device-1"]
         assert jsonl(storage) == rows
-        assert client.get("/healthz").json()["state"] == "finished"
+        wait_for(lambda: client.get("/healthz").json()["state"] == "finished")
 
     # the interrupted run equals an uninterrupted simulation, bit for bit
     from common.config import DataConfig

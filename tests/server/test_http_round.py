@@ -132,7 +132,8 @@ def test_a_round_over_http_advances_the_model(tmp_path):
         assert "fedkey_uploads_accepted_total 4.0" in prom
         assert "fedkey_rounds_completed_total 2.0" in prom
         assert "fedkey_aggregation_seconds_count 2.0" in prom
-        health = client.get("/healthz").json()
+        # the run finishes in the driver's next step after the last metrics row
+        health = wait_for(lambda: (h := client.get("/healthz").json())["state"] == "finished" and h)
         assert health == {"status": "ok", "round": 2, "state": "finished"}
 
 
