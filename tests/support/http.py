@@ -204,14 +204,12 @@ def snapshot(client: httpx.Client, storage: Path) -> dict:
 def run_round(phones: list[Phone], *, topk: bool = False) -> dict[str, dict]:
     """Once the round is open, every selected phone trains, (reports its loss,) and uploads if
     told to. (Right after an aggregation the next round is not open yet: no one is selected.)"""
-    views = wait_for(
-        lambda: (
-            (v := {p.name: p.current() for p in phones})
-            and all(x["state"] == "open" for x in v.values())
-            and v
-        ),
-        what="the round did not open for every phone",
-    )
+
+    def open_views() -> dict[str, dict]:  # {} (falsy) until every phone sees the round open
+        views = {p.name: p.current() for p in phones}
+        return views if all(v["state"] == "open" for v in views.values()) else {}
+
+    views = wait_for(open_views, what="the round did not open for every phone")
     selected = [p for p in phones if views[p.name]["selected"]]
     for p in selected:
         p.train(views[p.name])
