@@ -111,17 +111,21 @@ class StoredState(Mapping[str, Tensor]):
         return len(self._keys)
 
     def flat_slice(self, key: str, a: int, b: int) -> Tensor:
-        """Elements ``a:b`` of the flattened tensor `key`, reading only the rows that hold them."""
+        """Elements ``a:b`` of the flattened tensor `key`, reading only the rows that hold them,
+        as a tensor of their own: safetensors' slice is a view whose storage is the whole tensor,
+        so the trim's slices of a 1,000-phone cohort (one per phone, held together) pinned 1,000
+        whole layers: coordinate_range peaked at 1.08 GB for 300 stored updates of 1.25M
+        parameters, 0.40 GB with the copy (its base process: 0.25 GB)."""
         with safe_open(self.path, framework="pt") as f:
             sl = f.get_slice(key)
             shape = sl.get_shape()
             if not shape:  # a scalar
                 return f.get_tensor(key).reshape(-1)[a:b]
             if len(shape) == 1:
-                return sl[a:b]
+                return sl[a:b].clone()
             row = 1
             for s in shape[1:]:
                 row *= s
             r0, r1 = a // row, -(-b // row)
             rows = sl[r0:r1].reshape(-1)
-        return rows[a - r0 * row : b - r0 * row]
+        return rows[a - r0 * row : b - r0 * row].clone()

@@ -50,7 +50,11 @@ def test_stored_state_reads_what_was_saved_and_any_slice(tmp_path):
         flat = t.reshape(-1)
         for a, b in [(0, flat.numel()), (1, 4), (4, 11), (6, 7), (flat.numel() - 1, flat.numel())]:
             if b <= flat.numel():
-                assert torch.equal(stored.flat_slice(key, a, b), flat[a:b]), (key, a, b)
+                piece = stored.flat_slice(key, a, b)
+                assert torch.equal(piece, flat[a:b]), (key, a, b)
+                # its own elements only, not a view pinning the whole tensor (memory: the trim
+                # holds one slice per phone of the cohort at once)
+                assert piece.untyped_storage().nbytes() == (b - a) * t.element_size(), (key, a, b)
     with pytest.raises(KeyError):
         stored["missing"]
 
