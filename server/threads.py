@@ -50,11 +50,10 @@ def aggregation_executor() -> ThreadPoolExecutor:
 
 
 def io_executor() -> ThreadPoolExecutor:
-    """A new default executor for the server's event loop (as many threads as asyncio's own
-    default), its threads ``IO_NICE`` below the loop. One per loop: a loop shuts its default
-    executor down when it closes."""
+    """A new default executor for the server's event loop (ThreadPoolExecutor's default number of
+    threads, as asyncio's own), its threads ``IO_NICE`` below the loop. One per loop: a loop
+    shuts its default executor down when it closes."""
     return ThreadPoolExecutor(
-        max_workers=min(32, (os.cpu_count() or 1) + 4),
         thread_name_prefix="fedkey-io",
         initializer=functools.partial(lower_priority, IO_NICE),
     )

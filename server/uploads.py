@@ -144,7 +144,6 @@ class UploadsMixin(CoordinatorState):
             # A repeat of an upload the round already holds is answered the same way whether or
             # not the round has closed since: a phone whose answer was lost gets its receipt.
             r = self._held(device_id, n)
-            existing = r.uploads.get(device_id) if r is not None else None
             if r is None:
                 r = self._open_round_for(device_id, n)
                 self._check_may_upload(r, device_id)
@@ -154,6 +153,7 @@ class UploadsMixin(CoordinatorState):
                         f"device {device_id!r} has an upload for round {n} in progress",
                         "duplicate",
                     )
+            existing = r.uploads.get(device_id)
             try:
                 validation.check_content_length(headers.get("content-length"), self.upload_limit)
                 received = await upload_store.receive(

@@ -14,31 +14,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.config import DataConfig, TrainConfig
 from corpora.dataset import prepare
 from device_sim.pool import LocalTask, run_task
 from device_sim.ray_cluster import RayOptions
 from device_sim.ray_pool import RayTrainerPool
 from models.checkpoint import build_model, model_state
-from models.config import ModelConfig
 from runners.simulate import simulate, train_central
-from server.config import FederationConfig
 from server.engine import client_seed
+from tests.support.workload import DATA, FED, tiny
 
 pytestmark = pytest.mark.slow
-
-DATA = DataConfig(data="demo", clients=4, max_train_tokens=1500, max_eval_sentences=20)
-FED = FederationConfig(
-    strategy="fedavg",
-    fraction=1.0,
-    rounds=2,
-    train=TrainConfig(epochs=1, lr=0.5),
-    ksr_sentences=0,
-)
-
-
-def tiny(vocab_size: int) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab_size, emb_size=16, hidden_size=16)
 
 
 def checkpoints(out: Path) -> list[dict[str, torch.Tensor]]:

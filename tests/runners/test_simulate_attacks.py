@@ -8,25 +8,10 @@ import re
 
 import pytest
 
-from common.config import DataConfig, TrainConfig
 from device_sim.attacks import BackdoorError
 from device_sim.config import BackdoorConfig
-from models.config import ModelConfig
 from runners.simulate import simulate
-from server.config import FederationConfig
-
-DATA = DataConfig(data="demo", clients=4, max_train_tokens=1500, max_eval_sentences=20)
-FED = FederationConfig(
-    strategy="fedavg",
-    fraction=1.0,
-    rounds=2,
-    train=TrainConfig(epochs=1, lr=0.5),
-    ksr_sentences=0,
-)
-
-
-def tiny(vocab_size: int) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab_size, emb_size=16, hidden_size=16)
+from tests.support.workload import DATA, FED, tiny
 
 
 def run(tmp_path, **attack) -> list[dict]:
