@@ -61,15 +61,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from server.cohort_scan import (
+    Cohort,
+    Limits,
+    clamp_state,
+    cosine_scan,
+    floating_keys,
+    norm_scan,
+    trim_scan,
+)
 from server.config import InfluenceConfig
 from server.strategies import Bound, ClientUpdate
 from server.strategies.outliers import mean_cosines, modified_z, reject_outliers
 
 #: A bound of zero (every update equal to the global model) would divide the attention logits by 0.
 MIN_BOUND = 1e-12
-#: Elements of one layer's slice stacked across the cohort to find the trim's order statistics
-#: (float32: 32 MB, and as much for np.partition's copy), so the trim's memory does not grow
-#: with the cohort.
+#: Elements of one layer's slice stacked across the cohort for the trim's order statistics
+#: (float32: 32 MB, and as much for np.sort's copy), so the trim's memory does not grow with the
+#: cohort (server.cohort_scan.trim_scan).
 TRIM_CHUNK = 1 << 23
 
 #: Per floating layer, the trim's lowest and highest delta for each coordinate.
@@ -88,27 +97,17 @@ def coordinate_range(
 ) -> Ranges:
     """Each coordinate's (k+1)-th smallest and (k+1)-th largest delta over the round's states:
     the values the trim clamps to, in float64. The delta ``theta_k - theta`` is monotone in
-    ``theta_k``, so the order statistics are selected among the phones' own values (one
-    np.partition per slice, in their float32) and the global value subtracted after: the same
-    numbers as selecting among the float64 deltas, at a third of the cost. Computed slice by
-    slice (``TRIM_CHUNK`` elements across the cohort at a time); a state that can read a slice of
-    a tensor by itself (``flat_slice(key, a, b)``, as the server's stored uploads do) is read
-    one slice at a time."""
-    m = len(states)
+    ``theta_k``, so the order statistics are selected among the phones' own values and the global
+    subtracted after: the same numbers as selecting among the float64 deltas. Slice by slice
+    (``TRIM_CHUNK`` elements across the cohort at a time, server.cohort_scan.trim_scan);
+    :func:`bound_round` keeps the values themselves (:func:`server.cohort_scan.clamp_state`)."""
+    limits, _ = trim_scan(
+        Cohort(global_state, states), floating_keys(global_state), k, TRIM_CHUNK, exact=False
+    )
     out: Ranges = {}
-    for key, g in global_state.items():
-        if not torch.is_floating_point(g):
-            continue
-        flat_g = g.detach().reshape(-1).to(torch.float64)
-        lo, hi = torch.empty_like(flat_g), torch.empty_like(flat_g)
-        step = max(1, TRIM_CHUNK // m)
-        for a in range(0, flat_g.numel(), step):
-            b = min(a + step, flat_g.numel())
-            values = np.stack([_numpy(_flat_slice(s, key, a, b)) for s in states])
-            chosen = np.partition(values, (k, m - k - 1), axis=0)
-            lo[a:b] = torch.from_numpy(chosen[k]).to(torch.float64) - flat_g[a:b]
-            hi[a:b] = torch.from_numpy(chosen[m - k - 1]).to(torch.float64) - flat_g[a:b]
-        out[key] = (lo.reshape(g.shape), hi.reshape(g.shape))
+    for key, (lo, hi) in limits.items():
+        g = global_state[key].detach().to(torch.float64)
+        out[key] = (lo.to(torch.float64) - g, hi.to(torch.float64) - g)
     return out
 
 
@@ -117,60 +116,10 @@ def cosine_scores(
 ) -> np.ndarray:
     """Each state's mean cosine similarity to the others, over the raw deltas
     ``theta_k - theta`` of every floating layer (server.strategies.outliers.mean_cosines): one
-    pass for the norms ``||u_i||``, one for ``u_i . V`` with ``V = sum_j u_j / ||u_j||`` (V is
-    summed coordinate by coordinate, so each slice's share of the dot products needs only that
-    slice of V). Slice by slice as :func:`coordinate_range` reads the states, in float64."""
-    m = len(states)
-    keys = [k for k, g in global_state.items() if torch.is_floating_point(g)]
-    step = max(1, TRIM_CHUNK // max(m, 1))
-
-    def slices() -> Iterator[np.ndarray]:
-        for key in keys:
-            flat_g = global_state[key].detach().reshape(-1).to(torch.float64).numpy()
-            for a in range(0, flat_g.size, step):
-                b = min(a + step, flat_g.size)
-                rows = [_numpy(_flat_slice(s, key, a, b)).astype(np.float64) for s in states]
-                yield np.stack(rows) - flat_g[a:b]
-
-    sq = np.zeros(m)
-    for d in slices():
-        sq += np.einsum("ij,ij->i", d, d)
-    norms = np.sqrt(sq)
-    inv = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)
-    dots = np.zeros(m)
-    for d in slices():
-        dots += d @ (inv @ d)
-    return mean_cosines(dots, norms)
-
-
-def _numpy(t: Tensor):
-    """A slice as numpy, in float32 or float64 (bfloat16 and float16 widen exactly)."""
-    if t.dtype not in (torch.float32, torch.float64):
-        t = t.to(torch.float32)
-    return t.detach().numpy()
-
-
-def _flat_slice(state: Mapping[str, Tensor], key: str, a: int, b: int) -> Tensor:
-    read = getattr(state, "flat_slice", None)
-    if read is not None:
-        return read(key, a, b)
-    return state[key].detach().reshape(-1)[a:b]
-
-
-def trim_state(
-    global_state: Mapping[str, Tensor], state: Mapping[str, Tensor], ranges: Ranges | None
-) -> Mapping[str, Tensor]:
-    """``theta + clamp(theta_k - theta, lo, hi)`` per coordinate, in the client's dtypes (the
-    state itself when nothing is trimmed)."""
-    if ranges is None:
-        return state
-    out = dict(state)
-    for key, (lo, hi) in ranges.items():
-        g = global_state[key].detach().to(torch.float64)
-        c = state[key]
-        d = torch.clamp(c.detach().to(torch.float64) - g, lo, hi)
-        out[key] = (g + d).to(c.dtype)
-    return out
+    pass for the norms ``||u_i||`` and ``V = sum_j u_j / ||u_j||``, one for ``u_i . V``, a phone
+    at a time in float64 arithmetic (server.cohort_scan.cosine_scan)."""
+    sq, dots = cosine_scan(Cohort(global_state, states), floating_keys(global_state))
+    return mean_cosines(dots, np.sqrt(sq.sum(axis=1)))
 
 
 def layer_norms(
@@ -277,7 +226,8 @@ def weight_cap(samples: Sequence[int], multiple: float) -> int:
 
 @dataclass
 class BoundedRound:
-    """A round's updates as the strategy sees them: clipped (lazily, one at a time) and weighted."""
+    """A round's updates as the strategy sees them: trimmed and clipped (lazily, one at a time)
+    and weighted."""
 
     global_state: Mapping[str, Tensor]
     updates: Sequence[ClientUpdate]
@@ -285,12 +235,12 @@ class BoundedRound:
     factors: list[dict[str, float]]
     samples: list[int]
     info: dict
-    ranges: Ranges | None = None  # the coordinate trim's, when it applies
+    limits: Limits | None = None  # the coordinate trim's range of values, when it applies
 
     def __iter__(self) -> Iterator[ClientUpdate]:
         """The bounded updates; iterable more than once (each pass trims and clips again)."""
         for u, f, n in zip(self.updates, self.factors, self.samples, strict=True):
-            state = trim_state(self.global_state, u.state, self.ranges)
+            state = clamp_state(u.state, self.limits)
             yield replace(u, state=scale_deltas(self.global_state, state, f), num_samples=n)
 
     def __len__(self) -> int:
@@ -313,10 +263,15 @@ def bound_round(
     phones (device id -> modified z-score), the kept phones' cosine scores, the trim, the
     bound, how many updates it clipped and the (trimmed) norms' median and maximum.
     """
-    cut = config.outlier_z_for(dp=clip_norm is not None)
+    dp = clip_norm is not None
+    cut = config.outlier_z_for(dp=dp)
+    keys = floating_keys(global_state)
+    cohort = Cohort(global_state, [u.state for u in updates])
     filtered: dict = {}
+    raw: np.ndarray | None = None  # the kept phones' squared layer norms before any trim
     if cut > 0 and len(updates) > 1:
-        scores = cosine_scores(global_state, [u.state for u in updates])
+        raw, dots = cosine_scan(cohort, keys)
+        scores = mean_cosines(dots, np.sqrt(raw.sum(axis=1)))
         z = modified_z(scores)
         out = set(reject_outliers(scores, cut))
         kept = [i for i in range(len(updates)) if i not in out]
@@ -327,10 +282,18 @@ def bound_round(
             "cosine_kept": [float(scores[kept].min()), float(scores[kept].max())],
             "cosine_outliers": {updates[i].device_id: float(scores[i]) for i in sorted(out)},
         }
-        updates = [updates[i] for i in kept]
-    k = trim_count(config.trim_for(dp=clip_norm is not None), len(updates))
-    ranges = coordinate_range(global_state, [u.state for u in updates], k) if k else None
-    norms = [layer_norms(global_state, trim_state(global_state, u.state, ranges)) for u in updates]
+        if out:
+            updates, raw = [updates[i] for i in kept], raw[kept]
+            cohort = Cohort(global_state, [u.state for u in updates])
+    k = trim_count(config.trim_for(dp=dp), len(updates))
+    limits: Limits | None = None
+    if k:  # the trim's range and the trimmed norms, from one read of the kept phones
+        limits, sq = trim_scan(cohort, keys, k, TRIM_CHUNK, exact=dp)
+    elif raw is not None:  # the filter's pass measured the norms already
+        sq = raw
+    else:
+        sq = norm_scan(cohort, keys)
+    norms = [dict(zip(keys, np.sqrt(row).tolist(), strict=True)) for row in sq]
     bound = make_bound(config, global_state, norms, clip_norm)
     samples = [int(u.num_samples) for u in updates]
     if uniform:
@@ -359,4 +322,4 @@ def bound_round(
         samples = [min(n, cap) for n in samples]
         if k:
             bound = replace(bound, distance_caps=distance_caps(norms, factors, k))
-    return BoundedRound(global_state, updates, bound, factors, samples, info, ranges)
+    return BoundedRound(global_state, updates, bound, factors, samples, info, limits)

@@ -171,7 +171,7 @@ def test_the_trim_clamps_ceil_beta_m_values_at_each_end_when_some_are_left(beta,
 def test_dp_does_not_trim_by_default_and_refuses_an_explicit_trim():
     ups = [honest(i) for i in range(10)]
     rnd = bound_round(InfluenceConfig(), GLOBAL, ups, clip_norm=1.0)
-    assert rnd.info["trimmed"] == 0 and rnd.ranges is None
+    assert rnd.info["trimmed"] == 0 and rnd.limits is None
     dp = PrivacyConfig(clip_norm=1.0)
     assert dp_problem("fedavg", dp, InfluenceConfig(), {}) is None
     assert "--trim 0" in dp_problem("fedavg", dp, InfluenceConfig(trim=0.1), {})

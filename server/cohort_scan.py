@@ -1,0 +1,223 @@
+"""The reads behind a round's bounding (server.influence): every stored update read as few times
+as the algebra allows, each read serving everything that can be computed from it.
+
+Why. ``bound_round`` at 300 stored updates of a 1.17M-parameter model took 17 s on one core
+(10.7 s without the cosine filter), in four float64 passes over every update: two slice passes
+for the filter's norms and dot products, a slice pass for the trim's order statistics
+(np.partition), and a pass trimming each whole update again for its norm. Measured with py-spy
+(the lead's /tmp/aggbench/run.py, m = 100), the trim's np.partition was 35% of the time, the
+slice reads (a safetensors ``safe_open`` per slice of a phone) and the float64 copies most of
+the rest.
+
+What, pass by pass (m phones, n parameters):
+
+* :func:`norm_scan` and :func:`cosine_scan`: one phone at a time, whole layers (three reads per phone, not a hundred
+  slices): each layer's squared norm ``||u_i^l||^2``, and, for the cosine filter, the sum of the
+  unit deltas ``V = sum_j u_j / ||u_j||`` (one model-sized float64 vector: the phone's norm is
+  known once its layers are read, so its unit delta is added at once). A second phone pass gives
+  ``u_i . V``: the filter's score needs V whole before any dot product, so its two passes cannot
+  be one (short of the m x m Gram matrix, O(m^2 n): 23 s at m = 1,000 where a pass is about 2).
+* :func:`trim_scan`: the cohort stacked slice by slice (``chunk`` elements across the kept
+  phones at a time, one ``pread`` per phone and slice, server.stored_slices): the trim's order
+  statistics from one np.sort along the cohort (SIMD sort: 0.36 s a pass at m = 100 where
+  np.partition's two-sided selection took 2.1; 9.7 against 30 at m = 1,000), and in the same
+  read every phone's trimmed layer norms: its slice clamped to the cohort's range, the global
+  subtracted, squared and summed. The trimmed updates are not trimmed again for their norms.
+
+The trim's bounds are kept as values, not deltas: ``theta + clamp(theta_k - theta, lo - theta,
+hi - theta)`` is ``clamp(theta_k, lo, hi)`` (the delta is monotone in the value and the bounds
+are phones' own values), so :func:`clamp_state` trims in the update's own dtype, with no
+float64 round trip, and gives the same numbers.
+
+Precision. The phone passes subtract and sum in float64 (the filter's scores and the norms as
+the float64 reference gives them, to rounding). The trim scan stacks in float32 (float64 when
+the model or an update is float64): the order statistics are exact in any dtype that holds the
+values, and its norms subtract and square in float32 and sum pairwise (numpy's ``sum``: error
+O(log n) ulps), then add the slices' sums in float64, unless ``exact`` (the DP clip, whose
+sensitivity analysis needs the norm it bounds: float64 throughout, as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from server.stored_slices import SliceReader
+from server.upload_store import StoredState
+
+#: Per floating layer, the trim's lowest and highest value of each coordinate (the global's shape).
+Limits = dict[str, tuple[Tensor, Tensor]]
+
+
+def floating_keys(global_state: Mapping[str, Tensor]) -> list[str]:
+    """The layers that are bounded: the model's floating tensors."""
+    return [k for k, v in global_state.items() if torch.is_floating_point(v)]
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    """A tensor as numpy, in float32 or float64 (bfloat16 and float16 widen exactly)."""
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float32)
+    return t.detach().numpy()
+
+
+def flat_slice(state: Mapping[str, Tensor], key: str, a: int, b: int) -> Tensor:
+    """Elements ``a:b`` of the flattened tensor ``key`` of ``state`` (its own ``flat_slice`` when
+    it has one, as the server's stored uploads do)."""
+    read = getattr(state, "flat_slice", None)
+    if read is not None:
+        return read(key, a, b)
+    return state[key].detach().reshape(-1)[a:b]
+
+
+class Cohort:
+    """The round's states as the scans read them: a stored upload through a :class:`SliceReader`
+    (its header parsed once per scan), anything else through its mapping or ``flat_slice``."""
+
+    def __init__(self, global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]]):
+        self.global_state = global_state
+        self.states = states
+        self.readers = [
+            SliceReader.open(s.path) if isinstance(s, StoredState) else None for s in states
+        ]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def wide(self, key: str) -> np.dtype:
+        """The dtype a layer is stacked in: float64 when the model's or any update's is, else
+        float32 (which holds bfloat16, float16 and float32 values exactly)."""
+        if self.global_state[key].dtype == torch.float64:
+            return np.dtype(np.float64)
+        for s, r in zip(self.states, self.readers, strict=True):
+            dtype = r.dtype(key) if r is not None else None
+            if dtype is None:
+                dtype = "F64" if flat_slice(s, key, 0, 1).dtype == torch.float64 else "other"
+            if dtype == "F64":
+                return np.dtype(np.float64)
+        return np.dtype(np.float32)
+
+    def global_flat(self, key: str, dtype: np.dtype) -> np.ndarray:
+        """The global layer, flattened, in ``dtype``."""
+        g = self.global_state[key].detach().reshape(-1)
+        return _numpy(g).astype(dtype, copy=False)
+
+    def read(self, i: int, key: str, a: int, b: int, out: np.ndarray) -> None:
+        """Phone ``i``'s elements ``a:b`` of layer ``key`` into ``out`` (contiguous, ``b - a``
+        elements of :meth:`wide`'s dtype)."""
+        reader = self.readers[i]
+        if reader is not None and reader.read_into(key, a, b, out):
+            return
+        values = _numpy(flat_slice(self.states[i], key, a, b))
+        if values.shape != out.shape:
+            raise ValueError(
+                f"update {i}: layer {key!r} has {values.size} elements at {a}:{b}, "
+                f"expected {out.size}: its shape differs from the model's"
+            )
+        out[:] = values
+
+
+def norm_scan(cohort: Cohort, keys: Sequence[str]) -> np.ndarray:
+    """Every phone's squared layer norms ``||theta_k^l - theta^l||^2``: an m x len(keys) array,
+    in float64 arithmetic (the DP clip's norms), one pass, one phone's layers at a time."""
+    return _phone_scan(cohort, keys, direction=False)[0]
+
+
+def cosine_scan(cohort: Cohort, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`norm_scan`'s squared layer norms and the cosine filter's ``u_i . V``, with ``V``
+    the sum of the unit deltas (server.strategies.outliers.mean_cosines): one pass for the norms
+    and V, one for the dot products (V must be whole before any of them)."""
+    sq, dots = _phone_scan(cohort, keys, direction=True)
+    return sq, dots if dots is not None else np.zeros(len(cohort))
+
+
+def _phone_scan(
+    cohort: Cohort, keys: Sequence[str], direction: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The phone passes of :func:`norm_scan` (one) and :func:`cosine_scan` (two), in float64."""
+    m = len(cohort)
+    dtypes = {k: cohort.wide(k) for k in keys}
+    globals64 = {k: cohort.global_flat(k, np.dtype(np.float64)) for k in keys}
+    rows = {k: np.empty(globals64[k].size, dtypes[k]) for k in keys}
+    deltas = {k: np.empty(globals64[k].size) for k in keys}
+    sq = np.zeros((m, len(keys)))
+    total = {k: np.zeros(globals64[k].size) for k in keys} if direction else {}
+    for i in range(m):
+        for j, k in enumerate(keys):
+            cohort.read(i, k, 0, rows[k].size, rows[k])
+            np.subtract(rows[k], globals64[k], out=deltas[k])
+            sq[i, j] = float(np.dot(deltas[k], deltas[k]))
+        norm = float(np.sqrt(sq[i].sum()))
+        if direction and norm > 0:
+            for k in keys:
+                total[k] += deltas[k] / norm
+    if not direction:
+        return sq, None
+    dots = np.zeros(m)
+    for i in range(m):
+        for k in keys:
+            cohort.read(i, k, 0, rows[k].size, rows[k])
+            np.subtract(rows[k], globals64[k], out=deltas[k])
+            dots[i] += float(np.dot(deltas[k], total[k]))
+    return sq, dots
+
+
+def trim_scan(
+    cohort: Cohort, keys: Sequence[str], k: int, chunk: int, exact: bool
+) -> tuple[Limits, np.ndarray]:
+    """The trim's bounds (each coordinate's (k+1)-th smallest and largest value over the cohort,
+    as tensors of the global's shape) and every phone's squared layer norms after the trim (an
+    m x len(keys) array), from one slice-stacked read of the cohort: ``chunk`` elements across
+    the phones at a time. ``exact``: the norms in float64 arithmetic (the DP clip's)."""
+    m = len(cohort)
+    step = max(1, chunk // max(m, 1))
+    limits: Limits = {}
+    sq = np.zeros((m, len(keys)))
+    for j, key in enumerate(keys):
+        dtype = cohort.wide(key)
+        g = cohort.global_flat(key, dtype)
+        g64 = cohort.global_flat(key, np.dtype(np.float64)) if exact else g
+        lo, hi = np.empty(g.size, dtype), np.empty(g.size, dtype)
+        stack = np.empty((m, min(step, g.size)), dtype)
+        for a in range(0, g.size, step):
+            b = min(a + step, g.size)
+            values = stack[:, : b - a]
+            for i in range(m):
+                cohort.read(i, key, a, b, values[i])
+            ordered = np.sort(values, axis=0)
+            lo[a:b], hi[a:b] = ordered[k], ordered[m - k - 1]
+            del ordered
+            np.clip(values, lo[a:b], hi[a:b], out=values)
+            if exact:
+                d = values.astype(np.float64) - g64[a:b]
+                sq[:, j] += np.einsum("ij,ij->i", d, d)
+            else:
+                np.subtract(values, g[a:b], out=values)
+                np.square(values, out=values)
+                sq[:, j] += values.sum(axis=1, dtype=dtype)
+        shape = cohort.global_state[key].shape
+        limits[key] = (torch.from_numpy(lo).reshape(shape), torch.from_numpy(hi).reshape(shape))
+    return limits, sq
+
+
+def clamp_state(state: Mapping[str, Tensor], limits: Limits | None) -> Mapping[str, Tensor]:
+    """The trimmed update: each coordinate clamped to the cohort's range of values, in the
+    update's own dtypes (the state itself when there is no trim). The same numbers as clamping
+    the delta to the range of deltas and adding the global back (module docstring)."""
+    if limits is None:
+        return state
+    out = dict(state)
+    for key, (lo, hi) in limits.items():
+        c = state[key].detach()
+        if c.shape != lo.shape:
+            raise ValueError(
+                f"layer {key!r}: update shape {tuple(c.shape)} != model {tuple(lo.shape)}"
+            )
+        if c.dtype == lo.dtype:
+            out[key] = torch.clamp(c, lo, hi)
+        else:  # bfloat16 / float16 updates: clamped in float32, which holds them exactly
+            out[key] = torch.clamp(c.to(lo.dtype), lo, hi).to(c.dtype)
+    return out
