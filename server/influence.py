@@ -117,7 +117,7 @@ def cosine_scores(
     """Each state's mean cosine similarity to the others, over the raw deltas
     ``theta_k - theta`` of every floating layer (server.strategies.outliers.mean_cosines): one
     pass for the norms ``||u_i||`` and ``V = sum_j u_j / ||u_j||``, one for ``u_i . V``, a phone
-    at a time in float64 arithmetic (server.cohort_scan.cosine_scan)."""
+    at a time, in float32 arithmetic for a float32 model (server.cohort_scan.cosine_scan)."""
     sq, dots = cosine_scan(Cohort(global_state, states), floating_keys(global_state))
     return mean_cosines(dots, np.sqrt(sq.sum(axis=1)))
 
@@ -289,10 +289,10 @@ def bound_round(
     limits: Limits | None = None
     if k:  # the trim's range and the trimmed norms, from one read of the kept phones
         limits, sq = trim_scan(cohort, keys, k, TRIM_CHUNK, exact=dp)
-    elif raw is not None:  # the filter's pass measured the norms already
+    elif raw is not None and not dp:  # the filter's pass measured the norms already
         sq = raw
     else:
-        sq = norm_scan(cohort, keys)
+        sq = norm_scan(cohort, keys, exact=dp)
     norms = [dict(zip(keys, np.sqrt(row).tolist(), strict=True)) for row in sq]
     bound = make_bound(config, global_state, norms, clip_norm)
     samples = [int(u.num_samples) for u in updates]

@@ -295,7 +295,7 @@ def test_cosine_scores_are_the_mean_pairwise_cosine_of_the_raw_deltas(monkeypatc
     unit = flat / flat.norm(dim=1, keepdim=True)
     cos = unit @ unit.T
     want = (cos.sum(dim=1) - 1) / (len(ups) - 1)
-    assert got == pytest.approx(want.numpy(), abs=1e-9)
+    assert got == pytest.approx(want.numpy(), abs=1e-6)  # float32 arithmetic (cohort_scan)
 
 
 def test_dp_does_not_filter_by_default_and_refuses_an_explicit_cut():

@@ -1,0 +1,193 @@
+"""The fused reads behind bound_round (server.cohort_scan, server.stored_slices) give what the
+unfused algebra gives: the same phones rejected, the same trim, the same norms (to rounding) and
+the same bounded updates, for updates in memory and on disk, float32 and bfloat16."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import server.influence as influence
+from server.cohort_scan import Cohort, clamp_state, floating_keys, norm_scan, trim_scan
+from server.config import InfluenceConfig
+from server.influence import bound_round, layer_norms, trim_count
+from server.stored_slices import SliceReader
+from server.strategies import ClientUpdate
+from server.strategies.outliers import reject_outliers
+from server.upload_store import StoredState
+
+GLOBAL = {
+    "emb": torch.randn(9, 5, generator=torch.Generator().manual_seed(99)),
+    "bias": torch.linspace(-1, 1, 7),
+    "scale": torch.tensor(0.5),  # a floating scalar
+    "steps": torch.tensor(3),  # an integer buffer: never bounded
+}
+
+
+def cohort(m, dtype, seed=0, planted=False):
+    """m phones' states around GLOBAL in ``dtype``, a shared step plus noise of their own (honest
+    phones agree); with ``planted``, the last one's embedding points away from the others."""
+    g = torch.Generator().manual_seed(seed)
+    shared = {k: 0.1 * torch.randn(v.shape, generator=g) for k, v in GLOBAL.items()}
+    states = []
+    for i in range(m):
+        st = {
+            k: (v + shared[k] + 0.05 * torch.randn(v.shape, generator=g)).to(dtype)
+            for k, v in GLOBAL.items()
+        }
+        st["steps"] = torch.tensor(3)
+        if planted and i == m - 1:
+            st["emb"] = (GLOBAL["emb"] - 3 * shared["emb"]).to(dtype)
+        states.append(st)
+    return states
+
+
+def store(states, tmp_path):
+    """The states as the server keeps uploads: safetensors files read lazily."""
+    out = []
+    for i, st in enumerate(states):
+        path = tmp_path / f"u{i}.safetensors"
+        save_file({k: v.contiguous() for k, v in st.items()}, str(path))
+        out.append(StoredState(path))
+    return out
+
+
+def reference(config, states):
+    """The unfused algebra on whole float64 deltas: the pairwise cosine filter, the trim as
+    order statistics of the deltas (a full sort), the trimmed states cast back, their norms."""
+    keys = floating_keys(GLOBAL)
+    m = len(states)
+    kept = list(range(m))
+    if config.outlier_z_for(dp=False) > 0 and m > 1:
+        flat = torch.stack(
+            [
+                torch.cat([(s[k].double() - GLOBAL[k].double()).reshape(-1) for k in keys])
+                for s in states
+            ]
+        )
+        unit = flat / flat.norm(dim=1, keepdim=True)
+        scores = ((unit @ unit.T).sum(dim=1) - 1) / (m - 1)
+        out = set(reject_outliers(scores.numpy(), config.outlier_z_for(dp=False)))
+        kept = [i for i in kept if i not in out]
+    k = trim_count(config.trim_for(dp=False), len(kept))
+    trimmed = [dict(states[i]) for i in kept]
+    if k:
+        for key in keys:
+            g = GLOBAL[key].double()
+            d = torch.stack([states[i][key].double() - g for i in kept])
+            s = d.sort(dim=0).values
+            for t, row in zip(trimmed, d, strict=True):
+                t[key] = (g + torch.clamp(row, s[k], s[len(kept) - k - 1])).to(t[key].dtype)
+    return kept, trimmed, [layer_norms(GLOBAL, t) for t in trimmed]
+
+
+@pytest.mark.parametrize("where", ["memory", "stored"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "planted"), [(1, False), (2, False), (7, False), (12, True)])
+def test_bound_round_equals_the_unfused_reference(where, dtype, m, planted, tmp_path, monkeypatch):
+    monkeypatch.setattr(influence, "TRIM_CHUNK", 13)  # slices of a few elements, across layers
+    states = cohort(m, dtype, seed=m, planted=planted)
+    held = store(states, tmp_path) if where == "stored" else states
+    ups = [ClientUpdate(s, 10 + i, 1.0, f"d{i:02d}") for i, s in enumerate(held)]
+    config = InfluenceConfig()
+    rnd = bound_round(config, GLOBAL, ups)
+    kept, trimmed, norms = reference(config, states)
+    assert [u.device_id for u in rnd.updates] == [f"d{i:02d}" for i in kept]
+    if planted:
+        assert f"d{m - 1:02d}" in rnd.info["outliers"]
+    assert rnd.info["trimmed"] == trim_count(0.1, len(kept))
+    whole = [math.sqrt(sum(v * v for v in n.values())) for n in norms]
+    assert rnd.info["median_norm"] == pytest.approx(float(np.median(whole)), rel=1e-6)
+    assert rnd.info["max_norm"] == pytest.approx(max(whole), rel=1e-6)
+    for got, want, factors in zip(rnd, trimmed, rnd.factors, strict=True):
+        expect = influence.scale_deltas(GLOBAL, want, factors)  # the same clip of the same trim
+        for key in GLOBAL:
+            assert torch.equal(got.state[key], expect[key]), key
+
+
+def test_the_trim_scan_norms_are_the_trimmed_states_norms_and_exact_under_dp(monkeypatch):
+    states = cohort(11, torch.float32, seed=5)
+    keys = floating_keys(GLOBAL)
+    limits, sq = trim_scan(Cohort(GLOBAL, states), keys, 2, 17, exact=False)
+    _, sq64 = trim_scan(Cohort(GLOBAL, states), keys, 2, 17, exact=True)
+    want = np.array(
+        [[layer_norms(GLOBAL, clamp_state(s, limits))[k] ** 2 for k in keys] for s in states]
+    )
+    assert sq == pytest.approx(want, rel=1e-5)
+    assert sq64 == pytest.approx(want, rel=1e-12)
+    raw = np.array([[layer_norms(GLOBAL, s)[k] ** 2 for k in keys] for s in states])
+    assert norm_scan(Cohort(GLOBAL, states), keys, exact=True) == pytest.approx(raw, rel=1e-12)
+    assert norm_scan(Cohort(GLOBAL, states), keys, exact=False) == pytest.approx(raw, rel=1e-5)
+
+
+def test_a_float64_update_in_a_float32_model_is_trimmed_in_float64():
+    states = cohort(5, torch.float32, seed=3)
+    states[2] = {
+        k: (v.double() + 1e-9 if v.is_floating_point() else v) for k, v in states[2].items()
+    }
+    limits, _ = trim_scan(Cohort(GLOBAL, states), floating_keys(GLOBAL), 1, 1 << 10, exact=False)
+    assert all(lo.dtype == torch.float64 for lo, _ in limits.values())
+    d = torch.stack([s["bias"].double() for s in states]).sort(dim=0).values
+    assert torch.equal(limits["bias"][0], d[1]) and torch.equal(limits["bias"][1], d[3])
+
+
+def test_a_layer_of_the_wrong_shape_is_refused_with_its_name():
+    states = cohort(4, torch.float32)
+    states[1]["bias"] = torch.zeros(6)
+    with pytest.raises(ValueError, match="'bias'"):
+        norm_scan(Cohort(GLOBAL, states), floating_keys(GLOBAL), exact=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_slice_reader_reads_what_stored_state_reads(dtype, tmp_path):
+    state = {
+        "w": torch.randn(6, 7).to(dtype),
+        "v": torch.randn(11).to(dtype),
+        "s": torch.tensor(2.5, dtype=dtype),
+        "i": torch.arange(4),
+    }
+    save_file(state, str(tmp_path / "u.safetensors"))
+    stored = StoredState(tmp_path / "u.safetensors")
+    reader = SliceReader.open(stored.path)
+    assert reader is not None
+    out_dtype = np.float64 if dtype == torch.float64 else np.float32
+    for key, a, b in [("w", 0, 42), ("w", 5, 19), ("v", 3, 11), ("s", 0, 1), ("w", 7, 7)]:
+        out = np.empty(b - a, out_dtype)
+        assert reader.read_into(key, a, b, out)
+        assert np.array_equal(out, stored.flat_slice(key, a, b).to(torch.float64).numpy())
+    assert not reader.read_into("i", 0, 4, np.empty(4, np.float32))  # not a float: the caller reads
+    assert not reader.read_into("w", 40, 44, np.empty(4, np.float32))  # past the end
+    if dtype == torch.float64:  # float64 never narrowed into a float32 buffer
+        assert not reader.read_into("v", 0, 2, np.empty(2, np.float32))
+
+
+def test_a_file_the_reader_does_not_understand_is_read_through_stored_state(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((10**12).to_bytes(8, "little") + b"{}")
+    assert SliceReader.open(str(bad)) is None
+    states = cohort(3, torch.float32)
+    stored = store(states, tmp_path)
+    scan = Cohort(GLOBAL, stored)
+    scan.readers[1] = None  # as for a file it could not parse: StoredState.flat_slice instead
+    assert norm_scan(scan, floating_keys(GLOBAL), exact=True) == pytest.approx(
+        norm_scan(Cohort(GLOBAL, states), floating_keys(GLOBAL), exact=True), rel=1e-12
+    )
+
+
+def test_float32_cosine_scores_agree_with_float64_on_a_million_parameters():
+    """The filter's arithmetic is float32 (module docstring): on a model-sized cohort its scores
+    are the float64 pairwise cosines to well under the spread that decides a rejection."""
+    g = torch.Generator().manual_seed(7)
+    glob = {"w": torch.randn(1000, 1000, generator=g)}
+    shared = 0.01 * torch.randn(1000, 1000, generator=g)
+    states = [
+        {"w": glob["w"] + shared + 0.01 * torch.randn(1000, 1000, generator=g)} for _ in range(6)
+    ]
+    got = influence.cosine_scores(glob, states)
+    flat = torch.stack([(s["w"].double() - glob["w"].double()).reshape(-1) for s in states])
+    unit = flat / flat.norm(dim=1, keepdim=True)
+    want = ((unit @ unit.T).sum(dim=1) - 1) / (len(states) - 1)
+    assert got == pytest.approx(want.numpy(), abs=1e-6)
+    assert float(want.max() - want.min()) > 5e-4  # the spread a cut is made in: 1e-3 here
