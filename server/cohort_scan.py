@@ -198,7 +198,8 @@ def trim_scan(
             ordered = np.sort(values, axis=0)
             lo[a:b], hi[a:b] = ordered[k], ordered[m - k - 1]
             del ordered
-            np.clip(values, lo[a:b], hi[a:b], out=values)
+            np.maximum(values, lo[a:b], out=values)  # np.clip: a third slower here
+            np.minimum(values, hi[a:b], out=values)
             if exact:
                 d = values.astype(np.float64) - g64[a:b]
                 sq[:, j] += np.einsum("ij,ij->i", d, d)
