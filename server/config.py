@@ -30,6 +30,9 @@ CLIP_SCOPES: tuple[ClipScope, ...] = get_args(ClipScope)
 #: replacement (replace-one adjacency) or Poisson sampling (add/remove-one; uniform FedAvg only).
 DPSampling = Literal["fixed", "poisson"]
 DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
+#: Where `fedkey server` completes its rounds (server.aggregator): a child process, so the event
+#: loop shares no GIL with the aggregation, or a thread of the server process.
+AggregateIn = Literal["process", "thread"]
 #: The coordinate trim without DP: with 10 phones one value is clamped at each end, 3 with 30.
 DEFAULT_TRIM = 0.1
 #: The cosine outlier filter's cut without DP: Iglewicz & Hoaglin's modified z-score 3.5

@@ -9,7 +9,8 @@ way `fedkey simulate` drives the engine so the same seed gives bitwise-identical
                FedMed topK: once every selected device reported (or at the deadline)
                federation.choose_uploaders decides who uploads; otherwise everyone uploads
     aggregate  when every expected upload is in, or at the deadline with >= quorum:
-               federation.complete_round(plan, updates) in a worker thread (checkpoint, metrics)
+               federation.complete_round(plan, updates) in the aggregation process
+               (server.aggregator; checkpoint, metrics), the result adopted here
     fail       at the deadline with < quorum: nothing applied, the round is opened again with
                attempt + 1 (a fresh draw)
 
@@ -36,12 +37,14 @@ import logging
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from sqlalchemy import delete, select
 
 from corpora.dataset import server_data
 from models.exposure import ExposureProbe
+from server.aggregator import Aggregator
 from server.db import BatchWriter, Device, MetricRow, Receipt, Round, finite_json, make_sessionmaker
 from server.devices import DEVICE_NAME, DevicesMixin
 from server.driver import DriverMixin
@@ -77,6 +80,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self.state = RoundState.STARTING  # waiting | open | aggregating | finished
         self.current: OpenRound | None = None
         self.federation: Federation | None = None
+        self.aggregator: Aggregator | None = None
         self.sessions = None
         self.devices: dict[str, int] = {}  # device id -> num_samples
         self._tokens: dict[str, str] = {}  # token hash -> device id
@@ -95,6 +99,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self._exported_round: int | None = None
         self._waiters: dict[str, asyncio.Event] = {}
         self._poke = asyncio.Event()
+        self._receiving = asyncio.Semaphore(settings.max_receiving)
         self._stopping = False
         self._driver: asyncio.Task | None = None
         self.finish_reason: str | None = None
@@ -117,17 +122,19 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         model_config = s.build_model_config(tokenizer.vocab_size)
         storage = RunStorage(self.root)
         secret = s.canary_secret()  # --canary: the phones plant it, every row has its exposure
-        fed = Federation(
-            s.federation_config(),
-            model_config,
-            tokenizer,
-            {},  # sizes come from enrollment (strategy.setup before each plan_round)
-            corpus.valid,
-            corpus.test,
-            storage,
+        spec: dict[str, Any] = dict(
+            config=s.federation_config(),
+            model_config=model_config,
+            tokenizer=tokenizer,
+            client_sizes={},  # sizes come from enrollment (strategy.setup before each plan_round)
+            valid=corpus.valid,
+            test=corpus.test,
+            storage=storage,
             probes=[ExposureProbe(s.canary_spec(), secret)] if secret else [],
         )
+        fed = Federation(**spec)
         self.federation = fed
+        self.aggregator = Aggregator(fed, spec, s.aggregate_in)
         resumed = await asyncio.to_thread(fed.resume)
         if not resumed:
             storage.reset()
@@ -142,6 +149,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
                 db.execute(delete(Round))
                 db.execute(delete(MetricRow))
         self._reconcile()
+        await asyncio.to_thread(self.aggregator.start)
         self._load_model()
         self._schedule_export()
         self.telemetry.devices.set(len(self.devices))
@@ -178,6 +186,8 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
                 await self._last_seen_task  # its last batch is written
             self._last_seen_task = None
         await asyncio.gather(*self._deletions, return_exceptions=True)
+        if self.aggregator is not None:
+            await asyncio.to_thread(self.aggregator.close)
         self.events.close()
         if self.sessions is not None:
             self.sessions.kw["bind"].dispose()

@@ -14,10 +14,8 @@ from server.db import Attempt, MetricRow, Round
 from server.engine import RoundPlan
 from server.nospace import out_of_space
 from server.rounds import CoordinatorState, OpenRound, RoundState, Upload
-from server.strategies import ClientUpdate
 from server.strategies.selection import cohort_size
 from server.threads import aggregation_executor
-from server.upload_store import StoredState
 
 log = logging.getLogger("fedkey.server")
 
@@ -322,18 +320,11 @@ class DriverMixin(CoordinatorState):
             db.get(Round, row_id).state = state
 
     def _complete(self, plan: RoundPlan, uploads: list[tuple[str, Upload]]) -> dict:
-        """In a worker thread: the engine completes the round, reading each stored upload
-        lazily (server.upload_store.StoredState), so memory does not grow with the cohort."""
-        updates = [
-            ClientUpdate(
-                state=StoredState(up.path),
-                num_samples=up.num_samples,
-                train_loss=up.train_loss,
-                device_id=device_id,
-            )
-            for device_id, up in uploads
-        ]
-        return self.fed.complete_round(plan, updates)
+        """In the aggregation thread: the round completed where settings.aggregate_in says
+        (server.aggregator), its result adopted by this process's Federation."""
+        if self.aggregator is None:
+            raise RuntimeError("the coordinator is not started: start() makes the aggregator")
+        return self.aggregator.complete(plan, uploads)
 
     def _set_round_gauge(self) -> None:
         self.telemetry.current_round.set(self.health()["round"])

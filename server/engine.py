@@ -56,6 +56,18 @@ class RoundPlan:
     population: int = 0  # how many phones the cohort was drawn from (the DP accountant's N)
 
 
+@dataclass
+class FederationState:
+    """Everything :meth:`Federation.complete_round` reads and changes in memory (the files it
+    writes aside): what crosses to and from the aggregation process (server.aggregator)."""
+
+    round: int
+    global_state: dict[str, torch.Tensor]
+    server: dict  # Federation.server_state(): strategy memory, accountant, best
+    opt_buffers: dict[str, torch.Tensor]
+    public: tuple[int, bytes] | None  # (round, public checkpoint bytes)
+
+
 Evaluator = Callable[[dict[str, torch.Tensor]], dict]
 #: A round metric besides perplexity (a backdoor's success, a canary's exposure): called with the
 #: evaluated model and the tokenizer, its dict is merged into the round's metrics row.
@@ -297,6 +309,25 @@ class Federation:
         if self.accountant is not None and state.get("accountant"):
             self.accountant.load_state_dict(state["accountant"])
         self.best = state["best"]
+
+    def snapshot(self) -> FederationState:
+        """The in-memory state a round changes (shared tensors, not copies: nothing mutates them
+        in place; a new round replaces them)."""
+        return FederationState(
+            self.round,
+            self.global_state,
+            self.server_state(),
+            self.server_opt.buffers,
+            self._public,
+        )
+
+    def restore(self, state: FederationState) -> None:
+        """Adopt `state`, as :meth:`snapshot` gave it (here or in another process)."""
+        self.load_server_state(state.server)
+        self.server_opt.commit(state.opt_buffers)
+        self.global_state = state.global_state
+        self.round = state.round
+        self._public = state.public
 
     def resume(self) -> bool:
         """Continue from the run's last checkpoint, if there is one; True when resumed.

@@ -191,17 +191,28 @@ def clip_factors(norms: Mapping[str, float], bound: Bound) -> dict[str, float]:
 
 
 def scale_deltas(
-    global_state: Mapping[str, Tensor], state: Mapping[str, Tensor], factors: Mapping[str, float]
+    global_state: Mapping[str, Tensor],
+    state: Mapping[str, Tensor],
+    factors: Mapping[str, float],
+    exact: bool = True,
 ) -> dict[str, Tensor]:
-    """``theta + f_l (theta_k^l - theta^l)`` per layer, in the client's dtypes (float64 arithmetic):
-    the clip (factors <= 1) and DP's Poisson rescaling. Layers with factor 1 are the client's own
+    """``theta + f_l (theta_k^l - theta^l)`` per layer, in the client's dtypes: the clip (factors
+    <= 1) and DP's Poisson rescaling. ``exact`` (DP, whose sensitivity analysis bounds the clipped
+    norm): float64 arithmetic, one rounding; else ``torch.lerp`` in float32 (float64 for a float64
+    layer), within an ulp or two of it at a thirtieth of the cost (5 ms a phone of 1.17M
+    parameters against 0.2, /tmp/aggbench/iter.py). Layers with factor 1 are the client's own
     tensors (no copy); entries without a factor are passed through."""
     out = dict(state)
     for k, f in factors.items():
         if f != 1.0:
-            g = global_state[k].detach().to(torch.float64)
-            c = state[k]
-            out[k] = (g + (c.detach().to(torch.float64) - g) * f).to(c.dtype)
+            c = state[k].detach()
+            if exact:
+                g = global_state[k].detach().to(torch.float64)
+                out[k] = (g + (c.to(torch.float64) - g) * f).to(c.dtype)
+            else:
+                g = global_state[k].detach()
+                wide = torch.promote_types(torch.promote_types(c.dtype, g.dtype), torch.float32)
+                out[k] = torch.lerp(g.to(wide), c.to(wide), f).to(c.dtype)
     return out
 
 
@@ -236,12 +247,14 @@ class BoundedRound:
     samples: list[int]
     info: dict
     limits: Limits | None = None  # the coordinate trim's range of values, when it applies
+    exact: bool = True  # the clip in float64 (DP); else in float32 (scale_deltas)
 
     def __iter__(self) -> Iterator[ClientUpdate]:
         """The bounded updates; iterable more than once (each pass trims and clips again)."""
         for u, f, n in zip(self.updates, self.factors, self.samples, strict=True):
             state = clamp_state(u.state, self.limits)
-            yield replace(u, state=scale_deltas(self.global_state, state, f), num_samples=n)
+            state = scale_deltas(self.global_state, state, f, exact=self.exact)
+            yield replace(u, state=state, num_samples=n)
 
     def __len__(self) -> int:
         return len(self.updates)
@@ -322,4 +335,4 @@ def bound_round(
         samples = [min(n, cap) for n in samples]
         if k:
             bound = replace(bound, distance_caps=distance_caps(norms, factors, k))
-    return BoundedRound(global_state, updates, bound, factors, samples, info, limits)
+    return BoundedRound(global_state, updates, bound, factors, samples, info, limits, exact=dp)

@@ -16,6 +16,7 @@ from server.engine import RoundPlan
 from server.validation import ValidationError
 
 if TYPE_CHECKING:
+    from server.aggregator import Aggregator
     from server.db import BatchWriter
     from server.engine import Federation
     from server.events import EventBus
@@ -98,6 +99,7 @@ class CoordinatorState:
     state: RoundState
     current: OpenRound | None
     federation: Federation | None
+    aggregator: Aggregator | None  # completes rounds (server.aggregator)
     sessions: Any  # sqlalchemy sessionmaker
     db_writer: BatchWriter  # group commits of enrollments
     on_finished: Callable[[], None] | None  # serve() shuts uvicorn down with it
@@ -115,6 +117,7 @@ class CoordinatorState:
     _deletions: set[asyncio.Task]  # aggregated rounds' uploads being deleted (worker threads)
     _waiters: dict[str, asyncio.Event]  # device id -> what its long-polls wait on
     _poke: asyncio.Event  # wakes the driver
+    _receiving: asyncio.Semaphore  # upload bodies being read (settings.max_receiving at once)
     _stopping: bool
 
     @property

@@ -20,6 +20,7 @@ from common.config import Batching, DataConfig, Precision, TokenizerKind, TrainC
 from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from models.config import Cell, ModelConfig, ModelOverrides, Preset
 from server.config import (
+    AggregateIn,
     ClipMode,
     ClipScope,
     DPSampling,
@@ -147,8 +148,14 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size
+    # Upload bodies read at once; the others wait their turn with their bytes in the kernel's
+    # socket buffers (up to server.upload_store.FLUSH_BYTES of each is in memory while read)
+    max_receiving: int = Field(64, ge=1)
     export_dir: Path | None = None  # export every new global model to <dir>/model.onnx (+ .json)
     keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
+    # process: rounds are aggregated in a child process at a lower CPU priority, sharing no GIL
+    # with the event loop (server.aggregator); thread: in a thread of the server process
+    aggregate_in: AggregateIn = "process"
     event_queue_size: int = Field(256, ge=1)  # per WebSocket subscriber; the oldest is dropped
 
     # -- limits (server.ratelimit, uvicorn) ----------------------------------------------------

@@ -6,7 +6,9 @@ thread was runnable but waiting for a CPU 37-43% of the time, and barely waited 
 profile-1000-phones.md). Work that can wait a little therefore runs in threads with a higher
 Linux nice value than the loop's, so the loop thread wins the CPU when both are runnable:
 
-* the one aggregation thread (``aggregation_executor``), ``AGGREGATION_NICE`` lower;
+* the one aggregation thread (``aggregation_executor``), ``AGGREGATION_NICE`` lower, which
+  completes rounds itself (settings.aggregate_in "thread") or waits for the aggregation process
+  (server.aggregator, the default), that process as far below the loop;
 * the loop's default executor (``asyncio.to_thread``: upload bodies written and hashed, updates
   validated, receipts and `last_seen` committed), ``IO_NICE`` lower (``io_executor``), less than
   the aggregation's because a request waits on each of these.

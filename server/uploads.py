@@ -156,9 +156,10 @@ class UploadsMixin(CoordinatorState):
             existing = r.uploads.get(device_id)
             try:
                 validation.check_content_length(headers.get("content-length"), self.upload_limit)
-                received = await upload_store.receive(
-                    body, self._round_dir(n), f".tmp-{device_id}-", self.upload_limit
-                )
+                async with self._receiving:  # the server's memory: not one buffer per upload
+                    received = await upload_store.receive(
+                        body, self._round_dir(n), f".tmp-{device_id}-", self.upload_limit
+                    )
             except ValidationError as e:
                 if e.status == 413 and existing is not None:  # surely not the same bytes
                     raise _different_duplicate(device_id, n) from None

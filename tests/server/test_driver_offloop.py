@@ -1,5 +1,6 @@
 """The round driver leaves the event loop free (issue 16): an aggregated round's uploads are
-deleted in a worker thread, and rounds complete in one thread at a lower CPU priority."""
+deleted in a worker thread, and rounds complete in a child process (or, asked, one thread) at a
+lower CPU priority."""
 
 from __future__ import annotations
 
@@ -107,3 +108,26 @@ def test_no_view_offers_an_aggregated_rounds_task_while_its_uploads_are_deleted(
         finally:
             release.set()
         wait_round(client, 1)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="nice values are Linux's here")
+def test_rounds_are_aggregated_in_a_child_process_below_the_servers_priority(tmp_path):
+    """The default: the aggregation runs in its own process (no GIL shared with the event loop),
+    AGGREGATION_NICE below the server, and the round it completes is adopted by the server."""
+    settings = make_settings(tmp_path, rounds=1, fraction=1.0, wait_devices=2)
+    assert settings.aggregate_in == "process"
+    with running(settings) as client:
+        aggregator = client.app_ref.state.coordinator.aggregator
+        child = aggregator.pid()
+        assert child is not None and child != os.getpid()
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, child) == min(
+            19, ours + server.threads.AGGREGATION_NICE
+        )
+        phones = enroll_phones(client, 2)
+        wait_for(lambda: all(p.current()["state"] == "open" for p in phones))
+        run_round(phones)
+        rows = wait_round(client, 1)
+        assert client.get("/v1/model").headers["X-Fedkey-Round"] == "1"
+        assert aggregator.federation.round == 1 and rows[-1]["round"] == 1
+        assert aggregator.pid() == child  # one process for the run

@@ -1,7 +1,11 @@
 """Deadlines and quorum: silent devices do not stall a round; too few updates re-run it."""
 
+import os
+import signal
 import time
+from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from tests.support.http import (
@@ -98,21 +102,39 @@ def test_no_update_at_all_fails_the_round(tmp_path):
         assert health["round"] == 1 and health["state"] == "open"
 
 
-def test_a_failing_aggregation_is_not_half_applied_and_is_rerun(tmp_path):
-    settings = make_settings(tmp_path, rounds=1, wait_devices=2)
+@pytest.mark.parametrize("failure", ["thread-raises", "process-raises", "process-killed"])
+def test_a_failing_aggregation_is_not_half_applied_and_is_rerun(tmp_path, failure):
+    """Whether the aggregation raises in the server's thread, raises in the aggregation process
+    (an upload gone from disk) or the process is killed, nothing of the round is applied and it
+    is run again (with a new aggregation process)."""
+    where = failure.split("-")[0]
+    settings = make_settings(tmp_path, rounds=1, wait_devices=2, aggregate_in=where)
     storage = tmp_path / "run"
     with running(settings) as client:
-        federation = client.app_ref.state.coordinator.federation
-        real = federation.complete_round
+        aggregator = client.app_ref.state.coordinator.aggregator
+        federation = aggregator.federation
+        real_round, real_complete = federation.complete_round, aggregator.complete
         calls = []
 
-        def flaky(plan, updates):
-            calls.append(plan.attempt)
+        def flaky_round(plan, updates):  # thread: the engine itself raises
             if len(calls) == 1:
                 raise RuntimeError("disk full")
-            return real(plan, updates)
+            return real_round(plan, updates)
 
-        federation.complete_round = flaky
+        def flaky_complete(plan, uploads):
+            calls.append(plan.attempt)
+            if len(calls) == 1 and failure == "process-raises":
+                Path(uploads[0][1].path).unlink()  # the child finds an upload missing
+            if len(calls) == 1 and failure == "process-killed":
+                pid = aggregator.pid()
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid))
+            return real_complete(plan, uploads)
+
+        federation.complete_round = flaky_round
+        aggregator.complete = flaky_complete
+        pid = aggregator.pid()
+        assert (pid is None) == (where == "thread")
         phones = enroll_phones(client, 2)
         wait_for(lambda: phones[0].current()["state"] == "open")
         before = snapshot(client, storage)
@@ -123,3 +145,13 @@ def test_a_failing_aggregation_is_not_half_applied_and_is_rerun(tmp_path):
         run_round(phones)
         rows = wait_round(client, 1)
         assert [r["round"] for r in rows] == [0, 1] and calls == [0, 1]
+        if failure == "process-killed":  # the rerun ran in a new aggregation process
+            assert aggregator.pid() not in (None, pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A killed child its parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True

@@ -158,17 +158,17 @@ def test_a_full_disk_at_aggregation_keeps_the_round_open_until_space_is_back(
     client, (a, b), storage = two_phones
     coordinator = client.app_ref.state.coordinator
     monkeypatch.setattr(driver, "AGGREGATION_RETRY", 0.5)
-    fed = coordinator.fed
-    real_record = fed._record
+    aggregator = coordinator.aggregator
+    real_complete = aggregator.complete
     failures = []
 
-    def record(*args, **kwargs):
+    def complete(*args, **kwargs):  # as the aggregation process answers a full disk
         if not failures:  # the first attempt finds the disk full
             failures.append(1)
             raise _disk_full()
-        return real_record(*args, **kwargs)
+        return real_complete(*args, **kwargs)
 
-    monkeypatch.setattr(fed, "_record", record)
+    monkeypatch.setattr(aggregator, "complete", complete)
     with client.websocket_connect("/v1/events") as ws:
         assert a.upload().status_code == 200
         assert b.upload().status_code == 200

@@ -1,0 +1,53 @@
+"""Upload bodies are read at most `settings.max_receiving` at a time (issue 16): each body being
+read holds up to a write batch in the server's memory, so 1,000 phones uploading at once must not
+mean 1,000 buffers. The others wait their turn, their bytes in the kernel's socket buffers, and
+are then read and answered as usual."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import server.upload_store
+from tests.support.http import enroll_phones, make_settings, running
+from tests.support.wait import wait_for
+
+
+def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatch):
+    inside, most, release = [0], [0], threading.Event()
+    real = server.upload_store.receive
+
+    async def held(*args, **kwargs):  # counts the bodies being read; holds them until released
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        try:
+            await asyncio.to_thread(release.wait, 60)
+            return await real(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(server.upload_store, "receive", held)
+    settings = make_settings(tmp_path, rounds=1, wait_devices=2, max_receiving=1)
+    with running(settings) as client:
+        gate = client.app_ref.state.coordinator._receiving
+        phones = enroll_phones(client, 2)
+        for p in phones:
+            p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
+        answers: dict[int, int] = {}
+
+        def upload(i: int) -> None:
+            answers[i] = phones[i].upload().status_code
+
+        threads = [threading.Thread(target=upload, args=(i,)) for i in range(2)]
+        try:
+            threads[0].start()
+            wait_for(lambda: inside[0] == 1, what="the first body was never read")
+            threads[1].start()
+            wait_for(lambda: len(gate._waiters or ()) == 1, what="the second never queued")
+            assert inside[0] == 1 and most[0] == 1
+        finally:
+            release.set()
+            for t in threads:
+                t.join(60)
+        assert answers == {0: 200, 1: 200} and most[0] == 1
+        wait_for(lambda: client.get("/healthz").json()["state"] == "finished")
