@@ -74,6 +74,8 @@ class SliceReader:
             dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
             if dtype not in FLOAT_DTYPES or not isinstance(shape, list):
                 continue
+            if not isinstance(offsets, list) or len(offsets) != 2:
+                return None
             numel = 1
             for s in shape:
                 numel *= int(s)
@@ -102,7 +104,7 @@ class SliceReader:
             return False
         direct = np.dtype(bits) == out.dtype
         target = out if direct else np.empty(b - a, dtype=bits)
-        view = memoryview(target).cast("B")
+        view = target.data.cast("B")
         fd = os.open(self.path, os.O_RDONLY)
         try:
             got = os.preadv(fd, [view], start + a * width)
