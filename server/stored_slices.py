@@ -21,6 +21,7 @@ caller reads through ``StoredState`` as before.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -76,11 +77,13 @@ class SliceReader:
                 continue
             if not isinstance(offsets, list) or len(offsets) != 2:
                 return None
-            numel = 1
-            for s in shape:
-                numel *= int(s)
-            begin, end = (int(o) for o in offsets)
-            if end - begin != numel * FLOAT_DTYPES[dtype][0] or base + end > size or begin < 0:
+            try:
+                numel = math.prod(int(s) for s in shape)
+                begin, end = (int(o) for o in offsets)
+            except (TypeError, ValueError):
+                return None
+            width = FLOAT_DTYPES[dtype][0]
+            if numel < 0 or begin < 0 or end - begin != numel * width or base + end > size:
                 return None
             entries[name] = (dtype, base + begin, numel)
         return cls(path, entries)

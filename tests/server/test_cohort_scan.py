@@ -212,3 +212,20 @@ def test_under_dp_the_round_clips_in_float64():
     ups = [ClientUpdate(s, 10, 1.0, f"d{i}") for i, s in enumerate(cohort(8, torch.float32))]
     assert bound_round(InfluenceConfig(), GLOBAL, ups, clip_norm=0.1).exact
     assert not bound_round(InfluenceConfig(), GLOBAL, ups).exact
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}',  # 2 floats in 4 bytes
+        b'{"w": {"dtype": "F32", "shape": ["x"], "data_offsets": [0, 8]}}',
+        b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}',
+        b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}',  # past the file's end
+        b"[1, 2]",
+        b"not json",
+    ],
+)
+def test_a_header_the_reader_does_not_understand_is_left_to_stored_state(header, tmp_path):
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    assert SliceReader.open(str(path)) is None
