@@ -328,6 +328,7 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
             k: summary_stats(v) for k, v in split_by_phase(watch, cell.rounds).items()
         },
         "server_peak_rss": rss.peak,
+        "server_peak_pss": rss.peak_pss,
         "server_children": rss.children,
         "server_rss_timeline": [[round(t - watch.t0, 1), b] for t, b in rss.timeline],
         "errors": dict(sorted(errors.items())),

@@ -44,7 +44,7 @@ def _errors(r: dict) -> str:
 
 
 HEAD = ("label", "database", "phones", "uploads/round", "s/round", "aggregation s/round",
-        "/healthz p50 / p99 / max (s)", "server peak RSS", "enroll (s)", "errors")  # fmt: skip
+        "/healthz p50 / p99 / max (s)", "server peak RSS", "peak PSS", "enroll (s)", "errors")  # fmt: skip
 
 
 def table_row(r: dict) -> list[str]:
@@ -58,6 +58,7 @@ def table_row(r: dict) -> list[str]:
         _s(r.get("aggregation_seconds")),
         f"{_s(h['p50'])} / {_s(h['p99'])} / {_s(h['max'])}",
         _gb(r["server_peak_rss"]),
+        _gb(r["server_peak_pss"]) if r.get("server_peak_pss") else "",
         _s(r["enroll_seconds"]),
         _errors(r),
     ]
@@ -99,7 +100,10 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "PostgreSQL (a throwaway cluster of Debian's postgresql package on 127.0.0.1, started "
         "for the cell by bench/postgres.py, durability settings left at their defaults). "
         "/healthz: a probe every 0.1-0.25 s while the rounds ran. Server "
-        "peak RSS: the largest of its VmHWM and the sampled RSS of it and its children. Errors: "
+        "peak RSS: the largest of its VmHWM and the sampled RSS of it and its children; peak PSS: "
+        "the largest sampled sum of their proportional set sizes (a page shared by the "
+        "aggregation process and its forkserver counted once; recorded since the aggregation "
+        "process, blank before). Errors: "
         "every failed request (retried or not) by kind, refused uploads, phones that gave up.",
         "",
         "| " + " | ".join(HEAD) + " | machine | commit |",

@@ -34,6 +34,18 @@ def _status_kb(pid: int, key: str) -> int:
     return 0
 
 
+def _pss(pid: int) -> int:
+    """The proportional set size of `pid` in bytes (/proc/<pid>/smaps_rollup: each shared page
+    counted once across the processes that map it; 0 once the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -48,7 +60,9 @@ def _descendants(pid: int) -> list[int]:
 
 class RssMonitor(threading.Thread):
     """Samples the RSS of `pid` and its descendants every `interval` seconds; `peak` is the
-    largest sum seen or the server's own VmHWM, whichever is larger."""
+    largest sum seen or the server's own VmHWM, whichever is larger. `peak_pss`: the largest sum
+    of their PSS, which counts the pages the aggregation process shares with its forkserver (the
+    torch libraries) once, where the RSS sum counts them in each."""
 
     def __init__(self, pid: int, interval: float = 0.25) -> None:
         super().__init__(daemon=True, name="rss-monitor")
@@ -56,6 +70,7 @@ class RssMonitor(threading.Thread):
         self.interval = interval
         self.stopping = threading.Event()
         self.peak_tree = 0
+        self.peak_pss = 0
         self.hwm = 0
         self.children = 0
         self.timeline: list[tuple[float, int]] = []  # (monotonic, tree RSS), one a second
@@ -65,6 +80,7 @@ class RssMonitor(threading.Thread):
         self.children = max(self.children, len(kids))
         tree = sum(_status_kb(p, "VmRSS") for p in [self.pid, *kids])
         self.peak_tree = max(self.peak_tree, tree)
+        self.peak_pss = max(self.peak_pss, sum(_pss(p) for p in [self.pid, *kids]))
         self.hwm = max(self.hwm, _status_kb(self.pid, "VmHWM"))
         now = time.monotonic()
         if not self.timeline or now - self.timeline[-1][0] >= 1.0:

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, get_args
@@ -118,7 +120,7 @@ class Aggregator:
                 max_workers=1,
                 mp_context=ctx,
                 initializer=_init_child,
-                initargs=(self.spec, self.nice),
+                initargs=(self.spec, self.nice, os.getpid()),
             )
         return self._pool
 
@@ -135,9 +137,11 @@ class Aggregator:
 _federation: Federation | None = None
 
 
-def _init_child(spec: dict[str, Any], nice: int) -> None:
+def _init_child(spec: dict[str, Any], nice: int, server_pid: int) -> None:
     global _federation
     import torch
+
+    threading.Thread(target=_exit_with, args=(server_pid,), daemon=True).start()
 
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
@@ -156,3 +160,27 @@ def _complete_in_child(
     fed.restore(state)
     row = fed.complete_round(plan, updates_of(uploads))
     return row, fed.snapshot()
+
+
+def _exit_with(pid: int) -> None:
+    """End this process as soon as the server `pid` is gone (killed, say): the executor's own
+    queues would keep it waiting for work for ever, and with it the forkserver. Watched by a
+    pidfd where Linux has one, else by polling once a second."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3: poll
+        while _alive(pid):
+            time.sleep(1.0)
+    else:
+        select.select([fd], [], [])
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, someone else's
+        return True
+    return True

@@ -35,6 +35,7 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     assert r["problem"] is None and r["event_stream_error"] is None
     assert r["healthz"]["n"] > 0 and 0 < r["healthz"]["p50"] <= r["healthz"]["p99"]
     assert r["server_peak_rss"] > 100 * 2**20
+    assert 0 < r["server_peak_pss"] <= r["server_peak_rss"]  # shared pages counted once
     assert r["enroll_seconds"] > 0 and len(r["seconds_per_round"]) == 2
     assert r["statuses"]["POST /v1/rounds/{n}/update 200"] == 4
     assert "stopped by SIGTERM" in r["server_stop"]

@@ -41,6 +41,22 @@ def start(env: dict, log: Path) -> subprocess.Popen:
     return proc
 
 
+def _descendants(pid: int) -> set[int]:
+    """The processes below `pid` (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 @pytest.mark.slow
 def test_sigkill_and_restart_finishes_the_run_once(tmp_path):
     port = free_port()
@@ -90,8 +106,12 @@ def test_sigkill_and_restart_finishes_the_run_once(tmp_path):
                     "/v1/rounds/2/update", content=big, headers=phones[1].upload_headers()
                 )
                 assert r.status_code == 413 and "larger" in r.json()["detail"]
+        helpers = _descendants(proc.pid)  # the aggregation process and its forkserver
+        assert helpers
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+        # nothing of the killed server lives on to write into the restarted one's run
+        wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in helpers), timeout=30)
 
         proc = start(env, log)
         with httpx.Client(base_url=base, timeout=30) as client:
