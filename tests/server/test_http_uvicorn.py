@@ -50,7 +50,8 @@ def _descendants(pid: int) -> set[int]:
         except OSError:  # gone meanwhile
             continue
         parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {p for p, parent in parents.items() if parent in frontier} - found
         found |= frontier
