@@ -11,10 +11,10 @@ the rest.
 
 What, pass by pass (m phones, n parameters):
 
-* :func:`norm_scan` and :func:`cosine_scan`: one phone at a time, whole layers (three reads per phone, not a hundred
-  slices): each layer's squared norm ``||u_i^l||^2``, and, for the cosine filter, the sum of the
-  unit deltas ``V = sum_j u_j / ||u_j||`` (one model-sized float64 vector: the phone's norm is
-  known once its layers are read, so its unit delta is added at once). A second phone pass gives
+* :func:`norm_scan` and :func:`cosine_scan`: one phone at a time, whole layers (a read per
+  layer, not a hundred slices): each layer's squared norm ``||u_i^l||^2``, and, for the cosine
+  filter, the sum of the unit deltas ``V = sum_j u_j / ||u_j||`` (one model-sized vector: the
+  phone's norm is known once its layers are read, so its unit delta is added at once). A second phone pass gives
   ``u_i . V``: the filter's score needs V whole before any dot product, so its two passes cannot
   be one (short of the m x m Gram matrix, O(m^2 n): 23 s at m = 1,000 where a pass is about 2).
 * :func:`trim_scan`: the cohort stacked slice by slice (``chunk`` elements across the kept
