@@ -96,6 +96,7 @@ class Options:
     port: int = 0  # 0: a free one
     server_tree: Path | None = None  # run the server from this checkout instead of ROOT
     timeout: float | None = None  # seconds for a whole cell; None: from its size
+    phones_nice: int = 0  # the driver processes' nice above the bench's (PhoneConfig.nice)
 
     def driver_count(self, phones: int) -> int:
         n = self.drivers or math.ceil(phones / PHONES_PER_DRIVER)
@@ -117,6 +118,8 @@ def command(cell: Cell, opts: Options) -> list[str]:
         cmd += ["--drivers", str(opts.drivers)]
     if opts.server_tree is not None:
         cmd += ["--server-tree", str(opts.server_tree)]
+    if opts.phones_nice:
+        cmd += ["--phones-nice", str(opts.phones_nice)]
     return cmd
 
 
@@ -400,7 +403,7 @@ def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | Non
                 wait_healthy(f"http://{HOST}:{port}", server, timeout=180)
             except ProcessError as e:
                 raise LoadError(f"{e}; its last lines:\n{_log_tail(log_path)}") from None
-            cfg = PhoneConfig(HOST, port, secret, ramp=cell.phones / 1000)
+            cfg = PhoneConfig(HOST, port, secret, ramp=cell.phones / 1000, nice=opts.phones_nice)
             with tqdm(
                 total=cell.rounds, desc=f"{cell.phones} phones", unit="round", disable=not progress
             ) as bar:
@@ -421,6 +424,7 @@ def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | Non
     # The machine's 1-minute load average before and after: other work on it skews the figures.
     result["loadavg"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     result["database"] = cell.database
+    result["phones_nice"] = opts.phones_nice
     result.update(provenance(tree))
     return result
 

@@ -49,8 +49,9 @@ HEAD = ("label", "database", "phones", "uploads/round", "s/round", "aggregation 
 
 def table_row(r: dict) -> list[str]:
     h = r["healthz"]
+    nice = r.get("phones_nice")
     return [
-        r["label"],
+        r["label"] + (f" (phones nice +{nice})" if nice else ""),
         r.get("database", "sqlite"),
         f"{r['phones']:,}",
         _uploads(r),

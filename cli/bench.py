@@ -284,6 +284,14 @@ def bench_load(
         help="The server's database: SQLite in its storage (its default) or a throwaway "
         "PostgreSQL cluster started for each cell (Debian's postgresql package).",
     ),
+    phones_nice: int = typer.Option(
+        0,
+        "--phones-nice",
+        min=0,
+        max=19,
+        help="Run the phones' driver processes this much nicer than the server (in a deployment "
+        "the phones are other machines; here they share its CPUs).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
 ) -> None:
     """The federation server under N fake phones (the real HTTP contract, no training): seconds
@@ -297,7 +305,7 @@ def bench_load(
         raise UserError(f"--phones {phones}: give sizes like 200,1000") from None
     if not sizes or min(sizes) < 1:
         raise UserError(f"--phones {phones}: give sizes like 200,1000")
-    opts = Options(drivers=drivers, port=port, server_tree=server_tree)
+    opts = Options(drivers=drivers, port=port, server_tree=server_tree, phones_nice=phones_nice)
     try:
         run_load(
             sizes,

@@ -23,7 +23,8 @@ from cli import app
 @pytest.mark.slow
 def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeypatch, capsys):
     out = tmp_path / "load"
-    [r] = run_load([20], 2, label="test", out=out, progress=False)
+    [r] = run_load([20], 2, label="test", out=out, opts=Options(phones_nice=3), progress=False)
+    assert r["phones_nice"] == 3
     assert r["phones"] == 20 and r["rounds"] == 2 and r["rounds_completed"] == 2
     assert r["cohort"] == cohort_size(20) == 2  # 10% of the phones
     assert r["uploads_per_round"] == [2, 2]
@@ -39,7 +40,7 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     assert r["enroll_seconds"] > 0 and len(r["seconds_per_round"]) == 2
     assert r["statuses"]["POST /v1/rounds/{n}/update 200"] == 4
     assert "stopped by SIGTERM" in r["server_stop"]
-    assert r["command"] == "fedkey bench load --phones 20 --rounds 2 --label test"
+    assert r["command"] == "fedkey bench load --phones 20 --rounds 2 --label test --phones-nice 3"
 
     data = json.loads((out / "results.json").read_text())
     assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds"]
@@ -64,6 +65,7 @@ def test_dry_run_prints_each_cells_command(tmp_path, capsys):
     ]
     assert not (tmp_path / "results.json").exists()
     assert command(Cell(10, 1, "x"), Options(drivers=2))[-2:] == ["--drivers", "2"]
+    assert command(Cell(10, 1, "x"), Options(phones_nice=10))[-2:] == ["--phones-nice", "10"]
     assert Options().driver_count(10_000) == 2 and Options().driver_count(3) == 1
 
 
