@@ -46,14 +46,15 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds"]
     md = (out / "results.md").read_text()
     assert "| test | sqlite | 20 | 2 |" in md and "/healthz p50 / p99 / max" in md
-    assert "server peak RSS" in md
+    assert "server peak RSS" in md and "| test (phones nice +3) | sqlite | 20 |" in md
 
     # Resumable: the same cell again runs nothing.
     def never(*args, **kwargs):
         raise AssertionError("a cell already in results.json ran again")
 
     monkeypatch.setattr(load_bench, "run_cell", never)
-    assert [x["id"] for x in run_load([20], 2, label="test", out=out, progress=False)] == [r["id"]]
+    again = run_load([20], 2, label="test", out=out, opts=Options(phones_nice=3), progress=False)
+    assert [x["id"] for x in again] == [r["id"]]
 
 
 def test_dry_run_prints_each_cells_command(tmp_path, capsys):
