@@ -28,6 +28,8 @@ log = logging.getLogger("fedkey.server")
 
 #: Seconds between two writes of a device's last_seen (written in batches, off the event loop).
 LAST_SEEN_EVERY = 30.0
+#: Long-polls woken in one event-loop iteration at a transition (the rest in the next ones).
+WAKE_BATCH = 32
 
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -218,10 +220,11 @@ class DevicesMixin(CoordinatorState):
         return True
 
     def _notify(self) -> None:
-        """The round changed for every device (a transition): wake every long-poll."""
+        """The round changed for every device (a transition): wake every long-poll, ``WAKE_BATCH``
+        a loop iteration. Woken all at once, their thousands of answers ran in one iteration
+        while every other request (a /healthz) waited for its end."""
         waiters, self._waiters = self._waiters, {}
-        for changed in waiters.values():
-            changed.set()
+        _wake(list(waiters.values()), 0)
 
     def _notify_device(self, device_id: str) -> None:
         """Only `device_id`'s view changed (its loss report, its upload): wake its long-polls,
@@ -239,3 +242,12 @@ class DevicesMixin(CoordinatorState):
         else:
             n = self.federation.round + (0 if self.state == RoundState.FINISHED else 1)
         return {"status": "ok", "round": n, "state": self.state}
+
+
+def _wake(events: list[asyncio.Event], start: int) -> None:
+    """Set ``events[start:start + WAKE_BATCH]``, and the rest in later loop iterations (asyncio
+    runs what `call_soon` adds during an iteration in the next one, after polling the sockets)."""
+    for changed in events[start : start + WAKE_BATCH]:
+        changed.set()
+    if start + WAKE_BATCH < len(events):
+        asyncio.get_running_loop().call_soon(_wake, events, start + WAKE_BATCH)

@@ -1,0 +1,34 @@
+"""A transition wakes every long-poll, but a batch per event-loop iteration (issue 16): woken
+all at once, 10,000 long-polls' answers ran in one iteration and /healthz waited seconds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from server.coordinator import Coordinator
+from server.devices import WAKE_BATCH
+from tests.support.http import make_settings
+
+
+def test_a_transition_wakes_every_long_poll_a_batch_per_loop_iteration(tmp_path):
+    coordinator = Coordinator(make_settings(tmp_path))
+    n = 5 * WAKE_BATCH + 3
+
+    async def scenario() -> list[int]:
+        events = [asyncio.Event() for _ in range(n)]
+        coordinator._waiters = {f"d{i}": e for i, e in enumerate(events)}
+        coordinator._notify()
+        assert coordinator._waiters == {}  # later waits start afresh
+        seen = []
+        for _ in range(20):  # bounded: one loop iteration each
+            seen.append(sum(e.is_set() for e in events))
+            if seen[-1] == n:
+                break
+            await asyncio.sleep(0)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen[0] == WAKE_BATCH  # at once: one batch
+    assert seen[-1] == n  # and in the end every one
+    assert all(b - a <= WAKE_BATCH for a, b in zip(seen, seen[1:], strict=False))
+    assert len(seen) == -(-n // WAKE_BATCH)  # the rest a batch per iteration
