@@ -77,7 +77,7 @@ def flat_slice(state: Mapping[str, Tensor], key: str, a: int, b: int) -> Tensor:
 
 class Cohort:
     """The round's states as the scans read them: a stored upload through a :class:`SliceReader`
-    (its header parsed once per scan), anything else through its mapping or ``flat_slice``."""
+    (its header parsed once, here), anything else through its mapping or ``flat_slice``."""
 
     def __init__(self, global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]]):
         self.global_state = global_state
