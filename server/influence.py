@@ -307,7 +307,8 @@ def bound_round(
     k = trim_count(config.trim_for(dp=dp), len(updates))
     limits: Limits | None = None
     if k:  # the trim's range and the trimmed norms, from one read of the kept phones
-        limits, sq = trim_scan(cohort, keys, k, TRIM_CHUNK, exact=dp)
+        threads = torch.get_num_threads()  # the aggregation's compute threads
+        limits, sq = trim_scan(cohort, keys, k, TRIM_CHUNK, exact=dp, threads=threads)
     elif raw is not None and not dp:  # the filter's pass measured the norms already
         sq = raw
     else:

@@ -229,3 +229,15 @@ def test_a_header_the_reader_does_not_understand_is_left_to_stored_state(header,
     path = tmp_path / "odd.safetensors"
     path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     assert SliceReader.open(str(path)) is None
+
+
+@pytest.mark.parametrize("threads", [2, 3, 50])
+def test_the_sort_split_among_threads_gives_the_same_trim(threads):
+    states = cohort(9, torch.float32, seed=4)
+    keys = floating_keys(GLOBAL)
+    one = trim_scan(Cohort(GLOBAL, states), keys, 2, 9 * 20, exact=False)
+    many = trim_scan(Cohort(GLOBAL, states), keys, 2, 9 * 20, exact=False, threads=threads)
+    for key in keys:
+        assert torch.equal(one[0][key][0], many[0][key][0])
+        assert torch.equal(one[0][key][1], many[0][key][1])
+    assert np.array_equal(one[1], many[1])
