@@ -81,11 +81,13 @@ class Cell:
     rounds: int
     label: str = "run"
     database: str = "sqlite"  # one of DATABASES
+    phones_nice: int = 0  # the driver processes' nice above the bench's (PhoneConfig.nice)
 
     @property
     def id(self) -> str:
         base = f"{self.label}-{self.phones}-phones-{self.rounds}-rounds"
-        return base if self.database == "sqlite" else f"{base}-{self.database}"
+        base = base if self.database == "sqlite" else f"{base}-{self.database}"
+        return f"{base}-phones-nice-{self.phones_nice}" if self.phones_nice else base
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,6 @@ class Options:
     port: int = 0  # 0: a free one
     server_tree: Path | None = None  # run the server from this checkout instead of ROOT
     timeout: float | None = None  # seconds for a whole cell; None: from its size
-    phones_nice: int = 0  # the driver processes' nice above the bench's (PhoneConfig.nice)
 
     def driver_count(self, phones: int) -> int:
         n = self.drivers or math.ceil(phones / PHONES_PER_DRIVER)
@@ -118,8 +119,8 @@ def command(cell: Cell, opts: Options) -> list[str]:
         cmd += ["--drivers", str(opts.drivers)]
     if opts.server_tree is not None:
         cmd += ["--server-tree", str(opts.server_tree)]
-    if opts.phones_nice:
-        cmd += ["--phones-nice", str(opts.phones_nice)]
+    if cell.phones_nice:
+        cmd += ["--phones-nice", str(cell.phones_nice)]
     return cmd
 
 
@@ -403,7 +404,7 @@ def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | Non
                 wait_healthy(f"http://{HOST}:{port}", server, timeout=180)
             except ProcessError as e:
                 raise LoadError(f"{e}; its last lines:\n{_log_tail(log_path)}") from None
-            cfg = PhoneConfig(HOST, port, secret, ramp=cell.phones / 1000, nice=opts.phones_nice)
+            cfg = PhoneConfig(HOST, port, secret, ramp=cell.phones / 1000, nice=cell.phones_nice)
             with tqdm(
                 total=cell.rounds, desc=f"{cell.phones} phones", unit="round", disable=not progress
             ) as bar:
@@ -424,7 +425,7 @@ def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | Non
     # The machine's 1-minute load average before and after: other work on it skews the figures.
     result["loadavg"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     result["database"] = cell.database
-    result["phones_nice"] = opts.phones_nice
+    result["phones_nice"] = cell.phones_nice
     result.update(provenance(tree))
     return result
 
@@ -490,13 +491,14 @@ def run_load(
     bench_command: str = "",
     progress: bool = True,
     database: str = "sqlite",
+    phones_nice: int = 0,
 ) -> list[dict]:
-    """Run every cell (phones x rounds x label x database) not yet in OUT/results.json, then
-    the report."""
+    """Run every cell (phones x rounds x label x database x phones' nice) not yet in
+    OUT/results.json, then the report."""
     if database not in DATABASES:
         raise LoadError(f"--database {database}: choose one of {', '.join(DATABASES)}")
     bench = Bench(out)
-    cells = [Cell(n, rounds, label, database) for n in phones]
+    cells = [Cell(n, rounds, label, database, phones_nice) for n in phones]
     todo = bench.pending(cells, lambda c: (c.id, command(c, opts)), dry_run)
     if dry_run:
         return bench.read()

@@ -305,7 +305,7 @@ def bench_load(
         raise UserError(f"--phones {phones}: give sizes like 200,1000") from None
     if not sizes or min(sizes) < 1:
         raise UserError(f"--phones {phones}: give sizes like 200,1000")
-    opts = Options(drivers=drivers, port=port, server_tree=server_tree, phones_nice=phones_nice)
+    opts = Options(drivers=drivers, port=port, server_tree=server_tree)
     try:
         run_load(
             sizes,
@@ -316,6 +316,7 @@ def bench_load(
             dry_run=dry_run,
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
             database=str(database),
+            phones_nice=phones_nice,
         )
     except LoadError as e:
         raise UserError(str(e)) from None

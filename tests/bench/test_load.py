@@ -23,7 +23,7 @@ from cli import app
 @pytest.mark.slow
 def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeypatch, capsys):
     out = tmp_path / "load"
-    [r] = run_load([20], 2, label="test", out=out, opts=Options(phones_nice=3), progress=False)
+    [r] = run_load([20], 2, label="test", out=out, phones_nice=3, progress=False)
     assert r["phones_nice"] == 3
     assert r["phones"] == 20 and r["rounds"] == 2 and r["rounds_completed"] == 2
     assert r["cohort"] == cohort_size(20) == 2  # 10% of the phones
@@ -43,7 +43,7 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     assert r["command"] == "fedkey bench load --phones 20 --rounds 2 --label test --phones-nice 3"
 
     data = json.loads((out / "results.json").read_text())
-    assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds"]
+    assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds-phones-nice-3"]
     md = (out / "results.md").read_text()
     assert "| test | sqlite | 20 | 2 |" in md and "/healthz p50 / p99 / max" in md
     assert "server peak RSS" in md and "| test (phones nice +3) | sqlite | 20 |" in md
@@ -53,7 +53,7 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
         raise AssertionError("a cell already in results.json ran again")
 
     monkeypatch.setattr(load_bench, "run_cell", never)
-    again = run_load([20], 2, label="test", out=out, opts=Options(phones_nice=3), progress=False)
+    again = run_load([20], 2, label="test", out=out, phones_nice=3, progress=False)
     assert [x["id"] for x in again] == [r["id"]]
 
 
@@ -66,7 +66,9 @@ def test_dry_run_prints_each_cells_command(tmp_path, capsys):
     ]
     assert not (tmp_path / "results.json").exists()
     assert command(Cell(10, 1, "x"), Options(drivers=2))[-2:] == ["--drivers", "2"]
-    assert command(Cell(10, 1, "x"), Options(phones_nice=10))[-2:] == ["--phones-nice", "10"]
+    nicer = Cell(10, 1, "x", phones_nice=10)
+    assert command(nicer, Options())[-2:] == ["--phones-nice", "10"]
+    assert nicer.id != Cell(10, 1, "x").id  # another cell, not a rerun of the same one
     assert Options().driver_count(10_000) == 2 and Options().driver_count(3) == 1
 
 
