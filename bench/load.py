@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.load_phones import HttpError, PhoneConfig, Stats, shard_main
-from bench.load_report import ROUND_DEADLINE, print_table, write_report
+from bench.load_report import FRACTION, ROUND_DEADLINE, print_table, write_report
 from bench.load_watch import (
     HOST,
     RssMonitor,
@@ -62,7 +62,6 @@ from bench.paper import Bench
 from runners.processes import ProcessError, free_port, listen_problem, server_env, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
-FRACTION = 0.1  # 10% of the phones upload each round
 PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
 # the server's database: SQLite in its storage folder (its default), or a throwaway PostgreSQL
 # cluster (bench.postgres) passed as --database-url
@@ -82,12 +81,14 @@ class Cell:
     label: str = "run"
     database: str = "sqlite"  # one of DATABASES
     phones_nice: int = 0  # the driver processes' nice above the bench's (PhoneConfig.nice)
+    fraction: float = FRACTION  # of the phones selected (and uploading) each round
 
     @property
     def id(self) -> str:
         base = f"{self.label}-{self.phones}-phones-{self.rounds}-rounds"
         base = base if self.database == "sqlite" else f"{base}-{self.database}"
-        return f"{base}-phones-nice-{self.phones_nice}" if self.phones_nice else base
+        base = f"{base}-phones-nice-{self.phones_nice}" if self.phones_nice else base
+        return base if self.fraction == FRACTION else f"{base}-fraction-{self.fraction:g}"
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,9 @@ class Options:
         return max(1, min(n, phones))
 
 
-def cohort_size(phones: int) -> int:
-    """The server's cohort at FRACTION (server.strategies.selection.cohort_size)."""
-    return min(phones, max(1, math.floor(FRACTION * phones + 0.5)))
+def cohort_size(phones: int, fraction: float = FRACTION) -> int:
+    """The server's cohort at `fraction` (server.strategies.selection.cohort_size)."""
+    return min(phones, max(1, math.floor(fraction * phones + 0.5)))
 
 
 def command(cell: Cell, opts: Options) -> list[str]:
@@ -121,6 +122,8 @@ def command(cell: Cell, opts: Options) -> list[str]:
         cmd += ["--server-tree", str(opts.server_tree)]
     if cell.phones_nice:
         cmd += ["--phones-nice", str(cell.phones_nice)]
+    if cell.fraction != FRACTION:
+        cmd += ["--fraction", f"{cell.fraction:g}"]
     return cmd
 
 
@@ -130,7 +133,7 @@ def server_argv(
     argv = [
         sys.executable, "-m", "cli", "server", "--data", "demo", "--storage", str(storage),
         "--host", HOST, "--port", str(port), "--rounds", str(cell.rounds),
-        "--fraction", str(FRACTION), "--wait-devices", str(cell.phones),
+        "--fraction", str(cell.fraction), "--wait-devices", str(cell.phones),
         "--round-deadline", str(ROUND_DEADLINE), "--enrollment-secret", secret,
     ]  # fmt: skip
     return argv + ["--database-url", database_url] if database_url else argv
@@ -314,8 +317,8 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
         "label": cell.label,
         "phones": cell.phones,
         "rounds": cell.rounds,
-        "fraction": FRACTION,
-        "cohort": cohort_size(cell.phones),
+        "fraction": cell.fraction,
+        "cohort": cohort_size(cell.phones, cell.fraction),
         "drivers": drivers,
         "rounds_completed": len(rows),
         "uploads_per_round": [p["uploads"] for p in per_round],
@@ -492,13 +495,16 @@ def run_load(
     progress: bool = True,
     database: str = "sqlite",
     phones_nice: int = 0,
+    fraction: float = FRACTION,
 ) -> list[dict]:
-    """Run every cell (phones x rounds x label x database x phones' nice) not yet in
+    """Run every cell (phones x rounds x label x database x phones' nice x fraction) not yet in
     OUT/results.json, then the report."""
+    if not 0 < fraction <= 1:
+        raise LoadError(f"--fraction {fraction}: give a share of the phones in (0, 1]")
     if database not in DATABASES:
         raise LoadError(f"--database {database}: choose one of {', '.join(DATABASES)}")
     bench = Bench(out)
-    cells = [Cell(n, rounds, label, database, phones_nice) for n in phones]
+    cells = [Cell(n, rounds, label, database, phones_nice, fraction) for n in phones]
     todo = bench.pending(cells, lambda c: (c.id, command(c, opts)), dry_run)
     if dry_run:
         return bench.read()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from common.files import atomic_write
 
+FRACTION = 0.1  # of the phones selected (each uploads) every round, unless a cell says otherwise
 ROUND_DEADLINE = 900.0  # s: the server's --round-deadline in bench.load (long: a round closes once its cohort uploaded)
 
 __all__ = ["HEAD", "print_table", "table_row", "write_report"]
@@ -49,9 +50,11 @@ HEAD = ("label", "database", "phones", "uploads/round", "s/round", "aggregation 
 
 def table_row(r: dict) -> list[str]:
     h = r["healthz"]
-    nice = r.get("phones_nice")
+    notes = [f"phones nice +{r['phones_nice']}"] if r.get("phones_nice") else []
+    if r.get("fraction", FRACTION) != FRACTION:
+        notes.append(f"fraction {r['fraction']:g}")
     return [
-        r["label"] + (f" (phones nice +{nice})" if nice else ""),
+        r["label"] + (f" ({', '.join(notes)})" if notes else ""),
         r.get("database", "sqlite"),
         f"{r['phones']:,}",
         _uploads(r),
@@ -88,7 +91,8 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "# fedkey bench load: the server under fake phones",
         "",
         "Written by `fedkey bench load` (bench/load.py). Each cell: `fedkey server` on 127.0.0.1 "
-        "(demo corpus, default demo model, FedAvg, fraction 0.1, round deadline "
+        "(demo corpus, default demo model, FedAvg, fraction 0.1 unless the label says otherwise, "
+        "round deadline "
         f"{ROUND_DEADLINE:.0f} s) and N fake phones in this machine's driver processes "
         "(bench/load_phones.py: the real phone's HTTP contract without training, a keep-alive "
         "connection each; selected phones download the model with If-None-Match and upload the "

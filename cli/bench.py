@@ -260,7 +260,7 @@ def bench_load(
     phones: str = typer.Option(
         "200,1000",
         "--phones",
-        help="Fleet sizes, comma-separated: one cell each (10% of the phones upload each round).",
+        help="Fleet sizes, comma-separated: one cell each (--fraction of them upload each round).",
     ),
     rounds: int = typer.Option(3, "--rounds", min=1, help="Federated rounds of every cell."),
     label: str = typer.Option(
@@ -292,6 +292,12 @@ def bench_load(
         help="Run the phones' driver processes this much nicer than the server (in a deployment "
         "the phones are other machines; here they share its CPUs).",
     ),
+    fraction: float = typer.Option(
+        0.1,
+        "--fraction",
+        help="Share of the phones selected, each of which uploads, every round (e.g. 0.01 to "
+        "compare 100 and 1,000 uploads a round on the same 10,000 phones).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
 ) -> None:
     """The federation server under N fake phones (the real HTTP contract, no training): seconds
@@ -317,6 +323,7 @@ def bench_load(
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
             database=str(database),
             phones_nice=phones_nice,
+            fraction=fraction,
         )
     except LoadError as e:
         raise UserError(str(e)) from None

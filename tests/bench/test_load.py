@@ -66,6 +66,9 @@ def test_dry_run_prints_each_cells_command(tmp_path, capsys):
     ]
     assert not (tmp_path / "results.json").exists()
     assert command(Cell(10, 1, "x"), Options(drivers=2))[-2:] == ["--drivers", "2"]
+    fewer = Cell(10_000, 1, "x", fraction=0.01)
+    assert command(fewer, Options())[-2:] == ["--fraction", "0.01"]
+    assert fewer.id.endswith("-fraction-0.01") and cohort_size(10_000, 0.01) == 100
     nicer = Cell(10, 1, "x", phones_nice=10)
     assert command(nicer, Options())[-2:] == ["--phones-nice", "10"]
     assert nicer.id != Cell(10, 1, "x").id  # another cell, not a rerun of the same one
@@ -200,3 +203,12 @@ def test_healthz_is_split_into_collecting_and_aggregating():
     ]
     got = load_bench.split_by_phase(watch, 1)
     assert got == {"collecting": [0.02], "aggregating": [2.0, 0.5]}
+
+
+def test_a_fraction_outside_0_to_1_is_refused_before_anything_runs(tmp_path):
+    from bench.load import LoadError
+
+    for bad in (0.0, 1.5):
+        with pytest.raises(LoadError, match="share of the phones"):
+            run_load([10], 1, out=tmp_path, fraction=bad, dry_run=True)
+    assert not (tmp_path / "results.json").exists()
