@@ -217,22 +217,23 @@ def summary_stats(values: list[float]) -> dict[str, float | int | None]:
 
 def round_times(watch: Watch, rounds: int) -> dict[int, tuple[float, float]]:
     """round -> (opened, aggregated) on this process's monotonic clock: the events' server times
-    (the same machine's clock: a WS event may arrive late), else when the events arrived, else
-    from the /healthz samples."""
+    (the same machine's clock: a WS event may arrive late), else both from the /healthz samples,
+    else both when the events arrived."""
     out: dict[int, tuple[float, float]] = {}
     offset = time.time() - time.monotonic()
     for r in range(1, rounds + 1):
-        opened, done = watch.opened.get(r), watch.aggregated.get(r)
         if r in watch.opened_at and r in watch.aggregated_at:
             opened, done = watch.opened_at[r] - offset, watch.aggregated_at[r] - offset
-        if opened is None:
+        else:  # both ends from the /healthz samples (timely) where there are some: an event that
+            # arrived late (a lagging stream drops its oldest) is not set against a timely one
             opened = next((t for t, _, n, s in watch.health if n == r and s == "open"), None)
-        if done is None:
             done = next(
                 (t for t, _, n, s in watch.health if n is not None and (n > r or s == "finished")),
                 None,
             )
-        if opened is not None and done is not None:
+            if opened is None or done is None:
+                opened, done = watch.opened.get(r), watch.aggregated.get(r)
+        if opened is not None and done is not None and done >= opened:
             out[r] = (opened, done)
     return out
 

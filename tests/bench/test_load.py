@@ -212,3 +212,18 @@ def test_a_fraction_outside_0_to_1_is_refused_before_anything_runs(tmp_path):
         with pytest.raises(LoadError, match="share of the phones"):
             run_load([10], 1, out=tmp_path, fraction=bad, dry_run=True)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_rounds_time_never_sets_a_late_event_against_a_timely_probe():
+    """Round 2's "opened" event was dropped by a lagging event stream (its "aggregated" came 40 s
+    late): both ends come from the /healthz samples, never one from each (a negative time)."""
+    from bench.load_watch import Watch, round_times
+
+    w = Watch()
+    t0 = w.t0
+    w.health = [(t0 + 1, 0.01, 1, "open"), (t0 + 5, 0.01, 2, "open"), (t0 + 9, 0.01, 3, "open")]
+    w.aggregated = {2: t0 + 49.0}  # arrived late
+    w.opened = {}
+    times = round_times(w, 2)
+    assert times[2] == (t0 + 5, t0 + 9)
+    assert all(done >= opened for opened, done in times.values())
