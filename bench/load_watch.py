@@ -222,6 +222,8 @@ def round_times(watch: Watch, rounds: int) -> dict[int, tuple[float, float]]:
     out: dict[int, tuple[float, float]] = {}
     offset = time.time() - time.monotonic()
     for r in range(1, rounds + 1):
+        opened: float | None
+        done: float | None
         if r in watch.opened_at and r in watch.aggregated_at:
             opened, done = watch.opened_at[r] - offset, watch.aggregated_at[r] - offset
         else:  # both ends from the /healthz samples (timely) where there are some: an event that

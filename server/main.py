@@ -12,11 +12,11 @@ also exits by itself once the run is finished.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 
 import uvicorn
 
+from server import quiet_gc
 from server.app import MAX_JSON_BODY, create_app
 from server.settings import Settings
 
@@ -28,31 +28,12 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
-        quiet_gc()  # after the app's start-up: its objects are the ones frozen
+        quiet_gc.quiet()  # after the app's start-up: its objects are the ones frozen
 
     async def shutdown(self, sockets=None) -> None:
         if self.coordinator is not None:
             self.coordinator.begin_shutdown()
         await super().shutdown(sockets=sockets)
-
-
-#: The cyclic garbage collector's first threshold (Python's default 700) in the server process.
-GC_THRESHOLD = 10_000
-
-
-def quiet_gc() -> None:
-    """Keep Python's full garbage collections off the event loop's back. At 1,000 phones a full
-    collection of the server's 350,000-550,000 objects took 0.21-0.36 s, every 2-3 s, collected
-    next to nothing, and ran on whichever thread tripped it, mostly the loop's: /healthz stalled
-    that long (a gc.callbacks timer in fedkey bench load). Here everything alive after start-up
-    (torch, the tokenizer, the evaluation text) is frozen out of the collector's scans (still
-    freed by reference counting), and young collections run every GC_THRESHOLD allocations
-    instead of 700, so far fewer short-lived request objects are caught alive and promoted
-    towards the full collections."""
-    gc.collect()
-    gc.freeze()
-    _, second, third = gc.get_threshold()
-    gc.set_threshold(GC_THRESHOLD, second, third)
 
 
 def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
