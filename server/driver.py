@@ -10,7 +10,6 @@ import shutil
 import time
 from pathlib import Path
 
-from server import quiet_gc
 from server.db import Attempt, MetricRow, Round
 from server.engine import RoundPlan
 from server.nospace import out_of_space
@@ -159,7 +158,6 @@ class DriverMixin(CoordinatorState):
             row_id = row.id
         self.current = OpenRound(row_id, plan, now, deadline)
         self.state = RoundState.OPEN
-        quiet_gc.freeze_survivors()  # the phones' state: out of the full collections' scans
         self._set_round_gauge()
         log.info(
             "round %d (attempt %d) open: %d of %d devices selected",

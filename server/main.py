@@ -25,12 +25,16 @@ class _Server(uvicorn.Server):
     """uvicorn.Server that wakes the coordinator's long-polls when a shutdown begins."""
 
     coordinator = None
+    _freezer: asyncio.Task | None = None
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
         quiet_gc.quiet()  # after the app's start-up: its objects are the ones frozen
+        self._freezer = asyncio.create_task(quiet_gc.keep_frozen(), name="fedkey-gc-freeze")
 
     async def shutdown(self, sockets=None) -> None:
+        if self._freezer is not None:
+            self._freezer.cancel()
         if self.coordinator is not None:
             self.coordinator.begin_shutdown()
         await super().shutdown(sockets=sockets)
