@@ -53,6 +53,7 @@ from bench.load_watch import (
     get_json,
     get_text,
     probe_health,
+    proc_kb,
     round_times,
     split_by_phase,
     summary_stats,
@@ -60,6 +61,7 @@ from bench.load_watch import (
 )
 from bench.paper import Bench
 from runners.processes import ProcessError, free_port, listen_problem, server_env, wait_healthy
+from server.strategies import selection
 
 ROOT = Path(__file__).resolve().parent.parent
 PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
@@ -106,8 +108,8 @@ class Options:
 
 
 def cohort_size(phones: int, fraction: float = FRACTION) -> int:
-    """The server's cohort at `fraction` (server.strategies.selection.cohort_size)."""
-    return min(phones, max(1, math.floor(fraction * phones + 0.5)))
+    """The server's cohort of `phones` at `fraction`."""
+    return selection.cohort_size(fraction, phones)
 
 
 def command(cell: Cell, opts: Options) -> list[str]:
@@ -458,17 +460,9 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    mem = _status_kb_meminfo()
+    mem = proc_kb("meminfo", "MemTotal")
     gib = f", {mem / 2**30:.0f} GiB" if mem else ""
     return f"{cpu or platform.processor() or 'cpu'}, {os.cpu_count()} cores{gib}, Python {platform.python_version()}"
-
-
-def _status_kb_meminfo() -> int:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def provenance(tree: Path) -> dict:

@@ -23,23 +23,13 @@ HOST = "127.0.0.1"
 # -- the server's memory ---------------------------------------------------------------------------
 
 
-def _status_kb(pid: int, key: str) -> int:
-    """A `VmRSS` / `VmHWM` line of /proc/<pid>/status in bytes (0 once the process is gone)."""
+def proc_kb(path: str, key: str) -> int:
+    """A ``key: N kB`` line of /proc/<path> in bytes (0 when it cannot be read, e.g. the process
+    is gone): `VmRSS` and `VmHWM` of ``<pid>/status``, `Pss` of ``<pid>/smaps_rollup`` (each
+    shared page counted once across the processes that map it), `MemTotal` of ``meminfo``."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{path}").read_text().splitlines():
             if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def _pss(pid: int) -> int:
-    """The proportional set size of `pid` in bytes (/proc/<pid>/smaps_rollup: each shared page
-    counted once across the processes that map it; 0 once the process is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -78,10 +68,11 @@ class RssMonitor(threading.Thread):
     def sample(self) -> None:
         kids = _descendants(self.pid)
         self.children = max(self.children, len(kids))
-        tree = sum(_status_kb(p, "VmRSS") for p in [self.pid, *kids])
+        procs = [self.pid, *kids]
+        tree = sum(proc_kb(f"{p}/status", "VmRSS") for p in procs)
         self.peak_tree = max(self.peak_tree, tree)
-        self.peak_pss = max(self.peak_pss, sum(_pss(p) for p in [self.pid, *kids]))
-        self.hwm = max(self.hwm, _status_kb(self.pid, "VmHWM"))
+        self.peak_pss = max(self.peak_pss, sum(proc_kb(f"{p}/smaps_rollup", "Pss") for p in procs))
+        self.hwm = max(self.hwm, proc_kb(f"{self.pid}/status", "VmHWM"))
         now = time.monotonic()
         if not self.timeline or now - self.timeline[-1][0] >= 1.0:
             self.timeline.append((now, tree))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from bench.load import DATABASES
+from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
 from cli.errors import UserError
@@ -293,7 +293,7 @@ def bench_load(
         "the phones are other machines; here they share its CPUs).",
     ),
     fraction: float = typer.Option(
-        0.1,
+        FRACTION,
         "--fraction",
         help="Share of the phones selected, each of which uploads, every round (e.g. 0.01 to "
         "compare 100 and 1,000 uploads a round on the same 10,000 phones).",
