@@ -61,7 +61,6 @@ from bench.load_watch import (
 )
 from bench.paper import Bench
 from runners.processes import ProcessError, free_port, listen_problem, server_env, wait_healthy
-from server.strategies import selection
 
 ROOT = Path(__file__).resolve().parent.parent
 PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
@@ -109,7 +108,10 @@ class Options:
 
 def cohort_size(phones: int, fraction: float = FRACTION) -> int:
     """The server's cohort of `phones` at `fraction`."""
-    return selection.cohort_size(fraction, phones)
+    # imported here: `fedkey bench load --help` imports this module, and never torch
+    from server.strategies.selection import cohort_size as server_cohort_size
+
+    return server_cohort_size(fraction, phones)
 
 
 def command(cell: Cell, opts: Options) -> list[str]:
