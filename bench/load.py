@@ -64,6 +64,8 @@ from runners.processes import ProcessError, free_port, listen_problem, server_en
 
 ROOT = Path(__file__).resolve().parent.parent
 PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
+#: The server's histograms a cell reads from /metrics at its end.
+HISTOGRAMS = ("fedkey_aggregation_seconds", "fedkey_event_loop_lag_seconds")
 # the server's database: SQLite in its storage folder (its default), or a throwaway PostgreSQL
 # cluster (bench.postgres) passed as --database-url
 DATABASES = ("sqlite", "postgresql")
@@ -179,7 +181,7 @@ class Drive:
     watch: Watch
     stats: Stats
     metrics: list[dict]
-    aggregation: dict[str, float]  # the server's fedkey_aggregation_seconds: sum, count
+    histograms: dict[str, dict[str, Any]]  # the server's (_histograms), empty if it was gone
     wall: float
     problem: str | None  # why the drive stopped early, if it did
 
@@ -216,28 +218,45 @@ async def drive(
         stats = await phones
     wall = time.monotonic() - watch.t0
     metrics: list[dict] = []
-    aggregation: dict[str, float] = {}
+    histograms: dict[str, dict[str, Any]] = {}
     if server.poll() is None:
         with contextlib.suppress(HttpError, ValueError):
             metrics = (await get_json(cfg.port, "/v1/metrics")).get("rounds", [])
         with contextlib.suppress(HttpError, ValueError):
-            aggregation = _aggregation_seconds(await get_text(cfg.port, "/metrics"))
+            histograms = _histograms(await get_text(cfg.port, "/metrics"), *HISTOGRAMS)
     stop.set()
     await prober
     events.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await events
-    return Drive(watch, stats, metrics, aggregation, wall, problem)
+    return Drive(watch, stats, metrics, histograms, wall, problem)
 
 
-def _aggregation_seconds(prometheus: str) -> dict[str, float]:
-    """fedkey_aggregation_seconds's sum and count (aggregate + privacy + evaluate + checkpoint)."""
-    out = {}
+def _histograms(prometheus: str, *names: str) -> dict[str, dict[str, Any]]:
+    """Prometheus histograms of the server's /metrics: name -> sum, count and the cumulative
+    bucket counts (upper bound -> observations at most that)."""
+    out: dict[str, dict[str, Any]] = {n: {"buckets": {}} for n in names}
     for line in prometheus.splitlines():
-        for part in ("sum", "count"):
-            if line.startswith(f"fedkey_aggregation_seconds_{part} "):
-                out[part] = float(line.split()[1])
+        metric, _, value = line.rpartition(" ")
+        for n in names:
+            if metric in (f"{n}_sum", f"{n}_count"):
+                out[n][metric.rsplit("_", 1)[1]] = float(value)
+            elif metric.startswith(f'{n}_bucket{{le="'):
+                out[n]["buckets"][float(metric.split('"')[1])] = float(value)
     return out
+
+
+def loop_lag(histogram: dict[str, Any]) -> dict[str, float | int | None]:
+    """The server's own measure of its event loop's stalls over the whole cell (its
+    fedkey_event_loop_lag_seconds): wake-ups observed, how many came over 0.1 s late, and the
+    bucket bound the 99th percentile lies under."""
+    buckets = sorted(histogram.get("buckets", {}).items())
+    n = int(histogram.get("count", 0))
+    if not n or not buckets:
+        return {"n": 0, "over_0.1": None, "p99_at_most": None}
+    at_01 = next((c for le, c in buckets if le >= 0.1), n)
+    p99 = next((le for le, c in buckets if c >= 0.99 * n), None)
+    return {"n": n, "over_0.1": int(n - at_01), "p99_at_most": p99}
 
 
 # -- one cell ----------------------------------------------------------------------------------
@@ -316,6 +335,7 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
     errors.update({f"refused {k}": v for k, v in stats.rejected.items()})
     errors.update({f"gave up: {k}": v for k, v in stats.gave_up.items()})
     round_seconds = [p["seconds"] for p in per_round if p["seconds"] is not None]
+    aggregation = d.histograms.get("fedkey_aggregation_seconds", {})
     return {
         "id": cell.id,
         "label": cell.label,
@@ -329,9 +349,10 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
         "seconds_per_round": round_seconds,
         "enroll_seconds": round(first - watch.t0, 2) if first else None,
         # the server's aggregate + privacy + evaluate + checkpoint, per round (its histogram)
-        "aggregation_seconds": round(d.aggregation["sum"] / d.aggregation["count"], 2)
-        if d.aggregation.get("count")
+        "aggregation_seconds": round(aggregation["sum"] / aggregation["count"], 2)
+        if aggregation.get("count")
         else None,
+        "loop_lag": loop_lag(d.histograms.get("fedkey_event_loop_lag_seconds", {})),
         "event_stream_lag": summary_stats(watch.events_lag),
         "healthz": summary_stats(in_rounds),
         "healthz_enrolling": summary_stats(enrolling),

@@ -44,8 +44,14 @@ def _errors(r: dict) -> str:
     return f"{r['errors_total']} (" + "; ".join(f"{k}: {v}" for k, v in top) + ")"
 
 
+def _lag(lag: dict | None) -> str:
+    if not lag or not lag.get("n"):
+        return ""  # a cell from before the server measured it
+    return f"<= {lag['p99_at_most']:g} s ({lag['over_0.1']:,} of {lag['n']:,})"
+
+
 HEAD = ("label", "database", "phones", "uploads/round", "s/round", "aggregation s/round",
-        "/healthz p50 / p99 / max (s)", "server peak RSS", "peak PSS", "enroll (s)", "errors")  # fmt: skip
+        "/healthz p50 / p99 / max (s)", "loop lag p99 (late > 0.1 s)", "server peak RSS", "peak PSS", "enroll (s)", "errors")  # fmt: skip
 
 
 def table_row(r: dict) -> list[str]:
@@ -61,6 +67,7 @@ def table_row(r: dict) -> list[str]:
         _span(r["seconds_per_round"]),
         _s(r.get("aggregation_seconds")),
         f"{_s(h['p50'])} / {_s(h['p99'])} / {_s(h['max'])}",
+        _lag(r.get("loop_lag")),
         _gb(r["server_peak_rss"]),
         _gb(r["server_peak_pss"]) if r.get("server_peak_pss") else "",
         _s(r["enroll_seconds"]),
@@ -104,7 +111,10 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "(its commit in the table). Database: the server's SQLite in its storage folder, or "
         "PostgreSQL (a throwaway cluster of Debian's postgresql package on 127.0.0.1, started "
         "for the cell by bench/postgres.py, durability settings left at their defaults). "
-        "/healthz: a probe every 0.1-0.25 s while the rounds ran. Server "
+        "/healthz: a probe every 0.1-0.25 s while the rounds ran. Loop lag: the server's own "
+        "fedkey_event_loop_lag_seconds over the whole cell (enrollment included), a wake-up due "
+        "every 0.1 s: the bucket bound its 99th percentile lies under, and how many wake-ups "
+        "came more than 0.1 s late (blank: a server from before it measured this). Server "
         "peak RSS: the largest of its VmHWM and the sampled RSS of it and its children; peak PSS: "
         "the largest sampled sum of their proportional set sizes (a page shared by the "
         "aggregation process and its forkserver counted once; recorded since the aggregation "

@@ -54,7 +54,7 @@ from server.recovery import RecoveryMixin
 from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
-from server.telemetry import Telemetry
+from server.telemetry import Telemetry, watch_loop_lag
 from server.threads import io_executor
 from server.uploads import UploadsMixin
 
@@ -89,6 +89,7 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self._seen_unwritten: set[str] = set()
         self._stopped = asyncio.Event()
         self._last_seen_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
         self._given: dict[str, dict] = {}  # device id -> the view it was last answered
         self._next_attempt = 0
         self._retry_aggregation_at = 0.0
@@ -164,6 +165,9 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self._last_seen_task = asyncio.create_task(
             self._last_seen_writer(), name="fedkey-last-seen"
         )
+        self._lag_task = asyncio.create_task(
+            watch_loop_lag(self.telemetry.loop_lag, self._stopped), name="fedkey-loop-lag"
+        )
         if self.state == RoundState.FINISHED and self.settings.exit_when_done and self.on_finished:
             self.on_finished()  # restarted after the run was over: nothing to do
 
@@ -185,6 +189,10 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._last_seen_task  # its last batch is written
             self._last_seen_task = None
+        if self._lag_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+            self._lag_task = None
         await asyncio.gather(*self._deletions, return_exceptions=True)
         if self.aggregator is not None:
             await asyncio.to_thread(self.aggregator.close)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Seconds between two wake-ups of watch_loop_lag.
+LOOP_LAG_EVERY = 0.1
 
 
 class Telemetry:
@@ -40,9 +45,27 @@ class Telemetry:
             ["what"],
             registry=r,
         )
+        self.loop_lag = Histogram(
+            "fedkey_event_loop_lag_seconds",
+            f"How late the event loop ran a wake-up due every {LOOP_LAG_EVERY:g} s: what any "
+            "request waited before the loop could start on it",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
         self.aggregation_seconds = Histogram(
             "fedkey_aggregation_seconds",
             "Aggregate + privacy + evaluate + checkpoint, per round",
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
+
+
+async def watch_loop_lag(lag: Histogram, stopped: asyncio.Event) -> None:
+    """Until `stopped`, observe how late the loop wakes a sleep of LOOP_LAG_EVERY seconds. A late
+    wake-up is a stalled loop (a long callback, a garbage collection, the GIL or the CPU held by
+    another), which every request in flight waited for as well."""
+    loop = asyncio.get_running_loop()
+    while not stopped.is_set():
+        due = loop.time() + LOOP_LAG_EVERY
+        await asyncio.sleep(LOOP_LAG_EVERY)
+        lag.observe(max(0.0, loop.time() - due))

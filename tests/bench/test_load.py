@@ -38,6 +38,7 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     assert r["server_peak_rss"] > 100 * 2**20
     assert 0 < r["server_peak_pss"] <= r["server_peak_rss"]  # shared pages counted once
     assert r["enroll_seconds"] > 0 and len(r["seconds_per_round"]) == 2
+    assert r["loop_lag"]["n"] > 10 and r["loop_lag"]["p99_at_most"] > 0  # the server's measure
     assert r["statuses"]["POST /v1/rounds/{n}/update 200"] == 4
     assert "stopped by SIGTERM" in r["server_stop"]
     assert r["command"] == "fedkey bench load --phones 20 --rounds 2 --label test --phones-nice 3"
@@ -227,3 +228,26 @@ def test_a_rounds_time_never_sets_a_late_event_against_a_timely_probe():
     times = round_times(w, 2)
     assert times[2] == (t0 + 5, t0 + 9)
     assert all(done >= opened for opened, done in times.values())
+
+
+def test_loop_lag_is_read_from_the_servers_histogram():
+    prometheus = "\n".join(
+        [
+            "# HELP fedkey_event_loop_lag_seconds ...",
+            'fedkey_event_loop_lag_seconds_bucket{le="0.005"} 950.0',
+            'fedkey_event_loop_lag_seconds_bucket{le="0.05"} 985.0',
+            'fedkey_event_loop_lag_seconds_bucket{le="0.1"} 989.0',
+            'fedkey_event_loop_lag_seconds_bucket{le="0.25"} 998.0',
+            'fedkey_event_loop_lag_seconds_bucket{le="+Inf"} 1000.0',
+            "fedkey_event_loop_lag_seconds_count 1000.0",
+            "fedkey_event_loop_lag_seconds_sum 12.5",
+            "fedkey_aggregation_seconds_count 3.0",
+            "fedkey_aggregation_seconds_sum 7.5",
+        ]
+    )
+    h = load_bench._histograms(prometheus, *load_bench.HISTOGRAMS)
+    assert h["fedkey_aggregation_seconds"]["sum"] == 7.5
+    lag = load_bench.loop_lag(h["fedkey_event_loop_lag_seconds"])
+    # 11 wake-ups came over 0.1 s late; 990 of 1,000 is first reached by the 0.25 s bucket
+    assert lag == {"n": 1000, "over_0.1": 11, "p99_at_most": 0.25}
+    assert load_bench.loop_lag({})["n"] == 0  # a server from before the histogram
