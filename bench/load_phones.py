@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from common.task import still_selected
-from device_sim.aclient import TRANSIENT, Connection, HttpError, Reply, raise_nofile
+from device_sim.aclient import Connection, HttpError, Reply, raise_nofile
+from device_sim.client import transient_status
 from device_sim.protocol import MAX_REENROLL, actionable, round_key
 
 
@@ -251,7 +252,7 @@ class Phone:
                 kind = e.kind
             else:
                 self.stats.statuses[f"{method} {route} {reply.status}"] += 1
-                if reply.status not in TRANSIENT:
+                if not transient_status(reply.status):
                     if reply.status < 400 and not wait:
                         self.stats.took(f"{method} {route}", time.perf_counter() - t0)
                     return reply

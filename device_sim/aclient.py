@@ -24,12 +24,9 @@ from urllib.parse import urlsplit
 import h11
 
 READ_SIZE = 1 << 18
-#: Statuses a phone retries (the server is busy or restarting), as device_sim.client.
-TRANSIENT = frozenset({429, 500, 502, 503, 504})
 
 __all__ = [
     "READ_SIZE",
-    "TRANSIENT",
     "Connection",
     "HttpError",
     "Reply",

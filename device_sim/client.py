@@ -1,9 +1,10 @@
 """The phone's side of the HTTP contract (README "The HTTP contract"): one `DeviceClient` per phone.
 
 Control messages are JSON, tensors are safetensors bytes. Transient failures (the server is
-restarting: connection refused or reset, a 5xx, a 429, a timeout) are retried with capped
-exponential backoff for up to `retry_seconds`; a 4xx is the server's answer and is raised at once
-as an `ApiError` carrying the status and the server's "detail" message.
+restarting: connection refused or reset, a 5xx, a 429, a timeout; or a body that stalled on the
+way, 408) are retried with capped exponential backoff for up to `retry_seconds`; any other 4xx is
+the server's answer and is raised at once as an `ApiError` carrying the status and the server's
+"detail" message.
 
 The model download is cached by ETag: the client sends `If-None-Match` and a 304 reuses the cached
 state. A `ModelCache` can be shared by the phones of one process (they all train on the same
@@ -134,8 +135,9 @@ def detail_of(body: bytes, reason: str = "") -> str:
 
 
 def transient_status(status: int) -> bool:
-    """A status worth retrying: the server is busy (429) or failing / restarting (5xx)."""
-    return status >= 500 or status == 429
+    """A status worth retrying: the server is busy (429) or failing / restarting (5xx), or the
+    request's body stalled on the way (408: the server asks for it again)."""
+    return status >= 500 or status in (408, 429)
 
 
 def retry_after(value: str | None) -> float:

@@ -89,6 +89,22 @@ def test_transient_503s_are_retried_then_given_up(http):
         srv.stop()
 
 
+def test_an_upload_whose_body_stalled_408_is_sent_again(http):
+    fed = FakeFederation(n_devices=1, deadline=60)
+    srv = serve(fed)
+    try:
+        client = DeviceClient(srv.url, http, retry_seconds=10, backoff_initial=0.01)
+        client.enroll(SECRET, "device-0", 10)
+        fed.fail_status, fed.fail["update"] = (
+            408,
+            2,
+        )  # the server's "no bytes for 30 s; send it again"
+        receipt = client.upload(1, {k: v + 0.01 for k, v in fed.models[0].items()}, 10, 3.5)
+        assert receipt["round"] == 1 and fed.hits["update"] == 3 and len(fed.bodies) == 1
+    finally:
+        srv.stop()
+
+
 def test_connection_refused_until_the_server_is_up(http):
     fed = FakeFederation(n_devices=1)
     srv = FakeServer(fed)  # port chosen, nothing listening yet

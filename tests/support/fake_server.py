@@ -96,7 +96,8 @@ class FakeFederation:
         self.tokens: dict[str, str] = {}  # token -> name
         self.enrolled: dict[str, int | None] = {}  # name -> num_samples
         self.round, self.attempt, self.state = 0, 0, "waiting"
-        self.fail: Counter[str] = Counter()  # tag -> 503s still to answer
+        self.fail: Counter[str] = Counter()  # tag -> failures still to answer
+        self.fail_status = 503  # what a failure answers
         self.hits: Counter[str] = Counter()
         self.model_304 = 0
         self.bodies: list[tuple[int, str, bytes]] = []  # every upload body received
@@ -215,7 +216,7 @@ class FakeFederation:
             fed.hits[tag] += 1
             if fed.fail[tag] > 0:
                 fed.fail[tag] -= 1
-                return JSONResponse({"detail": "restarting"}, status_code=503)
+                return JSONResponse({"detail": "restarting"}, status_code=fed.fail_status)
             fed.tick()
             return await call_next(request)
 
