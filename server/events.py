@@ -35,6 +35,13 @@ class Subscription:
         """The next event; None once the bus is closed."""
         return await self.queue.get()
 
+    def drain(self) -> list[dict[str, Any] | None]:
+        """The events already waiting, oldest first (none: an empty list), without waiting."""
+        out: list[dict[str, Any] | None] = []
+        while not self.queue.empty():
+            out.append(self.queue.get_nowait())
+        return out
+
     def close(self) -> None:
         self.bus.unsubscribe(self)
 

@@ -77,3 +77,19 @@ def test_event_bus_drops_the_oldest_for_a_slow_subscriber():
         assert await bus.subscribe().get() is None  # subscribing after close ends at once
 
     asyncio.run(main())
+
+
+def test_a_subscriber_drains_a_burst_in_order_and_the_close_last():
+    async def main():
+        bus = EventBus(queue_size=8)
+        sub = bus.subscribe()
+        assert sub.drain() == []
+        for i in range(5):
+            bus.publish("update_received", round=i)
+        bus.close()
+        assert (await sub.get())["round"] == 0
+        rest = sub.drain()
+        assert [e["round"] for e in rest[:-1]] == [1, 2, 3, 4] and rest[-1] is None
+        assert sub.drain() == []
+
+    asyncio.run(main())
