@@ -16,7 +16,7 @@ import logging
 
 import uvicorn
 
-from server import quiet_gc, threads
+from server import quiet_gc
 from server.app import MAX_JSON_BODY, create_app
 from server.settings import Settings
 
@@ -30,7 +30,6 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
         quiet_gc.quiet()  # after the app's start-up: its objects are the ones frozen
-        threads.share_the_gil()
         self._freezer = asyncio.create_task(quiet_gc.keep_frozen(), name="fedkey-gc-freeze")
 
     async def shutdown(self, sockets=None) -> None:

@@ -15,13 +15,6 @@ Linux nice value than the loop's, so the loop thread wins the CPU when both are 
 
 A thread's nice value is its own on Linux (setpriority on its thread id) and the threads it
 starts (torch's OpenMP team) inherit it. Elsewhere, or when refused, the priority stays as is.
-
-The server process (server.main) also passes the GIL on every ``SWITCH_INTERVAL`` seconds instead
-of Python's 5 ms (:func:`share_the_gil`). The loop thread lets the GIL go at every socket call,
-and while a worker thread computes (validating an upload, committing a receipt) it waited up to
-the interval each time to get it back. At 10,000 phones (1,000 uploads a round, phones at nice
-+10, one run each, fedkey bench load): /healthz p50 / p99 / max 0.003 / 0.20 / 0.48 s against
-0.008 / 0.31 / 0.96 s at 5 ms, rounds as fast.
 """
 
 from __future__ import annotations
@@ -33,8 +26,6 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-#: Seconds a thread holds the GIL while another waits for it, in the server process.
-SWITCH_INTERVAL = 0.001
 #: How much lower the aggregation thread's CPU priority is than the event loop's (Linux nice).
 AGGREGATION_NICE = 10
 #: How much lower the default executor's threads run (uploads, validation, database commits).
@@ -48,11 +39,6 @@ def lower_priority(by: int) -> None:
     with contextlib.suppress(OSError):
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + by)
-
-
-def share_the_gil() -> None:
-    """Hand the GIL to a waiting thread every SWITCH_INTERVAL seconds (process-wide)."""
-    sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 @functools.cache
