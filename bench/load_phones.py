@@ -40,8 +40,7 @@ import numpy as np
 
 from common.task import still_selected
 from device_sim.aclient import Connection, HttpError, Reply, raise_nofile
-from device_sim.client import transient_status
-from device_sim.protocol import MAX_REENROLL, actionable, round_key
+from device_sim.protocol import MAX_REENROLL, actionable, round_key, transient_status
 
 
 class GaveUp(Exception):

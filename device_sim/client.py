@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from device_sim.protocol import transient_status
 from models.checkpoint import CheckpointError, check_state
 from models.config import ModelConfig
 from models.tokenizers import Tokenizer, tokenizer_from_config
@@ -132,12 +133,6 @@ def detail_of(body: bytes, reason: str = "") -> str:
         d = data["detail"]
         return d if isinstance(d, str) else json.dumps(d)
     return json.dumps(data)[:500]
-
-
-def transient_status(status: int) -> bool:
-    """A status worth retrying: the server is busy (429) or failing / restarting (5xx), or the
-    request's body stalled on the way (408: the server asks for it again)."""
-    return status >= 500 or status in (408, 429)
 
 
 def retry_after(value: str | None) -> float:

@@ -42,3 +42,9 @@ def actionable(
         and key not in handled
         and tries.get(key, 0) < MAX_TRIES
     )
+
+
+def transient_status(status: int) -> bool:
+    """A status worth retrying: the server is busy (429) or failing / restarting (5xx), or the
+    request's body stalled on the way (408: the server asks for it again)."""
+    return status >= 500 or status in (408, 429)
