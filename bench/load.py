@@ -235,14 +235,19 @@ async def drive(
 def _histograms(prometheus: str, *names: str) -> dict[str, dict[str, Any]]:
     """Prometheus histograms of the server's /metrics: name -> sum, count and the cumulative
     bucket counts (upper bound -> observations at most that)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, dict[str, Any]] = {n: {"buckets": {}} for n in names}
-    for line in prometheus.splitlines():
-        metric, _, value = line.rpartition(" ")
-        for n in names:
-            if metric in (f"{n}_sum", f"{n}_count"):
-                out[n][metric.rsplit("_", 1)[1]] = float(value)
-            elif metric.startswith(f'{n}_bucket{{le="'):
-                out[n]["buckets"][float(metric.split('"')[1])] = float(value)
+    for family in text_string_to_metric_families(prometheus):
+        if family.name not in out:
+            continue
+        h = out[family.name]
+        for sample in family.samples:
+            part = sample.name.removeprefix(family.name + "_")
+            if part == "bucket":
+                h["buckets"][float(sample.labels["le"])] = sample.value
+            elif part in ("sum", "count"):
+                h[part] = sample.value
     return out
 
 

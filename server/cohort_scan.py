@@ -5,7 +5,7 @@ Why. ``bound_round`` at 300 stored updates of a 1.17M-parameter model took 17 s 
 (10.7 s without the cosine filter), in four float64 passes over every update: two slice passes
 for the filter's norms and dot products, a slice pass for the trim's order statistics
 (np.partition), and a pass trimming each whole update again for its norm. Measured with py-spy
-(/tmp/aggbench/run2.py, m = 100), the trim's np.partition was 47% of bound_round's time, the
+(bound_round on m = 100 stored updates), the trim's np.partition was 47% of bound_round's time, the
 slice reads (a safetensors ``safe_open`` per slice of a phone) and the float64 copies most of
 the rest.
 
@@ -35,7 +35,7 @@ and the clamp are exact. The deltas are subtracted, squared and multiplied in th
 summed pairwise (numpy's ``sum``: error O(log n) ulps), the sums of slices and layers added in
 float64: the cosine scores and the norms of a 1.17M-parameter float32 model agree with the
 float64 reference to about 1e-7 relative (tests/server/test_cohort_scan.py), and a phone pass
-takes 1.7 ms a phone where float64 took 2.8 (/tmp/aggbench/claims.py, m = 300). ``exact`` (the DP clip's norms, which its sensitivity
+takes 1.7 ms a phone where float64 took 2.8 (m = 300, timed by hand). ``exact`` (the DP clip's norms, which its sensitivity
 analysis bounds): float64 arithmetic throughout, as before.
 """
 

@@ -53,7 +53,7 @@ How the round is read (server.cohort_scan): the filter's two passes a phone at a
 slice-stacked pass over the kept phones for the trim's range and the trimmed norms together;
 the strategy's pass trims (a clamp) and clips each update once more as it reads it. At 1,000
 stored updates of a 1.17M-parameter model, one core: 17 s with the filter, 13 s without (was
-123 s and 48 s; /tmp/aggbench/run2.py).
+123 s and 48 s; bound_round timed by hand, the script not kept).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def scale_deltas(
     <= 1) and DP's Poisson rescaling. ``exact`` (DP, whose sensitivity analysis bounds the clipped
     norm): float64 arithmetic, one rounding; else ``torch.lerp`` in float32 (float64 for a float64
     layer), within two ulps of it at an eighth of the cost (0.4-0.5 ms a phone of 1.17M
-    parameters against 3.3-4.3, /tmp/aggbench/claims.py). Layers with factor 1 are the client's own
+    parameters against 3.3-4.3, timed by hand). Layers with factor 1 are the client's own
     tensors (no copy); entries without a factor are passed through."""
     out = dict(state)
     for k, f in factors.items():

@@ -5,8 +5,8 @@ coordinate trim stacks one slice of every phone at a time (``TRIM_CHUNK`` elemen
 cohort), so a 1,000-phone round of a 1.17M-parameter model is 140,000 reads of 33 KB per pass.
 ``StoredState.flat_slice`` opens the file with safetensors' ``safe_open`` for each of them (open,
 parse the JSON header, mmap, copy, unmap): 147 us a read, 20 s a pass; an ``os.pread`` at the
-offset the header gives, parsed once per file and pass, is 13 us (/tmp/aggbench/pread.py, 100
-stored updates, this 2-core machine). Nothing is mapped, so the resident memory of a pass stays
+offset the header gives, parsed once per file and pass, is 13 us (timed by hand on 100
+stored updates, this 2-core machine; the script was not kept). Nothing is mapped, so the resident memory of a pass stays
 the slices being stacked, whatever the cohort (a safetensors handle kept open per phone would
 map, and count, every page it touched).
 

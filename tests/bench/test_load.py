@@ -234,6 +234,7 @@ def test_loop_lag_is_read_from_the_servers_histogram():
     prometheus = "\n".join(
         [
             "# HELP fedkey_event_loop_lag_seconds ...",
+            "# TYPE fedkey_event_loop_lag_seconds histogram",
             'fedkey_event_loop_lag_seconds_bucket{le="0.005"} 950.0',
             'fedkey_event_loop_lag_seconds_bucket{le="0.05"} 985.0',
             'fedkey_event_loop_lag_seconds_bucket{le="0.1"} 989.0',
@@ -241,6 +242,7 @@ def test_loop_lag_is_read_from_the_servers_histogram():
             'fedkey_event_loop_lag_seconds_bucket{le="+Inf"} 1000.0',
             "fedkey_event_loop_lag_seconds_count 1000.0",
             "fedkey_event_loop_lag_seconds_sum 12.5",
+            "# TYPE fedkey_aggregation_seconds histogram",
             "fedkey_aggregation_seconds_count 3.0",
             "fedkey_aggregation_seconds_sum 7.5",
         ]
