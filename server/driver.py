@@ -174,7 +174,7 @@ class DriverMixin(CoordinatorState):
             deadline=deadline,
             model_round=fed.round,
         )
-        self._notify()
+        self._notify(plan.cohort)
 
     def _decide(self, r: OpenRound, now: float) -> list[str]:
         """FedMed topK: the engine chooses the uploaders among the devices that reported; they
@@ -188,7 +188,7 @@ class DriverMixin(CoordinatorState):
             row.deadline = deadline
         r.uploaders, r.deadline = uploaders, deadline
         log.info("round %d: topK chose %s of %d reporters", r.number, r.uploaders, len(losses))
-        self._notify()
+        self._notify(r.selected)
         return uploaders
 
     def _fail(self, r: OpenRound, why: str) -> None:
@@ -209,7 +209,7 @@ class DriverMixin(CoordinatorState):
             received=len(r.uploads),
             quorum=self._quorum(r),
         )
-        self._notify()
+        self._notify(r.selected)
 
     async def _aggregate(self, r: OpenRound) -> None:
         try:  # the database first: if it cannot record the transition, nothing changes
@@ -220,7 +220,7 @@ class DriverMixin(CoordinatorState):
             self._postpone(r, e)
             return
         self.state = RoundState.AGGREGATING
-        self._notify()
+        self._notify(r.selected)
         uploads = sorted(r.uploads.items())
         start = time.perf_counter()
         try:
@@ -264,7 +264,7 @@ class DriverMixin(CoordinatorState):
             test_ppl=row["test_ppl"],
             epsilon=row["epsilon"],
         )
-        self._notify()
+        self._notify(r.selected)
         if not self.settings.keep_uploads:
             self._delete_in_background(self._round_dir(r.number))
 
@@ -313,7 +313,7 @@ class DriverMixin(CoordinatorState):
             reason="disk full",
             retry_in=AGGREGATION_RETRY,
         )
-        self._notify()
+        self._notify(r.selected)
 
     def _set_round_row_state(self, row_id: int, state: str) -> None:
         with self.sessions.begin() as db:

@@ -5,7 +5,7 @@ server.coordinator.Coordinator over one `CoordinatorState`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -134,7 +134,7 @@ class CoordinatorState:
         async def _wait_until(
             self, device_id: str, predicate: Callable[[], bool], wait: float
         ) -> bool: ...
-        def _notify(self) -> None: ...
+        def _notify(self, devices: Iterable[str] | None = None) -> None: ...
         def _notify_device(self, device_id: str) -> None: ...
         def health(self) -> dict: ...
 

@@ -137,6 +137,35 @@ def test_a_round_over_http_advances_the_model(tmp_path):
         assert health == {"status": "ok", "round": 2, "state": "finished"}
 
 
+def test_a_long_poll_sleeps_through_the_rounds_its_device_is_not_in(tmp_path):
+    """At 10,000 phones every transition answered every long-poll: 30,000 answers a round where
+    3,000 concern the cohort. A device left out is answered when it gets something to do (here:
+    the run finished), not at the round's close; the cohort still hears the close."""
+    settings = make_settings(tmp_path, wait_devices=2, rounds=1, fraction=0.5)
+    with running(settings) as client:
+        phones = enroll_phones(client, 2)
+        views = wait_for(
+            lambda: (
+                (v := {p.name: p.current() for p in phones})
+                and all(x["state"] == "open" for x in v.values())
+                and v
+            )
+        )
+        chosen, left_out = sorted(phones, key=lambda p: not views[p.name]["selected"])
+        assert views[chosen.name]["selected"] and not views[left_out.name]["selected"]
+        answer: dict = {}
+        poll = threading.Thread(target=lambda: answer.update(left_out.current(wait=30)))
+        poll.start()
+        chosen.train(views[chosen.name])
+        assert chosen.upload().status_code == 200
+        assert chosen.current(wait=30)["uploaded"] is True  # at once: its view changed
+        t = time.monotonic()
+        closed = chosen.current(wait=30)  # woken by the close of its round
+        assert closed["state"] in ("aggregating", "finished") and time.monotonic() - t < 25
+        poll.join(timeout=40)
+        assert answer["state"] == "finished"  # not "aggregating": that round was not its
+
+
 def test_long_poll_waits_for_a_change_and_misses_none(tmp_path):
     settings = make_settings(tmp_path, wait_devices=2, rounds=1)
     with running(settings) as client:

@@ -32,3 +32,18 @@ def test_a_transition_wakes_every_long_poll_a_batch_per_loop_iteration(tmp_path)
     assert seen[-1] == n  # and in the end every one
     assert all(b - a <= WAKE_BATCH for a, b in zip(seen, seen[1:], strict=False))
     assert len(seen) == -(-n // WAKE_BATCH)  # the rest a batch per iteration
+
+
+def test_a_transition_of_a_cohort_wakes_only_the_cohorts_long_polls(tmp_path):
+    coordinator = Coordinator(make_settings(tmp_path))
+
+    async def scenario() -> tuple[list[bool], list[str]]:
+        events = {f"d{i}": asyncio.Event() for i in range(4)}
+        coordinator._waiters = dict(events)
+        coordinator._notify(["d1", "d3", "gone"])  # "gone": no long-poll in flight
+        await asyncio.sleep(0)
+        return [e.is_set() for e in events.values()], sorted(coordinator._waiters)
+
+    woken, waiting = asyncio.run(scenario())
+    assert woken == [False, True, False, True]
+    assert waiting == ["d0", "d2"]  # still waiting on their events
