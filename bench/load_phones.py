@@ -40,7 +40,7 @@ import numpy as np
 
 from common.task import still_selected
 from device_sim.aclient import Connection, HttpError, Reply, raise_nofile
-from device_sim.protocol import MAX_REENROLL, actionable, round_key, transient_status
+from device_sim.protocol import MAX_REENROLL, POLL_WAIT, actionable, round_key, transient_status
 
 
 class GaveUp(Exception):
@@ -162,7 +162,7 @@ class PhoneConfig:
     host: str
     port: int
     secret: str
-    poll_wait: float = 30.0  # long-poll of GET /v1/rounds/current (device_sim's default)
+    poll_wait: float = POLL_WAIT  # long-poll of GET /v1/rounds/current (device_sim's default)
     loss_wait: float = 30.0
     request_timeout: float = 120.0  # seconds for a reply, on top of a long-poll's wait
     retry_seconds: float = 300.0  # how long one request's transient failures are retried

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from common.config import DataConfig, Scheme
+from device_sim.protocol import POLL_WAIT
 
 #: What a malicious phone uploads (device_sim.attacks.apply_attack): scale: its delta times 100;
 #: signflip: its delta times -10; backdoor: it trains on poisoned sentences (a trigger phrase
@@ -61,7 +62,7 @@ class PhoneConfig:
     backdoor: BackdoorConfig = field(default_factory=BackdoorConfig)  # with attack "backdoor"
     seed: int = 0  # seeds the dropout / slow draws (with the name, round and attempt)
     device: str = "auto"  # where phone_round trains
-    poll_wait: float = 30.0  # long-poll of GET /v1/rounds/current
+    poll_wait: float = POLL_WAIT  # long-poll of GET /v1/rounds/current
     loss_wait: float = 30.0  # wait of POST /v1/rounds/{n}/loss
 
     def __post_init__(self) -> None:
@@ -97,7 +98,7 @@ class FleetConfig:
     # --canary: the sentence the first phone plants in its shard, and how often (DataConfig)
     canary: str | None = None
     canary_repeats: int = 0
-    poll_wait: float = 30.0
+    poll_wait: float = POLL_WAIT
     # Phone names are device-00.. as in `fedkey simulate`; another prefix keeps several fleets apart.
     name_prefix: str = ""
 
