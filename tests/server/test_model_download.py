@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from server.api.routes_model import DOWNLOAD_CHUNK, ChunkedResponse
+from server.api.routes_model import DOWNLOAD_CHUNK, YIELD_EVERY, ChunkedResponse
 from tests.support.http import make_settings, running
 
 
@@ -29,6 +29,37 @@ def test_a_body_goes_out_in_slices_with_its_content_length():
     assert b"".join(chunks) == body
     assert [len(c) for c in chunks] == [DOWNLOAD_CHUNK] * 4 + [len(body) - 4 * DOWNLOAD_CHUNK, 0]
     assert [m["more_body"] for m in parts] == [True] * 5 + [False]
+
+
+def test_a_download_to_a_fast_reader_lets_the_loop_serve_others_between_slices():
+    """A reader that never pauses the transport (send never suspends): the other tasks of the
+    loop still run every YIELD_EVERY slices, not only after the whole body."""
+    body = bytes(DOWNLOAD_CHUNK * YIELD_EVERY * 4)
+    ticks = 0
+    seen: list[int] = []  # the other task's ticks at each slice sent
+
+    async def send(message: dict) -> None:
+        seen.append(ticks)
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def other() -> None:
+        nonlocal ticks
+        for _ in range(1000):  # bounded: one tick per loop iteration
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(other())
+        await ChunkedResponse(body)({"type": "http"}, receive, send)
+        task.cancel()
+
+    asyncio.run(scenario())
+    slices = seen[1:-1]  # between the start and the end of the body
+    assert len(slices) == 4 * YIELD_EVERY
+    assert slices[-1] - slices[0] >= 3  # the other task ran while the body went out
+    assert all(b - a <= 1 for a, b in zip(slices, slices[1:], strict=False))
 
 
 def test_the_download_is_the_checkpoint_its_etag_names(tmp_path):
