@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import MutableMapping
+from typing import Any
 
 from server.api.routes_model import DOWNLOAD_CHUNK, YIELD_EVERY, ChunkedResponse
 from tests.support.http import make_settings, running
@@ -38,7 +40,7 @@ def test_a_download_to_a_fast_reader_lets_the_loop_serve_others_between_slices()
     ticks = 0
     seen: list[int] = []  # the other task's ticks at each slice sent
 
-    async def send(message: dict) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         seen.append(ticks)
 
     async def receive() -> dict:
