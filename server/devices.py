@@ -197,8 +197,8 @@ class DevicesMixin(CoordinatorState):
         from the one it was last given (so no transition is missed between two polls), else at
         the first such change within `wait`, else the current view at the end of `wait`."""
         view = self.view(device_id)
-        if wait > 0 and concern(view) == concern(self._given.get(device_id)):
-            given = concern(view)
+        given = concern(view)
+        if wait > 0 and given == concern(self._given.get(device_id)):
             await self._wait_until(device_id, lambda: concern(self.view(device_id)) != given, wait)
             view = self.view(device_id)
         self._given[device_id] = view
