@@ -36,6 +36,7 @@ import torch
 from bench.perf_measures import (
     ROOT,
     _aggregate_once,
+    bench_gpu_share,
     bench_http,
     bench_memory,
     bench_precision,
@@ -106,6 +107,13 @@ def perf_params(quick: bool = False) -> dict:
             "sentences": 100 if quick else 300,
             "repeats": 2 if quick else 5,
             "args": precision_workload(quick),
+        },
+        # Phones side by side on one GPU (pool processes sharing it): aggregate tokens/s.
+        "gpu_share": {
+            "model": "small",
+            "vocab": 10_000,
+            "sentences": 300 if quick else 600,
+            "processes": [1, 2, 4] if quick else [1, 2, 4, 8],
         },
         # Idle phones in one Ray phone host (bench.fleet_memory): its RSS per phone.
         "fleet_memory": {"phones": [1000] if quick else [1000, 10_000]},
@@ -197,6 +205,13 @@ def _step_precision(p: dict, work: Path, shared: dict) -> dict:
     return {"speed": speed, "quality": quality}
 
 
+def _step_gpu_share(p: dict, work: Path, shared: dict) -> dict:
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA GPU visible"}
+    g = p["gpu_share"]
+    return bench_gpu_share(g["vocab"], g["sentences"], g["model"], tuple(g["processes"]))
+
+
 def _step_transport(p: dict, work: Path, shared: dict) -> dict:
     t = p["transport"]
     return bench_transport(t["data"], t["repeats"], str(work / "transport"))
@@ -276,6 +291,16 @@ STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[
                 f"test perplexity bf16 {s['quality']['bf16']['test_ppl']:.3f} vs fp32 "
                 f"{s['quality']['fp32']['test_ppl']:.3f} ({s['quality']['test_ppl_change_pct']:+.3f}%)"
             ]
+        ),
+    ),
+    "gpu_share": (
+        "phones training side by side on one GPU: aggregate tokens/s per pool size",
+        _step_gpu_share,
+        lambda s: (
+            s.get("skipped")
+            or ", ".join(
+                f"{r['processes']}x {r['precision']} {r['tokens_per_s']}" for r in s["rows"]
+            )
         ),
     ),
     "fleet_memory": (

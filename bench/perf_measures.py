@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -160,6 +161,72 @@ def bench_precision_quality(args: list[str], out: str) -> dict:
         "args": " ".join(args),
         **runs,
         "test_ppl_change_pct": round((bf16 - fp32) / fp32 * 100, 3),
+    }
+
+
+def bench_gpu_share(
+    vocab: int,
+    sentences: int,
+    preset: str,
+    processes: tuple[int, ...] = (1, 2, 4, 8),
+    phones_per_process: int = 2,
+) -> dict:
+    """Phones training side by side on one GPU, as `fedkey simulate` and the fleet's pool run
+    them (device_sim.pool: one process per trainer, each with its own CUDA context): for each
+    pool size P, 2P phones of `sentences` random sentences, one epoch each, batch 10; the
+    aggregate tokens/s (every phone's tokens over the batch's wall time), fp32 and bf16. At the
+    seed papers' batch one phone leaves the GPU mostly idle (kernel launches, not arithmetic,
+    bound a step), so phones side by side is where the GPU's speed shows."""
+    from common.config import Precision, TrainConfig
+    from device_sim.pool import LocalTask, TrainerPool
+
+    cfg, state, seqs = _training_setup(vocab, sentences, preset)
+
+    def tasks(n: int, precision: Precision, shard: list[list[int]]) -> list[LocalTask]:
+        tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision=precision)
+        return [
+            LocalTask(f"phone-{i}", shard, seed=i, model_config=cfg, train=tc, device="cuda")
+            for i in range(n)
+        ]
+
+    rows: list[dict[str, Any]] = []
+    precisions: tuple[Precision, Precision] = ("fp32", "bf16")
+    for p in processes:
+        pool = TrainerPool(p)
+        try:
+            for precision in precisions:  # each process's CUDA context and kernels
+                pool.run(tasks(2 * p, precision, seqs[:40]), state)
+            for precision in precisions if p % 2 else precisions[::-1]:
+                batch = tasks(phones_per_process * p, precision, seqs)
+                t = time.perf_counter()
+                results = pool.run(batch, state)
+                seconds = time.perf_counter() - t
+                tokens = sum(r.num_tokens for r in results.values())
+                rows.append(
+                    {
+                        "processes": p,
+                        "precision": precision,
+                        "phones": len(batch),
+                        "tokens": tokens,
+                        "seconds": round(seconds, 2),
+                        "tokens_per_s": round(tokens / seconds),
+                    }
+                )
+                print(
+                    f"  {p} processes, {precision}: {rows[-1]['tokens_per_s']} tokens/s", flush=True
+                )
+        finally:
+            pool.close()
+    one = max(r["tokens_per_s"] for r in rows if r["processes"] == min(processes))
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "model": preset,
+        "vocab": vocab,
+        "sentences": sentences,
+        "rows": rows,
+        "best": best,
+        "speedup_over_one_process": round(best["tokens_per_s"] / one, 3),
     }
 
 

@@ -19,6 +19,7 @@ STEPS = (
     "export",
     "transport",
     "precision",
+    "gpu_share",
     "fleet_memory",
     "ray",
 )
@@ -162,6 +163,18 @@ def targets(result: dict) -> list[dict]:
             "-" if change is None else f"{change:+.3f}%",
             "within 1%",
             None if change is None else abs(change) <= 1.0,
+            why,
+        )
+    )
+
+    s, why = _step(result, "gpu_share")
+    speedup = (s or {}).get("speedup_over_one_process")
+    rows.append(
+        _row(
+            "phones side by side on one GPU: best pool's tokens/s vs one process",
+            "-" if speedup is None else f"{speedup:.2f}x",
+            ">= 2x",
+            None if speedup is None else speedup >= 2.0,
             why,
         )
     )
@@ -531,7 +544,36 @@ def markdown(result: dict) -> str:
             f"Test perplexity bf16 vs fp32: {qs['test_ppl_change_pct']:+.3f}%.",
         ]
 
-    out += ["", "## 8. An idle phone's memory in a Ray phone host", ""]
+    out += ["", "## 8. Phones side by side on one GPU", ""]
+    note = _not_run(result, "gpu_share")
+    if note:
+        out.append(note)
+    else:
+        s = steps["gpu_share"]
+        cpu = (steps.get("trainer") or {}).get("cpu", {}).get("trainer_tokens_per_s")
+        out += [
+            f"The training pool (device_sim.pool) on one GPU ({s['gpu']}): P processes, each "
+            f"with its own CUDA context, train 2P phones of {s['sentences']} random sentences "
+            f"(model `{s['model']}`, vocabulary {s['vocab']}, batch 10, one epoch); tokens/s of "
+            "all the phones over the batch's wall time"
+            + (f", and against one CPU trainer of step 1 ({cpu} tokens/s, fp32)" if cpu else "")
+            + ":",
+            "",
+            markdown_table(
+                ["processes", "precision", "phones", "s", "tokens/s"]
+                + (["x one CPU trainer"] if cpu else []),
+                [
+                    [r["processes"], r["precision"], r["phones"], r["seconds"], r["tokens_per_s"]]
+                    + ([f"{r['tokens_per_s'] / cpu:.1f}"] if cpu else [])
+                    for r in s["rows"]
+                ],
+            ),
+            "",
+            f"Best: {s['best']['processes']} processes, {s['best']['precision']}, "
+            f"{s['speedup_over_one_process']:.2f}x one process.",
+        ]
+
+    out += ["", "## 9. An idle phone's memory in a Ray phone host", ""]
     note = _not_run(result, "fleet_memory")
     if note:
         out.append(note)
@@ -557,7 +599,7 @@ def markdown(result: dict) -> str:
             ),
         ]
 
-    out += ["", "## 9. Training on Ray vs the local pool", ""]
+    out += ["", "## 10. Training on Ray vs the local pool", ""]
     note = _not_run(result, "ray")
     if note:
         out.append(note)

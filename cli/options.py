@@ -46,6 +46,13 @@ def check_device(value: str) -> str:
     return value
 
 
+def check_eval_device(value: str) -> str:
+    """--eval-device: as --device, without mps (the evaluator is tested on the CPU and CUDA)."""
+    if value == "mps":
+        raise typer.BadParameter("mps is not an evaluation device: use auto, cpu or cuda")
+    return check_device(value)
+
+
 def check_precision(value: str) -> str:
     """--precision bf16 where the hardware lacks native bf16: a warning, not a refusal."""
     if value == "bf16":
@@ -269,6 +276,15 @@ FEDERATION = {
             "--ksr-sentences",
             min=0,
             help="Keystroke savings are measured on the first N test sentences (0: off).",
+        ),
+    ),
+    "eval_device": (
+        str,
+        opt(
+            "eval_device",
+            "--eval-device",
+            callback=lambda value: check_eval_device(value),
+            help="Where the server evaluates the global model each round: auto (CUDA when available), cpu or cuda.",
         ),
     ),
     "bound": (

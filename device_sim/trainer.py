@@ -17,7 +17,7 @@ from common.noise import randomize
 from models.batching import IGNORE, batches, column_batches, count_targets, split_long
 from models.checkpoint import build_model, model_state
 from models.config import ModelConfig
-from models.precision import Resolved, autocast, resolve_precision
+from models.precision import Resolved, autocast, resolve_device, resolve_precision
 
 
 @dataclass
@@ -27,14 +27,6 @@ class TrainResult:
     train_loss: float  # mean loss per token over all local epochs
     seconds: float
     precision: Resolved = "fp32"  # what config.precision resolved to on the training device
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no CUDA GPU is visible")
-    return torch.device(device)
 
 
 def train_local(

@@ -95,3 +95,13 @@ def autocast(
     if precision == "bf16":
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """What a --device / --eval-device choice means here: "auto" is the GPU where torch sees
+    one, else the CPU; "cuda" where it sees none is an error, not a silent fallback."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} was asked for but no CUDA GPU is visible")
+    return torch.device(device)

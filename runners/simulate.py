@@ -41,9 +41,8 @@ from device_sim.backends import Backend, TrainingBackend, make_backend
 from device_sim.config import ATTACKS, Attack, BackdoorConfig
 from device_sim.pool import LocalTask, run_task
 from device_sim.ray_cluster import RayOptions
-from device_sim.trainer import resolve_device
 from models.batching import count_targets
-from models.precision import resolve_precision
+from models.precision import resolve_device, resolve_precision
 from server.config import FederationConfig
 from server.engine import Federation, Probe, client_seed
 from server.storage import RunStorage

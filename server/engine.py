@@ -35,7 +35,7 @@ from models.checkpoint import (
 from models.config import ModelConfig
 from models.metrics import evaluate
 from models.model import LanguageModel
-from models.precision import resolve_precision
+from models.precision import resolve_device, resolve_precision
 from models.tokenizers import Tokenizer
 from server import privacy
 from server.config import FederationConfig, dp_problem
@@ -110,9 +110,10 @@ class Federation:
         self.evaluator = evaluator or self.evaluate
         self.probes = list(probes)
         asked = config.train.precision
-        # The evaluator runs on the CPU (models.precision: "auto" is bf16 there when the CPU has
-        # native bf16). Both are recorded in every metrics row.
-        self.eval_precision = resolve_precision(asked, "cpu")
+        # The evaluator runs on config.eval_device (auto: the GPU where there is one), in the
+        # precision "auto" resolves to there (models.precision). Both are in every metrics row.
+        self.eval_device = resolve_device(config.eval_device)
+        self.eval_precision = resolve_precision(asked, self.eval_device)
         self.train_precision = train_precision or (None if asked == "auto" else asked)
         self.strategy = get_strategy(
             config.strategy, fraction=config.fraction, **config.strategy_params
@@ -148,10 +149,11 @@ class Federation:
         from models.metrics import column_perplexity, keystroke_savings
         from models.tokenizers import WordTokenizer
 
-        model = build_model(self.model_config, state)
+        device = self.eval_device
+        model = build_model(self.model_config, state).to(device)
         batch, precision = self.config.eval_batch_size, self.eval_precision
-        val = evaluate(model, self.tokenizer, self.valid, batch, precision=precision)
-        test = evaluate(model, self.tokenizer, self.test, batch, precision=precision)
+        val = evaluate(model, self.tokenizer, self.valid, batch, device, precision)
+        test = evaluate(model, self.tokenizer, self.test, batch, device, precision)
         ksr = None
         if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:
             ksr = keystroke_savings(
@@ -166,7 +168,10 @@ class Federation:
         }
         if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
             for key, text in (("col_val_ppl", self.valid), ("col_test_ppl", self.test)):
-                scores[key] = column_perplexity(model, self.tokenizer, text, precision=precision)
+                scores[key] = column_perplexity(
+                    model, self.tokenizer, text, device=device, precision=precision
+                )
+        model.to("cpu")  # the probes (models.exposure) score on the CPU
         for probe in self.probes:
             scores.update(probe(model, self.tokenizer))
         return scores
@@ -411,6 +416,7 @@ class Federation:
             "seconds": round(seconds, 3),
             "train_precision": self.train_precision,
             "eval_precision": self.eval_precision,
+            "eval_device": self.eval_device.type,
             "info": info,
         }
         if self.server_opt.active and opt_buffers:

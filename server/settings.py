@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     lr_decay: float = Field(_FEDERATION.lr_decay, gt=0, le=1)
     # keystroke savings measured on N test sentences
     ksr_sentences: int = Field(_FEDERATION.ksr_sentences, ge=0)
+    # where the global model is evaluated: auto (the GPU where torch sees one), cpu, cuda[:N]
+    eval_device: str = Field(_FEDERATION.eval_device, pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 
     # -- round lifecycle -----------------------------------------------------------------------
     round_deadline: float = Field(600.0, gt=0)  # seconds from a round's opening
@@ -295,6 +297,7 @@ class Settings(BaseSettings):
             ),
             lr_decay=self.lr_decay,
             ksr_sentences=self.ksr_sentences,
+            eval_device=self.eval_device,
         )
 
     def quorum_for(self, expected: int) -> int:

@@ -113,3 +113,22 @@ def test_simulate_runs_end_to_end_on_the_gpu(tmp_path):
     assert last["test_ppl"] < rows[0]["test_ppl"]
     want = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
     assert last["train_precision"] == want  # --precision auto on this GPU
+    assert {r["eval_device"] for r in rows} == {"cuda"}  # --eval-device auto: the GPU
+    assert last["eval_precision"] == want
+
+
+@pytest.mark.slow
+def test_run_over_http_trains_and_evaluates_on_the_gpu(tmp_path):
+    """`fedkey run`: phones in the fleet's processes and the server's evaluation (round 0 in the
+    server, each round in its aggregation child process) all on the GPU."""
+    from cli import app
+
+    out = tmp_path / "run"
+    args = ["run", "--data", "demo", "--devices", "4", "--fraction", "1.0", "--rounds", "2"]
+    args += ["--local-epochs", "1", "--device", "cuda", "--workers", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert {r["eval_device"] for r in rows} == {"cuda"}
+    assert rows[-1]["test_ppl"] < rows[0]["test_ppl"]

@@ -134,6 +134,25 @@ FAKE = {
                 "test_ppl_change_pct": 0.5,
             },
         },
+        "gpu_share": {
+            "gpu": "NVIDIA H200",
+            "model": "small",
+            "vocab": 10_000,
+            "sentences": 600,
+            "rows": [
+                {
+                    "processes": p,
+                    "precision": "fp32",
+                    "phones": 2 * p,
+                    "tokens": 22_800 * p,
+                    "seconds": 1.0,
+                    "tokens_per_s": 22_800 * p,
+                }
+                for p in (1, 2, 4)
+            ],
+            "best": {"processes": 4, "precision": "fp32", "tokens_per_s": 91_200},
+            "speedup_over_one_process": 4.0,
+        },
         "fleet_memory": {
             "rows": [
                 {
@@ -182,6 +201,7 @@ EXPECTED = {
     "trainer tokens/s, bf16 vs fp32 (cpu)": "met",
     "trainer tokens/s, bf16 vs fp32 (cuda)": "not met",
     "test perplexity, bf16 vs fp32 (the same 10-round run)": "met",
+    "phones side by side on one GPU: best pool's tokens/s vs one process": "met",
     "10,000 idle phones in one Ray phone host, the actor's peak RSS": "not met",
     "`--backend ray` vs `local`, summed per-round seconds (same simulate)": "met",
 }
@@ -244,6 +264,22 @@ def test_wasm_skipped_when_chromium_is_missing():
     rows = {r["measure"]: r["status"] for r in targets({**FAKE, "steps": steps})}
     assert rows["in-browser (wasm) median, all keystrokes"] == "skipped"
     assert rows["suggestion latency over the WebSocket, p99 (1000 keystrokes)"] == "met"
+
+
+def test_the_gpu_step_says_why_it_skipped_where_no_gpu_is_visible(monkeypatch, tmp_path):
+    import torch
+
+    from bench.perf import perf_params, run_perf
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "gpu_share" in perf_params(quick=True)
+    others = [s for s in STEPS if s != "gpu_share"]
+    result = run_perf(out=tmp_path, skip=others, command="fedkey bench perf")
+    assert result["steps"]["gpu_share"]["skipped"] == "no CUDA GPU visible"
+    md = (tmp_path / "perf.md").read_text()
+    assert "skipped: no CUDA GPU visible" in md.split("## 8. Phones side by side on one GPU")[1]
+    rows = _targets_table(md)
+    assert rows["phones side by side on one GPU: best pool's tokens/s vs one process"] == "skipped"
 
 
 def test_every_step_skipped_writes_a_report(tmp_path):

@@ -89,6 +89,20 @@ def test_a_device_torch_cannot_use_is_refused_before_anything_runs(tmp_path):
     assert "'gpu0' is not a device" in one_error_line(result)
 
 
+@pytest.mark.parametrize("command", ["simulate", "run", "server"])
+def test_an_evaluation_device_torch_cannot_use_is_refused(tmp_path, command, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on the CI machine
+    out = ["--storage" if command == "server" else "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, [command, "--eval-device", "cuda", *out])
+    assert result.exit_code == 2
+    assert "torch sees no CUDA GPU here" in one_error_line(result)
+    assert not (tmp_path / "run").exists()  # refused before anything ran
+    result = runner.invoke(app, [command, "--eval-device", "mps", *out])
+    assert "mps is not an evaluation device" in one_error_line(result)
+
+
 def test_a_server_url_without_its_scheme_is_refused():
     result = runner.invoke(
         app, ["devices", "--server", "127.0.0.1:8000", "--enrollment-secret", "x"]

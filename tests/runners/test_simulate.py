@@ -75,6 +75,9 @@ def test_demo_three_rounds_perplexity_falls(tmp_path):
     )  # 4 downloads, 4 uploads of the same size
     assert (tmp_path / "run" / "perplexity.png").stat().st_size > 0
     assert "perplexity per round" in output
+    # --eval-device auto: the GPU where torch sees one (tests/test_cuda_smoke.py), else the CPU
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert {r["eval_device"] for r in rows} == {want}
 
 
 @pytest.mark.slow
