@@ -79,10 +79,10 @@ def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None
 
 
 def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
-             waiting: Sequence[str] = ()) -> str:  # fmt: skip
+             waiting: Sequence[tuple[str, float | None]] = ()) -> str:  # fmt: skip
     """One row per method: test perplexity and the keyboard metrics, against the centralized
     model and the n-gram; the reference rows first, then the federated runs best first, then the
-    runs not done yet (`waiting`)."""
+    runs not done yet (`waiting`: (method, C of a federated run or None))."""
     header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
               "KSR", "best round / rounds"]  # fmt: skip
     # A run at C 0.5 (the gpu preset) is held against the centralized model of as many examples
@@ -101,7 +101,7 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
         rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
                      _f(r["test_ppl"]), _pct(r["test_ppl"], base), _f(r["top1"], ".3f"),
                      _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds])  # fmt: skip
-    rows += [[m, "-", "not run yet", "", "", "", "", "", ""] for m in waiting]
+    rows += [[m, _c(c) if c else "-", "not run yet", "", "", "", "", "", ""] for m, c in waiting]
     return markdown_table(header, rows)
 
 
@@ -237,8 +237,9 @@ def progress(preset: Preset, runs: list[dict]) -> str:
 
 
 def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
-             done: list[dict]) -> list[str]:  # fmt: skip
-    """The methods of a suite on a dataset that are planned and not done."""
+             done: list[dict]) -> list[tuple[str, float | None]]:  # fmt: skip
+    """(method, C of a federated run or None) of a suite's planned runs on a dataset that are
+    not done."""
     from bench.paper_suites import noniid_suite, rank_suite
 
     every = {d: {k: 1.0 for k in KNOBS} for d in NAMES}
@@ -246,7 +247,8 @@ def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
     make = rank_suite if suite == "rank" else noniid_suite
     specs = [s for s in make(preset, mine, choices=every) if s.dataset == dataset]
     have = {r["id"] for r in done}
-    return [s.method for s in specs if s.id not in have]
+    return [(s.method, s.fraction if s.kind == "federated" else None)
+            for s in specs if s.id not in have]  # fmt: skip
 
 
 def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
@@ -428,7 +430,11 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         )
         + "; every run's "
         "own command line is in results.json and at the end of this file. Rebuild this file: "
-        "`python -m bench.paper_report bench/results/cpu`.",
+        + ", ".join(
+            f"`python -m bench.paper_report bench/results/{PRESETS[p].results_folder}`"
+            for p in presets
+        )
+        + ".",
         f"- Git commits: {', '.join(commits)}",
         f"- Devices: {', '.join(devices)}",
     ]

@@ -64,7 +64,8 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
     assert first.count("| centralized") + first.count("**centralized") == 1  # not twice
     assert first.index("| FedAvg |") < first.index("| FedAtt |")  # best test ppl first
-    assert "| FedAttOpt | - | not run yet |" in first
+    assert "| FedAttOpt | 0.1 | not run yet |" in first  # the C it will run at
+    assert "| AdaFL + FedAtt | - | not run yet |" in first  # AdaFL sets its own C
     produced = next(line for line in md.splitlines() if line.startswith("- Produced by"))
     assert "`fedkey bench paper --preset cpu`;" in produced and "--suite paper" not in produced
     assert "The old suites' bench commands: `fedkey bench paper --preset cpu --suite paper`" in md
