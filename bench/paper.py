@@ -143,7 +143,11 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
     """Run one spec as a child process; its summary, with the command and where it ran."""
     run_dir = runs_dir / spec.id
     cmd = command(spec, preset, data_root, run_dir)
-    rows, provenance = run_fedkey(spec.id, cmd, run_dir)
+    # An interrupted simulate or train-central (hours on the cpu preset) continues where it
+    # stopped; `fedkey run` (the gpu preset's transport) starts again.
+    rows, provenance = run_fedkey(
+        spec.id, cmd, run_dir, resumable=cmd[1] in ("simulate", "train-central")
+    )
     return {
         "id": spec.id,
         **summarize(rows, spec),

@@ -39,11 +39,17 @@ def run_fedkey(
     run_dir: Path,
     env: Mapping[str, str] | None = None,
     on_round: Callable[[int], None] | None = None,
+    resumable: bool = False,
 ) -> tuple[list[dict], dict]:
     """Run `cmd` (["fedkey", verb, ...]) with this interpreter, its output in RUN_DIR/log.txt;
     -> (its metrics rows, the provenance fields of its results.json object). `on_round(rounds
     recorded so far)` follows metrics.jsonl while it runs. An interrupted run stops the child (and
-    its training pool); a failed one raises RuntimeError with the end of its log."""
+    its training pool); a failed one raises RuntimeError with the end of its log.
+
+    `resumable` (a verb with --resume: simulate, train-central): a run directory that an
+    interrupted run of the same command left behind (RUN_DIR/command.txt says which) continues
+    after its last checkpoint instead of starting again. --resume is how the run is executed,
+    not what it is: the recorded command leaves it out, so the bench still finds the run done."""
     from bench.perf import _git
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -53,8 +59,18 @@ def run_fedkey(
         _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
     )
     argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
+    marker, line = run_dir / "command.txt", shlex.join(cmd)
+    resume = (
+        resumable
+        and marker.exists()
+        and marker.read_text().strip() == line
+        and any((run_dir / "checkpoints").glob("round_*.safetensors"))
+    )
+    if resume:
+        argv.append("--resume")
+    marker.write_text(line + "\n")
     start = time.perf_counter()
-    with (run_dir / "log.txt").open("w") as log:
+    with (run_dir / "log.txt").open("a" if resume else "w") as log:
         child = subprocess.Popen(
             argv, cwd=ROOT, env=None if env is None else dict(env), stdout=log,
             stderr=subprocess.STDOUT,
@@ -75,8 +91,9 @@ def run_fedkey(
         tail = (run_dir / "log.txt").read_text()[-2000:]
         raise RuntimeError(f"{run_id}: `{shlex.join(cmd)}` exited {child.returncode}\n{tail}")
     provenance = {
-        "wall_seconds": round(wall, 1),
-        "command": shlex.join(cmd),
+        "wall_seconds": round(wall, 1),  # of this process: a resumed run's earlier part left out
+        "resumed": resume,
+        "command": line,
         "git_commit": commit,
         "git_dirty": dirty,
         "device": device_label(),

@@ -370,6 +370,11 @@ def train_central_cmd(
     out: Path = typer.Option(
         Path("runs/central"), "--out", help="Run directory, same layout as simulate."
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in --out after its last epoch's checkpoint (same settings).",
+    ),
     **opts,
 ) -> None:
     """Train the same model centrally on the union of the phones' data: the ceiling for federated
@@ -391,6 +396,7 @@ def train_central_cmd(
             ksr_sentences=settings.ksr_sentences,
             backend=opts["backend"],
             ray=ray_options(opts),
+            resume=resume,
         )
     except RayUnavailable as e:
         raise UserError(str(e)) from None

@@ -268,8 +268,13 @@ def train_central(
     ksr_sentences: int = 100,
     backend: Backend = "local",
     ray: RayOptions | None = None,
+    resume: bool = False,
 ) -> list[dict]:
     """The ceiling: the same model trained on the union of every phone's data, one row per epoch.
+
+    With `resume`, a run directory that already holds checkpoints continues after its last epoch
+    (each epoch's seed depends on the epoch alone, so the weights are those of a run never
+    stopped).
 
     Under `backend` "ray" each epoch is one task on one trainer actor of the cluster (e.g. on its
     GPU node: --ray-gpus-per-worker 1), the union put in the object store once; the server side
@@ -291,6 +296,7 @@ def train_central(
             progress,
             ksr_sentences,
             trainer,
+            resume,
         )
     finally:
         if trainer is not None:
@@ -308,6 +314,7 @@ def _train_central(
     progress: bool,
     ksr_sentences: int,
     trainer: TrainingBackend | None,
+    resume: bool,
 ) -> list[dict]:
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
@@ -323,11 +330,18 @@ def _train_central(
     )
     federation = _federation(fed, model_config, prepared, {"central": union}, out_dir, device)
     storage = federation.storage
-    storage.reset()
-    rows = [federation.start()]
+    if resume and federation.resume():
+        rows = storage.read_metrics()
+        if progress:
+            print(f"resumed after epoch {federation.round} of {epochs}", flush=True)
+    else:
+        storage.reset()
+        rows = [federation.start()]
     one_epoch = replace(train, epochs=1)
     for epoch in tqdm(
-        range(1, epochs + 1),
+        range(federation.round + 1, epochs + 1),
+        initial=federation.round,
+        total=epochs,
         desc=f"central on {prepared.corpus.name}",
         disable=not progress,
         unit="epoch",

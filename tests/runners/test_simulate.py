@@ -243,6 +243,34 @@ def test_train_central_writes_the_same_metrics_format(tmp_path):
 
 
 @pytest.mark.slow
+def test_train_central_resumes_after_its_last_epoch(tmp_path):
+    """A centralized run stopped during epoch 3 (checkpoint 2 written, its metrics row not)
+    resumes with --resume to the weights of a run never stopped, without training epochs 1-2
+    again; without --resume it starts afresh."""
+    base = ["train-central", "--data", "demo", "--clients", "10", "--max-train-tokens", "6000"]
+    base += ["--epochs", "3", "--max-eval-sentences", "50", "--ksr-sentences", "0"]
+
+    def central(out, *extra):
+        result = runner.invoke(app, [*base, "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return rows, result.output
+
+    central(tmp_path / "straight")
+    central(tmp_path / "resumed")
+    (tmp_path / "resumed" / "checkpoints" / "round_0003.safetensors").unlink()
+    metrics = tmp_path / "resumed" / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))  # rows 0, 1
+    rows, output = central(tmp_path / "resumed", "--resume")
+    assert "resumed after epoch 2 of 3" in output
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]
+    a, b = weights(tmp_path / "straight", 3), weights(tmp_path / "resumed", 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows, output = central(tmp_path / "resumed")  # no --resume: from epoch 0
+    assert "resumed after" not in output and [r["round"] for r in rows] == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
 def test_column_batching_reports_the_seeds_measure_and_picks_the_best_round_by_it(tmp_path):
     small = ("--data", "demo", "--clients", "10", "--fraction", "0.3", "--workers", "0",
              "--max-train-tokens", "8000", *FAST)  # fmt: skip
