@@ -15,10 +15,45 @@ import asyncio
 import logging
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server import quiet_gc
 from server.app import MAX_JSON_BODY, create_app
 from server.settings import Settings
+
+
+class HeadLimitedHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a cap on a request's head: a request line and headers
+    still unfinished past `max_head` bytes get a 400 and the connection is closed (httptools
+    itself would keep buffering a header that never ends). The head is counted per data chunk
+    once the request has begun, so a chunk that also carries the end of the previous request
+    counts whole: an overcount of one chunk at most, never an undercount."""
+
+    max_head = 16_384
+    _in_head = False
+    _head = 0
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head = True, 0
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            self._head += len(data)
+            if self._head > self.max_head:
+                self.send_400_response(
+                    f"the request line and headers are larger than {self.max_head} bytes"
+                )
+
+
+def head_limited(max_head: int) -> type[HeadLimitedHttpTools]:
+    """The protocol class of one server, with its own limit."""
+    return type("HeadLimitedHttpTools", (HeadLimitedHttpTools,), {"max_head": max_head})
 
 
 class _Server(uvicorn.Server):
@@ -48,7 +83,10 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         host=settings.host,
         port=settings.port,
         workers=1,
-        http="h11",  # the limits below are h11's (no httptools in the image)
+        # httptools and uvloop: 26-32% less of the event loop's CPU per request than h11 and
+        # asyncio's loop (measured at 10,000 phones, issue 16); the head limit is ours (above).
+        http=head_limited(settings.max_header_bytes),
+        loop="uvloop",
         ws="websockets-sansio",
         log_level=log_level,
         timeout_graceful_shutdown=30,
@@ -56,11 +94,10 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         # seconds (uvicorn times nothing else: a request in flight, a long-poll or a slow model
         # download, is never cut); past limit_concurrency connections or requests in flight
         # uvicorn answers 503; a request line + headers still unfinished past max_header_bytes
-        # (h11's buffer) get a 400 and the connection closed; nothing the server takes over
-        # WebSocket is larger than a JSON control body.
+        # get a 400 and the connection closed (HeadLimitedHttpTools); nothing the server takes
+        # over WebSocket is larger than a JSON control body.
         timeout_keep_alive=settings.keep_alive,
         limit_concurrency=settings.limit_concurrency,
-        h11_max_incomplete_event_size=settings.max_header_bytes,
         ws_max_size=MAX_JSON_BODY,
     )
     server = _Server(config)

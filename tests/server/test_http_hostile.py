@@ -12,7 +12,7 @@ import pytest
 from runners.processes import SERVER_ENV, free_port, server_env
 from server import validation
 from server.app import MAX_JSON_BODY, _clamp_wait, create_app
-from server.main import build_server
+from server.main import HeadLimitedHttpTools, build_server
 from server.ratelimit import RateLimiter
 from server.settings import MAX_WAIT, Settings
 from tests.support.http import SECRET, enroll_phones, make_settings, running, snapshot
@@ -299,14 +299,14 @@ def test_uvicorn_config_carries_the_limits(tmp_path):
     config = build_server(make_settings(tmp_path)).config
     assert config.timeout_keep_alive == 75  # past a proxy's 60 s idle timeout
     assert config.limit_concurrency == 20_000
-    assert config.h11_max_incomplete_event_size == 16_384
+    assert config.http.max_head == 16_384
     assert config.ws_max_size == MAX_JSON_BODY
-    assert config.http == "h11"
+    assert issubclass(config.http, HeadLimitedHttpTools) and config.loop == "uvloop"
     config = build_server(
         make_settings(tmp_path, keep_alive=120, limit_concurrency=50, max_header_bytes=4096)
     ).config
     assert (config.timeout_keep_alive, config.limit_concurrency) == (120, 50)
-    assert config.h11_max_incomplete_event_size == 4096
+    assert config.http.max_head == 4096
 
 
 def test_uvicorn_answers_past_its_limits(tmp_path, monkeypatch):
@@ -338,6 +338,13 @@ def test_uvicorn_answers_past_its_limits(tmp_path, monkeypatch):
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"x" * 2000)
             assert sock.recv(4096).startswith(b"HTTP/1.1 400"), "no 400"
             assert wait_for(lambda: sock.recv(4096) == b"", timeout=10)  # and closed
+        # a head under the limit, sent in pieces, after a request on the same connection: 200
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            for pad in (10, 800):
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"x" * pad)
+                sock.sendall(b"\r\n\r\n")
+                answer = sock.recv(4096)
+                assert answer.startswith(b"HTTP/1.1 200"), answer
         # a body that stops half-way: refused once it has been idle BODY_IDLE_TIMEOUT
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(
