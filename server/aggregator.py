@@ -27,6 +27,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -142,6 +143,10 @@ def _init_child(spec: dict[str, Any], nice: int, server_pid: int) -> None:
     import torch
 
     threading.Thread(target=_exit_with, args=(server_pid,), daemon=True).start()
+    # A terminal's Ctrl-C reaches the server's whole process group. It is the server's to handle
+    # (it finishes the round in progress, then stops this process): dying of it here would fail
+    # that round, and print a traceback into the server's log.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import sys
 import threading
 
@@ -131,3 +132,20 @@ def test_rounds_are_aggregated_in_a_child_process_below_the_servers_priority(tmp
         assert client.get("/v1/model").headers["X-Fedkey-Round"] == "1"
         assert aggregator.federation.round == 1 and rows[-1]["round"] == 1
         assert aggregator.pid() == child  # one process for the run
+
+
+def test_ctrl_c_is_the_servers_to_handle_not_the_aggregation_processs(tmp_path):
+    """A terminal's Ctrl-C reaches the server's whole process group. The aggregation process
+    ignores it: the server finishes the round in progress and then stops that process itself (a
+    child that died of it failed its round and printed a traceback into the server's log)."""
+    settings = make_settings(tmp_path, rounds=1, fraction=1.0, wait_devices=2)
+    with running(settings) as client:
+        aggregator = client.app_ref.state.coordinator.aggregator
+        child = aggregator.pid()
+        os.kill(child, signal.SIGINT)
+        phones = enroll_phones(client, 2)
+        wait_for(lambda: all(p.current()["state"] == "open" for p in phones))
+        run_round(phones)
+        rows = wait_round(client, 1)
+        assert rows[-1]["round"] == 1 and not rows[-1].get("failed")
+        assert aggregator.pid() == child  # the same process: it did not die of the signal
