@@ -206,7 +206,7 @@ class DevicesMixin(CoordinatorState):
 
     async def _wait_until(self, device_id: str, predicate: Callable[[], bool], wait: float) -> bool:
         """Wait (at most `wait` s) until `predicate()` holds, re-checking it whenever the round
-        changes for everyone (:meth:`_notify`) or for this device (:meth:`_notify_device`)."""
+        changes for this device (:meth:`_notify`)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, min(float(wait), MAX_WAIT))
         while not predicate():
@@ -222,22 +222,16 @@ class DevicesMixin(CoordinatorState):
         return True
 
     def _notify(self, devices: Iterable[str] | None = None) -> None:
-        """The round changed for `devices` (a transition; None: for every device, as when the run
-        finishes or the server stops): wake their long-polls, ``WAKE_BATCH`` a loop iteration.
-        Woken all at once, their thousands of answers ran in one iteration while every other
-        request (a /healthz) waited for its end."""
+        """The round changed for `devices` (a transition: its cohort; one device: its loss report
+        or its upload; None: every device, as when the run finishes or the server stops): wake
+        their long-polls, ``WAKE_BATCH`` a loop iteration. Woken all at once, their thousands of
+        answers ran in one iteration while every other request (a /healthz) waited for its
+        end."""
         if devices is None:
             woken, self._waiters = list(self._waiters.values()), {}
         else:
             woken = [e for d in devices if (e := self._waiters.pop(d, None)) is not None]
         _wake(woken, 0)
-
-    def _notify_device(self, device_id: str) -> None:
-        """Only `device_id`'s view changed (its loss report, its upload): wake its long-polls,
-        not the thousands of others."""
-        changed = self._waiters.pop(device_id, None)
-        if changed is not None:
-            changed.set()
 
     def health(self) -> dict:
         r = self.current

@@ -115,7 +115,7 @@ class UploadsMixin(CoordinatorState):
                     )
                 r.losses[device_id] = (train_loss, num_samples)
                 self.telemetry.loss_reports.inc()
-                self._notify_device(device_id)
+                self._notify((device_id,))
                 self._poke.set()
         except ValidationError as e:
             self._reject(device_id, n, "loss", e)
@@ -224,7 +224,7 @@ class UploadsMixin(CoordinatorState):
             received=len(r.uploads),
             expected=len(expected) if expected is not None else None,
         )
-        self._notify_device(device_id)
+        self._notify((device_id,))
         self._poke.set()
         return up.reply(n)
 
