@@ -164,11 +164,7 @@ def simulate(
             fed, model_config, prepared, prepared.shards, out_dir, device, probes
         )
         storage = federation.storage
-        if resume and federation.resume():
-            rows = storage.read_metrics()
-        else:
-            storage.reset()
-            rows = [federation.start()]
+        rows, _ = _start_or_resume(federation, resume)
         bar = tqdm(
             range(federation.round, fed.rounds),
             initial=federation.round,
@@ -256,6 +252,15 @@ def simulate(
     return rows
 
 
+def _start_or_resume(federation: Federation, resume: bool) -> tuple[list[dict], bool]:
+    """(the run's rows so far, whether it resumed): after the run directory's last checkpoint
+    with `resume` when there is one, else from a fresh round 0 (the directory emptied)."""
+    if resume and federation.resume():
+        return federation.storage.read_metrics(), True
+    federation.storage.reset()
+    return [federation.start()], False
+
+
 def train_central(
     data: DataConfig,
     train: TrainConfig,
@@ -330,13 +335,9 @@ def _train_central(
     )
     federation = _federation(fed, model_config, prepared, {"central": union}, out_dir, device)
     storage = federation.storage
-    if resume and federation.resume():
-        rows = storage.read_metrics()
-        if progress:
-            print(f"resumed after epoch {federation.round} of {epochs}", flush=True)
-    else:
-        storage.reset()
-        rows = [federation.start()]
+    rows, resumed = _start_or_resume(federation, resume)
+    if resumed and progress:
+        print(f"resumed after epoch {federation.round} of {epochs}", flush=True)
     one_epoch = replace(train, epochs=1)
     for epoch in tqdm(
         range(federation.round + 1, epochs + 1),
