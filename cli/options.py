@@ -24,7 +24,7 @@ from device_sim.config import Attack, BackdoorConfig
 from device_sim.ray_cluster import RayOptions
 from models.config import Cell, Preset
 from server.config import ClipMode, ClipScope, DPSampling, Norm, ServerOptName, StrategyName
-from server.settings import Settings
+from server.settings import EVAL_DEVICES, Settings
 
 
 def opt(name: str, *flags: str, default: Any = ..., **kw) -> Any:
@@ -47,9 +47,9 @@ def check_device(value: str) -> str:
 
 
 def check_eval_device(value: str) -> str:
-    """--eval-device: as --device, without mps (the evaluator is tested on the CPU and CUDA)."""
-    if value == "mps":
-        raise typer.BadParameter("mps is not an evaluation device: use auto, cpu or cuda")
+    """--eval-device: one of server.settings.EVAL_DEVICES, and CUDA only where torch sees a GPU."""
+    if not re.fullmatch(EVAL_DEVICES, value):
+        raise typer.BadParameter(f"{value} is not an evaluation device: use auto, cpu or cuda")
     return check_device(value)
 
 

@@ -48,6 +48,11 @@ _PRIVACY = _FEDERATION.privacy
 _INFLUENCE = _FEDERATION.influence
 
 
+#: Where the server may evaluate (--eval-device, FEDKEY_EVAL_DEVICE): the evaluator is tested on
+#: the CPU and CUDA only.
+EVAL_DEVICES = r"auto|cpu|cuda(:\d+)?"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FEDKEY_", extra="forbid")
 
@@ -88,7 +93,7 @@ class Settings(BaseSettings):
     # keystroke savings measured on N test sentences
     ksr_sentences: int = Field(_FEDERATION.ksr_sentences, ge=0)
     # where the global model is evaluated: auto (the GPU where torch sees one), cpu, cuda[:N]
-    eval_device: str = Field(_FEDERATION.eval_device, pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    eval_device: str = Field(_FEDERATION.eval_device, pattern=f"^({EVAL_DEVICES})$")
 
     # -- round lifecycle -----------------------------------------------------------------------
     round_deadline: float = Field(600.0, gt=0)  # seconds from a round's opening
