@@ -319,11 +319,13 @@ def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
             f"that client lr the server lr of FedAvgM (momentum 0.9) over "
             f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
             f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
-            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}. A best value at the "
-            f"grid's edge adds one more step past it (twice at most). Test perplexity is "
-            f"never read. Every method uses its dataset's client lr (WikiText-2 by article: "
-            f"the IID sweep's); FedAtt's and FedAttOpt's server step stays 1.2 (their code's "
-            f"default). Chosen (results.json, lr_choices): "
+            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}, and the server step "
+            f"epsilon of FedAtt over {', '.join(f'{v:g}' for v in preset.fedatt_steps)} and "
+            f"of FedAttOpt over {', '.join(f'{v:g}' for v in preset.fedattopt_steps)} (the "
+            f"papers' 1.2 was tuned for client lr 0.01). A best value at the grid's edge adds "
+            f"one more step past it (twice at most). Test perplexity is never read. Every "
+            f"method uses its dataset's client lr (WikiText-2 by article: the IID sweep's) and "
+            f"its own chosen server step. Chosen (results.json, lr_choices): "
             + (
                 "; ".join(
                     f"{_name(d)}: "

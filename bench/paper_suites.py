@@ -4,8 +4,10 @@ published numbers they are held against.
 Ranking suites (presets `cpu` and `gpu`, issue 18):
   sweep   the learning rates, chosen on the VALIDATION set only with short runs, as Reddi et al.
           2021 ("Adaptive Federated Optimization", Section 5, Appendix D) tune theirs: FedAvg's
-          client lr over a grid, then the server lr of FedAvgM and of FedAdam at that client lr.
-          A best value at the grid's edge extends the grid by one step (twice at most).
+          client lr over a grid, then at that client lr each server optimizer's own step: the
+          server lr of FedAvgM and of FedAdam, and the server step epsilon of FedAtt (Ji et al.
+          2019, eq. 4) and of FedAttOpt (Jiang et al. 2020, eq. 7). A best value at the grid's
+          edge extends the grid by one step (twice at most).
   rank    every method of the papers' table (FedSGD, FedAvg, FedAtt, FedAttOpt, FedMed and its
           topK, AdaFL + FedAvg / FedAtt), FedAvg with server momentum and with FedAdam, the
           centralized model that saw as many examples, and the Kneser-Ney 3-gram; PTB and
@@ -85,16 +87,44 @@ SERVER_OPTS = (
     (" + server momentum 0.9", ("--server-opt", "momentum", "--server-lr", "1.0")),
     (" + FedAdam", ("--server-opt", "adam", "--server-lr", "0.01")),
 )
-#: The sweep's knobs: name -> (label, the flags of the run beside --server-lr / --lr).
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One value the sweep chooses: its runs are `flags` plus `flag` set to each grid value (the
+    client lr's runs set --lr itself; the others run at the chosen client lr)."""
+
+    label: str
+    flags: tuple[str, ...]
+    flag: str
+    grid: str  # the Preset field that holds its grid
+
+
+#: The sweep's knobs, in the order it decides them (the client lr first: the others run at it).
+#: FedAtt's and FedAttOpt's epsilon is their server step: the published 1.2 is tuned for the
+#: papers' client lr 0.01, and at a larger one FedAtt's softmax of distances gives one phone
+#: nearly all the weight (rank-ptb-fedatt at lr 3 and epsilon 1.2 never left perplexity 1e6-1e10)
+#: while FedAttOpt's step, epsilon / d_k^2 of each delta, barely moves (its validation perplexity
+#: stayed at the initial 10,006 for 50 rounds: d_k was 100-150).
 KNOBS = {
-    "client_lr": ("FedAvg, client lr", ("--strategy", "fedavg")),
-    "momentum_server_lr": (
+    "client_lr": Knob("FedAvg, client lr", ("--strategy", "fedavg"), "--lr", "client_lrs"),
+    "momentum_server_lr": Knob(
         "FedAvgM (server momentum 0.9), server lr",
         ("--strategy", "fedavg", "--server-opt", "momentum", "--server-momentum", "0.9"),
+        "--server-lr",
+        "momentum_server_lrs",
     ),
-    "adam_server_lr": (
+    "adam_server_lr": Knob(
         "FedAdam, server lr",
         ("--strategy", "fedavg", "--server-opt", "adam", "--server-momentum", "0.9"),
+        "--server-lr",
+        "adam_server_lrs",
+    ),
+    "fedatt_step": Knob(
+        "FedAtt, server step", ("--strategy", "fedatt"), "--epsilon", "fedatt_steps"
+    ),
+    "fedattopt_step": Knob(
+        "FedAttOpt, server step", ("--strategy", "fedattopt"), "--epsilon", "fedattopt_steps"
     ),
 }
 #: Times a sweep extends its grid past an edge where the best value sits.
@@ -117,17 +147,17 @@ TASK_OF = {"ptb": TASKS[0], "wikitext-2": TASKS[1], "demo": TASKS[2]}
 
 
 def _grid(preset: Preset, knob: str) -> tuple[float, ...]:
-    return {"client_lr": preset.client_lrs, "momentum_server_lr": preset.momentum_server_lrs,
-            "adam_server_lr": preset.adam_server_lrs}[knob]  # fmt: skip
+    return getattr(preset, KNOBS[knob].grid)
 
 
 def sweep_spec(preset: Preset, task: Task, knob: str, value: float, client_lr: float) -> RunSpec:
-    """One short run of the sweep: FedAvg (with a server optimizer for the server knobs) at C 0.1
-    for the preset's sweep_rounds, judged by its best validation perplexity."""
-    label, flags = KNOBS[knob]
-    args = flags if knob == "client_lr" else (*flags, "--server-lr", f"{value:g}")
+    """One short run of the sweep: FedAvg for the client lr, the knob's method at the chosen
+    client lr for the others, at C 0.1 for the preset's sweep_rounds, judged by its best
+    validation perplexity."""
+    k = KNOBS[knob]
+    args = k.flags if knob == "client_lr" else (*k.flags, k.flag, f"{value:g}")
     return RunSpec(
-        "sweep", task.dataset, f"{label} {value:g}", 0.1, args, group=f"{knob}={value:g}",
+        "sweep", task.dataset, f"{k.label} {value:g}", 0.1, args, group=f"{knob}={value:g}",
         full_train=True, full_eval=True, lr=value if knob == "client_lr" else client_lr,
         rounds=preset.sweep_rounds, partition=task.partition, clients=task.clients,
     )  # fmt: skip
@@ -206,31 +236,38 @@ def sweep_suite(preset: Preset, results: list[dict], tasks=TASKS) -> list[RunSpe
     return runs
 
 
+def _tuned(knob: str, choice: dict[str, float]) -> tuple[str, ...]:
+    """The flags of `knob`'s method at the value the sweep chose."""
+    k = KNOBS[knob]
+    return (*k.flags, k.flag, f"{choice[knob]:g}")
+
+
 def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float | None, tuple]]:
-    """The papers' table and the server optimizers: (label, C, flags)."""
-    mom, adam = choice["momentum_server_lr"], choice["adam_server_lr"]
-    return [
-        ("FedAvg", fraction, ("--strategy", "fedavg")),
-        ("FedAtt", fraction, ("--strategy", "fedatt")),
-        ("FedAttOpt", fraction, ("--strategy", "fedattopt")),
-        ("FedMed", fraction, ("--strategy", "fedmed")),
-        ("FedAvgM", fraction, ("--strategy", "fedavg", *KNOBS["momentum_server_lr"][1][2:],
-                               "--server-lr", f"{mom:g}")),
-        ("FedAdam", fraction, ("--strategy", "fedavg", *KNOBS["adam_server_lr"][1][2:],
-                               "--server-lr", f"{adam:g}")),
-        ("FedMed topK 0.8", fraction, ("--strategy", "fedmed", "--topk-beta", "0.8")),
+    """The papers' table and the server optimizers, those whose knob the sweep has chosen (the
+    client lr aside, which every run takes): (label, C, flags)."""
+    methods = [
+        ("FedAvg", fraction, None, ("--strategy", "fedavg")),
+        ("FedAtt", fraction, "fedatt_step", ()),
+        ("FedAttOpt", fraction, "fedattopt_step", ()),
+        ("FedMed", fraction, None, ("--strategy", "fedmed")),
+        ("FedAvgM", fraction, "momentum_server_lr", ()),
+        ("FedAdam", fraction, "adam_server_lr", ()),
+        ("FedMed topK 0.8", fraction, None, ("--strategy", "fedmed", "--topk-beta", "0.8")),
         # AdaFL's dynamic fraction (0.1 -> 0.5) replaces C: one run per aggregator.
-        ("AdaFL + FedAvg", None, ("--strategy", "fedavg", "--adafl")),
-        ("AdaFL + FedAtt", None, ("--strategy", "fedatt", "--adafl")),
-        ("FedSGD", 1.0, ("--strategy", "fedsgd")),  # every phone every round: the longest
+        ("AdaFL + FedAvg", None, None, ("--strategy", "fedavg", "--adafl")),
+        ("AdaFL + FedAtt", None, "fedatt_step", ("--adafl",)),
+        ("FedSGD", 1.0, None, ("--strategy", "fedsgd")),  # every phone every round: the longest
     ]  # fmt: skip
+    return [(label, frac, (*(_tuned(knob, choice) if knob else ()), *flags))
+            for label, frac, knob, flags in methods if knob is None or knob in choice]  # fmt: skip
 
 
 def rank_suite(
     preset: Preset, results: list[dict], datasets=DATASETS, choices: dict | None = None
 ) -> list[RunSpec]:
-    """Per dataset: the n-gram, the centralized model per C, then the methods (a dataset whose
-    sweep has not decided yet has only the n-gram). `choices`: instead of the sweep's."""
+    """Per dataset: the n-gram, the centralized model per C, then the methods whose knobs the
+    sweep has chosen (a dataset without a client lr yet has only the n-gram). `choices`: instead
+    of the sweep's."""
     runs: list[RunSpec] = []
     choices = lr_choices(results, preset) if choices is None else choices
     for ds in datasets:
@@ -245,8 +282,6 @@ def rank_suite(
             runs.append(RunSpec("rank", ds, f"centralized, {epochs} epochs (as many examples "
                                 f"as C {c:g})", c, ("--epochs", str(epochs)), kind="central",
                                 full_train=True, full_eval=True, lr=lr))  # fmt: skip
-        if len(choice) < len(KNOBS):
-            continue
         seen = set()
         for c in preset.fractions:
             for method, frac, flags in _methods(c, choice):
@@ -274,7 +309,7 @@ def noniid_suite(preset: Preset, results: list[dict], choices: dict | None = Non
                 runs.append(RunSpec("noniid", ds, f"centralized, {epochs} epochs", 0.1,
                                     ("--epochs", str(epochs)), kind="central", full_train=True,
                                     full_eval=True, lr=choice["client_lr"], clients=clients))  # fmt: skip
-        if len(choice) < len(KNOBS):
+        if "client_lr" not in choice:
             continue
         for method, frac, flags in _methods(0.1, choice):
             runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,

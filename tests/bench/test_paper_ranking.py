@@ -27,7 +27,8 @@ def decided(preset_name, best_index=1):
     perplexity (an interior point: nothing to extend)."""
     p = PRESETS[preset_name]
     grids = {"client_lr": p.client_lrs, "momentum_server_lr": p.momentum_server_lrs,
-             "adam_server_lr": p.adam_server_lrs}  # fmt: skip
+             "adam_server_lr": p.adam_server_lrs, "fedatt_step": p.fedatt_steps,
+             "fedattopt_step": p.fedattopt_steps}  # fmt: skip
     return [sweep_run(preset_name, t.dataset, k, v, 100.0 if i == best_index else 200.0)
             for t in TASKS for k, grid in grids.items() for i, v in enumerate(grid)]  # fmt: skip
 
@@ -136,17 +137,38 @@ def test_server_lrs_are_swept_at_the_chosen_client_lr_and_recorded(tmp_path):
     assert not any(s.group.startswith(("momentum", "adam")) for s in before if s.dataset == "ptb")
     specs = [s for s in select(p, ["sweep"], runs) if s.dataset == "ptb"]
     server = [s for s in specs if not s.group.startswith("client_lr")]
-    assert {s.group.split("=")[0] for s in server} == {"momentum_server_lr", "adam_server_lr"}
+    assert {s.group.split("=")[0] for s in server} == set(KNOBS) - {"client_lr"}
     for spec in server:
         words = command(spec, p, Path("d"), Path("o"))
         assert flag(words, "--lr") == "1" and flag(words, "--rounds") == str(p.sweep_rounds)
-        assert flag(words, "--server-lr") == spec.group.split("=")[1]
+        knob, value = spec.group.split("=")
+        assert flag(words, KNOBS[knob].flag) == value
+        assert flag(words, "--strategy") == KNOBS[knob].flags[1]
     # Bench writes the choices into results.json beside the runs
     bench = Bench(tmp_path)
     for r in runs:
         bench.add({**r, "command": "c", "kind": "federated", "fraction": 0.1}, "fedkey bench")
     assert bench.lr_choices()["cpu"] == {"ptb": {"client_lr": 1.0}}
     assert lr_choices(runs, p) == {"ptb": {"client_lr": 1.0}}
+
+
+def test_attentive_methods_run_at_their_own_chosen_server_step():
+    """FedAtt, AdaFL + FedAtt and FedAttOpt take the epsilon their sweep chose (the papers' 1.2
+    diverged or stood still at the cpu preset's client lr); until it is chosen they wait, and
+    the methods without a server knob do not."""
+    p = PRESETS["cpu"]
+    results = decided("cpu")  # the middle of every grid: FedAtt 0.3, FedAttOpt 100
+    rank = [s for s in select(p, ["rank", "noniid"], results) if s.kind == "federated"]
+    steps = {s.method: flag(command(s, p, Path("d"), Path("o")), "--epsilon")
+             for s in rank if "--epsilon" in s.args}  # fmt: skip
+    assert steps == {"FedAtt": "0.3", "AdaFL + FedAtt": "0.3", "FedAttOpt": "100"}
+    adafl = next(s for s in rank if s.method == "AdaFL + FedAtt")
+    words = command(adafl, p, Path("d"), Path("o"))
+    assert flag(words, "--strategy") == "fedatt" and "--adafl" in words
+    undecided = [r for r in results if not r["group"].startswith("fedatt")]
+    waiting = {s.method for s in select(p, ["rank"], undecided) if s.kind == "federated"}
+    assert "FedAvg" in waiting and "FedMed" in waiting and "FedAvgM" in waiting
+    assert not waiting & {"FedAtt", "FedAttOpt", "AdaFL + FedAtt"}
 
 
 def test_rank_waits_for_the_sweep_and_says_so(tmp_path):
@@ -181,10 +203,11 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
-    # 3 tasks x (3 + 3 + 3) grid values; 2 datasets x (10 methods + ngram + central);
+    # 3 tasks x 5 knobs x 3 grid values; 2 datasets x (10 methods + ngram + central);
     # WikiText-2 by article (10) and the demo (10 + ngram + central)
-    assert plan == {"sweep": 27, "rank": 24, "noniid": 22}
-    assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr"}
+    assert plan == {"sweep": 45, "rank": 24, "noniid": 22}
+    assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr", "fedatt_step",
+                          "fedattopt_step"}  # fmt: skip
 
 
 def test_costliest_runs_wait_until_every_other_run_is_done():
