@@ -6,7 +6,8 @@ FedAvg with a fraction of 0.1 so that 10% of the phones upload each round, a 900
 round 1 opening once all N phones enrolled), then drives N fake phones against it
 (bench.load_phones: the real phone's contract, no training, one keep-alive connection each, in
 one asyncio event loop per driver process, one process per 5,000 phones). This process only
-watches: a /healthz prober on its own connection every 0.1-0.25 s, the server's event stream
+watches: a /healthz prober on its own connection every 0.1-0.25 s (in a process of its own,
+bench.load_watch.HealthProber), the server's event stream
 (WS /v1/events: when each round opened and was aggregated), and the server's memory (VmRSS of
 the server and its children every 0.25 s, and the server's VmHWM). Once the phones heard
 "finished" it reads GET /v1/metrics and stops the server with SIGTERM.
@@ -48,11 +49,11 @@ from bench.load_phones import HttpError, PhoneConfig, Stats, shard_main
 from bench.load_report import FRACTION, ROUND_DEADLINE, print_table, write_report
 from bench.load_watch import (
     HOST,
+    HealthProber,
     RssMonitor,
     Watch,
     get_json,
     get_text,
-    probe_health,
     proc_kb,
     round_times,
     split_by_phase,
@@ -190,14 +191,14 @@ async def drive(
     cell: Cell, cfg: PhoneConfig, drivers: int, server: subprocess.Popen, timeout: float, bar: Any
 ) -> Drive:
     watch = Watch()
-    stop = asyncio.Event()
 
     def on_round(r: int) -> None:
         bar.update(1)
         bar.set_postfix_str(f"round {r} aggregated")
 
     events = asyncio.create_task(watch_events(cfg.port, watch, on_round))
-    prober = asyncio.create_task(probe_health(cfg.port, watch, stop))
+    prober = HealthProber(cfg.port)
+    prober.start()
     phones = asyncio.create_task(run_shards(cfg, cell.phones, drivers))
     deadline = time.monotonic() + timeout
     problem = None
@@ -224,8 +225,7 @@ async def drive(
             metrics = (await get_json(cfg.port, "/v1/metrics")).get("rounds", [])
         with contextlib.suppress(HttpError, ValueError):
             histograms = _histograms(await get_text(cfg.port, "/metrics"), *HISTOGRAMS)
-    stop.set()
-    await prober
+    await asyncio.to_thread(prober.finish, watch)
     events.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await events

@@ -253,3 +253,56 @@ def test_loop_lag_is_read_from_the_servers_histogram():
     # 11 wake-ups came over 0.1 s late; 990 of 1,000 is first reached by the 0.25 s bucket
     assert lag == {"n": 1000, "over_0.1": 11, "p99_at_most": 0.25}
     assert load_bench.loop_lag({})["n"] == 0  # a server from before the histogram
+
+
+def test_the_health_prober_runs_in_its_own_process_and_hands_its_samples_back():
+    """A /healthz server on 127.0.0.1 that answers 200 twice, then 503: the prober's samples and
+    its error count reach the Watch; a prober killed before it answers leaves prober_died."""
+    import http.server
+    import os
+    import threading
+
+    from bench.load_watch import HealthProber, Watch
+
+    seen: list[int] = []
+    third = threading.Event()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 (the http.server name)
+            seen.append(os.getpid())
+            ok = len(seen) <= 2
+            body = json.dumps({"round": 1, "state": "collecting"}).encode() if ok else b"{}"
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            if len(seen) >= 3:
+                third.set()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        prober = HealthProber(server.server_address[1])
+        prober.start()
+        assert third.wait(timeout=60), "the prober never asked three times"
+        assert prober.proc.pid != os.getpid()
+        watch = Watch()
+        prober.finish(watch)
+        assert [s[3] for s in watch.health[:2]] == ["collecting", "collecting"]
+        assert watch.health[0][2] == 1 and watch.health[0][1] > 0
+        assert watch.health_errors["http_503"] == len(watch.health) - 2 >= 1
+
+        dead = HealthProber(server.server_address[1])
+        dead.start()
+        dead.proc.kill()
+        dead.proc.join(timeout=10)
+        lost = Watch()
+        dead.finish(lost, timeout=1.0)
+        assert lost.health == [] and lost.health_errors == {"prober_died": 1}
+    finally:
+        server.shutdown()
