@@ -22,7 +22,7 @@ import json
 import math
 import shlex
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
@@ -144,7 +144,7 @@ def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> d
     run_dir = runs_dir / spec.id
     cmd = command(spec, preset, data_root, run_dir)
     # An interrupted simulate or train-central (hours on the cpu preset) continues where it
-    # stopped; `fedkey run` (the gpu preset's transport) starts again.
+    # stopped; a `fedkey run` (transport "http", which no preset uses now) starts again.
     rows, provenance = run_fedkey(
         spec.id, cmd, run_dir, resumable=cmd[1] in ("simulate", "train-central")
     )
@@ -283,9 +283,9 @@ def run_bench(
     bench_command: str = "",
     jobs: int = 1,
 ) -> list[dict]:
-    """Run every selected spec not yet in OUT/<folder>/results.json, then write the report. The
-    specs are rebuilt after every batch of `jobs` runs: the sweep's choices open the ranking
-    suites' runs."""
+    """Run every selected spec not yet in OUT/<folder>/results.json, `jobs` at a time, then
+    write the report. The specs are rebuilt after every run: the sweep's choices open the
+    ranking suites' runs."""
     from tqdm import tqdm
 
     preset = PRESETS[preset_name]
@@ -309,21 +309,27 @@ def run_bench(
             raise RuntimeError(f"the rank and noniid suites use the learning rates the sweep "
                                f"chooses, and results.json has none for preset {preset.name}: "
                                f"add --suite sweep (it runs first)")  # fmt: skip
-    # Runs are child processes, so threads are enough to keep `jobs` of them going at once.
+    # Runs are child processes, so threads are enough to keep `jobs` of them going at once. A
+    # finished run's slot is refilled at once (a batch would wait for its slowest run), from the
+    # specs rebuilt with every result: the sweep's choices open the ranking suites' runs.
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
-    while todo:
-        batch = todo[: max(jobs, 1)]
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            futures = [pool.submit(run_one, s, preset, data_root, run_root) for s in batch]
-            for future in as_completed(futures):
+    running: dict[Future, str] = {}
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        while todo or running:
+            busy = set(running.values())
+            for spec in [s for s in todo if s.id not in busy][: max(jobs, 1) - len(running)]:
+                running[pool.submit(run_one, spec, preset, data_root, run_root)] = spec.id
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                del running[future]
                 result = future.result()
                 bench.add(result, bench_command)
                 bar.update()
                 bar.write(f"{result['id']}: test ppl {result['test_ppl']:.2f} (best round "
                           f"{result['best_round']}), {result['wall_seconds']:.0f} s")  # fmt: skip
-        todo = todo_now()
-        bar.total = bar.n + len(todo)
-        bar.refresh()
+            todo = [s for s in todo_now() if s.id not in running.values()]
+            bar.total = bar.n + len(todo) + len(running)
+            bar.refresh()
     bar.close()
     return write(out / preset.results_folder)
 

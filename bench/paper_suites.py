@@ -129,6 +129,8 @@ KNOBS = {
 }
 #: Times a sweep extends its grid past an edge where the best value sits.
 MAX_EXTENSIONS = 2
+#: The C of the sweep's runs.
+SWEEP_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -151,13 +153,14 @@ def _grid(preset: Preset, knob: str) -> tuple[float, ...]:
 
 
 def sweep_spec(preset: Preset, task: Task, knob: str, value: float, client_lr: float) -> RunSpec:
-    """One short run of the sweep: FedAvg for the client lr, the knob's method at the chosen
+    """One run of the sweep: FedAvg for the client lr, the knob's method at the chosen
     client lr for the others, at C 0.1 for the preset's sweep_rounds, judged by its best
     validation perplexity."""
     k = KNOBS[knob]
     args = k.flags if knob == "client_lr" else (*k.flags, k.flag, f"{value:g}")
     return RunSpec(
-        "sweep", task.dataset, f"{k.label} {value:g}", 0.1, args, group=f"{knob}={value:g}",
+        "sweep", task.dataset, f"{k.label} {value:g}", SWEEP_FRACTION, args,
+        group=f"{knob}={value:g}",
         full_train=True, full_eval=True, lr=value if knob == "client_lr" else client_lr,
         rounds=preset.sweep_rounds, partition=task.partition, clients=task.clients,
     )  # fmt: skip
@@ -236,10 +239,13 @@ def sweep_suite(preset: Preset, results: list[dict], tasks=TASKS) -> list[RunSpe
     return runs
 
 
-def _tuned(knob: str, choice: dict[str, float]) -> tuple[str, ...]:
-    """The flags of `knob`'s method at the value the sweep chose."""
+def _tuned(knob: str, choice: dict[str, float], fraction: float) -> tuple[str, ...]:
+    """The flags of `knob`'s method at the value the sweep chose (at C 0.1). FedAttOpt's step
+    sums a term per phone (Jiang et al. 2020, eq. 7), so at another C it is scaled by 0.1 / C
+    to move the model as far, as the paper suite's FedAttOpt row does."""
     k = KNOBS[knob]
-    return (*k.flags, k.flag, f"{choice[knob]:g}")
+    value = choice[knob] * (SWEEP_FRACTION / fraction if knob == "fedattopt_step" else 1.0)
+    return (*k.flags, k.flag, f"{value:g}")
 
 
 def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float | None, tuple]]:
@@ -258,7 +264,7 @@ def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float
         ("AdaFL + FedAtt", None, "fedatt_step", ("--adafl",)),
         ("FedSGD", 1.0, None, ("--strategy", "fedsgd")),  # every phone every round: the longest
     ]  # fmt: skip
-    return [(label, frac, (*(_tuned(knob, choice) if knob else ()), *flags))
+    return [(label, frac, (*(_tuned(knob, choice, fraction) if knob else ()), *flags))
             for label, frac, knob, flags in methods if knob is None or knob in choice]  # fmt: skip
 
 

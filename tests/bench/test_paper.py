@@ -41,7 +41,8 @@ def test_gpu_preset_is_the_seeds_protocol():
     def flag(name):
         return words[words.index(name) + 1]
 
-    assert words[1] == "run"  # through the server and the phone fleet
+    assert words[1] == "simulate"  # resumable; the HTTP path's weights bit for bit
+    assert flag("--workers") == "4"
     assert flag("--rounds") == "50" and flag("--local-epochs") == "5"
     assert flag("--lr") == "0.01" and flag("--momentum") == "0.5"
     assert "--max-train-tokens" not in words and "--max-eval-sentences" not in words
@@ -247,3 +248,35 @@ def test_code_runs_are_judged_by_the_seeds_measure():
     plain = [{k: r[k] for k in ("round", "val_ppl", "test_ppl")} for r in rows]
     plain_summary = summarize(plain, spec)
     assert plain_summary["best_round"] == 2 and "col_test_ppl" not in plain_summary
+
+
+def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_path, monkeypatch):
+    """With --jobs 2, a slow run holds one slot while the other slot runs the rest in turn (a
+    batch of two would wait for the slow one before starting the third)."""
+    import threading
+
+    import bench.paper as paper
+
+    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1", "paper-ptb-fedmed-c0.1"]
+    slow_may_finish = threading.Event()
+    started: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir):
+        started.append(spec.id)
+        if spec.id == ids[0]:
+            assert slow_may_finish.wait(timeout=60), "the slow run was never released"
+        elif spec.id == ids[2]:
+            slow_may_finish.set()  # the third started while the first still ran
+        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
+        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
+                "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write", lambda folder: [])
+    for ds in ("ptb", "wikitext-2"):
+        (tmp_path / ds).mkdir()
+    paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+                    only=ids, jobs=2)  # fmt: skip
+    assert started[:2] == ids[:2] and started[2] == ids[2] and len(started) == 3
+    done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
+    assert sorted(r["id"] for r in done) == sorted(ids)

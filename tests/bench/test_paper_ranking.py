@@ -94,9 +94,16 @@ def test_gpu_preset_is_the_papers_protocol_at_both_fractions():
     assert central == {"25", "125"}  # 50 rounds x C x E 5
     fedavg = next(s for s in rank if s.method == "FedAvg" and s.fraction == 0.5)
     words = command(fedavg, p, Path("d"), Path("o"))
-    assert words[1] == "run" and flag(words, "--local-epochs") == "5"
+    assert words[1] == "simulate" and flag(words, "--local-epochs") == "5"
     assert flag(words, "--lr") == "0.1"  # the middle of its grid, as decided() chose
     assert 0.01 in p.client_lrs  # the papers' lr is in the grid
+    # FedAttOpt's step (chosen at C 0.1: 100) sums a term per phone: 5x the phones, a fifth
+    steps = {s.fraction: flag(command(s, p, Path("d"), Path("o")), "--epsilon")
+             for s in rank if s.method == "FedAttOpt" and s.dataset == "ptb"}  # fmt: skip
+    assert steps == {0.1: "100", 0.5: "20"}
+    # the sweep runs as long as the ranking runs (a 10-round sweep chose an lr that overfits)
+    assert {flag(command(s, p, Path("d"), Path("o")), "--rounds")
+            for s in select(p, ["sweep"], [])} == {"50"}  # fmt: skip
 
 
 def test_sweep_chooses_on_validation_never_on_test():
