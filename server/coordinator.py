@@ -101,6 +101,9 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self._waiters: dict[str, asyncio.Event] = {}
         self._poke = asyncio.Event()
         self._receiving = asyncio.Semaphore(settings.max_receiving)
+        # GET /v1/model bodies being sent (settings.max_sending at once): taken and released by
+        # the route's response (server.api.routes_model), which knows nothing else of the round.
+        self.sending = asyncio.Semaphore(settings.max_sending)
         self._stopping = False
         self._driver: asyncio.Task | None = None
         self.finish_reason: str | None = None

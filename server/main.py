@@ -18,6 +18,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server import quiet_gc
+from server.api.routes_model import ABORT_EXTENSION
 from server.app import MAX_JSON_BODY, create_app
 from server.settings import Settings
 
@@ -27,7 +28,12 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     still unfinished past `max_head` bytes get a 400 and the connection is closed (httptools
     itself would keep buffering a header that never ends). The head is counted per data chunk
     once the request has begun, so a chunk that also carries the end of the previous request
-    counts whole: an overcount of one chunk at most, never an undercount."""
+    counts whole: an overcount of one chunk at most, never an undercount.
+
+    Each request's scope also carries ``scope["extensions"][ABORT_EXTENSION]["abort"]``, the
+    transport's abort: a model download cut for a reader that stopped reading closes its socket
+    at once (server.api.routes_model.ChunkedResponse), where a close would wait for ever for the
+    buffer to be read."""
 
     max_head = 16_384
     _in_head = False
@@ -36,6 +42,7 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._head = True, 0
+        self.scope["extensions"] = {ABORT_EXTENSION: {"abort": self.transport.abort}}
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -91,11 +98,13 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         log_level=log_level,
         timeout_graceful_shutdown=30,
         # Limits (Settings, "limits"): an idle keep-alive connection is closed after keep_alive
-        # seconds (uvicorn times nothing else: a request in flight, a long-poll or a slow model
-        # download, is never cut); past limit_concurrency connections or requests in flight
-        # uvicorn answers 503; a request line + headers still unfinished past max_header_bytes
-        # get a 400 and the connection closed (HeadLimitedHttpTools); nothing the server takes
-        # over WebSocket is larger than a JSON control body.
+        # seconds (uvicorn times nothing else: a request in flight or a long-poll is never cut;
+        # a model download is, by the app, once its reader has taken nothing for send_timeout
+        # seconds, and a request body once it stalls, server.validation); past limit_concurrency
+        # connections or requests in flight uvicorn answers 503; a request line + headers still
+        # unfinished past max_header_bytes get a 400 and the connection closed
+        # (HeadLimitedHttpTools); nothing the server takes over WebSocket is larger than a JSON
+        # control body.
         timeout_keep_alive=settings.keep_alive,
         limit_concurrency=settings.limit_concurrency,
         ws_max_size=MAX_JSON_BODY,

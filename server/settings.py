@@ -158,6 +158,18 @@ class Settings(BaseSettings):
     # Upload bodies read at once; the others wait their turn with their bytes in the kernel's
     # socket buffers (up to server.upload_store.FLUSH_BYTES of each is in memory while read)
     max_receiving: int = Field(64, ge=1)
+    # Model download bodies sent at once (server.api.routes_model); the others wait their turn
+    # before their answer starts. Each body being sent is up to one event-loop step of
+    # routes_model.YIELD_EVERY slices (about 0.37 ms) in every loop iteration, so this bounds
+    # how late an iteration runs when a round opens and its cohort asks for the model at once
+    # (unbounded, hundreds of steps made iterations of 0.1-0.3 s at 10,000 phones, issue 16):
+    # 32 steps are about 12 ms an iteration. A slot is held for a whole download, a slow
+    # reader's too (32 phones at 1 Mbit/s take 35 s each): raise it for phones on slow links.
+    max_sending: int = Field(32, ge=1)
+    # Seconds one slice of a download may wait for its reader (uvicorn's flow control waits
+    # while the connection's buffer is full): past it the download is cut and the connection
+    # closed, so a reader that stopped reading does not hold a max_sending slot for ever.
+    send_timeout: float = Field(30.0, gt=0, allow_inf_nan=False)
     export_dir: Path | None = None  # export every new global model to <dir>/model.onnx (+ .json)
     keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
     # process: rounds are aggregated in a child process at a lower CPU priority, sharing no GIL

@@ -45,6 +45,14 @@ class Telemetry:
             ["what"],
             registry=r,
         )
+        self.downloads_dropped = Counter(
+            "fedkey_model_downloads_dropped",
+            "GET /v1/model answers not sent whole: why=busy (no download slot, "
+            "FEDKEY_MAX_SENDING, came free in time: 503 + Retry-After), why=stalled (the reader "
+            "read nothing for FEDKEY_SEND_TIMEOUT s: the connection was closed mid-body)",
+            ["why"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "fedkey_event_loop_lag_seconds",
             f"How late the event loop ran a wake-up due every {LOOP_LAG_EVERY:g} s: what any "

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import Counter
+from starlette.types import Message, Receive, Scope, Send
 
 from server.api.deps import CoordinatorDep
-from server.api.schemas import errors
+from server.api.schemas import OVERLOADED, errors
 
 router = APIRouter(tags=["model"])
+log = logging.getLogger("fedkey.server")
 
 #: Bytes per write of a model download. uvicorn waits for a connection's transport to drain
 #: between writes, so a download holds about this plus the transport's high-water mark (64 KB)
@@ -25,13 +29,82 @@ DOWNLOAD_CHUNK = 1 << 16
 #: of 0.1-0.3 s in which /healthz waited (fedkey bench load at 10,000 phones, a trace of the
 #: loop's iterations). A yield costs about 11 us: every 8 chunks, 4% more CPU a download.
 YIELD_EVERY = 8
+#: Seconds a download waits for a slot (settings.max_sending) before it is answered 503 with
+#: Retry-After. The wait comes before the answer starts: until then nothing is promised, so the
+#: server can still say "busy", and a phone that gave up meanwhile costs only its wait. Waiting
+#: after the headers instead would buy nothing: the phones' reply timeout counts the headers and
+#: the body alike (60 s, device_sim.aphone / client; 120 s, bench.load_phones), and a phone
+#: waiting that long would be timed out mid-answer rather than told to come back. 30 s leaves
+#: such a phone half its 60 s for the 4.4 MB; a round's 1,000 downloads at once queue for a few
+#: seconds (each is about 3.3 ms of the loop's CPU to a fast reader).
+GATE_WAIT = 30.0
+#: The Retry-After of that 503: seconds, about the time the loop takes to serve 1,000 downloads.
+BUSY_RETRY_AFTER = 5
+#: How far the send timeout may run short: a send's deadline is moved only once it is this
+#: fraction of send_timeout stale, so a download to a fast reader moves its timer about once,
+#: not at every slice (a move is about 3 us, a slice about 46 us). A reader that takes nothing is
+#: cut after between 0.9 and 1 times send_timeout.
+DEADLINE_SLACK = 0.1
+#: The ASGI scope extension through which the server (server.main.HeadLimitedHttpTools) lets a
+#: response abort its connection: ``scope["extensions"][ABORT_EXTENSION]["abort"]()``. ASGI has
+#: no message for it: an app that returns mid-body only makes uvicorn close the connection (with
+#: an error line in its log), and a transport's close waits until its buffer is written, which
+#: to a reader that stopped reading is never: the socket would stay open.
+ABORT_EXTENSION = "fedkey.abort"
 
 
 class ChunkedResponse(Response):
     """A bytes body sent in ``DOWNLOAD_CHUNK`` slices (no copies), with its Content-Length,
-    yielding to the event loop every ``YIELD_EVERY`` slices."""
+    yielding to the event loop every ``YIELD_EVERY`` slices.
+
+    With `slots`, the body is sent only while one of them is held (the answer waits up to
+    ``GATE_WAIT`` s for it, else 503); with `send_timeout`, a send that waits longer than that for
+    the reader cuts the download and aborts the connection. `dropped` counts both (label why)."""
+
+    def __init__(
+        self,
+        content: bytes,
+        *,
+        slots: asyncio.Semaphore | None = None,
+        send_timeout: float | None = None,
+        dropped: Counter | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self.slots = slots
+        self.send_timeout = send_timeout
+        self.dropped = dropped
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        slots = self.slots
+        if slots is not None and not await _take(slots, GATE_WAIT):
+            self._count("busy")
+            busy = PlainTextResponse(
+                f"no model download slot came free within {GATE_WAIT:g} s: the server is busy; "
+                "retry after Retry-After",
+                status_code=503,
+                headers={"Retry-After": str(BUSY_RETRY_AFTER)},
+            )
+            await busy(scope, receive, send)
+            return
+        try:
+            if self.send_timeout is None:
+                await self._send_all(send)
+                return
+            idle = asyncio.timeout(None)
+            try:
+                async with idle:
+                    await self._send_all(_watched(send, idle, self.send_timeout))
+            except TimeoutError:
+                if not idle.expired():
+                    raise
+                await self._cut(scope)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    async def _send_all(self, send: Send) -> None:
+        """The answer: its start, the body's slices, the end."""
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
@@ -43,10 +116,76 @@ class ChunkedResponse(Response):
                 await asyncio.sleep(0)  # let the loop serve others between two slices
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _cut(self, scope: Scope) -> None:
+        """After a send waited send_timeout s: one warning line, and the connection aborted
+        (returning mid-body then leaves the server nothing to log or to answer)."""
+        self._count("stalled")
+        client = scope.get("client")
+        log.warning(
+            "GET /v1/model to %s: the reader took nothing for %g s; download cut, connection "
+            "closed",
+            f"{client[0]}:{client[1]}" if client else "a client",
+            self.send_timeout,
+        )
+        abort = scope.get("extensions", {}).get(ABORT_EXTENSION, {}).get("abort")
+        if abort is not None:
+            abort()
+            # The transport's connection_lost is due at once (call_soon): let it run before the
+            # app returns, so uvicorn sees a disconnected client, not an answer left unfinished.
+            await asyncio.sleep(0)
+
+    def _count(self, why: str) -> None:
+        if self.dropped is not None:
+            self.dropped.labels(why=why).inc()
+
+
+async def _take(slots: asyncio.Semaphore, wait: float) -> bool:
+    """Acquire one of `slots` within `wait` seconds: True when it is held."""
+    if not slots.locked():
+        return await slots.acquire()  # at once, without a timer
+    try:
+        async with asyncio.timeout(wait):
+            await slots.acquire()
+    except TimeoutError:
+        return False  # (a slot handed over as the time ran out is passed on to the next waiter)
+    return True
+
+
+def _watched(send: Send, idle: asyncio.Timeout, limit: float) -> Send:
+    """`send`, each call due within `limit` seconds of its start (``DEADLINE_SLACK`` aside) on
+    the `idle` timeout, which cancels the sender when it expires."""
+    loop = asyncio.get_running_loop()
+    slack = limit * DEADLINE_SLACK
+    deadline = -limit
+
+    async def watched(message: Message) -> None:
+        nonlocal deadline
+        now = loop.time()
+        if now + limit - deadline > slack:
+            deadline = now + limit
+            idle.reschedule(deadline)
+        await send(message)
+
+    return watched
+
 
 MODEL_HEADERS = {
     "ETag": {"description": "the checkpoint's sha256, quoted", "schema": {"type": "string"}},
     "X-Fedkey-Round": {"description": "the round of this model", "schema": {"type": "integer"}},
+}
+
+
+MODEL_ERRORS = errors({})
+MODEL_ERRORS[503] = {
+    **MODEL_ERRORS[503],
+    "description": f"{OVERLOADED}; or no download slot (FEDKEY_MAX_SENDING) came free within "
+    f"{GATE_WAIT:g} s, with Retry-After",
+    "headers": {
+        "Retry-After": {
+            "description": "seconds to wait before trying again (the download slots' 503)",
+            "schema": {"type": "integer"},
+        }
+    },
 }
 
 
@@ -78,7 +217,7 @@ def etag_matches(header: str, sha: str) -> bool:
             "description": "not modified: If-None-Match holds the ETag",
             "headers": MODEL_HEADERS,
         },
-        **errors({}),
+        **MODEL_ERRORS,
     },
     openapi_extra={
         "parameters": [
@@ -104,4 +243,11 @@ async def model(request: Request, coordinator: CoordinatorDep):
     if if_none_match and etag_matches(if_none_match, sha):
         return Response(status_code=304, headers=headers)
     headers["Content-Disposition"] = f'attachment; filename="round_{rnd:04d}.safetensors"'
-    return ChunkedResponse(data, media_type="application/octet-stream", headers=headers)
+    return ChunkedResponse(  # a 304 (above) takes no download slot: it has no body to send
+        data,
+        slots=coordinator.sending,
+        send_timeout=coordinator.settings.send_timeout,
+        dropped=coordinator.telemetry.downloads_dropped,
+        media_type="application/octet-stream",
+        headers=headers,
+    )

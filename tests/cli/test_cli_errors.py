@@ -75,6 +75,26 @@ def test_validation_problems_one_line_each_without_pydantic_noise(monkeypatch):
     assert "pydantic.dev" not in str(lines)
 
 
+@pytest.mark.parametrize(
+    "name,value,problem",
+    [
+        ("MAX_SENDING", "0", "greater than or equal to 1"),
+        ("MAX_SENDING", "-3", "greater than or equal to 1"),
+        ("SEND_TIMEOUT", "0", "greater than 0"),
+        ("SEND_TIMEOUT", "-1", "greater than 0"),
+        ("SEND_TIMEOUT", "inf", "a finite number"),
+    ],
+)
+def test_the_download_limits_refuse_what_is_not_a_limit(monkeypatch, name, value, problem):
+    """FEDKEY_MAX_SENDING (download bodies at once) and FEDKEY_SEND_TIMEOUT (seconds a download
+    may wait for its reader): one line naming the variable."""
+    monkeypatch.setenv(f"FEDKEY_{name}", value)
+    with pytest.raises(ValidationError) as e:
+        Settings()
+    lines = validation_problems(e.value).splitlines()
+    assert lines == [f"FEDKEY_{name}={value}: input should be {problem}"]
+
+
 def test_an_unknown_choice_is_one_usage_line(tmp_path):
     result = runner.invoke(app, ["simulate", "--strategy", "fedfoo", "--out", str(tmp_path)])
     assert result.exit_code == 2

@@ -9,7 +9,13 @@ import hashlib
 from collections.abc import MutableMapping
 from typing import Any
 
-from server.api.routes_model import DOWNLOAD_CHUNK, YIELD_EVERY, ChunkedResponse
+from server.api.routes_model import (
+    ABORT_EXTENSION,
+    DEADLINE_SLACK,
+    DOWNLOAD_CHUNK,
+    YIELD_EVERY,
+    ChunkedResponse,
+)
 from tests.support.http import make_settings, running
 
 
@@ -72,3 +78,41 @@ def test_the_download_is_the_checkpoint_its_etag_names(tmp_path):
         assert r.headers["etag"] == f'"{hashlib.sha256(r.content).hexdigest()}"'
         again = client.get("/v1/model", headers={"If-None-Match": r.headers["etag"]})
         assert again.status_code == 304 and again.content == b""
+
+
+def test_the_send_timeout_is_for_each_send_not_the_whole_body():
+    """A reader slower than send_timeout over the whole body but quick at each slice gets it all;
+    one that stops taking slices is cut: the send is cancelled after about send_timeout, the
+    server's abort hook is called, and the download slot is given back."""
+    body = bytes(DOWNLOAD_CHUNK * 12)
+    aborted: list[bool] = []
+    scope = {"type": "http", "extensions": {ABORT_EXTENSION: {"abort": lambda: aborted.append(1)}}}
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def scenario(stall_at: int | None) -> tuple[list[dict], float, int]:
+        slots = asyncio.Semaphore(1)
+        sent: list[dict] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if len(sent) == stall_at:
+                await asyncio.sleep(60)  # a reader that takes nothing more
+            await asyncio.sleep(0.03)  # a slow reader: 12 slices take 0.36 s
+            sent.append(dict(message))
+
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        response = ChunkedResponse(body, slots=slots, send_timeout=0.2)
+        await asyncio.wait_for(response(scope, receive, send), 30)
+        return sent, loop.time() - t0, slots._value
+
+    sent, took, free = asyncio.run(scenario(None))
+    assert (
+        b"".join(bytes(m.get("body", b"")) for m in sent[1:]) == body
+        and sent[-1]["more_body"] is False
+    )
+    assert took > 0.2 and free == 1 and not aborted
+    sent, took, free = asyncio.run(scenario(5))  # the start and 4 slices, then nothing
+    assert len(sent) == 5 and 0.2 * (1 - DEADLINE_SLACK) <= took - 5 * 0.03 < 5
+    assert free == 1 and aborted == [1]
