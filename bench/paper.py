@@ -78,8 +78,8 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
     if spec.fraction is not None:
         cmd += ["--fraction", f"{spec.fraction:g}"]
     # The papers' methods as published: no server-side bounding (fedkey's default since issue 15),
-    # except under DP, whose analysis needs the clip.
-    unbounded = [] if "--dp-clip" in spec.args else ["--bound", "off"]
+    # except under DP, whose analysis needs the clip, and where a spec names its own bound.
+    unbounded = [] if {"--dp-clip", "--bound"} & set(spec.args) else ["--bound", "off"]
     return cmd + list(spec.args) + unbounded
 
 

@@ -46,7 +46,7 @@ RANKING = ("sweep", "rank", "noniid")
 WITHIN_CENTRAL = 0.10
 TOP1_VS_NGRAM = 1.25
 GPU_PTB_PPL = 100.0
-#: The methods of the ranking suites, in the tables' order of reference rows first.
+#: How each partition's phones are described in the tables.
 PARTITIONS = {"iid": "100 IID phones", "articles": "100 phones of whole articles",
               "user": "one phone per owner"}  # fmt: skip
 

@@ -131,6 +131,8 @@ KNOBS = {
 MAX_EXTENSIONS = 2
 #: The C of the sweep's runs.
 SWEEP_FRACTION = 0.1
+#: The ranking row of FedAtt under fedkey's default bounded influence.
+BOUNDED_FEDATT = "FedAtt, bounded (fedkey's default)"
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,10 @@ def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float
     methods = [
         ("FedAvg", fraction, None, ("--strategy", "fedavg")),
         ("FedAtt", fraction, "fedatt_step", ()),
+        # FedAtt as fedkey runs it by default: every delta clipped to the round's median norm,
+        # the attention scores divided by that bound (so its weights are scale-free, at most
+        # e^(1/T) apart), the papers' step 1.2 (server.influence, server.strategies.Bound).
+        (BOUNDED_FEDATT, fraction, None, ("--strategy", "fedatt", "--bound", "adaptive")),
         ("FedAttOpt", fraction, "fedattopt_step", ()),
         ("FedMed", fraction, None, ("--strategy", "fedmed")),
         ("FedAvgM", fraction, "momentum_server_lr", ()),

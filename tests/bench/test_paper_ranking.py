@@ -8,7 +8,15 @@ import typer
 from typer.testing import CliRunner
 
 from bench.paper import Bench, command, run_bench, select
-from bench.paper_suites import KNOBS, MAX_EXTENSIONS, TASKS, choose, lr_choices, planned
+from bench.paper_suites import (
+    BOUNDED_FEDATT,
+    KNOBS,
+    MAX_EXTENSIONS,
+    TASKS,
+    choose,
+    lr_choices,
+    planned,
+)
 from bench.presets import PRESETS
 from cli import app
 
@@ -82,6 +90,9 @@ def test_cpu_preset_is_issue_18s_protocol_with_the_sweeps_learning_rates():
             if spec.method == "FedAdam":
                 assert flag(words, "--server-opt") == "adam"
                 assert flag(words, "--server-lr") == "0.01"
+            # the papers' methods unbounded, as published; fedkey's FedAtt with its own bound
+            bounds = [words[i + 1] for i, w in enumerate(words) if w == "--bound"]
+            assert bounds == (["adaptive"] if spec.method == BOUNDED_FEDATT else ["off"])
 
 
 def test_gpu_preset_is_the_papers_protocol_at_both_fractions():
@@ -197,7 +208,7 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
     assert {s.dataset for s in fed} == {"wikitext-2", "demo"}
     for ds, partition, clients in (("wikitext-2", "articles", "100"), ("demo", "user", "22")):
         mine = [s for s in fed if s.dataset == ds]
-        assert PAPERS_TABLE | {"FedAvgM", "FedAdam"} == {s.method for s in mine}
+        assert PAPERS_TABLE | {"FedAvgM", "FedAdam", BOUNDED_FEDATT} == {s.method for s in mine}
         for spec in mine:
             words = command(spec, p, Path("d"), Path("o"))
             assert flag(words, "--partition") == partition and flag(words, "--clients") == clients
@@ -210,9 +221,9 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
-    # 3 tasks x 5 knobs x 3 grid values; 2 datasets x (10 methods + ngram + central);
-    # WikiText-2 by article (10) and the demo (10 + ngram + central)
-    assert plan == {"sweep": 45, "rank": 24, "noniid": 22}
+    # 3 tasks x 5 knobs x 3 grid values; 2 datasets x (11 methods + ngram + central);
+    # WikiText-2 by article (11) and the demo (11 + ngram + central)
+    assert plan == {"sweep": 45, "rank": 26, "noniid": 24}
     assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr", "fedatt_step",
                           "fedattopt_step"}  # fmt: skip
 
