@@ -268,6 +268,29 @@ def select(
     return sorted(specs, key=key)  # stable: the suites' order inside a dataset
 
 
+def superseded(preset: Preset, runs: list[dict]) -> list[str]:
+    """The ids of the preset's ranking-suite runs in `runs` whose command is not the one the
+    preset makes for that id now (its protocol or the sweep's choice changed since they ran):
+    kept in results.json until run again, not counted as done. A run's own --data and --out
+    are taken as they were."""
+    mine = [r for r in runs if r.get("preset") == preset.name]
+    suites = [s for s in preset.suites if s in ("sweep", "rank", "noniid")]
+    specs = {s.id: s for s in select(preset, suites, mine)} if suites else {}
+    stale = []
+    for r in mine:
+        words = shlex.split(r.get("command", ""))
+        if r["suite"] not in suites or "--data" not in words or "--out" not in words:
+            continue  # not a command line of this bench's: nothing to compare it with
+        spec = specs.get(r["id"])
+        if spec is not None:
+            data = Path(words[words.index("--data") + 1]).parent
+            out = Path(words[words.index("--out") + 1])
+            if shlex.join(command(spec, preset, data, out)) == r["command"]:
+                continue
+        stale.append(r["id"])
+    return stale
+
+
 #: The ranking suites' runs that cost several times a run at C 0.1 (see select).
 LATE = ("FedSGD", "AdaFL + FedAvg", "AdaFL + FedAtt")
 

@@ -224,16 +224,24 @@ def _arg(cmd: str, flag: str) -> str:
 
 
 def progress(preset: Preset, runs: list[dict]) -> str:
-    """ "N of M runs done" of a ranking preset, per suite."""
+    """ "N of M runs done" of a ranking preset, per suite; the superseded runs (bench.paper:
+    their command is not the preset's now) named and not counted."""
+    from bench.paper import superseded
+
     mine = [r for r in runs if r.get("preset") == preset.name]
+    stale = superseded(preset, runs)
     plan = planned(preset, runs)
-    done = {s: sum(r["suite"] == s for r in mine) for s in plan}
+    done = {s: sum(r["suite"] == s and r["id"] not in stale for r in mine) for s in plan}
     total_done, total = sum(done.values()), sum(max(plan[s], done[s]) for s in plan)
     parts = ", ".join(f"{s} {done[s]} of {max(plan[s], done[s])}" for s in plan)
     hours = sum(r["wall_seconds"] for r in mine) / 3600
+    old = (f" {len(stale)} runs are superseded (their command is not the one the preset makes "
+           f"now: its protocol or a sweep choice changed since) and are not counted; their rows "
+           f"stay until they are run again: {', '.join(f'`{i}`' for i in stale)}."
+           if stale else "")  # fmt: skip
     return (f"**{total_done} of {total} runs done** ({parts}; {hours:.1f} hours of run time so "
             f"far). The bench resumes where it stopped; a best value at the edge of a sweep grid "
-            f"adds a run.")  # fmt: skip
+            f"adds a run.{old}")  # fmt: skip
 
 
 def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,

@@ -1,6 +1,7 @@
 """The ranking presets of `fedkey bench paper` (issue 18, item 3): what the cpu and gpu presets run,
 the learning-rate sweep that chooses on validation only, and the command lines the CLI accepts."""
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,35 @@ def test_progress_counts_every_planned_run():
     assert plan == {"sweep": 45, "rank": 26, "noniid": 24}
     assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr", "fedatt_step",
                           "fedattopt_step"}  # fmt: skip
+
+
+def test_a_run_whose_command_the_preset_no_longer_makes_is_superseded_not_done():
+    """A run counts as done only while its command is the one the preset makes for its id (its
+    own --data and --out aside): the FedAtt that ran at the papers' epsilon 1.2 before the sweep
+    chose its step is named as superseded and left out of "N of M runs done"."""
+    from bench.paper import superseded
+    from bench.paper_report import progress
+
+    p = PRESETS["cpu"]
+    results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]
+    specs = {s.id: s for s in select(p, ["rank"], results)}
+
+    def ran(spec_id, words=None):
+        spec = specs[spec_id]
+        cmd = words or command(spec, p, Path("../data"), Path("runs/bench/cpu") / spec_id)
+        return {"id": spec_id, "suite": "rank", "preset": "cpu", "kind": spec.kind,
+                "command": shlex.join(cmd), "wall_seconds": 60.0}  # fmt: skip
+
+    fedavg = ran("rank-ptb-fedavg-c0.1")
+    cmd = command(specs["rank-ptb-fedatt-c0.1"], p, Path("d"), Path("o"))
+    at = cmd.index("--epsilon")
+    old = ran("rank-ptb-fedatt-c0.1", cmd[:at] + cmd[at + 2 :])  # before the step was swept
+    runs = [*results, fedavg, old]
+    assert superseded(p, runs) == ["rank-ptb-fedatt-c0.1"]
+    line = progress(p, runs)
+    assert "rank 1 of 26" in line and "1 runs are superseded" in line
+    assert "`rank-ptb-fedatt-c0.1`" in line
+    assert superseded(p, [*results, fedavg]) == []
 
 
 def test_costliest_runs_wait_until_every_other_run_is_done():
