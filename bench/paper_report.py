@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bench.paper import superseded
 from bench.paper_suites import KNOBS, TASK_OF, planned
 from bench.paper_tables import (
     DATASET_NAMES,
@@ -226,8 +227,6 @@ def _arg(cmd: str, flag: str) -> str:
 def progress(preset: Preset, runs: list[dict]) -> str:
     """ "N of M runs done" of a ranking preset, per suite; the superseded runs (bench.paper:
     their command is not the preset's now) named and not counted."""
-    from bench.paper import superseded
-
     mine = [r for r in runs if r.get("preset") == preset.name]
     stale = superseded(preset, runs)
     plan = planned(preset, runs)
@@ -259,6 +258,13 @@ def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
             for s in specs if s.id not in have]  # fmt: skip
 
 
+def _marked(run: dict, stale: set[str]) -> dict:
+    """A superseded run (its command not the preset's now) labelled so in the tables."""
+    if run["id"] not in stale:
+        return run
+    return {**run, "method": f"{run['method']} (superseded: run again with the current command)"}
+
+
 def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
     out = []
     for name in _presets(runs):
@@ -267,8 +273,9 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
         out += ["", f"## Language model and keyboard: preset `{name}`, "
                 f"{', '.join(f'C {c:g}' for c in preset.fractions)}, 100 IID phones", "",
                 progress(preset, runs), ""]  # fmt: skip
+        stale = set(superseded(preset, runs))
         for ds in DATASET_NAMES:
-            rank = [r for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
+            rank = [_marked(r, stale) for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
             central, ngram = references(runs, name, ds)
             wait = _waiting(preset, runs, "rank", ds, rank)
             out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait), ""]
@@ -290,8 +297,9 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
                 "the rank suite, whose centralized model and 3-gram are the reference rows) and "
                 "the demo corpus with one phone per owner (`--partition user`, 22 phones, 2 a "
                 "round at C 0.1).", ""]  # fmt: skip
+        stale = set(superseded(preset, runs))
         for ds in ("wikitext-2", "demo"):
-            mine = [r for r in noniid if r["dataset"] == ds]
+            mine = [_marked(r, stale) for r in noniid if r["dataset"] == ds]
             central, ngram = references(runs, name, ds)
             wait = _waiting(preset, runs, "noniid", ds, mine)
             out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
