@@ -8,6 +8,7 @@ No torch here: the report is written (and tested) from a plain result dict, the 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 # The steps of `fedkey bench perf`, in the order they run (also the names --skip takes).
@@ -43,6 +44,21 @@ def _row(measure: str, figure: str, target: str, ok: bool | None, status: str | 
     return {"measure": measure, "figure": figure, "target": target, "status": status}
 
 
+def _measured(
+    measure: str,
+    value: float | None,
+    fmt: str,
+    target: str,
+    ok: Callable[[float], bool],
+    status: str | None = None,
+):
+    """The row of a figure that may be missing: "-" and skipped when `value` is None, else
+    `fmt` of it, met when `ok(value)`."""
+    if value is None:
+        return _row(measure, "-", target, None, status)
+    return _row(measure, fmt.format(value), target, ok(value), status)
+
+
 def targets(result: dict) -> list[dict]:
     """One row per target: {"measure", "figure", "target", "status"}; status is "met",
     "not met", "skipped" (step skipped or figure unavailable) or "failed" (the step failed)."""
@@ -52,11 +68,12 @@ def targets(result: dict) -> list[dict]:
     for device in [d for d in ("cpu", "cuda") if d in (s or {})] or ["cpu"]:
         ratio = (s or {}).get(device, {}).get("ratio")
         rows.append(
-            _row(
+            _measured(
                 f"trainer tokens/s vs bare PyTorch loop ({device})",
-                "-" if ratio is None else f"{ratio:.3f}x",
+                ratio,
+                "{:.3f}x",
                 ">= 0.9x",
-                None if ratio is None else ratio >= 0.9,
+                lambda v: v >= 0.9,
                 why,
             )
         )
@@ -68,11 +85,12 @@ def targets(result: dict) -> list[dict]:
     ):
         r = (s or {}).get(key)
         rows.append(
-            _row(
+            _measured(
                 label,
-                "-" if r is None else f"{r:.3f}x",
+                r,
+                "{:.3f}x",
                 "<= 1.05x",
-                None if r is None else r <= 1.05,
+                lambda v: v <= 1.05,
                 why,
             )
         )
@@ -105,11 +123,12 @@ def targets(result: dict) -> list[dict]:
     ws = (s or {}).get("ws") or {}
     p99 = ws.get("p99_ms")
     rows.append(
-        _row(
+        _measured(
             f"suggestion latency over the WebSocket, p99 ({ws.get('n', '-')} keystrokes)",
-            "-" if p99 is None else f"{p99:.2f} ms",
+            p99,
+            "{:.2f} ms",
             "<= 5 ms",
-            None if p99 is None else p99 <= 5,
+            lambda v: v <= 5,
             why,
         )
     )
@@ -120,11 +139,12 @@ def targets(result: dict) -> list[dict]:
         ("in-browser (wasm) median, keystrokes with a model step", model_step),
     ):
         rows.append(
-            _row(
+            _measured(
                 label,
-                "-" if value is None else f"{value:.2f} ms",
+                value,
+                "{:.2f} ms",
                 "<= 10 ms",
-                None if value is None else value <= 10,
+                lambda v: v <= 10,
                 why,
             )
         )
@@ -132,11 +152,12 @@ def targets(result: dict) -> list[dict]:
     s, why = _step(result, "export")
     change = (s or {}).get("ppl_change_pct")
     rows.append(
-        _row(
+        _measured(
             "int8 perplexity change on held-out text",
-            "-" if change is None else f"{change:+.3f}%",
+            change,
+            "{:+.3f}%",
             "<= 1%",
-            None if change is None else abs(change) <= 1.0,
+            lambda v: abs(v) <= 1.0,
             why,
         )
     )
@@ -146,23 +167,25 @@ def targets(result: dict) -> list[dict]:
     for device in [d for d in ("cpu", "cuda") if d in speed] or ["cpu"]:
         ratio = speed.get(device, {}).get("ratio")
         rows.append(
-            _row(
+            _measured(
                 f"trainer tokens/s, bf16 vs fp32 ({device})",
-                "-" if ratio is None else f"{ratio:.3f}x",
+                ratio,
+                "{:.3f}x",
                 ">= 1.8x",
-                None if ratio is None else ratio >= 1.8,
+                lambda v: v >= 1.8,
                 why,
             )
         )
     quality = (s or {}).get("quality") or {}
     change = quality.get("test_ppl_change_pct")
     rows.append(
-        _row(
+        _measured(
             f"test perplexity, bf16 vs fp32 (the same {quality.get('fp32', {}).get('rounds', 10)}"
             "-round run)",
-            "-" if change is None else f"{change:+.3f}%",
+            change,
+            "{:+.3f}%",
             "within 1%",
-            None if change is None else abs(change) <= 1.0,
+            lambda v: abs(v) <= 1.0,
             why,
         )
     )
@@ -170,11 +193,12 @@ def targets(result: dict) -> list[dict]:
     s, why = _step(result, "gpu_share")
     speedup = (s or {}).get("speedup_over_one_process")
     rows.append(
-        _row(
+        _measured(
             "phones side by side on one GPU: best pool's tokens/s vs one process",
-            "-" if speedup is None else f"{speedup:.2f}x",
+            speedup,
+            "{:.2f}x",
             ">= 2x",
-            None if speedup is None else speedup >= 2.0,
+            lambda v: v >= 2.0,
             why,
         )
     )
@@ -195,11 +219,12 @@ def targets(result: dict) -> list[dict]:
     s, why = _step(result, "ray")
     ratio = (s or {}).get("round_seconds_ratio_of_best")
     rows.append(
-        _row(
+        _measured(
             "`--backend ray` vs `local`, summed per-round seconds (same simulate)",
-            "-" if ratio is None else f"{ratio:.3f}x",
+            ratio,
+            "{:.3f}x",
             "<= 1.1x",
-            None if ratio is None else ratio <= 1.1,
+            lambda v: v <= 1.1,
             why,
         )
     )
