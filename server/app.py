@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from server.admission import Admission
 from server.api import ROUTERS
 from server.api.deps import MAX_JSON_BODY
 from server.api.deps import clamp_wait as _clamp_wait
@@ -96,4 +97,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for router in ROUTERS:
         app.include_router(router)
+    if settings.admit_per_tick:
+        app.add_middleware(Admission, per_tick=settings.admit_per_tick)
     return app

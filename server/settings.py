@@ -190,6 +190,10 @@ class Settings(BaseSettings):
     limit_concurrency: int = Field(20_000, ge=1)
     # ... and h11's buffer for a request line + headers still unfinished: past it, 400 and closed.
     max_header_bytes: int = Field(16_384, ge=1024)
+    # New HTTP requests that begin their work in one event-loop iteration (server.admission);
+    # the others wait their turn for a few ms, so a burst of arrivals cannot hold the loop for
+    # one long iteration (/healthz and /metrics skip the queue). 0: no limit.
+    admit_per_tick: int = Field(32, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
