@@ -7,12 +7,13 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
 from starlette.types import Message, Receive, Scope, Send
 
 from server.api.deps import CoordinatorDep
 from server.api.schemas import OVERLOADED, errors
+from server.slots import acquire_within
 
 router = APIRouter(tags=["model"])
 log = logging.getLogger("fedkey.server")
@@ -77,11 +78,13 @@ class ChunkedResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         slots = self.slots
-        if slots is not None and not await _take(slots, GATE_WAIT):
+        if slots is not None and not await acquire_within(slots, GATE_WAIT):
             self._count("busy")
-            busy = PlainTextResponse(
-                f"no model download slot came free within {GATE_WAIT:g} s: the server is busy; "
-                "retry after Retry-After",
+            busy = JSONResponse(
+                {
+                    "detail": f"no model download slot came free within {GATE_WAIT:g} s: the "
+                    "server is busy; retry after Retry-After"
+                },
                 status_code=503,
                 headers={"Retry-After": str(BUSY_RETRY_AFTER)},
             )
@@ -139,18 +142,6 @@ class ChunkedResponse(Response):
             self.dropped.labels(why=why).inc()
 
 
-async def _take(slots: asyncio.Semaphore, wait: float) -> bool:
-    """Acquire one of `slots` within `wait` seconds: True when it is held."""
-    if not slots.locked():
-        return await slots.acquire()  # at once, without a timer
-    try:
-        async with asyncio.timeout(wait):
-            await slots.acquire()
-    except TimeoutError:
-        return False  # (a slot handed over as the time ran out is passed on to the next waiter)
-    return True
-
-
 def _watched(send: Send, idle: asyncio.Timeout, limit: float) -> Send:
     """`send`, each call due within `limit` seconds of its start (``DEADLINE_SLACK`` aside) on
     the `idle` timeout, which cancels the sender when it expires."""
@@ -179,13 +170,7 @@ MODEL_ERRORS = errors({})
 MODEL_ERRORS[503] = {
     **MODEL_ERRORS[503],
     "description": f"{OVERLOADED}; or no download slot (FEDKEY_MAX_SENDING) came free within "
-    f"{GATE_WAIT:g} s, with Retry-After",
-    "headers": {
-        "Retry-After": {
-            "description": "seconds to wait before trying again (the download slots' 503)",
-            "schema": {"type": "integer"},
-        }
-    },
+    f"{GATE_WAIT:g} s",
 }
 
 

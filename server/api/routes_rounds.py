@@ -15,6 +15,7 @@ from server.api.deps import (
 )
 from server.api.schemas import (
     FULL_DISK,
+    OVERLOADED,
     STALLED,
     UPLOAD_BODY,
     LossAnswer,
@@ -24,6 +25,7 @@ from server.api.schemas import (
     errors,
     json_body,
 )
+from server.uploads import RECEIVE_WAIT
 
 router = APIRouter(tags=["rounds"])
 
@@ -80,23 +82,31 @@ async def report_loss(
     return await coordinator.report_loss(authorization, n, raw, clamp_wait(wait))
 
 
+UPDATE_ERRORS = errors(
+    {
+        400: "the body is not a safetensors file, or Content-Length is not a number",
+        401: UNAUTHORIZED,
+        403: f"{NOT_SELECTED}; or the topK decision is pending",
+        409: f"{NOT_OPEN}; or a different update was already uploaded",
+        413: "the body is larger than the model plus the allowed margin",
+        408: STALLED,
+        422: "n is not an integer; tensor names, shapes or dtypes that do not fit the model; "
+        "NaN or Inf; a missing or malformed X-Fedkey-* header",
+        507: FULL_DISK.format(what="update"),
+    }
+)
+UPDATE_ERRORS[503] = {
+    **UPDATE_ERRORS[503],
+    "description": f"{OVERLOADED}; or no upload slot (FEDKEY_MAX_RECEIVING) came free within "
+    f"{RECEIVE_WAIT:g} s",
+}
+
+
 @router.post(
     "/v1/rounds/{n}/update",
     response_model=UploadReceipt,
     openapi_extra=UPLOAD_BODY,
-    responses=errors(
-        {
-            400: "the body is not a safetensors file, or Content-Length is not a number",
-            401: UNAUTHORIZED,
-            403: f"{NOT_SELECTED}; or the topK decision is pending",
-            409: f"{NOT_OPEN}; or a different update was already uploaded",
-            413: "the body is larger than the model plus the allowed margin",
-            408: STALLED,
-            422: "n is not an integer; tensor names, shapes or dtypes that do not fit the model; "
-            "NaN or Inf; a missing or malformed X-Fedkey-* header",
-            507: FULL_DISK.format(what="update"),
-        }
-    ),
+    responses=UPDATE_ERRORS,
 )
 async def upload(
     n: RoundNumber, request: Request, coordinator: CoordinatorDep, authorization: AuthorizationDep

@@ -155,9 +155,16 @@ class ErrorBody(BaseModel):
 # -- the error statuses of each route (responses=) -------------------------------------------------
 
 OVERLOADED = (
-    "overloaded: uvicorn's connection limit (FEDKEY_LIMIT_CONCURRENCY) is reached; a plain-text "
-    "body"
+    "busy: the database (a JSON body, with Retry-After), or uvicorn's connection limit "
+    "(FEDKEY_LIMIT_CONCURRENCY, a plain-text body); retry later"
 )
+#: The 503's Retry-After, for `errors` and the routes that add a 503 of their own.
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before trying again",
+        "schema": {"type": "integer"},
+    }
+}
 
 
 #: The 408 of a body that stopped arriving (server.validation.BODY_IDLE_TIMEOUT), for `errors`.
@@ -168,19 +175,19 @@ FULL_DISK = "the server's disk is full: the {what} was not stored; retry after R
 
 def errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route: each status with its one-line description and an ErrorBody (429
-    and 507 with Retry-After), plus uvicorn's 503 (plain text), which any route may get."""
+    and 507 with Retry-After), plus the 503 any route may get: the server's own (an ErrorBody with
+    Retry-After) or uvicorn's past its connection limit (plain text)."""
     out: dict[int | str, dict[str, Any]] = {}
     for status, description in described.items():
         out[status] = {"model": ErrorBody, "description": description}
         if status in (429, 507):
-            out[status]["headers"] = {
-                "Retry-After": {
-                    "description": "seconds to wait before trying again",
-                    "schema": {"type": "integer"},
-                }
-            }
+            out[status]["headers"] = RETRY_AFTER
     out[503] = {
         "description": OVERLOADED,
-        "content": {"text/plain": {"schema": {"type": "string"}}},
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}},
+            "text/plain": {"schema": {"type": "string"}},
+        },
+        "headers": RETRY_AFTER,
     }
     return out

@@ -9,6 +9,7 @@ import asyncio
 import threading
 
 import server.upload_store
+import server.uploads
 from tests.support.http import enroll_phones, make_settings, running
 from tests.support.wait import wait_for
 
@@ -50,4 +51,41 @@ def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatc
             for t in threads:
                 t.join(60)
         assert answers == {0: 200, 1: 200} and most[0] == 1
+        wait_for(lambda: client.get("/healthz").json()["state"] == "finished")
+
+
+def test_an_upload_that_finds_no_slot_in_time_is_told_to_come_back(tmp_path, monkeypatch):
+    """Past RECEIVE_WAIT without a slot: 503 + Retry-After, nothing read or stored (a phone
+    retries it); the same upload once the slot is free is received as usual."""
+    release = threading.Event()
+    real = server.upload_store.receive
+
+    async def held(*args, **kwargs):  # holds the one slot until released
+        await asyncio.to_thread(release.wait, 60)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(server.upload_store, "receive", held)
+    monkeypatch.setattr(server.uploads, "RECEIVE_WAIT", 0.5)
+    settings = make_settings(tmp_path, rounds=1, wait_devices=2, max_receiving=1)
+    with running(settings) as client:
+        gate = client.app_ref.state.coordinator._receiving
+        phones = enroll_phones(client, 2)
+        for p in phones:
+            p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
+        first: list[int] = []
+        holder = threading.Thread(target=lambda: first.append(phones[0].upload().status_code))
+        try:
+            holder.start()
+            wait_for(lambda: gate.locked(), what="the first body never took the slot")
+            busy = phones[1].upload()
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
+            assert "no upload slot came free" in busy.json()["detail"]
+            coordinator = client.app_ref.state.coordinator
+            assert phones[1].name not in coordinator.current.uploads  # nothing stored for it
+            assert not any(tmp_path.glob(f"run/**/*{phones[1].name}*"))
+        finally:
+            release.set()
+            holder.join(60)
+        assert first == [200]
+        assert phones[1].upload().status_code == 200  # the retry, once the slot is free
         wait_for(lambda: client.get("/healthz").json()["state"] == "finished")

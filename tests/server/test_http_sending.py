@@ -256,7 +256,7 @@ def test_a_download_that_finds_no_slot_in_time_is_told_to_come_back(served, free
     with stalled_reader(served):
         r = httpx.get(f"{served.base}/v1/model", timeout=30)
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
-        assert "no model download slot" in r.text
+        assert "no model download slot" in r.json()["detail"]  # every error is {"detail": ...}
         assert served.dropped("busy") == busy + 1
     wait_for(lambda: served.slots._value == 1, what="the slot was never given back")
     r = httpx.get(f"{served.base}/v1/model", timeout=30)

@@ -71,8 +71,12 @@ def test_every_route_documents_its_errors(doc):
             body = responses[str(status)]
             assert body["content"]["application/json"]["schema"] == ERROR, (key, status)
             assert len(body["description"]) > 10 and "\n" not in body["description"]
-        # uvicorn's own 503 past its connection limit is plain text
-        assert set(responses["503"]["content"]) == {"text/plain"}, key
+        # the server's own 503 (the database busy, a gate's wait) is an ErrorBody with
+        # Retry-After; uvicorn's past its connection limit is plain text
+        busy = responses["503"]
+        assert set(busy["content"]) == {"application/json", "text/plain"}, key
+        assert busy["content"]["application/json"]["schema"] == ERROR, key
+        assert busy["headers"]["Retry-After"]["schema"] == {"type": "integer"}, key
     for key, status in [
         (("/v1/devices", "post"), "429"),
         (("/v1/rounds/{n}/loss", "post"), "507"),
