@@ -117,9 +117,21 @@ def cohort_size(phones: int, fraction: float = FRACTION) -> int:
     return server_cohort_size(fraction, phones)
 
 
+def server_overrides() -> dict[str, str]:
+    """The server settings this bench's environment passes on to the server it starts
+    (``FEDKEY_*``, but the storage, which is the bench's own)."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith("FEDKEY_") and k != "FEDKEY_STORAGE"
+    }
+
+
 def command(cell: Cell, opts: Options) -> list[str]:
-    """The command line that runs this cell alone."""
-    cmd = ["fedkey", "bench", "load", "--phones", str(cell.phones), "--rounds", str(cell.rounds)]
+    """The command line that runs this cell alone, the server settings taken from the environment
+    first (``FEDKEY_MAX_SENDING=16 fedkey bench load ...``): another setting is another cell."""
+    cmd = [f"{k}={v}" for k, v in server_overrides().items()]
+    cmd += ["fedkey", "bench", "load", "--phones", str(cell.phones), "--rounds", str(cell.rounds)]
     cmd += ["--label", cell.label]
     if cell.database != "sqlite":
         cmd += ["--database", cell.database]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import socket
 import time
 
@@ -58,7 +59,9 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     assert [x["id"] for x in again] == [r["id"]]
 
 
-def test_dry_run_prints_each_cells_command(tmp_path, capsys):
+def test_dry_run_prints_each_cells_command(tmp_path, capsys, monkeypatch):
+    for name in load_bench.server_overrides():
+        monkeypatch.delenv(name)
     run_load([200, 1000], 3, label="baseline", out=tmp_path, dry_run=True)
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
@@ -74,6 +77,12 @@ def test_dry_run_prints_each_cells_command(tmp_path, capsys):
     assert command(nicer, Options())[-2:] == ["--phones-nice", "10"]
     assert nicer.id != Cell(10, 1, "x").id  # another cell, not a rerun of the same one
     assert Options().driver_count(10_000) == 2 and Options().driver_count(3) == 1
+    # a server setting from the environment (it reaches the server) is part of the command
+    monkeypatch.setenv("FEDKEY_ADMIT_PER_TICK", "0")
+    monkeypatch.setenv("FEDKEY_STORAGE", "/elsewhere")  # the bench's own: not passed on
+    assert shlex.join(command(Cell(10, 1, "x"), Options())).startswith(
+        "FEDKEY_ADMIT_PER_TICK=0 fedkey bench load --phones 10 "
+    )
 
 
 def test_cohort_is_the_servers_ten_percent():
