@@ -18,7 +18,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server import quiet_gc
-from server.api.routes_model import ABORT_EXTENSION
+from server.api.routes_model import TRANSPORT_EXTENSION
 from server.app import MAX_JSON_BODY, create_app
 from server.settings import Settings
 
@@ -30,10 +30,11 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     once the request has begun, so a chunk that also carries the end of the previous request
     counts whole: an overcount of one chunk at most, never an undercount.
 
-    Each request's scope also carries ``scope["extensions"][ABORT_EXTENSION]["abort"]``, the
-    transport's abort: a model download cut for a reader that stopped reading closes its socket
-    at once (server.api.routes_model.ChunkedResponse), where a close would wait for ever for the
-    buffer to be read."""
+    Each request's scope also carries ``scope["extensions"][TRANSPORT_EXTENSION]``: the
+    transport's ``abort`` (a model download cut for a reader that stopped reading closes its
+    socket at once, where a close would wait for ever for the buffer to be read) and
+    ``write_paused`` (a download whose reader is behind gives its slot to another meanwhile;
+    server.api.routes_model.ChunkedResponse)."""
 
     max_head = 16_384
     _in_head = False
@@ -42,7 +43,13 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._head = True, 0
-        self.scope["extensions"] = {ABORT_EXTENSION: {"abort": self.transport.abort}}
+        flow = self.flow
+        self.scope["extensions"] = {
+            TRANSPORT_EXTENSION: {
+                "abort": self.transport.abort,
+                "write_paused": lambda: flow.write_paused,
+            }
+        }
 
     def on_headers_complete(self) -> None:
         self._in_head = False

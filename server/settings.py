@@ -163,8 +163,8 @@ class Settings(BaseSettings):
     # routes_model.YIELD_EVERY slices (about 0.37 ms) in every loop iteration, so this bounds
     # how late an iteration runs when a round opens and its cohort asks for the model at once
     # (unbounded, hundreds of steps made iterations of 0.1-0.3 s at 10,000 phones, issue 16):
-    # 32 steps are about 12 ms an iteration. A slot is held for a whole download, a slow
-    # reader's too (32 phones at 1 Mbit/s take 35 s each): raise it for phones on slow links.
+    # 32 steps are about 12 ms an iteration. A download whose reader is behind (a slow link)
+    # is no such step: it gives its slot to another until the reader has caught up.
     max_sending: int = Field(32, ge=1)
     # Seconds one slice of a download may wait for its reader (uvicorn's flow control waits
     # while the connection's buffer is full): past it the download is cut and the connection

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -46,12 +48,14 @@ BUSY_RETRY_AFTER = 5
 #: not at every slice (a move is about 3 us, a slice about 46 us). A reader that takes nothing is
 #: cut after between 0.9 and 1 times send_timeout.
 DEADLINE_SLACK = 0.1
-#: The ASGI scope extension through which the server (server.main.HeadLimitedHttpTools) lets a
-#: response abort its connection: ``scope["extensions"][ABORT_EXTENSION]["abort"]()``. ASGI has
-#: no message for it: an app that returns mid-body only makes uvicorn close the connection (with
-#: an error line in its log), and a transport's close waits until its buffer is written, which
-#: to a reader that stopped reading is never: the socket would stay open.
-ABORT_EXTENSION = "fedkey.abort"
+#: The ASGI scope extension through which the server (server.main.HeadLimitedHttpTools) shows a
+#: response its connection's transport: ``scope["extensions"][TRANSPORT_EXTENSION]``, a dict of
+#: ``"abort"`` (abort the connection) and ``"write_paused"`` (whether the reader is behind:
+#: uvicorn's flow control holds the next send until the transport's buffer drains). ASGI has
+#: neither. An app that returns mid-body only makes uvicorn close the connection (with an error
+#: line in its log), and a transport's close waits until its buffer is written, which to a reader
+#: that stopped reading is never: the socket would stay open.
+TRANSPORT_EXTENSION = "fedkey.transport"
 
 
 class ChunkedResponse(Response):
@@ -59,8 +63,12 @@ class ChunkedResponse(Response):
     yielding to the event loop every ``YIELD_EVERY`` slices.
 
     With `slots`, the body is sent only while one of them is held (the answer waits up to
-    ``GATE_WAIT`` s for it, else 503); with `send_timeout`, a send that waits longer than that for
-    the reader cuts the download and aborts the connection. `dropped` counts both (label why)."""
+    ``GATE_WAIT`` s for it, else 503). A download whose reader is behind gives its slot back
+    until the reader has caught up, then waits for one again: the slots bound the downloads that
+    are work for the event loop, and a slow reader's is not (32 phones at 1 Mbit/s would
+    otherwise hold every slot for 35 s each). With `send_timeout`, a send that waits longer than
+    that for the reader cuts the download and aborts the connection. `dropped` counts the 503s
+    and the cuts (label why)."""
 
     def __init__(
         self,
@@ -77,44 +85,50 @@ class ChunkedResponse(Response):
         self.dropped = dropped
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        slots = self.slots
-        if slots is not None and not await acquire_within(slots, GATE_WAIT):
-            self._count("busy")
-            busy = JSONResponse(
-                {
-                    "detail": f"no model download slot came free within {GATE_WAIT:g} s: the "
-                    "server is busy; retry after Retry-After"
-                },
-                status_code=503,
-                headers={"Retry-After": str(BUSY_RETRY_AFTER)},
-            )
-            await busy(scope, receive, send)
-            return
+        slot = None
+        if self.slots is not None:
+            if not await acquire_within(self.slots, GATE_WAIT):
+                self._count("busy")
+                await _busy(scope, receive, send)
+                return
+            paused = scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}).get("write_paused")
+            slot = _Slot(self.slots, paused)
         try:
             if self.send_timeout is None:
-                await self._send_all(send)
+                await self._send_all(send, slot)
                 return
             idle = asyncio.timeout(None)
             try:
                 async with idle:
-                    await self._send_all(_watched(send, idle, self.send_timeout))
+                    watched = _Watched(send, idle, self.send_timeout)
+                    await self._send_all(watched, slot, watched.pause)
             except TimeoutError:
                 if not idle.expired():
                     raise
                 await self._cut(scope)
         finally:
-            if slots is not None:
-                slots.release()
+            if slot is not None:
+                slot.give_back()
 
-    async def _send_all(self, send: Send) -> None:
-        """The answer: its start, the body's slices, the end."""
+    async def _send_all(
+        self, send: Send, slot: _Slot | None, untimed: Callable[[], None] | None = None
+    ) -> None:
+        """The answer: its start, the body's slices, the end; the slot given back while the
+        reader is behind and taken again before the next slice (`untimed` first: a wait for a
+        slot is not a reader that stopped)."""
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         body = memoryview(self.body)
         for i, start in enumerate(range(0, len(body), DOWNLOAD_CHUNK)):
+            if slot is not None:
+                slot.give_back_if_behind()
             chunk = body[start : start + DOWNLOAD_CHUNK]
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if slot is not None and not slot.held:
+                if untimed is not None:
+                    untimed()
+                await slot.take()
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let the loop serve others between two slices
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -130,7 +144,7 @@ class ChunkedResponse(Response):
             f"{client[0]}:{client[1]}" if client else "a client",
             self.send_timeout,
         )
-        abort = scope.get("extensions", {}).get(ABORT_EXTENSION, {}).get("abort")
+        abort = scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}).get("abort")
         if abort is not None:
             abort()
             # The transport's connection_lost is due at once (call_soon): let it run before the
@@ -142,22 +156,62 @@ class ChunkedResponse(Response):
             self.dropped.labels(why=why).inc()
 
 
-def _watched(send: Send, idle: asyncio.Timeout, limit: float) -> Send:
+class _Slot:
+    """One download's slot: held while the download is work for the loop."""
+
+    def __init__(self, slots: asyncio.Semaphore, paused: Callable[[], bool] | None) -> None:
+        self.slots = slots
+        self.paused = paused  # None (no transport to ask): the slot is held throughout
+        self.held = True
+
+    def give_back_if_behind(self) -> None:
+        if self.held and self.paused is not None and self.paused():
+            self.give_back()
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.slots.release()
+
+    async def take(self) -> None:
+        await self.slots.acquire()
+        self.held = True
+
+
+async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
+    """503: no slot came free within GATE_WAIT; nothing of the body was promised."""
+    busy = JSONResponse(
+        {
+            "detail": f"no model download slot came free within {GATE_WAIT:g} s: the server is "
+            "busy; retry after Retry-After"
+        },
+        status_code=503,
+        headers={"Retry-After": str(BUSY_RETRY_AFTER)},
+    )
+    await busy(scope, receive, send)
+
+
+class _Watched:
     """`send`, each call due within `limit` seconds of its start (``DEADLINE_SLACK`` aside) on
     the `idle` timeout, which cancels the sender when it expires."""
-    loop = asyncio.get_running_loop()
-    slack = limit * DEADLINE_SLACK
-    deadline = -limit
 
-    async def watched(message: Message) -> None:
-        nonlocal deadline
-        now = loop.time()
-        if now + limit - deadline > slack:
-            deadline = now + limit
-            idle.reschedule(deadline)
-        await send(message)
+    def __init__(self, send: Send, idle: asyncio.Timeout, limit: float) -> None:
+        self.send, self.idle, self.limit = send, idle, limit
+        self.slack = limit * DEADLINE_SLACK
+        self.deadline = -math.inf
+        self.loop = asyncio.get_running_loop()
 
-    return watched
+    async def __call__(self, message: Message) -> None:
+        now = self.loop.time()
+        if now + self.limit - self.deadline > self.slack:
+            self.deadline = now + self.limit
+            self.idle.reschedule(self.deadline)
+        await self.send(message)
+
+    def pause(self) -> None:
+        """No deadline until the next send: what comes first is not a wait for the reader."""
+        self.deadline = -math.inf
+        self.idle.reschedule(None)
 
 
 MODEL_HEADERS = {

@@ -1,8 +1,9 @@
 """Model download bodies are sent at most `settings.max_sending` at a time (issue 16): each body
 being sent is a download step ready in every event-loop iteration, and a round's cohort asking for
 the model at once made iterations of 0.1-0.3 s. The others wait for a slot before their answer
-starts (503 + Retry-After past routes_model.GATE_WAIT); a 304 takes none; a reader that takes
-nothing for `settings.send_timeout` seconds is cut off, its connection aborted and its slot freed.
+starts (503 + Retry-After past routes_model.GATE_WAIT); a 304 takes none; a download whose
+reader is behind gives its slot to another until it catches up; a reader that takes nothing for
+`settings.send_timeout` seconds is cut off, its connection aborted.
 
 A real uvicorn (uvloop, httptools) on loopback: flow control is the transport's. Its listening
 socket has a small send buffer, which the connections it accepts inherit, so a reader that stops
@@ -11,6 +12,7 @@ buffers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -64,11 +66,19 @@ class Served:
     def dropped(self, why: str) -> float:
         return self.coordinator.telemetry.downloads_dropped.labels(why=why)._value.get()
 
-    def connected(self, sock: socket.socket) -> bool:
-        """Whether the server still holds the connection of `sock` (its transport not lost)."""
+    def connection(self, sock: socket.socket):
+        """The server's protocol of the connection of `sock`, None once its transport is lost."""
         peer = sock.getsockname()
         conns = list(self.server.server_state.connections)
-        return any(getattr(c, "client", None) == peer for c in conns)
+        return next((c for c in conns if getattr(c, "client", None) == peer), None)
+
+    def connected(self, sock: socket.socket) -> bool:
+        return self.connection(sock) is not None
+
+    def behind(self, sock: socket.socket) -> bool:
+        """Whether the server's sends to `sock` wait for it (uvicorn's flow control)."""
+        conn = self.connection(sock)
+        return conn is not None and conn.flow.write_paused
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +124,17 @@ def served(tmp_path_factory) -> Iterator[Served]:
     assert not thread.is_alive()
 
 
+@contextlib.contextmanager
+def slot_taken(served: Served) -> Iterator[None]:
+    """The one download slot held (as by a download to a fast reader), then given back."""
+    loop = served.server.servers[0].get_loop()
+    asyncio.run_coroutine_threadsafe(served.slots.acquire(), loop).result(10)
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(served.slots.release)
+
+
 @pytest.fixture
 def free_slot(served: Served) -> Iterator[None]:
     """Each test starts and ends with the slot free and no new error in the server's log."""
@@ -139,7 +160,7 @@ def stalled_reader(served: Served) -> Iterator[socket.socket]:
     try:
         sock.connect(("127.0.0.1", served.port))
         sock.sendall(b"GET /v1/model HTTP/1.1\r\nHost: x\r\n\r\n")
-        wait_for(lambda: served.slots._value == 0, what="the stalled download took no slot")
+        wait_for(lambda: served.behind(sock), what="the server's sends never waited for the reader")
         yield sock
     finally:
         sock.close()
@@ -187,34 +208,46 @@ def download(served: Served, out: dict, **headers: str) -> threading.Thread:
     return thread
 
 
-def test_a_second_download_waits_for_the_slot_a_stalled_reader_holds(served, free_slot):
-    """max_sending=1: a second download queues while the first reader reads nothing, and gets
-    its body once the first has been read through."""
+def test_a_reader_that_is_behind_gives_its_slot_to_the_next_download(served, free_slot):
+    """max_sending=1: while the first reader reads nothing, a second download gets the slot and
+    its whole body; the first then reads on and gets its own whole body too."""
     with stalled_reader(served) as first:
         out: dict = {}
         second = download(served, out)
-        wait_for(
-            lambda: "response" in out or len(served.slots._waiters or ()) == 1,
-            what="the second download neither queued nor was answered",
-        )
-        assert "response" not in out, "answered while the only slot was held"
-        assert len(served.slots._waiters or ()) == 1
+        second.join(60)
+        r = out["response"]
+        assert isinstance(r, httpx.Response) and r.status_code == 200, r
+        assert r.content == served.model and r.headers["etag"] == etag_of(r.content)
+        assert int(r.headers["content-length"]) == len(r.content)
+        assert served.behind(first)  # answered while the first still read nothing
         head, body, ended = read_answer(first)  # the first reader reads again, to the end
         assert head.startswith(b"HTTP/1.1 200") and not ended
         assert body == served.model and etag_of(body).encode() in head
-        second.join(60)
+
+
+def test_a_download_waits_for_the_slot_while_another_holds_it(served, free_slot):
+    """The slot taken (a download to a fast reader): a download waits, its answer not begun,
+    and gets the whole model once the slot is free."""
+    out: dict = {}
+    with slot_taken(served):
+        second = download(served, out)
+        wait_for(
+            lambda: "response" in out or len(served.slots._waiters or ()) == 1,
+            what="the download neither queued nor was answered",
+        )
+        assert "response" not in out, "answered while the only slot was held"
+    second.join(60)
     r = out["response"]
     assert isinstance(r, httpx.Response) and r.status_code == 200, r
-    assert r.content == served.model and r.headers["etag"] == etag_of(r.content)
-    assert int(r.headers["content-length"]) == len(r.content)
+    assert r.content == served.model
 
 
-def test_a_reader_that_stops_reading_is_cut_off_and_its_slot_freed(served, free_slot, monkeypatch):
+def test_a_reader_that_stops_reading_is_cut_off(served, free_slot, monkeypatch):
     """Past send_timeout without the reader taking anything: the connection is aborted while
-    the reader still reads nothing (a close would wait for it), the download queued behind it
-    gets the whole model, and the server is as before: /healthz 200, the same model, one warning
-    line and no error in its log. (1 s, not less: the queued download has it too, and its reader,
-    a thread of this process, must not look stalled on a busy machine.)"""
+    the reader still reads nothing (a close would wait for it), a download meanwhile gets the
+    whole model, and the server is as before: /healthz 200, the same model, one warning line and
+    no error in its log. (1 s, not less: the other download has it too, and its reader, a thread
+    of this process, must not look stalled on a busy machine.)"""
     monkeypatch.setattr(served.settings, "send_timeout", 1.0)
     stalled = served.dropped("stalled")
     before = len(served.log.records)
@@ -239,7 +272,7 @@ def test_a_reader_that_stops_reading_is_cut_off_and_its_slot_freed(served, free_
 
 
 def test_a_304_is_answered_while_every_slot_is_taken(served, free_slot):
-    with stalled_reader(served):
+    with slot_taken(served):
         r = httpx.get(
             f"{served.base}/v1/model", headers={"If-None-Match": etag_of(served.model)}, timeout=10
         )
@@ -253,7 +286,7 @@ def test_a_download_that_finds_no_slot_in_time_is_told_to_come_back(served, free
     body; once the slot is free again the download is served."""
     monkeypatch.setattr(routes_model, "GATE_WAIT", 0.5)
     busy = served.dropped("busy")
-    with stalled_reader(served):
+    with slot_taken(served):
         r = httpx.get(f"{served.base}/v1/model", timeout=30)
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert "no model download slot" in r.json()["detail"]  # every error is {"detail": ...}

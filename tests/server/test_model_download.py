@@ -9,10 +9,12 @@ import hashlib
 from collections.abc import MutableMapping
 from typing import Any
 
+import pytest
+
 from server.api.routes_model import (
-    ABORT_EXTENSION,
     DEADLINE_SLACK,
     DOWNLOAD_CHUNK,
+    TRANSPORT_EXTENSION,
     YIELD_EVERY,
     ChunkedResponse,
 )
@@ -86,7 +88,10 @@ def test_the_send_timeout_is_for_each_send_not_the_whole_body():
     server's abort hook is called, and the download slot is given back."""
     body = bytes(DOWNLOAD_CHUNK * 12)
     aborted: list[bool] = []
-    scope = {"type": "http", "extensions": {ABORT_EXTENSION: {"abort": lambda: aborted.append(1)}}}
+    scope = {
+        "type": "http",
+        "extensions": {TRANSPORT_EXTENSION: {"abort": lambda: aborted.append(1)}},
+    }
 
     async def receive() -> dict:
         return {"type": "http.disconnect"}
@@ -116,3 +121,99 @@ def test_the_send_timeout_is_for_each_send_not_the_whole_body():
     sent, took, free = asyncio.run(scenario(5))  # the start and 4 slices, then nothing
     assert len(sent) == 5 and 0.2 * (1 - DEADLINE_SLACK) <= took - 5 * 0.03 < 5
     assert free == 1 and aborted == [1]
+
+
+def slices_sent(sent: list[dict]) -> bytes:
+    return b"".join(bytes(m.get("body", b"")) for m in sent[1:])
+
+
+def test_a_download_whose_reader_is_behind_gives_its_slot_back_until_it_catches_up():
+    """The slots bound the downloads that are work for the loop: while the transport says the
+    reader is behind (the next send waits for it), the slot is free for another download; the
+    download takes one again before its next slice."""
+    body = bytes(range(256)) * (DOWNLOAD_CHUNK // 256) * 6  # 6 slices
+    behind = {2, 3}  # the reader is behind before slices 2 and 3
+
+    async def scenario() -> tuple[list[dict], list[int], int]:
+        slots = asyncio.Semaphore(1)
+        sent: list[dict] = []
+        free_at: list[int] = []  # the free slots while each message was sent
+
+        def write_paused() -> bool:
+            return len(sent) - 1 in behind  # slice i is message i + 1
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            free_at.append(slots._value)
+            sent.append(dict(message))
+
+        scope = {
+            "type": "http",
+            "extensions": {TRANSPORT_EXTENSION: {"write_paused": write_paused}},
+        }
+        response = ChunkedResponse(body, slots=slots, send_timeout=5.0)
+        await asyncio.wait_for(response(scope, receive_nothing, send), 30)
+        return sent, free_at, slots._value
+
+    sent, free_at, free = asyncio.run(scenario())
+    assert slices_sent(sent) == body
+    # the start, slices 0-5, the end: free only while sending the slices the reader was behind
+    assert free_at == [0, 0, 0, 1, 1, 0, 0, 0]
+    assert free == 1
+
+
+@pytest.mark.parametrize("held_for", [0.6, 0.0])
+def test_a_wait_for_a_slot_is_not_a_stalled_reader_and_the_timeout_still_cuts_one_after_it(
+    held_for,
+):
+    """A download that gave its slot back waits for one, here 3x send_timeout, without being
+    cut; once it holds one again (after that wait, or at once), a reader that takes nothing more
+    is cut after send_timeout."""
+    body = bytes(DOWNLOAD_CHUNK * 8)
+    aborted: list[int] = []
+
+    async def scenario() -> tuple[list[dict], float, int]:
+        slots = asyncio.Semaphore(1)
+        sent: list[dict] = []
+        other = asyncio.Event()
+
+        def write_paused() -> bool:
+            return len(sent) == 3  # behind before slice 2: its slot goes to `other` meanwhile
+
+        async def hold_the_slot() -> None:
+            await other.wait()
+            async with slots:
+                await asyncio.sleep(held_for)
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if len(sent) == 3:
+                other.set()
+                await asyncio.sleep(0)  # the other download takes the slot given back
+            if len(sent) == 5:
+                await asyncio.sleep(60)  # then the reader takes nothing more
+            sent.append(dict(message))
+
+        scope = {
+            "type": "http",
+            "extensions": {
+                TRANSPORT_EXTENSION: {
+                    "write_paused": write_paused,
+                    "abort": lambda: aborted.append(1),
+                }
+            },
+        }
+        holder = asyncio.create_task(hold_the_slot())
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        response = ChunkedResponse(body, slots=slots, send_timeout=0.2)
+        await asyncio.wait_for(response(scope, receive_nothing, send), 5)
+        await holder
+        return sent, loop.time() - t0, slots._value
+
+    sent, took, free = asyncio.run(scenario())
+    assert len(sent) == 5  # the start and slices 0-3: the wait for the slot was not cut
+    assert held_for + 0.2 * (1 - DEADLINE_SLACK) <= took < 4  # the stop after it was, in time
+    assert aborted == [1] and free == 1
+
+
+async def receive_nothing() -> dict:
+    return {"type": "http.disconnect"}
