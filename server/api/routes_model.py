@@ -113,22 +113,17 @@ class ChunkedResponse(Response):
     async def _send_all(
         self, send: Send, slot: _Slot | None, untimed: Callable[[], None] | None = None
     ) -> None:
-        """The answer: its start, the body's slices, the end; the slot given back while the
-        reader is behind and taken again before the next slice (`untimed` first: a wait for a
-        slot is not a reader that stopped)."""
+        """The answer: its start, the body's slices, the end; before each slice the slot follows
+        the reader (_Slot.follow)."""
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         body = memoryview(self.body)
         for i, start in enumerate(range(0, len(body), DOWNLOAD_CHUNK)):
             if slot is not None:
-                slot.give_back_if_behind()
+                await slot.follow(untimed)
             chunk = body[start : start + DOWNLOAD_CHUNK]
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if slot is not None and not slot.held:
-                if untimed is not None:
-                    untimed()
-                await slot.take()
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let the loop serve others between two slices
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -164,18 +159,24 @@ class _Slot:
         self.paused = paused  # None (no transport to ask): the slot is held throughout
         self.held = True
 
-    def give_back_if_behind(self) -> None:
-        if self.held and self.paused is not None and self.paused():
+    async def follow(self, untimed: Callable[[], None] | None) -> None:
+        """Before a slice: give the slot back while the reader is behind (the send waits for it
+        and then writes one slice: next to no work), take one again once it has caught up
+        (`untimed` first: a wait for a slot is not a reader that stopped)."""
+        if self.paused is None:
+            return
+        if self.paused():
             self.give_back()
+        elif not self.held:
+            if untimed is not None:
+                untimed()
+            await self.slots.acquire()
+            self.held = True
 
     def give_back(self) -> None:
         if self.held:
             self.held = False
             self.slots.release()
-
-    async def take(self) -> None:
-        await self.slots.acquire()
-        self.held = True
 
 
 async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
