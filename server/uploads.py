@@ -19,10 +19,12 @@ from server.slots import acquire_within
 from server.validation import ValidationError
 
 #: Seconds an upload waits for one of the settings.max_receiving slots before it is answered 503
-#: with Retry-After: its bytes wait in the kernel's socket buffers meanwhile, and a phone whose
-#: reply timeout (60 s, device_sim) ran out there would have sent them for nothing. 1,000 uploads
-#: at 64 at a time are read in a few seconds (bench load at 10,000 phones).
-RECEIVE_WAIT = 30.0
+#: with Retry-After: a safety net, past any phone's reply timeout (60 s in device_sim, 120 s in
+#: bench load), so that the server does not keep the waits of phones that are long gone. Not
+#: less: a slot is held while its body arrives, and at 10,000 phones on two cores a round's
+#: 1,000 uploads at 64 at a time queued for more than 30 s, which a 30 s cap answered with 142
+#: 503s in one run (fedkey bench load, cell slot-follows-2).
+RECEIVE_WAIT = 300.0
 #: The Retry-After of that 503, in seconds.
 BUSY_RETRY_AFTER = 5
 
