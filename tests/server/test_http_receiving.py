@@ -6,12 +6,25 @@ are then read and answered as usual."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import server.upload_store
 import server.uploads
 from tests.support.http import enroll_phones, make_settings, running
 from tests.support.wait import wait_for
+
+
+@contextlib.contextmanager
+def two_trained_phones(tmp_path):
+    """A server reading one upload body at a time (max_receiving=1), its gate, and two phones
+    selected in its one round and trained, ready to upload."""
+    settings = make_settings(tmp_path, rounds=1, wait_devices=2, max_receiving=1)
+    with running(settings) as client:
+        phones = enroll_phones(client, 2)
+        for p in phones:
+            p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
+        yield client, client.app_ref.state.coordinator._receiving, phones
 
 
 def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatch):
@@ -28,12 +41,7 @@ def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatc
             inside[0] -= 1
 
     monkeypatch.setattr(server.upload_store, "receive", held)
-    settings = make_settings(tmp_path, rounds=1, wait_devices=2, max_receiving=1)
-    with running(settings) as client:
-        gate = client.app_ref.state.coordinator._receiving
-        phones = enroll_phones(client, 2)
-        for p in phones:
-            p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
+    with two_trained_phones(tmp_path) as (client, gate, phones):
         answers: dict[int, int] = {}
 
         def upload(i: int) -> None:
@@ -66,12 +74,7 @@ def test_an_upload_that_finds_no_slot_in_time_is_told_to_come_back(tmp_path, mon
 
     monkeypatch.setattr(server.upload_store, "receive", held)
     monkeypatch.setattr(server.uploads, "RECEIVE_WAIT", 0.5)
-    settings = make_settings(tmp_path, rounds=1, wait_devices=2, max_receiving=1)
-    with running(settings) as client:
-        gate = client.app_ref.state.coordinator._receiving
-        phones = enroll_phones(client, 2)
-        for p in phones:
-            p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
+    with two_trained_phones(tmp_path) as (client, gate, phones):
         first: list[int] = []
         holder = threading.Thread(target=lambda: first.append(phones[0].upload().status_code))
         try:
