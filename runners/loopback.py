@@ -62,6 +62,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{settings.port}"
 
     def __enter__(self) -> ServerProcess:
+        self.group.__enter__()  # SIGTERM stops the server too (runners.processes.STOP_SIGNALS)
         self.proc = self.group.start("server", [sys.executable, "-m", "server.main"])
         return self
 
@@ -75,7 +76,7 @@ class ServerProcess:
         return self.proc.wait(timeout=timeout)
 
     def __exit__(self, *exc: object) -> None:
-        self.group.stop()
+        self.group.__exit__(*exc)
 
 
 def run_loopback(

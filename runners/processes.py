@@ -5,8 +5,10 @@ benchmarks and the tests, so there is one way to do each."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +29,11 @@ __all__ = [
 #: the child, as the Dockerfile sets it), which keeps a long-lived server's memory from creeping
 #: up with fragmented per-thread arenas.
 SERVER_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+#: Signals that stop a group as Ctrl-C does, while a `with ProcessGroup(...)` block runs in the
+#: main thread: `kill` (SIGTERM) or a closed terminal (SIGHUP) otherwise ended this process at
+#: once and left its children running (`fedkey demo`'s server and keyboard went on serving).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 T = TypeVar("T")
 
@@ -104,7 +111,8 @@ class ProcessGroup:
     `start(name, argv)` runs a command with its stdout and stderr in `log_dir/<name>.log` and
     `env` added to this process's environment. `stop()`, also run on leaving a `with` block
     (an exception or Ctrl-C included), terminates every child still running, waits up to `grace`
-    seconds for each, then kills those left."""
+    seconds for each, then kills those left. Inside the block (in the main thread) SIGTERM and
+    SIGHUP raise KeyboardInterrupt, as Ctrl-C does, and are ignored while the group stops."""
 
     def __init__(
         self, log_dir: Path, env: Mapping[str, str] | None = None, grace: float = 20.0
@@ -115,6 +123,7 @@ class ProcessGroup:
         self.grace = grace
         self.procs: list[subprocess.Popen] = []
         self._logs: list[IO[str]] = []
+        self._handlers: dict[int, object] = {}  # the signal handlers the block replaced
 
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -160,7 +169,21 @@ class ProcessGroup:
             log.close()
 
     def __enter__(self) -> ProcessGroup:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._handlers[sig] = signal.signal(sig, _interrupt)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        for sig in self._handlers:  # a second signal must not cut the stopping short
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            self.stop()
+        finally:
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+            self._handlers = {}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")

@@ -1,10 +1,14 @@
 """runners.processes: the child processes of `fedkey demo` and `fedkey run` log to files and stop
 together (terminate, then kill what ignores it), however the block that started them ends."""
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +70,33 @@ def test_listen_problem():
         busy.listen()
         assert listen_problem("127.0.0.1", busy.getsockname()[1]) == "Address already in use"
     assert listen_problem("127.0.0.1", 0) is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_sigterm_or_sighup_stops_the_group_as_ctrl_c_does(tmp_path, sig):
+    """`kill <pid of fedkey demo>` used to end the parent at once and leave its server and
+    keyboard running; now the group stops its children first."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from runners.processes import ProcessGroup\n"
+        f"with ProcessGroup(Path({str(tmp_path)!r}), grace=5.0) as group:\n"
+        f"    child = group.start('sleeper', {SLEEPER!r})\n"
+        "    print(child.pid, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [PY, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
+    pid = int(parent.stdout.readline())
+    try:
+        assert wait_for(lambda: (tmp_path / "sleeper.log").read_text() == "up\n", 30)
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        assert not Path(f"/proc/{pid}").exists()  # stopped and reaped by the parent
+        assert parent.returncode != -sig  # the parent ended through its handler, not the signal
+    finally:
+        parent.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        parent.stdout.close()
