@@ -224,11 +224,11 @@ def _arg(cmd: str, flag: str) -> str:
     return words[len(words) - 1 - words[::-1].index(flag) + 1] if flag in words else "-"
 
 
-def progress(preset: Preset, runs: list[dict]) -> str:
+def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = None) -> str:
     """ "N of M runs done" of a ranking preset, per suite; the superseded runs (bench.paper:
-    their command is not the preset's now) named and not counted."""
+    their command is not the preset's now; `stale` when already known) named and not counted."""
     mine = [r for r in runs if r.get("preset") == preset.name]
-    stale = superseded(preset, runs)
+    stale = superseded(preset, runs) if stale is None else stale
     plan = planned(preset, runs)
     done = {s: sum(r["suite"] == s and r["id"] not in stale for r in mine) for s in plan}
     total_done, total = sum(done.values()), sum(max(plan[s], done[s]) for s in plan)
@@ -258,7 +258,7 @@ def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
             for s in specs if s.id not in have]  # fmt: skip
 
 
-def _marked(run: dict, stale: set[str]) -> dict:
+def _marked(run: dict, stale: Sequence[str]) -> dict:
     """A superseded run (its command not the preset's now) labelled so in the tables."""
     if run["id"] not in stale:
         return run
@@ -267,13 +267,15 @@ def _marked(run: dict, stale: set[str]) -> dict:
 
 def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
     out = []
+    # each preset's superseded runs, found once: the progress line and both tables use them
+    stale_of = {name: superseded(PRESETS[name], runs) for name in _presets(runs)}
     for name in _presets(runs):
         preset = PRESETS[name]
         mine = [r for r in runs if r.get("preset") == name]
+        stale = stale_of[name]
         out += ["", f"## Language model and keyboard: preset `{name}`, "
                 f"{', '.join(f'C {c:g}' for c in preset.fractions)}, 100 IID phones", "",
-                progress(preset, runs), ""]  # fmt: skip
-        stale = set(superseded(preset, runs))
+                progress(preset, runs, stale), ""]  # fmt: skip
         for ds in DATASET_NAMES:
             rank = [_marked(r, stale) for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
             central, ngram = references(runs, name, ds)
@@ -297,9 +299,8 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
                 "the rank suite, whose centralized model and 3-gram are the reference rows) and "
                 "the demo corpus with one phone per owner (`--partition user`, 22 phones, 2 a "
                 "round at C 0.1).", ""]  # fmt: skip
-        stale = set(superseded(preset, runs))
         for ds in ("wikitext-2", "demo"):
-            mine = [_marked(r, stale) for r in noniid if r["dataset"] == ds]
+            mine = [_marked(r, stale_of[name]) for r in noniid if r["dataset"] == ds]
             central, ngram = references(runs, name, ds)
             wait = _waiting(preset, runs, "noniid", ds, mine)
             out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
