@@ -40,16 +40,20 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     _in_head = False
     _head = 0
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._in_head, self._head = True, 0
-        flow = self.flow
-        self.scope["extensions"] = {
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        flow = self.flow  # the connection's: one extensions dict serves each of its requests
+        self._extensions: dict[str, dict[object, object]] = {
             TRANSPORT_EXTENSION: {
-                "abort": self.transport.abort,
+                "abort": transport.abort,
                 "write_paused": lambda: flow.write_paused,
             }
         }
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head = True, 0
+        self.scope["extensions"] = self._extensions
 
     def on_headers_complete(self) -> None:
         self._in_head = False
