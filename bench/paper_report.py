@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
-from bench.paper_suites import KNOBS, TASK_OF, planned
+from bench.paper_suites import KNOBS, TASK_OF, planned, sweep_epochs
 from bench.paper_tables import (
     DATASET_NAMES,
     _c,
@@ -210,13 +210,23 @@ def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) ->
     for r in sorted(runs, key=lambda r: (r["dataset"], order.get(r["group"].split("=")[0], 9),
                                          float(r["group"].split("=")[1]))):  # fmt: skip
         knob, value = r["group"].split("=")
-        chosen = choices.get(r["dataset"], {}).get(knob)
+        choice = choices.get(r["dataset"], {})
+        client_lr = _arg(r["command"], "--lr")
+        # a joint knob's choice is a pair: its value and the client lr it was best at
+        key = KNOBS[knob].client_key if knob in KNOBS else ""
+        chosen = float(value) == choice.get(knob) and (
+            not key or client_lr != "-" and float(client_lr) == choice.get(key)
+        )
         task = TASK_OF.get(r["dataset"])
         phones = PARTITIONS.get(task.partition if task else "iid", "")
         rows.append([f"{_name(r['dataset'])} ({phones})", knob.replace("_", " "), value,
-                     _arg(r["command"], "--lr"), _f(r["best_val_ppl"]), r["best_round"],
-                     "**chosen**" if chosen is not None and float(value) == chosen else ""])  # fmt: skip
+                     client_lr, _f(r["best_val_ppl"]), r["best_round"],
+                     "**chosen**" if chosen else ""])  # fmt: skip
     return markdown_table(header, rows)
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch" + ("" if n == 1 else "s")
 
 
 def _arg(cmd: str, flag: str) -> str:
@@ -330,19 +340,22 @@ def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
             f"## Learning rates, chosen on the validation set: preset `{name}`",
             "",
             f'As Reddi et al. 2021 ("Adaptive Federated Optimization", Section 5, Appendix '
-            f"D) choose theirs: short runs ({preset.sweep_rounds} rounds of FedAvg at C 0.1, "
-            f"all of the data), the value with the lowest best validation perplexity; first "
-            f"the client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, then at "
-            f"that client lr the server lr of FedAvgM (momentum 0.9) over "
+            f"D) choose theirs: short runs ({preset.sweep_rounds} rounds at C 0.1, all of "
+            f"the data), the value with the lowest best validation perplexity. FedAvg's "
+            f"client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, and the "
+            f"centralized model's lr over the same values ({_epochs(sweep_epochs(preset))}: as "
+            f"many examples). The server lr of FedAvgM (momentum 0.9) over "
             f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
             f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
-            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}, and the server step "
-            f"epsilon of FedAtt over {', '.join(f'{v:g}' for v in preset.fedatt_steps)} and "
-            f"of FedAttOpt over {', '.join(f'{v:g}' for v in preset.fedattopt_steps)} (the "
-            f"papers' 1.2 was tuned for client lr 0.01). A best value at the grid's edge adds "
-            f"one more step past it (twice at most). Test perplexity is never read. Every "
-            f"method uses its dataset's client lr (WikiText-2 by article: the IID sweep's) and "
-            f"its own chosen server step. Chosen (results.json, lr_choices): "
+            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}, each jointly with the "
+            f"client lr (every client lr of the grid: a pair is chosen; the runs at FedAvg's "
+            f"client lr do not name it). At FedAvg's client lr, the server step epsilon of "
+            f"FedAtt over {', '.join(f'{v:g}' for v in preset.fedatt_steps)} and of FedAttOpt "
+            f"over {', '.join(f'{v:g}' for v in preset.fedattopt_steps)} (the papers' 1.2 was "
+            f"tuned for client lr 0.01). A best value at the grid's edge adds one more step "
+            f"past it (twice at most; per client lr for the pairs). Test perplexity is never "
+            f"read. Every method uses its dataset's chosen values (WikiText-2 by article: the "
+            f"IID sweep's). Chosen (results.json, lr_choices): "
             + (
                 "; ".join(
                     f"{_name(d)}: "

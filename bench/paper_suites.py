@@ -4,10 +4,12 @@ published numbers they are held against.
 Ranking suites (presets `cpu` and `gpu`, issue 18):
   sweep   the learning rates, chosen on the VALIDATION set only with short runs, as Reddi et al.
           2021 ("Adaptive Federated Optimization", Section 5, Appendix D) tune theirs: FedAvg's
-          client lr over a grid, then at that client lr each server optimizer's own step: the
-          server lr of FedAvgM and of FedAdam, and the server step epsilon of FedAtt (Ji et al.
-          2019, eq. 4) and of FedAttOpt (Jiang et al. 2020, eq. 7). A best value at the grid's
-          edge extends the grid by one step (twice at most).
+          client lr over a grid; the centralized model's lr over the same grid (as many
+          examples as the FedAvg runs); the server lr of FedAvgM and of FedAdam jointly with the
+          client lr (a 2-D grid, as Reddi et al. tune each server optimizer); and, at FedAvg's
+          client lr, the server step epsilon of FedAtt (Ji et al. 2019, eq. 4) and of FedAttOpt
+          (Jiang et al. 2020, eq. 7). A best value at the grid's edge extends the grid by one
+          step (twice at most).
   rank    every method of the papers' table (FedSGD, FedAvg, FedAtt, FedAttOpt, FedMed and its
           topK, AdaFL + FedAvg / FedAtt), FedAvg with server momentum and with FedAdam, the
           centralized model that saw as many examples, and the Kneser-Ney 3-gram; PTB and
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass
 
 from bench.presets import Preset
@@ -92,12 +95,17 @@ SERVER_OPTS = (
 @dataclass(frozen=True)
 class Knob:
     """One value the sweep chooses: its runs are `flags` plus `flag` set to each grid value (the
-    client lr's runs set --lr itself; the others run at the chosen client lr)."""
+    client lr's runs set --lr itself; the others run at the chosen client lr, or, for a joint
+    knob, at each client lr of the grid)."""
 
     label: str
     flags: tuple[str, ...]
     flag: str
     grid: str  # the Preset field that holds its grid
+    # A joint knob is swept with the client lr (a 2-D grid); lr_choices keeps the client lr of
+    # its chosen pair under this key.
+    client_key: str = ""
+    kind: str = "federated"  # "central": the centralized model's own lr (fedkey train-central)
 
 
 #: The sweep's knobs, in the order it decides them (the client lr first: the others run at it).
@@ -105,20 +113,26 @@ class Knob:
 #: papers' client lr 0.01, and at a larger one FedAtt's softmax of distances gives one phone
 #: nearly all the weight (rank-ptb-fedatt at lr 3 and epsilon 1.2 never left perplexity 1e6-1e10)
 #: while FedAttOpt's step, epsilon / d_k^2 of each delta, barely moves (its validation perplexity
-#: stayed at the initial 10,006 for 50 rounds: d_k was 100-150).
+#: stayed at the initial 10,006 for 50 rounds: d_k was 100-150). FedAvgM and FedAdam are joint:
+#: at FedAvg's client lr 3 on PTB every server lr of theirs was 2-10x worse on validation than
+#: FedAvg (server momentum 0.9 multiplies a step up to 10x), and Reddi et al. find their best
+#: pairs at smaller client lrs.
 KNOBS = {
     "client_lr": Knob("FedAvg, client lr", ("--strategy", "fedavg"), "--lr", "client_lrs"),
+    "central_lr": Knob("centralized, lr", (), "--lr", "client_lrs", kind="central"),
     "momentum_server_lr": Knob(
         "FedAvgM (server momentum 0.9), server lr",
         ("--strategy", "fedavg", "--server-opt", "momentum", "--server-momentum", "0.9"),
         "--server-lr",
         "momentum_server_lrs",
+        client_key="momentum_client_lr",
     ),
     "adam_server_lr": Knob(
         "FedAdam, server lr",
         ("--strategy", "fedavg", "--server-opt", "adam", "--server-momentum", "0.9"),
         "--server-lr",
         "adam_server_lrs",
+        client_key="adam_client_lr",
     ),
     "fedatt_step": Knob(
         "FedAtt, server step", ("--strategy", "fedatt"), "--epsilon", "fedatt_steps"
@@ -154,17 +168,34 @@ def _grid(preset: Preset, knob: str) -> tuple[float, ...]:
     return getattr(preset, KNOBS[knob].grid)
 
 
-def sweep_spec(preset: Preset, task: Task, knob: str, value: float, client_lr: float) -> RunSpec:
-    """One run of the sweep: FedAvg for the client lr, the knob's method at the chosen
-    client lr for the others, at C 0.1 for the preset's sweep_rounds, judged by its best
-    validation perplexity."""
+def sweep_epochs(preset: Preset) -> int:
+    """The centralized sweep's epochs: as many examples as a FedAvg run of the sweep."""
+    return max(1, round(preset.sweep_rounds * SWEEP_FRACTION * preset.local_epochs))
+
+
+def sweep_spec(
+    preset: Preset, task: Task, knob: str, value: float, client_lr: float, fedavg_lr: float = 0.0
+) -> RunSpec:
+    """One run of the sweep, judged by its best validation perplexity: FedAvg for the client lr,
+    the centralized model for its lr, a joint knob's method at `client_lr`, the others at
+    FedAvg's chosen client lr, at C 0.1 for the preset's sweep_rounds. A joint knob's run at
+    another client lr than FedAvg's (`fedavg_lr`) names it; those at FedAvg's keep the name
+    they had when the sweep ran the server lrs at that client lr only."""
     k = KNOBS[knob]
+    label = f"{k.label} {value:g}"
+    if k.client_key and client_lr != fedavg_lr:
+        label += f", client lr {client_lr:g}"
+    common = dict(group=f"{knob}={value:g}", full_train=True, full_eval=True,
+                  partition=task.partition, clients=task.clients)  # fmt: skip
+    if k.kind == "central":
+        return RunSpec("sweep", task.dataset, label, SWEEP_FRACTION,
+                       ("--epochs", str(sweep_epochs(preset))), kind="central", lr=value,
+                       **common)  # type: ignore[arg-type]  # fmt: skip
     args = k.flags if knob == "client_lr" else (*k.flags, k.flag, f"{value:g}")
     return RunSpec(
-        "sweep", task.dataset, f"{k.label} {value:g}", SWEEP_FRACTION, args,
-        group=f"{knob}={value:g}",
-        full_train=True, full_eval=True, lr=value if knob == "client_lr" else client_lr,
-        rounds=preset.sweep_rounds, partition=task.partition, clients=task.clients,
+        "sweep", task.dataset, label, SWEEP_FRACTION, args,
+        lr=value if knob == "client_lr" else client_lr, rounds=preset.sweep_rounds,
+        **common,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -173,25 +204,30 @@ def _score(r: dict) -> float:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
-def _tried(results: list[dict], preset: Preset, task: Task, knob: str) -> dict[float, float]:
-    """value -> best validation perplexity of the sweep's runs of `knob` so far."""
+def _client_lr(r: dict) -> float:
+    """The client lr a run trained at (its command line's --lr)."""
+    words = shlex.split(r.get("command", ""))
+    return float(words[words.index("--lr") + 1]) if "--lr" in words else math.nan
+
+
+def _tried(
+    results: list[dict], preset: Preset, task: Task, knob: str, client_lr: float | None = None
+) -> dict[float, float]:
+    """value -> best validation perplexity of the sweep's runs of `knob` so far (a joint knob's:
+    those at `client_lr`)."""
     return {
         float(r["group"].split("=")[1]): _score(r)
         for r in results
         if r["suite"] == "sweep" and r.get("preset") == preset.name
         and r["dataset"] == task.dataset and r["group"].startswith(knob + "=")
+        and (client_lr is None or _client_lr(r) == client_lr)
     }  # fmt: skip
 
 
-def choose(
-    results: list[dict], preset: Preset, task: Task, knob: str
-) -> tuple[float | None, list[float]]:
-    """(the value of `knob` with the lowest best validation perplexity, or None while undecided;
-    the values still to run). The grid first; while the best sits at an edge, one more step past
-    it (the grid's own ratio, snapped to half-decades), at most MAX_EXTENSIONS times a side. Test perplexity is never
-    read."""
-    grid = _grid(preset, knob)
-    tried = _tried(results, preset, task, knob)
+def _decide(grid: tuple[float, ...], tried: dict[float, float]) -> tuple[float | None, list[float]]:
+    """(the tried value with the lowest score, or None while undecided; the values still to
+    run). The grid first; while the best sits at an edge, one more step past it (the grid's own
+    ratio, snapped to half-decades), at most MAX_EXTENSIONS times a side."""
     missing = [v for v in grid if v not in tried]
     if missing:
         return None, missing
@@ -206,6 +242,44 @@ def choose(
     return best, []
 
 
+def choose(
+    results: list[dict], preset: Preset, task: Task, knob: str
+) -> tuple[float | None, list[float]]:
+    """(the value of a one-dimensional `knob` with the lowest best validation perplexity, or
+    None while undecided; the values still to run), by _decide's rule. Test perplexity is never
+    read."""
+    return _decide(_grid(preset, knob), _tried(results, preset, task, knob))
+
+
+def joint_client_lrs(preset: Preset, fedavg_lr: float) -> list[float]:
+    """The client lrs a joint knob is swept at: the grid's, and FedAvg's choice where the grid
+    was extended to it."""
+    return sorted({*preset.client_lrs, fedavg_lr})
+
+
+def choose_joint(
+    results: list[dict], preset: Preset, task: Task, knob: str
+) -> tuple[tuple[float, float] | None, list[tuple[float, float]]]:
+    """For a joint knob: ((client lr, value) with the lowest best validation perplexity, or
+    None while undecided; the (client lr, value) pairs still to run). Each client lr's row of
+    the grid is decided as a one-dimensional knob is, edge extensions included; nothing runs
+    before FedAvg's client lr is chosen."""
+    fedavg_lr, _ = choose(results, preset, task, "client_lr")
+    if fedavg_lr is None:
+        return None, []
+    todo: list[tuple[float, float]] = []
+    scored: dict[tuple[float, float], float] = {}
+    for lr in joint_client_lrs(preset, fedavg_lr):
+        tried = _tried(results, preset, task, knob, lr)
+        value, missing = _decide(_grid(preset, knob), tried)
+        todo += [(lr, v) for v in missing]
+        if value is not None:
+            scored[(lr, value)] = tried[value]
+    if todo:
+        return None, todo
+    return min(scored, key=lambda pair: (scored[pair], pair)), []
+
+
 def half_decade(value: float) -> float:
     """The nearest value of the 1-3-10 series (10^(k/2), written 1 or 3 x 10^j): the grid points
     of Reddi et al. 2021's sweeps."""
@@ -214,10 +288,16 @@ def half_decade(value: float) -> float:
 
 
 def lr_choices(results: list[dict], preset: Preset) -> dict[str, dict[str, float]]:
-    """task dataset -> {knob: chosen value} for every knob the sweep has decided."""
+    """task dataset -> {knob: chosen value} for every knob the sweep has decided (a joint
+    knob's client lr under its client_key)."""
     out: dict[str, dict[str, float]] = {}
     for task in TASKS:
-        for knob in KNOBS:
+        for knob, k in KNOBS.items():
+            if k.client_key:
+                pair, _ = choose_joint(results, preset, task, knob)
+                if pair is not None:
+                    out.setdefault(task.dataset, {}).update({knob: pair[1], k.client_key: pair[0]})
+                continue
             value, _ = choose(results, preset, task, knob)
             if value is not None:
                 out.setdefault(task.dataset, {})[knob] = value
@@ -225,20 +305,32 @@ def lr_choices(results: list[dict], preset: Preset) -> dict[str, dict[str, float
 
 
 def sweep_suite(preset: Preset, results: list[dict], tasks=TASKS) -> list[RunSpec]:
-    """The sweep's runs decidable now: the client-lr grid (and its edge extensions), then, once
-    the client lr is chosen, the server-lr grids at it."""
+    """The sweep's runs decidable now: the client-lr and centralized-lr grids (and their edge
+    extensions), then, once the client lr is chosen, the joint grids and the server steps."""
     runs: list[RunSpec] = []
     for task in tasks:
-        client_lr, _ = choose(results, preset, task, "client_lr")
-        for knob in KNOBS:
-            if knob != "client_lr" and client_lr is None:
-                break
+        fedavg_lr, _ = choose(results, preset, task, "client_lr")
+        for knob, k in KNOBS.items():
+            if k.client_key:
+                if fedavg_lr is not None:
+                    runs += _joint_runs(preset, results, task, knob, fedavg_lr)
+                continue
+            if knob not in ("client_lr", "central_lr") and fedavg_lr is None:
+                continue
             _, todo = choose(results, preset, task, knob)
             values = sorted({*_grid(preset, knob), *todo, *_tried(results, preset, task, knob)})
-            for v in values:
-                lr = v if knob == "client_lr" else client_lr
-                runs.append(sweep_spec(preset, task, knob, v, lr))  # type: ignore[arg-type]
+            runs += [sweep_spec(preset, task, knob, v, fedavg_lr or v) for v in values]
     return runs
+
+
+def _joint_runs(
+    preset: Preset, results: list[dict], task: Task, knob: str, fedavg_lr: float
+) -> list[RunSpec]:
+    """A joint knob's sweep runs: the pairs tried and those still to run, by client lr."""
+    _, todo = choose_joint(results, preset, task, knob)
+    tried = [(lr, v) for lr in joint_client_lrs(preset, fedavg_lr)
+             for v in _tried(results, preset, task, knob, lr)]  # fmt: skip
+    return [sweep_spec(preset, task, knob, v, lr, fedavg_lr) for lr, v in sorted({*todo, *tried})]
 
 
 def _tuned(knob: str, choice: dict[str, float], fraction: float) -> tuple[str, ...]:
@@ -250,9 +342,11 @@ def _tuned(knob: str, choice: dict[str, float], fraction: float) -> tuple[str, .
     return (*k.flags, k.flag, f"{value:g}")
 
 
-def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float | None, tuple]]:
-    """The papers' table and the server optimizers, those whose knob the sweep has chosen (the
-    client lr aside, which every run takes): (label, C, flags)."""
+def _methods(
+    fraction: float, choice: dict[str, float]
+) -> list[tuple[str, float | None, tuple, float]]:
+    """The papers' table and the server optimizers, those whose knob the sweep has chosen:
+    (label, C, flags, client lr: FedAvg's, or a joint knob's own)."""
     methods = [
         ("FedAvg", fraction, None, ("--strategy", "fedavg")),
         ("FedAtt", fraction, "fedatt_step", ()),
@@ -270,7 +364,8 @@ def _methods(fraction: float, choice: dict[str, float]) -> list[tuple[str, float
         ("AdaFL + FedAtt", None, "fedatt_step", ("--adafl",)),
         ("FedSGD", 1.0, None, ("--strategy", "fedsgd")),  # every phone every round: the longest
     ]  # fmt: skip
-    return [(label, frac, (*(_tuned(knob, choice, fraction) if knob else ()), *flags))
+    return [(label, frac, (*(_tuned(knob, choice, fraction) if knob else ()), *flags),
+             choice.get(KNOBS[knob].client_key, choice["client_lr"]) if knob else choice["client_lr"])
             for label, frac, knob, flags in methods if knob is None or knob in choice]  # fmt: skip
 
 
@@ -286,17 +381,16 @@ def rank_suite(
         choice = choices.get(ds, {})
         runs.append(RunSpec("rank", ds, "Kneser-Ney 3-gram", None, kind="ngram",
                             full_train=True, full_eval=True))  # fmt: skip
-        if "client_lr" not in choice:
-            continue
-        lr = choice["client_lr"]
-        for c in preset.fractions:
+        for c in preset.fractions if "central_lr" in choice else ():
             epochs = preset.central_epochs_for(c)
             runs.append(RunSpec("rank", ds, f"centralized, {epochs} epochs (as many examples "
                                 f"as C {c:g})", c, ("--epochs", str(epochs)), kind="central",
-                                full_train=True, full_eval=True, lr=lr))  # fmt: skip
+                                full_train=True, full_eval=True, lr=choice["central_lr"]))  # fmt: skip
+        if "client_lr" not in choice:
+            continue
         seen = set()
         for c in preset.fractions:
-            for method, frac, flags in _methods(c, choice):
+            for method, frac, flags, lr in _methods(c, choice):
                 key = (method, frac)
                 if key not in seen:
                     seen.add(key)
@@ -316,16 +410,16 @@ def noniid_suite(preset: Preset, results: list[dict], choices: dict | None = Non
         if ds == "demo":
             runs.append(RunSpec("noniid", ds, "Kneser-Ney 3-gram", None, kind="ngram",
                                 full_train=True, full_eval=True, clients=clients))  # fmt: skip
-            if "client_lr" in choice:
+            if "central_lr" in choice:
                 epochs = preset.central_epochs_for(0.1)
                 runs.append(RunSpec("noniid", ds, f"centralized, {epochs} epochs", 0.1,
                                     ("--epochs", str(epochs)), kind="central", full_train=True,
-                                    full_eval=True, lr=choice["client_lr"], clients=clients))  # fmt: skip
+                                    full_eval=True, lr=choice["central_lr"], clients=clients))  # fmt: skip
         if "client_lr" not in choice:
             continue
-        for method, frac, flags in _methods(0.1, choice):
+        for method, frac, flags, lr in _methods(0.1, choice):
             runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,
-                                full_eval=True, lr=choice["client_lr"], partition=partition,
+                                full_eval=True, lr=lr, partition=partition,
                                 clients=clients))  # fmt: skip
     return runs
 
@@ -341,18 +435,25 @@ def planned(preset: Preset, results: list[dict]) -> dict[str, int]:
         if suite not in preset.suites:
             continue
         if suite == "sweep":
-            out[suite] = sum(
-                len(
-                    {*_grid(preset, k), *choose(mine, preset, t, k)[1], *_tried(mine, preset, t, k)}
-                )
-                for t in TASKS
-                for k in KNOBS
-            )
+            out[suite] = sum(_sweep_size(mine, preset, t, k) for t in TASKS for k in KNOBS)
         elif suite == "rank":
             out[suite] = len(rank_suite(preset, mine, choices=every))
         else:
             out[suite] = len(noniid_suite(preset, mine, choices=every))
     return out
+
+
+def _sweep_size(mine: list[dict], preset: Preset, task: Task, knob: str) -> int:
+    """The runs of one knob's sweep on a task as far as known: its grid (a joint knob's at each
+    client lr), the edge extensions asked for, and the values tried."""
+    if not KNOBS[knob].client_key:
+        return len({*_grid(preset, knob), *choose(mine, preset, task, knob)[1],
+                    *_tried(mine, preset, task, knob)})  # fmt: skip
+    fedavg_lr, _ = choose(mine, preset, task, "client_lr")
+    lrs = joint_client_lrs(preset, fedavg_lr) if fedavg_lr is not None else preset.client_lrs
+    todo = choose_joint(mine, preset, task, knob)[1]
+    return sum(len({*_grid(preset, knob), *(v for at, v in todo if at == lr),
+                    *_tried(mine, preset, task, knob, lr)}) for lr in lrs)  # fmt: skip
 
 
 # -- the old suites (the seed papers' table at the preset's cut, and its evidence) ---------------

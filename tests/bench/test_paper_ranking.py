@@ -8,13 +8,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.paper import Bench, command, run_bench, select
+from bench.paper import LATE, Bench, command, run_bench, select
 from bench.paper_suites import (
     BOUNDED_FEDATT,
     KNOBS,
     MAX_EXTENSIONS,
     TASKS,
     choose,
+    choose_joint,
     lr_choices,
     planned,
 )
@@ -26,20 +27,31 @@ PAPERS_TABLE = {"FedSGD", "FedAvg", "FedAtt", "FedAttOpt", "FedMed", "FedMed top
                 "AdaFL + FedAvg", "AdaFL + FedAtt"}  # fmt: skip
 
 
-def sweep_run(preset, dataset, knob, value, val_ppl, test_ppl=500.0):
+def sweep_run(preset, dataset, knob, value, val_ppl, test_ppl=500.0, client_lr=None):
+    """A sweep result of `knob` at `value`, trained at `client_lr` (the client lr's own runs:
+    at `value`)."""
+    lr = value if client_lr is None else client_lr
     return {"suite": "sweep", "preset": preset, "dataset": dataset, "group": f"{knob}={value:g}",
-            "best_val_ppl": val_ppl, "test_ppl": test_ppl, "id": f"s-{dataset}-{knob}-{value}"}  # fmt: skip
+            "best_val_ppl": val_ppl, "test_ppl": test_ppl, "command": f"fedkey simulate --lr {lr:g}",
+            "id": f"s-{dataset}-{knob}-{value}-{lr}"}  # fmt: skip
 
 
 def decided(preset_name, best_index=1):
     """Sweep results in which every knob's grid value `best_index` has the lowest validation
-    perplexity (an interior point: nothing to extend)."""
+    perplexity (an interior point: nothing to extend); the joint knobs' at client lr
+    `best_index` too, every other client lr's row decided at the same value, a little worse."""
     p = PRESETS[preset_name]
-    grids = {"client_lr": p.client_lrs, "momentum_server_lr": p.momentum_server_lrs,
-             "adam_server_lr": p.adam_server_lrs, "fedatt_step": p.fedatt_steps,
-             "fedattopt_step": p.fedattopt_steps}  # fmt: skip
-    return [sweep_run(preset_name, t.dataset, k, v, 100.0 if i == best_index else 200.0)
-            for t in TASKS for k, grid in grids.items() for i, v in enumerate(grid)]  # fmt: skip
+    out = []
+    for t in TASKS:
+        for knob, k in KNOBS.items():
+            grid = getattr(p, k.grid)
+            rows = p.client_lrs if k.client_key else [p.client_lrs[best_index]]
+            for j, lr in enumerate(rows):
+                for i, v in enumerate(grid):
+                    ppl = (100.0 if j == best_index else 150.0) if i == best_index else 200.0
+                    own = v if knob in ("client_lr", "central_lr") else lr
+                    out.append(sweep_run(preset_name, t.dataset, knob, v, ppl, client_lr=own))
+    return out
 
 
 def flag(words, name):
@@ -114,8 +126,10 @@ def test_gpu_preset_is_the_papers_protocol_at_both_fractions():
              for s in rank if s.method == "FedAttOpt" and s.dataset == "ptb"}  # fmt: skip
     assert steps == {0.1: "100", 0.5: "20"}
     # the sweep runs as long as the ranking runs (a 10-round sweep chose an lr that overfits)
-    assert {flag(command(s, p, Path("d"), Path("o")), "--rounds")
-            for s in select(p, ["sweep"], [])} == {"50"}  # fmt: skip
+    sweep = [command(s, p, Path("d"), Path("o")) for s in select(p, ["sweep"], [])]
+    assert {flag(w, "--rounds") for w in sweep if w[1] == "simulate"} == {"50"}
+    # and the centralized model's sweep sees as many examples: 50 rounds x C 0.1 x E 5
+    assert {flag(w, "--epochs") for w in sweep if w[1] == "train-central"} == {"25"}
 
 
 def test_sweep_chooses_on_validation_never_on_test():
@@ -152,23 +166,75 @@ def test_server_lrs_are_swept_at_the_chosen_client_lr_and_recorded(tmp_path):
     p = PRESETS["cpu"]
     runs = [sweep_run("cpu", "ptb", "client_lr", v, {0.3: 150.0, 1.0: 120.0, 3.0: 130.0}[v])
             for v in p.client_lrs]  # fmt: skip
-    before = select(p, ["sweep"], runs[:2])
-    assert not any(s.group.startswith(("momentum", "adam")) for s in before if s.dataset == "ptb")
+    before = [s for s in select(p, ["sweep"], runs[:2]) if s.dataset == "ptb"]
+    # the centralized lr needs no FedAvg choice; the server knobs wait for it
+    assert {s.group.split("=")[0] for s in before} == {"client_lr", "central_lr"}
     specs = [s for s in select(p, ["sweep"], runs) if s.dataset == "ptb"]
-    server = [s for s in specs if not s.group.startswith("client_lr")]
-    assert {s.group.split("=")[0] for s in server} == set(KNOBS) - {"client_lr"}
+    server = [s for s in specs if s.kind == "federated" and not s.group.startswith("client_lr")]
+    assert {s.group.split("=")[0] for s in server} == set(KNOBS) - {"client_lr", "central_lr"}
     for spec in server:
         words = command(spec, p, Path("d"), Path("o"))
-        assert flag(words, "--lr") == "1" and flag(words, "--rounds") == str(p.sweep_rounds)
         knob, value = spec.group.split("=")
+        # a joint knob at every client lr of the grid, the server steps at FedAvg's
+        lrs = {"0.3", "1", "3"} if KNOBS[knob].client_key else {"1"}
+        assert flag(words, "--lr") in lrs and flag(words, "--rounds") == str(p.sweep_rounds)
         assert flag(words, KNOBS[knob].flag) == value
         assert flag(words, "--strategy") == KNOBS[knob].flags[1]
+    momentum = [s for s in server if s.group.startswith("momentum")]
+    assert len(momentum) == len(p.client_lrs) * len(p.momentum_server_lrs)
+    # named by their client lr, except at FedAvg's (the name they had before the joint grid)
+    assert {(s.lr, "client-lr" in s.id) for s in momentum} == {(0.3, True), (1.0, False),
+                                                               (3.0, True)}  # fmt: skip
     # Bench writes the choices into results.json beside the runs
     bench = Bench(tmp_path)
     for r in runs:
-        bench.add({**r, "command": "c", "kind": "federated", "fraction": 0.1}, "fedkey bench")
+        bench.add({**r, "kind": "federated", "fraction": 0.1}, "fedkey bench")
     assert bench.lr_choices()["cpu"] == {"ptb": {"client_lr": 1.0}}
     assert lr_choices(runs, p) == {"ptb": {"client_lr": 1.0}}
+
+
+def test_a_server_optimizer_is_chosen_jointly_with_its_client_lr():
+    """FedAvgM's server lr is decided on each client lr's row of the grid (edges extended per
+    row), and the best pair over the rows wins: its rank run trains at that client lr, not at
+    FedAvg's. The centralized model runs at its own chosen lr."""
+    p = PRESETS["cpu"]
+    task = TASKS[0]
+    fedavg = [sweep_run("cpu", "ptb", "client_lr", v, {0.3: 150.0, 1.0: 120.0, 3.0: 130.0}[v])
+              for v in p.client_lrs]  # fmt: skip
+    # FedAvgM: best at client lr 0.3 and server lr 1, the top of its row's grid
+    ppl = {(0.3, 0.1): 300.0, (0.3, 0.3): 200.0, (0.3, 1.0): 90.0,
+           (1.0, 0.1): 250.0, (1.0, 0.3): 110.0, (1.0, 1.0): 400.0,
+           (3.0, 0.1): 500.0, (3.0, 0.3): 300.0, (3.0, 1.0): 350.0}  # fmt: skip
+    momentum = [sweep_run("cpu", "ptb", "momentum_server_lr", v, val, client_lr=lr)
+                for (lr, v), val in ppl.items()]  # fmt: skip
+    runs = fedavg + momentum
+    assert choose_joint(runs, p, task, "momentum_server_lr") == (None, [(0.3, 3.0)])
+    ext = [s for s in select(p, ["sweep"], runs) if s.group == "momentum_server_lr=3"]
+    assert [(s.lr, s.id) for s in ext] == [
+        (0.3, "sweep-ptb-fedavgm-server-momentum-0-9-server-lr-3-client-lr-0-3-c0.1")
+    ]
+    runs.append(sweep_run("cpu", "ptb", "momentum_server_lr", 3.0, 95.0, client_lr=0.3))
+    assert choose_joint(runs, p, task, "momentum_server_lr") == ((0.3, 1.0), [])
+    central = [sweep_run("cpu", "ptb", "central_lr", v, {0.3: 180.0, 1.0: 160.0, 3.0: 170.0}[v])
+               for v in p.client_lrs]  # fmt: skip
+    runs += central
+    assert lr_choices(runs, p)["ptb"] == {
+        "client_lr": 1.0,
+        "central_lr": 1.0,
+        "momentum_server_lr": 1.0,
+        "momentum_client_lr": 0.3,
+    }
+    rank = {s.method: command(s, p, Path("d"), Path("o")) for s in select(p, ["rank"], runs)
+            if s.dataset == "ptb"}  # fmt: skip
+    assert flag(rank["FedAvgM"], "--lr") == "0.3" and flag(rank["FedAvgM"], "--server-lr") == "1"
+    assert flag(rank["FedAvg"], "--lr") == "1" and "FedAdam" not in rank  # not chosen yet
+    centralized = rank["centralized, 5 epochs (as many examples as C 0.1)"]
+    assert flag(centralized, "--lr") == "1" and flag(centralized, "--epochs") == "5"
+    # the centralized sweep sees as many examples as FedAvg's: 10 rounds x C 0.1 x E 1
+    spec = next(s for s in select(p, ["sweep"], runs) if s.group == "central_lr=0.3")
+    words = command(spec, p, Path("d"), Path("o"))
+    assert words[1] == "train-central" and flag(words, "--epochs") == "1"
+    assert flag(words, "--lr") == "0.3"
 
 
 def test_attentive_methods_run_at_their_own_chosen_server_step():
@@ -222,11 +288,11 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
-    # 3 tasks x 5 knobs x 3 grid values; 2 datasets x (11 methods + ngram + central);
-    # WikiText-2 by article (11) and the demo (11 + ngram + central)
-    assert plan == {"sweep": 45, "rank": 26, "noniid": 24}
-    assert set(KNOBS) == {"client_lr", "momentum_server_lr", "adam_server_lr", "fedatt_step",
-                          "fedattopt_step"}  # fmt: skip
+    # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
+    # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram + central)
+    assert plan == {"sweep": 90, "rank": 26, "noniid": 24}
+    assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
+                          "fedatt_step", "fedattopt_step"}  # fmt: skip
 
 
 def test_a_run_whose_command_the_preset_no_longer_makes_is_superseded_not_done():
@@ -269,7 +335,10 @@ def test_costliest_runs_wait_until_every_other_run_is_done():
     assert first[0][0] == "sweep" and order.index(("rank", "ptb", "FedAvg")) < order.index(
         ("sweep", "wikitext-2", "FedAvg, client lr 0.3")
     )
-    assert order[-1] == ("noniid", "demo", "FedSGD")
+    # the demo corpus's runs (minutes each) come before the datasets' (hours)
+    cheap = [i for i, o in enumerate(order) if o[1] == "demo" and o[2] not in LATE]
+    assert max(cheap) < min(i for i, o in enumerate(order) if o[1] != "demo")
+    assert order[-1] == ("noniid", "wikitext-2", "FedSGD")
 
 
 def test_other_benches_results_keep_their_shape(tmp_path):

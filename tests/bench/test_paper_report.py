@@ -59,7 +59,7 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
              "training to rank the methods", "## Every run", "## Commands"]  # fmt: skip
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
-    assert "**7 of 95 runs done** (sweep 2 of 45, rank 4 of 26, noniid 1 of 24;" in md
+    assert "**7 of 140 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24;" in md
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
     assert first.count("| centralized") + first.count("**centralized") == 1  # not twice
