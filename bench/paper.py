@@ -248,9 +248,10 @@ def select(
     preset: Preset, suites: list[str], results: list[dict], only: list[str] | None = None
 ) -> list[RunSpec]:
     """The runs of `suites` decidable from `results`, in the order they run: the demo corpus
-    first (its runs take a minute or two, so the question of the noniid suite is answered on it
-    days before WikiText-2 by article), then the datasets in DATASETS' order, each dataset's
-    suites in the order given (PTB's sweep, then PTB's ranking, then WikiText-2's...), except that the ranking suites' costliest runs (LATE:
+    first, all of it (its runs take a minute or two, its costliest a quarter of an hour, so the
+    question of the noniid suite is answered on it days before WikiText-2 by article), then the
+    datasets in DATASETS' order, each dataset's suites in the order given (PTB's sweep, then
+    PTB's ranking, then WikiText-2's...), except that the ranking suites' costliest runs (LATE:
     FedSGD trains every phone every round, AdaFL up to half of them) wait until every other run
     is done, so the main methods' ranking comes days sooner. `only`: globs over the run ids."""
     unknown = [s for s in suites if s not in preset.suites]
@@ -264,7 +265,8 @@ def select(
     order = {d: i for i, d in enumerate(("demo", *DATASETS))}
 
     def key(s: RunSpec) -> tuple[bool, int]:
-        return s.suite in ("rank", "noniid") and s.method in LATE, order.get(s.dataset, 9)
+        late = s.suite in ("rank", "noniid") and s.method in LATE and s.dataset != "demo"
+        return late, order.get(s.dataset, 9)
 
     return sorted(specs, key=key)  # stable: the suites' order inside a dataset
 
