@@ -108,7 +108,8 @@ class Knob:
     kind: str = "federated"  # "central": the centralized model's own lr (fedkey train-central)
 
 
-#: The sweep's knobs, in the order it decides them (the client lr first: the others run at it).
+#: The sweep's knobs, in the order it decides them (the client lr first: the others run at it,
+#: the centralized model's own lr aside).
 #: FedAtt's and FedAttOpt's epsilon is their server step: the published 1.2 is tuned for the
 #: papers' client lr 0.01, and at a larger one FedAtt's softmax of distances gives one phone
 #: nearly all the weight (rank-ptb-fedatt at lr 3 and epsilon 1.2 never left perplexity 1e6-1e10)
@@ -174,7 +175,12 @@ def sweep_epochs(preset: Preset) -> int:
 
 
 def sweep_spec(
-    preset: Preset, task: Task, knob: str, value: float, client_lr: float, fedavg_lr: float = 0.0
+    preset: Preset,
+    task: Task,
+    knob: str,
+    value: float,
+    client_lr: float,
+    fedavg_lr: float | None = None,
 ) -> RunSpec:
     """One run of the sweep, judged by its best validation perplexity: FedAvg for the client lr,
     the centralized model for its lr, a joint knob's method at `client_lr`, the others at
