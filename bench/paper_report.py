@@ -93,7 +93,8 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
     nt = ngram["top1"] if ngram else None
     rows = []
     fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
-    others = [r for r in runs if r["kind"] == "central" and r is not central]
+    # by id: a superseded run comes here as a relabelled copy (_marked), the reference too
+    others = [r for r in runs if r["kind"] == "central" and r["id"] != (central or {}).get("id")]
     for r in [x for x in (central, ngram) if x] + others + fed:
         ref = r["kind"] != "federated"
         label = f"**{r['method']}**" if ref else r["method"]
@@ -288,7 +289,7 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
                 progress(preset, runs, stale), ""]  # fmt: skip
         for ds in DATASET_NAMES:
             rank = [_marked(r, stale) for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
-            central, ngram = references(runs, name, ds)
+            central, ngram = (x and _marked(x, stale) for x in references(runs, name, ds))
             wait = _waiting(preset, runs, "rank", ds, rank)
             out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait), ""]
         out += ["test ppl: test perplexity of the model with the best validation perplexity over "
@@ -311,7 +312,7 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
                 "round at C 0.1).", ""]  # fmt: skip
         for ds in ("wikitext-2", "demo"):
             mine = [_marked(r, stale_of[name]) for r in noniid if r["dataset"] == ds]
-            central, ngram = references(runs, name, ds)
+            central, ngram = (x and _marked(x, stale_of[name]) for x in references(runs, name, ds))
             wait = _waiting(preset, runs, "noniid", ds, mine)
             out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
         spread = spread_table([r for r in runs if r.get("preset") == name

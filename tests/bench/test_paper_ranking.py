@@ -349,3 +349,27 @@ def test_other_benches_results_keep_their_shape(tmp_path):
     data = (tmp_path / "results.json").read_text()
     assert "lr_choices" not in data and bench.read() == [
         {"id": "fedavg-scale-1of10", "command": "fedkey simulate x"}]  # fmt: skip
+
+
+def test_a_superseded_centralized_model_stays_the_reference_once_and_says_so():
+    """The centralized run made before its lr was swept is the PTB table's reference until it is
+    run again: one row, labelled superseded, the federated rows held against it."""
+    from bench.paper_report import ranking_sections
+
+    p = PRESETS["cpu"]
+    results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]  # centralized lr 1 chosen
+    spec = next(s for s in select(p, ["rank"], results) if s.kind == "central")
+    words = command(spec, p, Path("../data"), Path("runs/bench/cpu") / spec.id)
+    words[words.index("--lr") + 1] = "3"  # as it ran before the sweep chose its own lr
+    row = {"suite": "rank", "dataset": spec.dataset, "fraction": 0.1, "preset": "cpu",
+           "top1": 0.2, "top3": 0.3, "ksr": 0.5, "rounds": 5, "wall_seconds": 60.0}  # fmt: skip
+    central = {**row, "id": spec.id, "method": spec.method, "kind": "central", "test_ppl": 160.0,
+               "best_round": 3, "command": shlex.join(words)}  # fmt: skip
+    fedavg = {**row, "id": "rank-ptb-fedavg-c0.1", "method": "FedAvg", "kind": "federated",
+              "test_ppl": 200.0, "best_round": 50, "rounds": 50, "command": "fedkey simulate",
+              "weight_spread": []}  # fmt: skip
+    md = "\n".join(ranking_sections([*results, central, fedavg], {}))
+    ptb = md.split("### PTB")[1].split("###")[0]
+    rows = [line for line in ptb.splitlines() if "centralized," in line]
+    assert len(rows) == 1 and "(superseded: run again with the current command)" in rows[0]
+    assert "| FedAvg | 0.1 | 200.00 | +25.0% |" in ptb
