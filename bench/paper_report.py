@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
-from bench.paper_suites import KNOBS, TASK_OF, planned, sweep_epochs
+from bench.paper_suites import KNOBS, TASK_OF, command_flag, planned, sweep_epochs
 from bench.paper_tables import (
     DATASET_NAMES,
     _c,
@@ -212,7 +212,7 @@ def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) ->
                                          float(r["group"].split("=")[1]))):  # fmt: skip
         knob, value = r["group"].split("=")
         choice = choices.get(r["dataset"], {})
-        client_lr = _arg(r["command"], "--lr")
+        client_lr = command_flag(r["command"], "--lr")
         # a joint knob's choice is a pair: its value and the client lr it was best at
         key = KNOBS[knob].client_key if knob in KNOBS else ""
         chosen = float(value) == choice.get(knob) and (
@@ -228,11 +228,6 @@ def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) ->
 
 def _epochs(n: int) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
-
-
-def _arg(cmd: str, flag: str) -> str:
-    words = cmd.split()
-    return words[len(words) - 1 - words[::-1].index(flag) + 1] if flag in words else "-"
 
 
 def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = None) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from dataclasses import dataclass
 
 from bench.presets import Preset
@@ -210,10 +209,19 @@ def _score(r: dict) -> float:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
+def command_flag(cmd: str, flag: str) -> str:
+    """The value of ``flag`` in a recorded command line, "-" where it has none (the last one
+    wins, as in the CLI)."""
+    words = cmd.split()
+    if flag not in words:
+        return "-"
+    return words[len(words) - 1 - words[::-1].index(flag) + 1]
+
+
 def _client_lr(r: dict) -> float:
     """The client lr a run trained at (its command line's --lr)."""
-    words = shlex.split(r.get("command", ""))
-    return float(words[words.index("--lr") + 1]) if "--lr" in words else math.nan
+    lr = command_flag(r.get("command", ""), "--lr")
+    return math.nan if lr == "-" else float(lr)
 
 
 def _tried(

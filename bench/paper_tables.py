@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.paper_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
+from bench.paper_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, command_flag
 from bench.report import markdown_table
 
 DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
@@ -126,7 +126,7 @@ def privacy_tables(runs: list[dict]) -> str:
         rows = [
             [
                 r["group"][2:],
-                _arg(r["command"], "--dp-clip"),
+                command_flag(r["command"], "--dp-clip"),
                 _c(r["fraction"]),
                 _f(r["epsilon"]),
                 _f(r["test_ppl"]),
@@ -138,14 +138,6 @@ def privacy_tables(runs: list[dict]) -> str:
             "sampling rate C; epsilon after the last round):\n\n" + markdown_table(header, rows)
         )
     return "\n\n".join(parts)
-
-
-def _arg(cmd: str, flag: str) -> str:
-    """The value of ``flag`` in a command line (the last one wins, as in the CLI)."""
-    words = cmd.split()
-    if flag not in words:
-        return "-"
-    return words[len(words) - 1 - words[::-1].index(flag) + 1]
 
 
 def beyond_table(runs: list[dict], paper: list[dict]) -> str:
@@ -247,7 +239,7 @@ def old_targets_table(runs: list[dict]) -> str:
 
 
 def _lr(r: dict) -> float | None:
-    lr = _arg(r["command"], "--lr")
+    lr = command_flag(r["command"], "--lr")
     return None if lr == "-" else float(lr)
 
 
