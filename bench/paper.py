@@ -21,11 +21,13 @@ import fnmatch
 import json
 import math
 import shlex
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
+from bench.paper_budget import Pace, duration
 from bench.paper_suites import (
     DATASETS,
     SEEDS,
@@ -308,10 +310,12 @@ def run_bench(
     dry_run: bool = False,
     bench_command: str = "",
     jobs: int = 1,
+    hours: float | None = None,
 ) -> list[dict]:
     """Run every selected spec not yet in OUT/<folder>/results.json, `jobs` at a time, then
     write the report. The specs are rebuilt after every run: the sweep's choices open the
-    ranking suites' runs."""
+    ranking suites' runs. With `hours`, only the runs expected to end within that many hours
+    from now are started (bench.paper_budget); the others are listed at the end."""
     from tqdm import tqdm
 
     preset = PRESETS[preset_name]
@@ -338,13 +342,35 @@ def run_bench(
     # Runs are child processes, so threads are enough to keep `jobs` of them going at once. A
     # finished run's slot is refilled at once (a batch would wait for its slowest run), from the
     # specs rebuilt with every result: the sweep's choices open the ranking suites' runs.
+    # With a time limit, a run starts only if the pace of the runs done says it ends in time
+    # (bench.paper_budget); a run with none to judge it by starts.
+    deadline = None if hours is None else time.monotonic() + hours * 3600
+
+    def pace() -> Pace | None:
+        if deadline is None:
+            return None
+        return Pace([r for r in bench.read() if r.get("preset") == preset.name], data_root)
+
+    def too_long(spec: RunSpec, pace: Pace | None) -> float | None:
+        """The run's expected seconds if they are more than the time left, else None."""
+        if pace is None or deadline is None:
+            return None
+        cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
+        need = pace.seconds(spec.dataset, cmd, run_root / spec.id)
+        return need if need is not None and need > deadline - time.monotonic() else None
+
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, str] = {}
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        while todo or running:
-            busy = set(running.values())
-            for spec in [s for s in todo if s.id not in busy][: max(jobs, 1) - len(running)]:
-                running[pool.submit(run_one, spec, preset, data_root, run_root)] = spec.id
+        while True:
+            busy, now = set(running.values()), pace()
+            for spec in [s for s in todo if s.id not in busy]:
+                if len(running) >= max(jobs, 1):
+                    break
+                if too_long(spec, now) is None:
+                    running[pool.submit(run_one, spec, preset, data_root, run_root)] = spec.id
+            if not running:  # all done, or nothing left fits in the time left
+                break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 del running[future]
@@ -357,6 +383,15 @@ def run_bench(
             bar.total = bar.n + len(todo) + len(running)
             bar.refresh()
     bar.close()
+    if todo:
+        left = deadline - time.monotonic() if deadline is not None else 0.0
+        print(f"{len(todo)} runs left: each is expected to take longer than the "
+              f"{duration(max(left, 0.0))} left of --hours {hours:g}; run the bench again "
+              f"with more time:")  # fmt: skip
+        now = pace()
+        for spec in todo:
+            need = too_long(spec, now)
+            print(f"  {spec.id} (about {duration(need) if need else '?'})")
     return write(out / preset.results_folder)
 
 

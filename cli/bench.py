@@ -99,6 +99,12 @@ def bench_paper(
     jobs: int = typer.Option(
         1, "--jobs", min=1, help="Runs at once (2 keeps both cores of a 2-core machine busy)."
     ),
+    hours: float | None = typer.Option(
+        None,
+        "--hours",
+        min=0.01,
+        help="The time this bench may take (a job's walltime): start only the runs that the pace of those done says will end in it, and list the rest. A run with nothing to judge it by starts.",
+    ),
 ) -> None:
     """The seed papers' experiments through fedkey's own commands; a run already in results.json
     with the same command is not run again, so an interrupted bench resumes where it stopped."""
@@ -115,6 +121,7 @@ def bench_paper(
             dry_run=dry_run,
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
             jobs=jobs,
+            hours=hours,
         )
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         raise UserError(str(e)) from None

@@ -1,0 +1,137 @@
+"""How long a bench run will take, judged from the runs already done, so that a bench with a time
+limit (`fedkey bench paper --hours H`: a cluster job's walltime, a machine lent for a session)
+starts only the runs that will finish inside it, instead of spending its last hours on runs it
+would have to kill.
+
+A run's work is counted in passes over its dataset's training text: rounds x C x E for a
+federated run (FedSGD: C 1; AdaFL: its mean fraction over the run), the epochs of a centralized
+run, one pass for the n-gram. Evaluation (validation and test every round) comes with it at a
+fixed C, so it is folded into the same rate. The pace, seconds per pass per byte of training
+text, is the median of the preset's finished runs with the same verb (simulate, train-central,
+ngram) on the same dataset, else on the other datasets (WikiText-2's first runs are judged by
+PTB's, scaled by the size of its training file). The demo corpus, where start-up costs outweigh
+its small text, is judged by its own runs only. A resumed run's wall time covers only its last
+part, so it is left out; a run that can resume here counts only its rounds still to do.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+from bench.paper_suites import command_flag
+from bench.runs import read_rows
+
+#: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).
+BYTES_PER_WORD = 5.5
+
+
+def _flag(cmd: str, names: tuple[str, ...], default: float) -> float:
+    """The last value given in `cmd` under any of `names` (a flag and its short form)."""
+    words = cmd.split()
+    at = [i for i, w in enumerate(words[:-1]) if w in names]
+    return float(words[at[-1] + 1]) if at else default
+
+
+def passes(cmd: str) -> float | None:
+    """Passes over the training text that the fedkey command line `cmd` makes (None: a verb the
+    bench does not time)."""
+    words = cmd.split()
+    verb = words[1] if len(words) > 1 else ""
+    if verb == "ngram":
+        return 1.0
+    if verb == "train-central":
+        return _flag(cmd, ("--epochs",), 1)
+    if verb not in ("simulate", "run"):
+        return None
+    from server.settings import Settings  # the CLI's defaults are the Settings defaults
+
+    defaults = Settings.model_fields
+    rounds = int(_flag(cmd, ("--rounds", "-R"), defaults["rounds"].default))
+    epochs = _flag(cmd, ("--local-epochs", "-E"), defaults["local_epochs"].default)
+    if "--adafl" in words:
+        fraction = _adafl_mean_fraction(rounds)
+    elif command_flag(cmd, "--strategy") == "fedsgd":
+        fraction = 1.0  # FedSGD takes every phone, whatever --fraction says
+    else:
+        fraction = _flag(cmd, ("--fraction", "-C"), defaults["fraction"].default)
+    return rounds * fraction * epochs
+
+
+def _adafl_mean_fraction(rounds: int) -> float:
+    """AdaFL's dynamic fraction (0.1 -> 0.5 by default), averaged over a run of `rounds`."""
+    from server.strategies.selection import AdaFLSelector
+
+    selector = AdaFLSelector()
+    selector.setup({}, rounds)
+    return sum(selector.gamma(t) for t in range(rounds)) / rounds
+
+
+def train_bytes(data_root: Path, dataset: str, cmd: str) -> float | None:
+    """The training text a run reads, in bytes: its train.txt, or the --max-train-tokens cut of
+    it (None: the demo corpus, or a dataset not on this machine)."""
+    path = data_root / dataset / "train.txt"
+    if dataset == "demo" or not path.is_file():
+        return None
+    size = float(path.stat().st_size)
+    cap = command_flag(cmd, "--max-train-tokens")
+    return size if cap == "-" else min(size, float(cap) * BYTES_PER_WORD)
+
+
+def done_share(run_dir: Path, cmd: str) -> float:
+    """The share of a run that an interrupted attempt left in RUN_DIR (0 to 1): the rounds (or
+    epochs) of its metrics.jsonl, when the same command left it there (bench.runs resumes it)."""
+    marker = run_dir / "command.txt"
+    if not marker.is_file() or marker.read_text().strip() != cmd:
+        return 0.0
+    if not any((run_dir / "checkpoints").glob("round_*.safetensors")):
+        return 0.0
+    rows = read_rows(run_dir)
+    last = rows[-1].get("round", 0) if rows else 0
+    central = cmd.split()[1] == "train-central"
+    units = _flag(cmd, ("--epochs",) if central else ("--rounds", "-R"), 0)
+    return min(1.0, last / units) if units > 0 else 0.0
+
+
+class Pace:
+    """Seconds a run will take, from the preset's finished runs (results.json objects)."""
+
+    def __init__(self, runs: Iterable[dict], data_root: Path):
+        self.data_root = data_root
+        # (verb, dataset) -> seconds per pass (demo) or per pass per byte (the others)
+        self.rates: dict[tuple[str, str], list[float]] = {}
+        for r in runs:
+            cmd, wall = r.get("command", ""), r.get("wall_seconds")
+            work = passes(cmd)
+            if r.get("resumed") or not wall or not work:
+                continue
+            scale = 1.0 if r["dataset"] == "demo" else train_bytes(data_root, r["dataset"], cmd)
+            if scale:
+                self.rates.setdefault((cmd.split()[1], r["dataset"]), []).append(
+                    wall / (work * scale)
+                )
+
+    def seconds(self, dataset: str, cmd: str, run_dir: Path | None = None) -> float | None:
+        """The expected wall time of the run `cmd` on `dataset` (None: no finished run to judge it
+        by), less the share an interrupted attempt in `run_dir` already did."""
+        work, verb = passes(cmd), cmd.split()[1]
+        if not work:
+            return None
+        if dataset == "demo":
+            scale: float | None = 1.0
+            rates = self.rates.get((verb, "demo"), [])
+        else:
+            scale = train_bytes(self.data_root, dataset, cmd)
+            rates = self.rates.get((verb, dataset)) or [
+                x for (v, d), xs in self.rates.items() if v == verb and d != "demo" for x in xs
+            ]
+        if not rates or not scale:
+            return None
+        left = 1.0 - (done_share(run_dir, cmd) if run_dir is not None else 0.0)
+        return statistics.median(rates) * work * scale * left
+
+
+def duration(seconds: float) -> str:
+    """A duration as a person reads it: 40 min, 2.5 h."""
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

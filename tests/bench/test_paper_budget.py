@@ -1,0 +1,122 @@
+"""`fedkey bench paper --hours H`: a bench with a time limit judges each run's length by the pace
+of the runs it has done, starts only those that end in time, and lists the rest."""
+
+import json
+import shlex
+
+import pytest
+
+import bench.paper as paper
+from bench.paper_budget import Pace, passes
+
+
+def _cmd(verb: str, *flags: str, data: str = "/d/ptb") -> str:
+    return shlex.join(["fedkey", verb, "--data", data, *flags, "--out", "/r/x"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (("--rounds", "50", "--local-epochs", "1", "--fraction", "0.1"), 5.0),
+        (("--rounds", "50", "--local-epochs", "5", "--fraction", "0.5"), 125.0),
+        # FedSGD takes every phone whatever --fraction says; AdaFL's fraction climbs 0.1 -> 0.5
+        (("--rounds", "50", "-E", "1", "--fraction", "0.1", "--strategy", "fedsgd"), 50.0),
+        (("--rounds", "50", "--local-epochs", "1", "--strategy", "fedavg", "--adafl"), 15.0),
+        (("--rounds", "50", "--fraction", "0.1"), 25.0),  # the CLI's default E: the papers' 5
+    ],
+)
+def test_a_federated_run_passes_over_the_training_text_rounds_times_c_times_e(flags, expected):
+    assert passes(_cmd("simulate", *flags)) == pytest.approx(expected)
+
+
+def test_centralized_and_ngram_runs_count_their_epochs_and_one_pass():
+    assert passes(_cmd("train-central", "--epochs", "5")) == 5.0
+    assert passes(_cmd("ngram", "--order", "3")) == 1.0
+
+
+def _finished(dataset: str, cmd: str, wall: float, **extra) -> dict:
+    return {"id": f"done-{wall}", "dataset": dataset, "command": cmd, "wall_seconds": wall,
+            **extra}  # fmt: skip
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    for name, size in (("ptb", 1000), ("wikitext-2", 2000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.txt").write_text("x" * size)
+    return tmp_path
+
+
+def test_a_run_is_judged_by_the_pace_of_those_done_scaled_to_its_work_and_its_text(data_root):
+    ptb = str(data_root / "ptb")
+    one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", data=ptb)
+    pace = Pace([_finished("ptb", one_pass, 600.0),
+                 _finished("ptb", one_pass, 800.0),
+                 _finished("ptb", one_pass, 10.0, resumed=True)],  # its earlier part not timed
+                data_root)  # fmt: skip
+    five = _cmd("simulate", "--rounds", "50", "--fraction", "0.1", data=ptb)
+    assert pace.seconds("ptb", five) == pytest.approx(5 * 700.0)
+    # WikiText-2 has no run yet: PTB's pace, for twice the text
+    wiki = _cmd(
+        "simulate", "--rounds", "50", "--fraction", "0.1", data=str(data_root / "wikitext-2")
+    )
+    assert pace.seconds("wikitext-2", wiki) == pytest.approx(2 * 5 * 700.0)
+    # nothing to judge by: another verb, or the demo corpus, whose start-up costs outweigh its text
+    assert pace.seconds("ptb", _cmd("train-central", "--epochs", "5", data=ptb)) is None
+    assert pace.seconds("demo", _cmd("simulate", "--rounds", "10", data="demo")) is None
+
+
+def test_an_interrupted_run_that_can_resume_counts_only_its_rounds_still_to_do(data_root, tmp_path):
+    ptb = str(data_root / "ptb")
+    pace = Pace([_finished("ptb", _cmd("simulate", "--rounds", "10", "--fraction", "0.1",
+                                       data=ptb), 600.0)], data_root)  # fmt: skip
+    cmd = _cmd("simulate", "--rounds", "50", "--fraction", "0.1", data=ptb)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "command.txt").write_text(cmd + "\n")
+    (run_dir / "checkpoints" / "round_20.safetensors").write_bytes(b"")
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"round": r}) + "\n" for r in range(21))
+    )
+    assert pace.seconds("ptb", cmd, run_dir) == pytest.approx(3000.0 * 30 / 50)
+    # another command left that folder: it starts again, all of it to do
+    (run_dir / "command.txt").write_text(cmd.replace("--rounds 50", "--rounds 40") + "\n")
+    assert pace.seconds("ptb", cmd, run_dir) == pytest.approx(3000.0)
+
+
+def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
+    data_root, monkeypatch, capsys
+):
+    """The smoke preset's paper suite on PTB, one of whose runs at C 0.1 took half an hour: in
+    1.5 hours the C 0.1 runs (0.5 h each) and AdaFL (1 h: its C averages 0.2 over 2 rounds) start,
+    in their order; C 0.5 (2.5 h) and FedSGD (5 h) are listed, not started."""
+    preset = paper.PRESETS["smoke"]
+    out = data_root / "out"
+    timing = paper.Bench(out / preset.results_folder)
+    took = {"id": "timing", "suite": "paper", "preset": "smoke", "dataset": "ptb",
+            "wall_seconds": 1800.0, "command": shlex.join(paper.command(
+                paper.RunSpec("paper", "ptb", "FedAvg", 0.1), preset, data_root,
+                data_root / "runs" / "timing"))}  # fmt: skip
+    timing.add(took, "")
+    started: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir):
+        started.append(spec.id)
+        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
+        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
+                "dataset": spec.dataset, "test_ppl": 1.0, "best_round": 1,
+                "wall_seconds": 0.0}  # fmt: skip
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write", lambda folder: [])
+    paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs",
+                    only=["paper-ptb-*"], jobs=2, hours=1.5)  # fmt: skip
+    specs = [s.id for s in paper.select(preset, ["paper"], [], only=["paper-ptb-*"])]
+    short = [i for i in specs if i.endswith("c0.1") or "adafl" in i]
+    assert started == short  # in the bench's own order
+    printed = capsys.readouterr().out
+    left = [i for i in specs if i not in short]
+    assert left and f"{len(left)} runs left" in printed
+    assert all(i in printed for i in left) and not any(f"  {i} " in printed for i in short)
+    assert "paper-ptb-fedsgd-c1 (about 5.0 h)" in printed
+    assert "paper-ptb-fedavg-c0.5 (about 2.5 h)" in printed
