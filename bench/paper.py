@@ -322,7 +322,7 @@ def run_bench(
     bench = Bench(out / preset.results_folder)
     run_root = runs_dir / preset.results_folder  # cpu-8round: its old runs/bench/cpu/<id>
 
-    def todo_now() -> list[RunSpec]:
+    def todo_now(dry_run: bool = False) -> list[RunSpec]:
         specs = select(preset, suites, bench.read(), only)
         missing = [d for d in {s.dataset for s in specs} - {"demo"} if not (data_root / d).is_dir()]
         if missing:
@@ -331,9 +331,24 @@ def run_bench(
             specs, lambda s: (s.id, command(s, preset, data_root, run_root / s.id)), dry_run
         )
 
-    todo = todo_now()
+    def pace() -> Pace:
+        return Pace([r for r in bench.read() if r.get("preset") == preset.name], data_root)
+
+    def expected(spec: RunSpec, pace: Pace) -> float | None:
+        """The run's expected seconds (bench.paper_budget; None: nothing to judge it by)."""
+        cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
+        return pace.seconds(spec.dataset, cmd, run_root / spec.id)
+
     if dry_run:
+        todo_now(dry_run=True)  # every command line, done or not
+        todo, judged = todo_now(), pace()
+        needs = [expected(s, judged) for s in todo]
+        known = [x for x in needs if x is not None]
+        print(f"# {len(todo)} of them not done: about {duration(sum(known))} of run time at the "
+              f"pace of those done ({len(needs) - len(known)} with nothing to judge it by); the "
+              f"ranking suites add runs as the sweep decides")  # fmt: skip
         return bench.read()
+    todo = todo_now()
     if "rank" in suites or "noniid" in suites:
         if "sweep" not in suites and not bench.lr_choices().get(preset.name):
             raise RuntimeError(f"the rank and noniid suites use the learning rates the sweep "
@@ -346,28 +361,22 @@ def run_bench(
     # (bench.paper_budget); a run with none to judge it by starts.
     deadline = None if hours is None else time.monotonic() + hours * 3600
 
-    def pace() -> Pace | None:
-        if deadline is None:
-            return None
-        return Pace([r for r in bench.read() if r.get("preset") == preset.name], data_root)
-
     def too_long(spec: RunSpec, pace: Pace | None) -> float | None:
         """The run's expected seconds if they are more than the time left, else None."""
         if pace is None or deadline is None:
             return None
-        cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
-        need = pace.seconds(spec.dataset, cmd, run_root / spec.id)
+        need = expected(spec, pace)
         return need if need is not None and need > deadline - time.monotonic() else None
 
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, str] = {}
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         while True:
-            busy, now = set(running.values()), pace()
+            busy, paced = set(running.values()), None if deadline is None else pace()
             for spec in [s for s in todo if s.id not in busy]:
                 if len(running) >= max(jobs, 1):
                     break
-                if too_long(spec, now) is None:
+                if too_long(spec, paced) is None:
                     running[pool.submit(run_one, spec, preset, data_root, run_root)] = spec.id
             if not running:  # all done, or nothing left fits in the time left
                 break
@@ -388,9 +397,9 @@ def run_bench(
         print(f"{len(todo)} runs left: each is expected to take longer than the "
               f"{duration(max(left, 0.0))} left of --hours {hours:g}; run the bench again "
               f"with more time:")  # fmt: skip
-        now = pace()
+        final = pace()
         for spec in todo:
-            need = too_long(spec, now)
+            need = too_long(spec, final)
             print(f"  {spec.id} (about {duration(need) if need else '?'})")
     return write(out / preset.results_folder)
 

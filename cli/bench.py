@@ -95,7 +95,11 @@ def bench_paper(
     only: list[str] = typer.Option(
         [], "--only", help="Run only the runs whose id matches this glob (repeatable)."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands; run nothing."),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the commands, and the run time of those not done at the pace of those done; run nothing.",
+    ),
     jobs: int = typer.Option(
         1, "--jobs", min=1, help="Runs at once (2 keeps both cores of a 2-core machine busy)."
     ),

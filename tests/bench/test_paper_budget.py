@@ -120,3 +120,24 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
     assert all(i in printed for i in left) and not any(f"  {i} " in printed for i in short)
     assert "paper-ptb-fedsgd-c1 (about 5.0 h)" in printed
     assert "paper-ptb-fedavg-c0.5 (about 2.5 h)" in printed
+
+
+def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
+    preset = paper.PRESETS["smoke"]
+    out = data_root / "out"
+    fedavg = next(s for s in paper.select(preset, ["paper"], []) if s.id == "paper-ptb-fedavg-c0.1")
+    took = {"id": fedavg.id, "suite": "paper", "preset": "smoke", "dataset": "ptb",
+            "wall_seconds": 1800.0, "command": shlex.join(paper.command(
+                fedavg, preset, data_root, data_root / "runs" / "smoke" / fedavg.id))}  # fmt: skip
+    paper.Bench(out / preset.results_folder).add(took, "")
+    ids = [fedavg.id, "paper-ptb-fedsgd-c1", "paper-ptb-fedavg-c0.5"]
+    paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs", only=ids,
+                    dry_run=True)  # fmt: skip
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in printed[:3]] == [
+        "paper-ptb-fedsgd-c1",
+        fedavg.id,
+        "paper-ptb-fedavg-c0.5",
+    ]  # every command line, the done one too
+    # FedSGD 5 h (every phone) and C 0.5 2.5 h, at the pace of the C 0.1 run done in 0.5 h
+    assert printed[3].startswith("# 2 of them not done: about 7.5 h of run time")
