@@ -8,10 +8,11 @@ the device beside the numbers (and, for the federated runs, the spread of the se
 weights each round: bench.spread). results.md (bench.paper_report) leads with the language-model
 perplexity and keyboard metrics of each method beside the centralized ceiling and the n-gram.
 
-The presets are in bench.presets, the suites in bench.paper_suites. A run whose command is
-already in results.json is not run again, so an interrupted bench resumes; the suites that depend
-on the learning-rate sweep's choices (rank, noniid) are rebuilt after every run, so one command
-runs the sweep and then the runs that use what it chose.
+The presets are in bench.presets, the suites in bench.paper_suites (the old ones in
+bench.paper_old_suites). A run whose command is already in results.json is not run again, so an
+interrupted bench resumes; the suites that depend on the learning-rate sweep's choices (rank,
+noniid) are rebuilt after every run, so one command runs the sweep and then the runs that use
+what it chose.
 """
 
 from __future__ import annotations
@@ -28,16 +29,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.paper_budget import Pace, duration
-from bench.paper_suites import (
-    DATASETS,
-    SEEDS,
-    SEEDS_CLIENT_STEPS,
-    SEEDS_DP,
-    SUITES,
-    RunSpec,
-    lr_choices,
-    suite_runs,
-)
+from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
+from bench.paper_spec import DATASETS, RunSpec
+from bench.paper_suites import SUITES, lr_choices, suite_runs
 from bench.presets import PRESETS, Preset
 from bench.runs import run_fedkey
 from bench.spread import round_spreads

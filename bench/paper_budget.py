@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-from bench.paper_suites import command_flag
+from bench.paper_spec import command_flag
 from bench.runs import read_rows
 
 #: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
-from bench.paper_suites import KNOBS, TASK_OF, command_flag, planned, sweep_epochs
+from bench.paper_spec import command_flag
+from bench.paper_suites import KNOBS, TASK_OF, planned, sweep_epochs
 from bench.paper_tables import (
     DATASET_NAMES,
     _c,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.paper_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, command_flag
+from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
+from bench.paper_spec import command_flag
 from bench.report import markdown_table
 
 DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}

@@ -5,7 +5,7 @@ the column-measure evidence, and the old 8-round cut last, as an appendix."""
 
 from bench.paper import Bench, summarize
 from bench.paper_report import lm_table, markdown, targets_table, write_report
-from bench.paper_suites import RunSpec
+from bench.paper_spec import RunSpec
 
 
 def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,

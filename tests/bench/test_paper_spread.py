@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench.paper import summarize
-from bench.paper_suites import RunSpec
+from bench.paper_spec import RunSpec
 from bench.spread import round_spreads, spread
 
 

@@ -1,0 +1,51 @@
+"""What one run of `fedkey bench paper` is (RunSpec), and how its recorded command line is read
+back; shared by the ranking suites (bench.paper_suites) and the old ones (bench.paper_old_suites).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DATASETS = ("ptb", "wikitext-2")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a suite: the command it is and where its number goes in the tables."""
+
+    suite: str
+    dataset: str  # a folder under the data root, or "demo"
+    method: str  # the label of the table row
+    fraction: float | None  # C; None where the method picks its own (AdaFL)
+    args: tuple[str, ...] = ()  # flags beyond the preset's
+    kind: str = "federated"  # federated | central | ngram
+    group: str = ""  # a column or sweep key inside a suite (privacy: beta / z; sweep: knob=value)
+    full_train: bool = False  # all of the training split, whatever the preset's cut
+    full_eval: bool = False  # all of the validation and test splits, whatever the preset's cut
+    lr: float | None = None  # the local lr, where not the preset's (chosen by the sweep)
+    rounds: int | None = None  # the rounds, where not the preset's (the sweep's short runs)
+    partition: str = "iid"
+    clients: int = 100
+
+    @property
+    def id(self) -> str:
+        c = "auto" if self.fraction is None else f"c{self.fraction:g}"
+        slug = re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-")
+        return f"{self.suite}-{self.dataset}-{slug}-{c}"
+
+
+def fed(suite, dataset, method, fraction, *args, group="", full_train=False):
+    """A federated run of `method` at C `fraction` with the flags `args` beyond the preset's."""
+    return RunSpec(
+        suite, dataset, method, fraction, tuple(args), group=group, full_train=full_train
+    )
+
+
+def command_flag(cmd: str, flag: str) -> str:
+    """The value of ``flag`` in a recorded command line, "-" where it has none (the last one
+    wins, as in the CLI)."""
+    words = cmd.split()
+    if flag not in words:
+        return "-"
+    return words[len(words) - 1 - words[::-1].index(flag) + 1]
