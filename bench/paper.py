@@ -33,7 +33,7 @@ from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
 from bench.paper_spec import DATASETS, RunSpec
 from bench.paper_suites import SUITES, lr_choices, suite_runs
 from bench.presets import PRESETS, Preset
-from bench.runs import run_fedkey
+from bench.runs import device_label, run_fedkey
 from bench.spread import round_spreads
 from common.files import atomic_write
 
@@ -326,7 +326,8 @@ def run_bench(
         )
 
     def pace() -> Pace:
-        return Pace([r for r in bench.read() if r.get("preset") == preset.name], data_root)
+        mine = [r for r in bench.read() if r.get("preset") == preset.name]
+        return Pace(mine, data_root, device_label())
 
     def expected(spec: RunSpec, pace: Pace) -> float | None:
         """The run's expected seconds (bench.paper_budget; None: nothing to judge it by)."""

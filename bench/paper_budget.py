@@ -7,8 +7,9 @@ A run's work is counted in passes over its dataset's training text: rounds x C x
 federated run (FedSGD: C 1; AdaFL: its mean fraction over the run), the epochs of a centralized
 run, one pass for the n-gram. Evaluation (validation and test every round) comes with it at a
 fixed C, so it is folded into the same rate. The pace, seconds per pass per byte of training
-text, is the median of the preset's finished runs with the same verb (simulate, train-central,
-ngram) on the same dataset, else on the other datasets (WikiText-2's first runs are judged by
+text, is the median of the preset's finished runs on this machine's device (a GPU's runs say
+nothing of a CPU's pace) with the same verb (simulate, train-central, ngram) on the same dataset,
+else on the other datasets (WikiText-2's first runs are judged by
 PTB's, scaled by the size of its training file). The demo corpus, where start-up costs outweigh
 its small text, is judged by its own runs only. A resumed run's wall time covers only its last
 part, so it is left out; a run that can resume here counts only its rounds still to do.
@@ -95,9 +96,10 @@ def done_share(run_dir: Path, cmd: str) -> float:
 
 
 class Pace:
-    """Seconds a run will take, from the preset's finished runs (results.json objects)."""
+    """Seconds a run will take, from the preset's finished runs (results.json objects) on
+    `device` (bench.runs.device_label; None: on any)."""
 
-    def __init__(self, runs: Iterable[dict], data_root: Path):
+    def __init__(self, runs: Iterable[dict], data_root: Path, device: str | None = None):
         self.data_root = data_root
         # (verb, dataset) -> seconds per pass (demo) or per pass per byte (the others)
         self.rates: dict[tuple[str, str], list[float]] = {}
@@ -105,6 +107,8 @@ class Pace:
             cmd, wall = r.get("command", ""), r.get("wall_seconds")
             work = passes(cmd)
             if r.get("resumed") or not wall or not work:
+                continue
+            if device is not None and r.get("device") != device:
                 continue
             scale = 1.0 if r["dataset"] == "demo" else train_bytes(data_root, r["dataset"], cmd)
             if scale:

@@ -8,6 +8,7 @@ import pytest
 
 import bench.paper as paper
 from bench.paper_budget import Pace, passes
+from bench.runs import device_label
 
 
 def _cmd(verb: str, *flags: str, data: str = "/d/ptb") -> str:
@@ -61,6 +62,9 @@ def test_a_run_is_judged_by_the_pace_of_those_done_scaled_to_its_work_and_its_te
         "simulate", "--rounds", "50", "--fraction", "0.1", data=str(data_root / "wikitext-2")
     )
     assert pace.seconds("wikitext-2", wiki) == pytest.approx(2 * 5 * 700.0)
+    # a GPU's runs say nothing of this machine's pace
+    assert Pace([_finished("ptb", one_pass, 600.0, device="cuda (NVIDIA H200)")], data_root,
+                device="cpu (AMD EPYC, 2 cores)").seconds("ptb", five) is None  # fmt: skip
     # nothing to judge by: another verb, or the demo corpus, whose start-up costs outweigh its text
     assert pace.seconds("ptb", _cmd("train-central", "--epochs", "5", data=ptb)) is None
     assert pace.seconds("demo", _cmd("simulate", "--rounds", "10", data="demo")) is None
@@ -94,7 +98,7 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
     out = data_root / "out"
     timing = paper.Bench(out / preset.results_folder)
     took = {"id": "timing", "suite": "paper", "preset": "smoke", "dataset": "ptb",
-            "wall_seconds": 1800.0, "command": shlex.join(paper.command(
+            "wall_seconds": 1800.0, "device": device_label(), "command": shlex.join(paper.command(
                 paper.RunSpec("paper", "ptb", "FedAvg", 0.1), preset, data_root,
                 data_root / "runs" / "timing"))}  # fmt: skip
     timing.add(took, "")
@@ -127,7 +131,7 @@ def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
     out = data_root / "out"
     fedavg = next(s for s in paper.select(preset, ["paper"], []) if s.id == "paper-ptb-fedavg-c0.1")
     took = {"id": fedavg.id, "suite": "paper", "preset": "smoke", "dataset": "ptb",
-            "wall_seconds": 1800.0, "command": shlex.join(paper.command(
+            "wall_seconds": 1800.0, "device": device_label(), "command": shlex.join(paper.command(
                 fedavg, preset, data_root, data_root / "runs" / "smoke" / fedavg.id))}  # fmt: skip
     paper.Bench(out / preset.results_folder).add(took, "")
     ids = [fedavg.id, "paper-ptb-fedsgd-c1", "paper-ptb-fedavg-c0.5"]
