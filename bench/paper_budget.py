@@ -9,9 +9,9 @@ run, one pass for the n-gram. Evaluation (validation and test every round) comes
 fixed C, so it is folded into the same rate. The pace, seconds per pass per byte of training
 text, is the median of the preset's finished runs on this machine's device (a GPU's runs say
 nothing of a CPU's pace) with the same verb (simulate, train-central, ngram) on the same dataset,
-else on the other datasets (WikiText-2's first runs are judged by
-PTB's, scaled by the size of its training file). The demo corpus, where start-up costs outweigh
-its small text, is judged by its own runs only. A resumed run's wall time covers only its last
+else on the other datasets (WikiText-2's first runs are judged by PTB's, scaled by the size of its
+training file). The demo corpus, where start-up costs outweigh its small text, is judged by its
+own runs only. A resumed run's wall time covers only its last
 part, so it is left out; a run that can resume here counts only its rounds still to do.
 """
 
@@ -22,17 +22,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench.paper_spec import command_flag
-from bench.runs import read_rows
+from bench.runs import can_resume, read_rows
 
 #: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).
 BYTES_PER_WORD = 5.5
 
 
 def _flag(cmd: str, names: tuple[str, ...], default: float) -> float:
-    """The last value given in `cmd` under any of `names` (a flag and its short form)."""
-    words = cmd.split()
-    at = [i for i, w in enumerate(words[:-1]) if w in names]
-    return float(words[at[-1] + 1]) if at else default
+    """The number given in `cmd` under any of `names` (a flag and its short form), else
+    `default`."""
+    value = command_flag(cmd, *names)
+    return default if value == "-" else float(value)
 
 
 def passes(cmd: str) -> float | None:
@@ -83,10 +83,7 @@ def train_bytes(data_root: Path, dataset: str, cmd: str) -> float | None:
 def done_share(run_dir: Path, cmd: str) -> float:
     """The share of a run that an interrupted attempt left in RUN_DIR (0 to 1): the rounds (or
     epochs) of its metrics.jsonl, when the same command left it there (bench.runs resumes it)."""
-    marker = run_dir / "command.txt"
-    if not marker.is_file() or marker.read_text().strip() != cmd:
-        return 0.0
-    if not any((run_dir / "checkpoints").glob("round_*.safetensors")):
+    if not can_resume(run_dir, cmd):
         return 0.0
     rows = read_rows(run_dir)
     last = rows[-1].get("round", 0) if rows else 0

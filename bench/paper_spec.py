@@ -42,10 +42,9 @@ def fed(suite, dataset, method, fraction, *args, group="", full_train=False):
     )
 
 
-def command_flag(cmd: str, flag: str) -> str:
-    """The value of ``flag`` in a recorded command line, "-" where it has none (the last one
-    wins, as in the CLI)."""
+def command_flag(cmd: str, *flags: str) -> str:
+    """The value of a flag in a recorded command line, given under any of `flags` (a flag and its
+    short form), "-" where it has none (the last one wins, as in the CLI)."""
     words = cmd.split()
-    if flag not in words:
-        return "-"
-    return words[len(words) - 1 - words[::-1].index(flag) + 1]
+    at = [i for i, w in enumerate(words[:-1]) if w in flags]
+    return words[at[-1] + 1] if at else "-"

@@ -23,6 +23,17 @@ def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def can_resume(run_dir: Path, line: str) -> bool:
+    """Whether RUN_DIR holds an interrupted run of the command `line` (its command.txt) with a
+    checkpoint to continue after."""
+    marker = run_dir / "command.txt"
+    return (
+        marker.is_file()
+        and marker.read_text().strip() == line
+        and any((run_dir / "checkpoints").glob("round_*.safetensors"))
+    )
+
+
 def device_label() -> str:
     """Where the runs train: the GPU's name, or the CPU's model and core count."""
     from bench.perf import machine  # imports torch: only once a run is made
@@ -60,12 +71,7 @@ def run_fedkey(
     )
     argv = [sys.executable, "-c", "from cli import main; main()", *cmd[1:]]
     marker, line = run_dir / "command.txt", shlex.join(cmd)
-    resume = (
-        resumable
-        and marker.exists()
-        and marker.read_text().strip() == line
-        and any((run_dir / "checkpoints").glob("round_*.safetensors"))
-    )
+    resume = resumable and can_resume(run_dir, line)
     if resume:
         argv.append("--resume")
     marker.write_text(line + "\n")
