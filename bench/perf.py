@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from bench.perf_measures import (
+    PTB,
     ROOT,
     _aggregate_once,
     bench_gpu_share,
@@ -52,8 +53,7 @@ HTTP_WORKLOAD_QUICK = (
     "--data demo --clients 20 --fraction 0.5 --rounds 2 --local-epochs 1 --workers 2"
 )
 #: The precision step's 10-round run: PTB (a 10k vocabulary, the papers' setup, its first 100k
-#: training words) where ../shared/data has it, else the demo corpus.
-PTB = "../shared/data/ptb"
+#: training words) where ../shared/data has it (PTB: bench.perf_measures), else the demo corpus.
 PRECISION_WORKLOAD = (
     "--clients 20 --fraction 0.5 --rounds 10 --local-epochs 1 --ksr-sentences 0 --workers 2"
 )

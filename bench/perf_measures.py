@@ -20,16 +20,31 @@ from torch import nn
 from runners.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `-m cli`, `-m bench.perf` from here
+PTB = "../shared/data/ptb"  # relative to ROOT, as the commands the benches run name it
 
 
-def _corpus(n_sentences: int, vocab: int, seed: int = 0) -> list[list[int]]:
+def _corpus(n_sentences: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], str]:
+    """The trainer benches' sentences (encoded) and what they are: PTB's first training
+    sentences where ../shared/data has it (real lengths: in the papers' batches of 10 about
+    half of a padded batch is padding, which the trainer skips), else random ones."""
+    if (ROOT / PTB).is_dir():
+        from corpora.loaders import load_corpus
+        from models.tokenizers import WordTokenizer
+
+        train = load_corpus(ROOT / PTB, paper_protocol=True).train
+        tok = WordTokenizer.build(train, vocab)
+        return [
+            tok.encode(s) for s in train[:n_sentences]
+        ], f"PTB's first {n_sentences} training sentences"
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(8, 30, (n_sentences,), generator=g)
-    return [[1, *torch.randint(3, vocab, (int(n),), generator=g).tolist(), 2] for n in lengths]
+    seqs = [[1, *torch.randint(3, vocab, (int(n),), generator=g).tolist(), 2] for n in lengths]
+    return seqs, f"{n_sentences} random sentences of 8-29 words"
 
 
 def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum, device="cpu") -> int:
-    """The reference: the plainest PyTorch training loop over the same padded batches."""
+    """The reference: the plainest PyTorch training loop over the same padded batches, the
+    softmax run on every position (the trainer skips the padding: LanguageModel.logits_at)."""
     from models.batching import IGNORE, batches
     from models.checkpoint import build_model
 
@@ -56,15 +71,15 @@ def bare_loop(model_config, state, seqs, epochs, batch_size, lr, momentum, devic
 
 
 def _training_setup(vocab: int, sentences: int, preset: str):
-    """One torch thread, the preset model (seed 0) and a synthetic corpus: what the trainer
-    benches train on."""
+    """One torch thread, the preset model (seed 0), the sentences and what they are
+    (:func:`_corpus`): what the trainer benches train on."""
     from models.checkpoint import build_model, model_state
     from models.config import ModelConfig
 
     torch.set_num_threads(1)
     cfg = ModelConfig.preset(preset, vocab)
     torch.manual_seed(0)
-    return cfg, model_state(build_model(cfg)), _corpus(sentences, vocab)
+    return cfg, model_state(build_model(cfg)), *_corpus(sentences, vocab)
 
 
 def bench_trainer(
@@ -73,8 +88,9 @@ def bench_trainer(
     from common.config import TrainConfig
     from device_sim.trainer import train_local
 
-    cfg, state, seqs = _training_setup(vocab, sentences, preset)
-    # fp32, as the bare loop: this measures the trainer's overhead (bf16: bench_precision).
+    cfg, state, seqs, text = _training_setup(vocab, sentences, preset)
+    # fp32, as the bare loop: the trainer's overhead against the padding it skips (bf16:
+    # bench_precision).
     tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision="fp32")
     ours, bare = [], []
     for r in range(repeats):  # interleaved, so drift in machine load hits both alike
@@ -90,6 +106,7 @@ def bench_trainer(
         "model": preset,
         "vocab": vocab,
         "sentences": sentences,
+        "text": text,
         "trainer_tokens_per_s": round(best_ours),
         "bare_loop_tokens_per_s": round(best_bare),
         "ratio": round(best_ours / best_bare, 3),
@@ -106,7 +123,7 @@ def bench_precision(
     from device_sim.trainer import train_local
     from models.precision import native_bf16, resolve_precision
 
-    cfg, state, seqs = _training_setup(vocab, sentences, preset)
+    cfg, state, seqs, text = _training_setup(vocab, sentences, preset)
     speeds: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for r in range(repeats):  # interleaved, alternating which goes first
         for precision in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
@@ -120,6 +137,7 @@ def bench_precision(
         "model": preset,
         "vocab": vocab,
         "sentences": sentences,
+        "text": text,
         "native_bf16": native_bf16(device),
         "auto": resolve_precision("auto", device),
         "fp32_tokens_per_s": round(best["fp32"]),
@@ -173,14 +191,14 @@ def bench_gpu_share(
 ) -> dict:
     """Phones training side by side on one GPU, as `fedkey simulate` and the fleet's pool run
     them (device_sim.pool: one process per trainer, each with its own CUDA context): for each
-    pool size P, 2P phones of `sentences` random sentences, one epoch each, batch 10; the
+    pool size P, 2P phones of `sentences` sentences (:func:`_corpus`), one epoch each, batch 10; the
     aggregate tokens/s (every phone's tokens over the batch's wall time), fp32 and bf16. At the
     seed papers' batch one phone leaves the GPU mostly idle (kernel launches, not arithmetic,
     bound a step), so phones side by side is where the GPU's speed shows."""
     from common.config import Precision, TrainConfig
     from device_sim.pool import LocalTask, TrainerPool
 
-    cfg, state, seqs = _training_setup(vocab, sentences, preset)
+    cfg, state, seqs, text = _training_setup(vocab, sentences, preset)
 
     def tasks(n: int, precision: Precision, shard: list[list[int]]) -> list[LocalTask]:
         tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision=precision)
@@ -224,6 +242,7 @@ def bench_gpu_share(
         "model": preset,
         "vocab": vocab,
         "sentences": sentences,
+        "text": text,
         "rows": rows,
         "best": best,
         "speedup_over_one_process": round(best["tokens_per_s"] / one, 3),

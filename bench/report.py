@@ -59,6 +59,12 @@ def _measured(
     return _row(measure, fmt.format(value), target, ok(value), status)
 
 
+def _text(figures: dict, params: dict) -> str:
+    """What a trainer bench trained on (bench.perf_measures._corpus); results from before it
+    recorded that trained on random sentences."""
+    return figures.get("text") or f"{params.get('sentences', '?')} random sentences of 8-29 words"
+
+
 def targets(result: dict) -> list[dict]:
     """One row per target: {"measure", "figure", "target", "status"}; status is "met",
     "not met", "skipped" (step skipped or figure unavailable) or "failed" (the step failed)."""
@@ -302,8 +308,11 @@ def markdown(result: dict) -> str:
         out += [
             f"Model `{params.get('trainer', {}).get('model', 'small')}` (GRU, emb = hidden = 300, "
             f"tied), vocabulary {params.get('trainer', {}).get('vocab', '?')}, "
-            f"{params.get('trainer', {}).get('sentences', '?')} random sentences of 8-29 words, "
-            "batch 10, one epoch per repeat, one torch thread; tokens/s of the best repeat.",
+            f"{_text(s.get('cpu', {}), params.get('trainer', {}))}, "
+            "batch 10, one epoch per repeat, one torch thread, fp32; tokens/s of the best repeat. "
+            "The bare loop runs the softmax layer on every position of the padded batches, the "
+            "trainer on the real words only (`LanguageModel.logits_at`): a ratio above 1 is the "
+            "padding skipped, less the trainer's overhead.",
             "",
             markdown_table(
                 [
@@ -530,9 +539,10 @@ def markdown(result: dict) -> str:
         out += [
             "The local trainer (`device_sim.trainer.train_local`) under `--precision fp32` and "
             "`bf16` (bf16 autocast on the forward, fp32 master weights, loss and gradients; on the "
-            "CPU autocast leaves the GRU in fp32, so the gain is the softmax layer's), "
+            "CPU autocast leaves the GRU in fp32, so the gain is the softmax layer's, which the "
+            "trainer runs on the real words only), "
             f"interleaved: model `{q.get('model', 'small')}` (GRU 300, tied), vocabulary "
-            f"{q.get('vocab', '?')}, {q.get('sentences', '?')} random sentences of 8-29 words, "
+            f"{q.get('vocab', '?')}, {_text(s['speed'].get('cpu', {}), q)}, "
             "batch 10, one epoch per repeat, one torch thread; tokens/s of the best repeat. "
             "`auto` is what `--precision auto` resolves to there (models.precision).",
             "",
@@ -578,7 +588,7 @@ def markdown(result: dict) -> str:
         cpu = (steps.get("trainer") or {}).get("cpu", {}).get("trainer_tokens_per_s")
         out += [
             f"The training pool (device_sim.pool) on one GPU ({s['gpu']}): P processes, each "
-            f"with its own CUDA context, train 2P phones of {s['sentences']} random sentences "
+            f"with its own CUDA context, train 2P phones of {_text(s, s)} "
             f"(model `{s['model']}`, vocabulary {s['vocab']}, batch 10, one epoch); tokens/s of "
             "all the phones over the batch's wall time"
             + (f", and against one CPU trainer of step 1 ({cpu} tokens/s, fp32)" if cpu else "")

@@ -48,7 +48,7 @@ def train_local(
     model = build_model(model_config, global_state).to(dev)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE, reduction="sum")
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
     if config.batching == "columns":
         seqs, make_batches = sentences, column_batches
     else:
@@ -58,12 +58,12 @@ def train_local(
     for _ in range(config.epochs):
         order = torch.randperm(len(seqs), generator=gen).tolist()
         for inputs, targets in make_batches(seqs, config.batch_size, order):
-            n = int((targets != IGNORE).sum())  # counted on the CPU: no device sync
-            inputs, targets = inputs.to(dev), targets.to(dev)
+            keep = targets != IGNORE  # on the CPU, as the count: no device sync
+            n = int(keep.sum())
+            targets = targets[keep].to(dev)
             with autocast(precision, dev):
-                logits, _ = model(inputs)
-            logits = logits.float()  # the loss in fp32 (a no-op under fp32)
-            loss_sum = loss_fn(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+                logits = model.logits_at(inputs.to(dev), keep)  # the padding skipped
+            loss_sum = loss_fn(logits.float(), targets)  # the loss in fp32 (a no-op under fp32)
             opt.zero_grad(set_to_none=True)
             (loss_sum / n).backward()
             if config.clip > 0:

@@ -66,17 +66,14 @@ def evaluate(
     nll, hits1, hits3, scored = 0.0, 0, 0, 0
     word_level = isinstance(tokenizer, WordTokenizer)
     for inputs, targets in batches(seqs, batch_size, order):
-        inputs, targets = inputs.to(device), targets.to(device)
+        keep = targets != IGNORE
+        targets = targets[keep].to(device)
         with autocast(resolved, device):
-            logits, _ = model(inputs)
+            logits = model.logits_at(inputs.to(device), keep)  # [predicted words, vocab]
         logp = F.log_softmax(logits.float(), dim=-1)
-        nll += float(
-            F.nll_loss(logp.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
-        )
+        nll += float(F.nll_loss(logp, targets, reduction="sum"))
         if word_level:
-            real = (
-                (targets != IGNORE) & (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
-            )
+            real = (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
             top3 = logp.topk(3, dim=-1).indices
             match = top3 == targets.unsqueeze(-1)
             hits1 += int((match[..., 0] & real).sum())

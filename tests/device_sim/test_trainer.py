@@ -58,6 +58,29 @@ def test_long_sentences_are_chunked_not_dropped():
     assert res.num_tokens == 181
 
 
+def test_padding_changes_nothing_the_phone_learns():
+    # The trainer runs the softmax on the real words only (LanguageModel.logits_at); one step
+    # on a batch of unequal sentences must equal the plain loop's over the padded batch.
+    from models.batching import IGNORE, pad_batch
+
+    seqs = [TOK.encode(s) for s in ("see you", "on my way home", "see you at the station")]
+    state = initial_state()
+    cfg = TrainConfig(
+        epochs=1, batch_size=len(seqs), lr=0.5, momentum=0.0, clip=0.0, precision="fp32"
+    )
+    ours = train_local(CFG, state, seqs, cfg, seed=0, device="cpu").state
+    model = build_model(CFG, state)
+    inputs, targets = pad_batch(seqs)
+    assert (targets == IGNORE).any()  # the batch has padding
+    logits, _ = model(inputs)
+    loss = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE
+    )
+    loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.detach() - 0.5 * p.grad, atol=1e-6, rtol=1e-5)
+
+
 def test_cuda_request_without_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

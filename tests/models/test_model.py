@@ -24,6 +24,17 @@ def test_forward_shapes_and_state_carry(cell, layers):
     torch.testing.assert_close(torch.cat(steps, 1), logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_logits_at_the_kept_positions_are_the_forwards(cell):
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=50, cell=cell, emb_size=16, hidden_size=16))
+    tokens = torch.randint(0, 50, (3, 7))
+    keep = torch.rand(3, 7) < 0.5
+    logits, _ = model(tokens)
+    torch.testing.assert_close(model.logits_at(tokens, keep), logits[keep])
+    assert model.logits_at(tokens, torch.zeros(3, 7, dtype=torch.bool)).shape == (0, 50)
+
+
 def test_tied_shares_the_embedding():
     tied = LanguageModel(ModelConfig(vocab_size=100, emb_size=8, hidden_size=8, tied=True))
     untied = LanguageModel(ModelConfig(vocab_size=100, emb_size=8, hidden_size=8, tied=False))
