@@ -39,12 +39,26 @@ def pad_batch(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
 
 
 def batches(
-    seqs: list[list[int]], batch_size: int, order: list[int] | None = None
+    seqs: list[list[int]],
+    batch_size: int,
+    order: list[int] | None = None,
+    max_words: int | None = None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yield padded batches of `batch_size` sentences, in `order` (default: as given)."""
+    """Yield padded batches of `batch_size` sentences, in `order` (default: as given). With
+    `max_words` a batch also ends before it would predict more words than that (a longer
+    sentence is a batch of its own)."""
     order = list(range(len(seqs))) if order is None else order
-    for i in range(0, len(order), batch_size):
-        yield pad_batch([seqs[j] for j in order[i : i + batch_size]])
+    batch: list[list[int]] = []
+    words = 0
+    for j in order:
+        n = len(seqs[j]) - 1
+        if batch and (len(batch) == batch_size or (max_words and words + n > max_words)):
+            yield pad_batch(batch)
+            batch, words = [], 0
+        batch.append(seqs[j])
+        words += n
+    if batch:
+        yield pad_batch(batch)
 
 
 def column_batches(
