@@ -7,9 +7,10 @@ A run's work is counted in passes over its dataset's training text: rounds x C x
 federated run (FedSGD: C 1; AdaFL: its mean fraction over the run), the epochs of a centralized
 run, one pass for the n-gram. Evaluation (validation and test every round) comes with it at a
 fixed C, so it is folded into the same rate. The pace, seconds per pass per byte of training
-text, is the median of the preset's finished runs on this machine's device (a GPU's runs say
-nothing of a CPU's pace) with the same verb (simulate, train-central, ngram) on the same dataset,
-else on the other datasets (WikiText-2's first runs are judged by PTB's, scaled by the size of its
+text, is the median of the latest RECENT of the preset's finished runs on this machine's device
+(a GPU's runs say nothing of a CPU's pace) with the same verb (simulate, train-central, ngram) on
+the same dataset (the latest: a faster trainer or a busier machine shows within two runs), else
+of all those on the other datasets (WikiText-2's first runs are judged by PTB's, scaled by the size of its
 training file). The demo corpus, where start-up costs outweigh its small text, is judged by its
 own runs only. A resumed run's wall time covers only its last
 part, so it is left out; a run that can resume here counts only its rounds still to do.
@@ -26,6 +27,8 @@ from bench.runs import can_resume, read_rows
 
 #: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).
 BYTES_PER_WORD = 5.5
+#: How many of the latest runs of a verb on a dataset set its pace.
+RECENT = 3
 
 
 def _flag(cmd: str, names: tuple[str, ...], default: float) -> float:
@@ -93,8 +96,8 @@ def done_share(run_dir: Path, cmd: str) -> float:
 
 
 class Pace:
-    """Seconds a run will take, from the preset's finished runs (results.json objects) on
-    `device` (bench.runs.device_label; None: on any)."""
+    """Seconds a run will take, from the preset's finished runs (results.json objects, in the
+    order they finished) on `device` (bench.runs.device_label; None: on any)."""
 
     def __init__(self, runs: Iterable[dict], data_root: Path, device: str | None = None):
         self.data_root = data_root
@@ -121,10 +124,10 @@ class Pace:
             return None
         if dataset == "demo":
             scale: float | None = 1.0
-            rates = self.rates.get((verb, "demo"), [])
+            rates = self.rates.get((verb, "demo"), [])[-RECENT:]
         else:
             scale = train_bytes(self.data_root, dataset, cmd)
-            rates = self.rates.get((verb, dataset)) or [
+            rates = self.rates.get((verb, dataset), [])[-RECENT:] or [
                 x for (v, d), xs in self.rates.items() if v == verb and d != "demo" for x in xs
             ]
         if not rates or not scale:

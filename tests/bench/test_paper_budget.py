@@ -70,6 +70,14 @@ def test_a_run_is_judged_by_the_pace_of_those_done_scaled_to_its_work_and_its_te
     assert pace.seconds("demo", _cmd("simulate", "--rounds", "10", data="demo")) is None
 
 
+def test_the_latest_runs_set_the_pace_so_a_faster_trainer_shows_at_once(data_root):
+    ptb = str(data_root / "ptb")
+    one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", data=ptb)
+    walls = [900.0, 900.0, 900.0, 900.0, 600.0, 600.0]  # in the order they finished
+    pace = Pace([_finished("ptb", one_pass, w) for w in walls], data_root)
+    assert pace.seconds("ptb", one_pass) == pytest.approx(600.0)  # not the median of all, 900
+
+
 def test_an_interrupted_run_that_can_resume_counts_only_its_rounds_still_to_do(data_root, tmp_path):
     ptb = str(data_root / "ptb")
     pace = Pace([_finished("ptb", _cmd("simulate", "--rounds", "10", "--fraction", "0.1",
