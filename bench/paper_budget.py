@@ -10,10 +10,10 @@ fixed C, so it is folded into the same rate. The pace, seconds per pass per byte
 text, is the median of the latest RECENT of the preset's finished runs on this machine's device
 (a GPU's runs say nothing of a CPU's pace) with the same verb (simulate, train-central, ngram) on
 the same dataset (the latest: a faster trainer or a busier machine shows within two runs), else
-of all those on the other datasets (WikiText-2's first runs are judged by PTB's, scaled by the size of its
-training file). The demo corpus, where start-up costs outweigh its small text, is judged by its
-own runs only. A resumed run's wall time covers only its last
-part, so it is left out; a run that can resume here counts only its rounds still to do.
+of all those on the other datasets (WikiText-2's first runs are judged by PTB's, scaled by the
+size of its training file). The demo corpus, where start-up costs outweigh its small text, is
+judged by its own runs only. A resumed run's wall time covers only its last part, so it is left
+out; a run that can resume here counts only its rounds still to do.
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ def _corpus(n_sentences: int, vocab: int, seed: int = 0) -> tuple[list[list[int]
 
         train = load_corpus(ROOT / PTB, paper_protocol=True).train
         tok = WordTokenizer.build(train, vocab)
-        return [
-            tok.encode(s) for s in train[:n_sentences]
-        ], f"PTB's first {n_sentences} training sentences"
+        seqs = [tok.encode(s) for s in train[:n_sentences]]
+        return seqs, f"PTB's first {n_sentences} training sentences"
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(8, 30, (n_sentences,), generator=g)
     seqs = [[1, *torch.randint(3, vocab, (int(n),), generator=g).tolist(), 2] for n in lengths]
@@ -191,8 +190,8 @@ def bench_gpu_share(
 ) -> dict:
     """Phones training side by side on one GPU, as `fedkey simulate` and the fleet's pool run
     them (device_sim.pool: one process per trainer, each with its own CUDA context): for each
-    pool size P, 2P phones of `sentences` sentences (:func:`_corpus`), one epoch each, batch 10; the
-    aggregate tokens/s (every phone's tokens over the batch's wall time), fp32 and bf16. At the
+    pool size P, 2P phones of `sentences` sentences (:func:`_corpus`), one epoch each, batch
+    10; the aggregate tokens/s (every phone's tokens over the batch's wall time), fp32 and bf16. At the
     seed papers' batch one phone leaves the GPU mostly idle (kernel launches, not arithmetic,
     bound a step), so phones side by side is where the GPU's speed shows."""
     from common.config import Precision, TrainConfig

@@ -71,8 +71,7 @@ def evaluate(
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     nll, hits1, hits3, scored = 0.0, 0, 0, 0
     word_level = isinstance(tokenizer, WordTokenizer)
-    # At most SCORES floats of scores a batch: glibc maps a larger block afresh at every batch,
-    # and its page faults cost more than the softmax itself.
+    # At most SCORES scores a batch (see SCORES: larger blocks cost page faults at every batch).
     for inputs, targets in batches(seqs, batch_size, order, max(1, SCORES // tokenizer.vocab_size)):
         keep = targets != IGNORE
         targets = targets[keep].to(device)
