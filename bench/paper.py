@@ -33,7 +33,7 @@ from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
 from bench.paper_spec import DATASETS, RunSpec
 from bench.paper_suites import SUITES, lr_choices, suite_runs
 from bench.presets import PRESETS, Preset
-from bench.runs import device_label, run_fedkey
+from bench.runs import Stopped, can_resume, device_label, run_fedkey
 from bench.spread import round_spreads
 from common.files import atomic_write
 
@@ -135,15 +135,21 @@ def _finite(value) -> float:
     return value if isinstance(value, float | int) and math.isfinite(value) else math.inf
 
 
-def run_one(spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path) -> dict:
-    """Run one spec as a child process; its summary, with the command and where it ran."""
+def resumable(cmd: list[str]) -> bool:
+    """Whether a run of `cmd` cut off in the middle continues after its last checkpoint: a
+    simulate or train-central (hours on the cpu preset) does; a `fedkey run` (transport "http",
+    which no preset uses now) or an n-gram starts again."""
+    return cmd[1] in ("simulate", "train-central")
+
+
+def run_one(
+    spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path, stop_at: float | None = None
+) -> dict:
+    """Run one spec as a child process; its summary, with the command and where it ran. At
+    `stop_at` (time.monotonic()) a run still going is stopped: bench.runs.Stopped."""
     run_dir = runs_dir / spec.id
     cmd = command(spec, preset, data_root, run_dir)
-    # An interrupted simulate or train-central (hours on the cpu preset) continues where it
-    # stopped; a `fedkey run` (transport "http", which no preset uses now) starts again.
-    rows, provenance = run_fedkey(
-        spec.id, cmd, run_dir, resumable=cmd[1] in ("simulate", "train-central")
-    )
+    rows, provenance = run_fedkey(spec.id, cmd, run_dir, resumable=resumable(cmd), stop_at=stop_at)
     return {
         "id": spec.id,
         **summarize(rows, spec),
@@ -305,11 +311,14 @@ def run_bench(
     bench_command: str = "",
     jobs: int = 1,
     hours: float | None = None,
+    advance: bool = True,
 ) -> list[dict]:
     """Run every selected spec not yet in OUT/<folder>/results.json, `jobs` at a time, then
     write the report. The specs are rebuilt after every run: the sweep's choices open the
     ranking suites' runs. With `hours`, only the runs expected to end within that many hours
-    from now are started (bench.paper_budget); the others are listed at the end."""
+    from now are started (bench.paper_budget), and a run still going then is stopped; the
+    others are listed at the end. With `advance`, the slots that none of them fits go to the
+    runs that resume: stopped at the limit, the next bench continues them."""
     from tqdm import tqdm
 
     preset = PRESETS[preset_name]
@@ -353,32 +362,62 @@ def run_bench(
     # finished run's slot is refilled at once (a batch would wait for its slowest run), from the
     # specs rebuilt with every result: the sweep's choices open the ranking suites' runs.
     # With a time limit, a run starts only if the pace of the runs done says it ends in time
-    # (bench.paper_budget); a run with none to judge it by starts.
+    # (bench.paper_budget); a run with none to judge it by starts. The limit is hard: a run
+    # still going then is stopped (bench.runs.Stopped), and one that resumes goes on next time.
     deadline = None if hours is None else time.monotonic() + hours * 3600
+
+    def time_left() -> float:
+        return math.inf if deadline is None else deadline - time.monotonic()
 
     def too_long(spec: RunSpec, pace: Pace | None) -> float | None:
         """The run's expected seconds if they are more than the time left, else None."""
         if pace is None or deadline is None:
             return None
         need = expected(spec, pace)
-        return need if need is not None and need > deadline - time.monotonic() else None
+        return need if need is not None and need > time_left() else None
+
+    def can_advance(spec: RunSpec, pace: Pace | None) -> bool:
+        """Whether a run too long for the time left is worth starting to stop at the limit: it
+        resumes, and at least one of its rounds (or epochs) ends in time, so it keeps a
+        checkpoint (bench.paper_budget)."""
+        if not advance or pace is None:
+            return False
+        cmd = command(spec, preset, data_root, run_root / spec.id)
+        step = pace.step_seconds(spec.dataset, shlex.join(cmd))
+        return resumable(cmd) and step is not None and step < time_left()
+
+    def started(spec: RunSpec) -> bool:
+        """Whether an earlier, stopped attempt left the run a checkpoint to continue after."""
+        cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
+        return can_resume(run_root / spec.id, cmd)
 
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, str] = {}
+    stopped: dict[str, int] = {}  # run id -> rounds done, of the runs stopped at the limit
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         while True:
             busy, paced = set(running.values()), None if deadline is None else pace()
-            for spec in [s for s in todo if s.id not in busy]:
-                if len(running) >= max(jobs, 1):
-                    break
-                if too_long(spec, paced) is None:
-                    running[pool.submit(run_one, spec, preset, data_root, run_root)] = spec.id
+            free = [s for s in todo if s.id not in busy and s.id not in stopped]
+            if time_left() <= 0:
+                free = []
+            fits = [s for s in free if too_long(s, paced) is None]
+            # The slots that no run fits go to the runs that resume, those already begun first.
+            ahead = [s for s in free if s not in fits and can_advance(s, paced)]
+            ahead.sort(key=lambda s: not started(s))
+            for spec in (fits + ahead)[: max(jobs, 1) - len(running)]:
+                running[pool.submit(run_one, spec, preset, data_root, run_root, deadline)] = spec.id
             if not running:  # all done, or nothing left fits in the time left
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                del running[future]
-                result = future.result()
+                spec_id = running.pop(future)
+                try:
+                    result = future.result()
+                except Stopped as stop:
+                    stopped[spec_id] = stop.rounds
+                    bar.write(f"{spec_id}: stopped at the time limit after round {stop.rounds}; "
+                              f"the next bench continues it")  # fmt: skip
+                    continue
                 bench.add(result, bench_command)
                 bar.update()
                 bar.write(f"{result['id']}: test ppl {result['test_ppl']:.2f} (best round "
@@ -388,14 +427,14 @@ def run_bench(
             bar.refresh()
     bar.close()
     if todo:
-        left = deadline - time.monotonic() if deadline is not None else 0.0
-        print(f"{len(todo)} runs left: each is expected to take longer than the "
-              f"{duration(max(left, 0.0))} left of --hours {hours:g}; run the bench again "
-              f"with more time:")  # fmt: skip
         final = pace()
+        print(f"{len(todo)} runs left for want of time ({duration(max(time_left(), 0.0))} left "
+              f"of --hours {hours:g}); run the bench again to go on:")  # fmt: skip
         for spec in todo:
-            need = too_long(spec, final)
-            print(f"  {spec.id} (about {duration(need) if need else '?'})")
+            need = expected(spec, final)
+            begun = (f", stopped after round {stopped[spec.id]}: the next bench continues it"
+                     if spec.id in stopped else "")  # fmt: skip
+            print(f"  {spec.id} (about {duration(need) if need else '?'} to run{begun})")
     return write(out / preset.results_folder)
 
 

@@ -14,6 +14,11 @@ of all those on the other datasets (WikiText-2's first runs are judged by PTB's,
 size of its training file). The demo corpus, where start-up costs outweigh its small text, is
 judged by its own runs only. A resumed run's wall time covers only its last part, so it is left
 out; a run that can resume here counts only its rounds still to do.
+
+When no run left fits in the time left, the bench uses its free slots to advance the runs that
+can resume (bench.paper.run_bench's `advance`), if one round of theirs fits: stopped at the limit,
+they keep their checkpoints, and the next bench continues them. So runs longer than any one
+session (FedSGD: every phone every round) still finish, over several.
 """
 
 from __future__ import annotations
@@ -90,9 +95,15 @@ def done_share(run_dir: Path, cmd: str) -> float:
         return 0.0
     rows = read_rows(run_dir)
     last = rows[-1].get("round", 0) if rows else 0
+    n = units(cmd)
+    return min(1.0, last / n) if n > 0 else 0.0
+
+
+def units(cmd: str) -> float:
+    """The rounds of a federated command line, the epochs of a centralized one: the pieces it
+    checkpoints after (0: not given)."""
     central = cmd.split()[1] == "train-central"
-    units = _flag(cmd, ("--epochs",) if central else ("--rounds", "-R"), 0)
-    return min(1.0, last / units) if units > 0 else 0.0
+    return _flag(cmd, ("--epochs",) if central else ("--rounds", "-R"), 0)
 
 
 class Pace:
@@ -134,6 +145,12 @@ class Pace:
             return None
         left = 1.0 - (done_share(run_dir, cmd) if run_dir is not None else 0.0)
         return statistics.median(rates) * work * scale * left
+
+    def step_seconds(self, dataset: str, cmd: str) -> float | None:
+        """The expected seconds of one round (a centralized run: one epoch) of `cmd`: the least
+        that a run stopped at a time limit keeps (None: nothing to judge it by)."""
+        total, n = self.seconds(dataset, cmd), units(cmd)
+        return total / n if total is not None and n > 0 else None
 
 
 def duration(seconds: float) -> str:

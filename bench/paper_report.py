@@ -39,6 +39,7 @@ from bench.paper_tables import (
 )
 from bench.presets import PRESETS, Preset
 from bench.report import markdown_table
+from bench.runs import run_seconds
 
 NAMES = {**DATASET_NAMES, "demo": "demo corpus"}
 RANKING = ("sweep", "rank", "noniid")
@@ -240,7 +241,7 @@ def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = Non
     done = {s: sum(r["suite"] == s and r["id"] not in stale for r in mine) for s in plan}
     total_done, total = sum(done.values()), sum(max(plan[s], done[s]) for s in plan)
     parts = ", ".join(f"{s} {done[s]} of {max(plan[s], done[s])}" for s in plan)
-    hours = sum(r["wall_seconds"] for r in mine) / 3600
+    hours = sum(run_seconds(r) for r in mine) / 3600
     old = (f" {len(stale)} runs are superseded (their command is not the one the preset makes "
            f"now: its protocol or a sweep choice changed since) and are not counted; their rows "
            f"stay until they are run again: {', '.join(f'`{i}`' for i in stale)}."
@@ -437,7 +438,7 @@ def detail_table(runs: list[dict]) -> str:
     rows = [[r.get("preset", "-"), r["id"], _f(r["test_ppl"]), _f(r["best_val_ppl"]),
              r["best_round"], _f(r["final_test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"),
              _f(r["ksr"], ".3f"), r["updates"], _mb(r["uplink_bytes"]),
-             _f(r["wall_seconds"], ".0f")] for r in runs]  # fmt: skip
+             _f(run_seconds(r), ".0f")] for r in runs]  # fmt: skip
     return markdown_table(header, rows)
 
 

@@ -12,7 +12,22 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from common.files import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class Stopped(Exception):
+    """A run stopped at its time limit (`run_fedkey(stop_at=...)`). A resumable run's folder keeps
+    its checkpoints, so running its command again continues it."""
+
+    def __init__(self, run_id: str, rounds: int):
+        super().__init__(f"{run_id}: stopped at the time limit after {rounds} rounds")
+        self.run_id, self.rounds = run_id, rounds
+
+
+#: Seconds that the earlier, stopped attempts at a run's command took (bench provenance).
+SPENT = "seconds.txt"
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -34,6 +49,25 @@ def can_resume(run_dir: Path, line: str) -> bool:
     )
 
 
+def run_seconds(result: Mapping) -> float:
+    """A run's wall time over all its attempts: the stopped ones (`earlier_seconds`; one from
+    before the bench timed them counts 0) and the one that finished it."""
+    return float(result["wall_seconds"]) + float(result.get("earlier_seconds") or 0.0)
+
+
+def _rounds(run_dir: Path) -> int:
+    """Rounds (or epochs) recorded in RUN_DIR/metrics.jsonl so far; its first row is round 0."""
+    return max(0, len(read_rows(run_dir)) - 1)
+
+
+def _seconds(path: Path) -> float | None:
+    """The seconds a file of SPENT holds (None: no such file, or not a number)."""
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def device_label() -> str:
     """Where the runs train: the GPU's name, or the CPU's model and core count."""
     from bench.perf import machine  # imports torch: only once a run is made
@@ -51,6 +85,7 @@ def run_fedkey(
     env: Mapping[str, str] | None = None,
     on_round: Callable[[int], None] | None = None,
     resumable: bool = False,
+    stop_at: float | None = None,
 ) -> tuple[list[dict], dict]:
     """Run `cmd` (["fedkey", verb, ...]) with this interpreter, its output in RUN_DIR/log.txt;
     -> (its metrics rows, the provenance fields of its results.json object). `on_round(rounds
@@ -60,7 +95,12 @@ def run_fedkey(
     `resumable` (a verb with --resume: simulate, train-central): a run directory that an
     interrupted run of the same command left behind (RUN_DIR/command.txt says which) continues
     after its last checkpoint instead of starting again. --resume is how the run is executed,
-    not what it is: the recorded command leaves it out, so the bench still finds the run done."""
+    not what it is: the recorded command leaves it out, so the bench still finds the run done.
+
+    `stop_at` (a time.monotonic() value: the bench's time limit): a run still going then is
+    stopped and Stopped is raised; a resumable one continues from its last checkpoint the next
+    time. RUN_DIR/seconds.txt keeps the time of the attempts so far, so that a run done over
+    several benches reports all of it (`earlier_seconds`)."""
     from bench.perf import _git
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -75,23 +115,39 @@ def run_fedkey(
     if resume:
         argv.append("--resume")
     marker.write_text(line + "\n")
+    spent = run_dir / SPENT
+    earlier = _seconds(spent) if resume else 0.0
     start = time.perf_counter()
     with (run_dir / "log.txt").open("a" if resume else "w") as log:
         child = subprocess.Popen(
             argv, cwd=ROOT, env=None if env is None else dict(env), stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
+        noted = start
+
+        def note() -> None:  # the time so far, should the bench itself be killed
+            nonlocal noted
+            noted = time.perf_counter()
+            if earlier is not None:
+                atomic_write(spent, f"{earlier + noted - start:.3f}\n")
+
         try:
-            if on_round is None:
-                child.wait()
-            else:
-                while child.poll() is None:
-                    time.sleep(2.0)
-                    on_round(max(0, len(read_rows(run_dir)) - 1))
+            while child.poll() is None and (stop_at is None or time.monotonic() < stop_at):
+                try:
+                    child.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                if on_round is not None:
+                    on_round(_rounds(run_dir))
+                if time.perf_counter() - noted > 30.0:
+                    note()
         finally:
-            if child.poll() is None:  # interrupted: stop the child and its training pool
+            if child.poll() is None:  # interrupted or out of time: stop it and its training pool
                 child.terminate()
                 child.wait()
+            note()
+    if stop_at is not None and child.returncode < 0 and time.monotonic() >= stop_at:
+        raise Stopped(run_id, _rounds(run_dir))
     wall = time.perf_counter() - start
     if child.returncode != 0:
         tail = (run_dir / "log.txt").read_text()[-2000:]
@@ -99,6 +155,8 @@ def run_fedkey(
     provenance = {
         "wall_seconds": round(wall, 1),  # of this process: a resumed run's earlier part left out
         "resumed": resume,
+        # the attempts before this one (None: not timed, from before the bench recorded it)
+        **({"earlier_seconds": earlier and round(earlier, 1)} if resume else {}),
         "command": line,
         "git_commit": commit,
         "git_dirty": dirty,

@@ -107,7 +107,12 @@ def bench_paper(
         None,
         "--hours",
         min=0.01,
-        help="The time this bench may take (a job's walltime): start only the runs that the pace of those done says will end in it, and list the rest. A run with nothing to judge it by starts.",
+        help="The time this bench may take (a job's walltime): start only the runs that the pace of those done says will end in it, stop any run still going at the end, and list the rest. A run with nothing to judge it by starts.",
+    ),
+    advance: bool = typer.Option(
+        True,
+        "--advance/--no-advance",
+        help="With --hours: when no run left fits in the time left, start the runs that resume (simulate, train-central) anyway; stopped at the end with their checkpoints, the next bench continues them.",
     ),
 ) -> None:
     """The seed papers' experiments through fedkey's own commands; a run already in results.json
@@ -126,6 +131,7 @@ def bench_paper(
             bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
             jobs=jobs,
             hours=hours,
+            advance=advance,
         )
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         raise UserError(str(e)) from None

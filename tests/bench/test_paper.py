@@ -261,7 +261,7 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
     slow_may_finish = threading.Event()
     started: list[str] = []
 
-    def fake_run(spec, preset, data_root, runs_dir):
+    def fake_run(spec, preset, data_root, runs_dir, stop_at=None):
         started.append(spec.id)
         if spec.id == ids[0]:
             assert slow_may_finish.wait(timeout=60), "the slow run was never released"

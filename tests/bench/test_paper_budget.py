@@ -8,7 +8,7 @@ import pytest
 
 import bench.paper as paper
 from bench.paper_budget import Pace, passes
-from bench.runs import device_label
+from bench.runs import Stopped, device_label
 
 
 def _cmd(verb: str, *flags: str, data: str = "/d/ptb") -> str:
@@ -96,23 +96,27 @@ def test_an_interrupted_run_that_can_resume_counts_only_its_rounds_still_to_do(d
     assert pace.seconds("ptb", cmd, run_dir) == pytest.approx(3000.0)
 
 
+def _timing(preset, data_root) -> dict:
+    """A finished FedAvg run at C 0.1 that took half an hour: the pace of the others."""
+    return {"id": "timing", "suite": "paper", "preset": preset.name, "dataset": "ptb",
+            "wall_seconds": 1800.0, "device": device_label(), "command": shlex.join(paper.command(
+                paper.RunSpec("paper", "ptb", "FedAvg", 0.1), preset, data_root,
+                data_root / "runs" / "timing"))}  # fmt: skip
+
+
 def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
     data_root, monkeypatch, capsys
 ):
     """The smoke preset's paper suite on PTB, one of whose runs at C 0.1 took half an hour: in
     1.5 hours the C 0.1 runs (0.5 h each) and AdaFL (1 h: its C averages 0.2 over 2 rounds) start,
-    in their order; C 0.5 (2.5 h) and FedSGD (5 h) are listed, not started."""
+    in their order; C 0.5 (2.5 h) and FedSGD (5 h) are listed, not started (nor advanced: the
+    next test)."""
     preset = paper.PRESETS["smoke"]
     out = data_root / "out"
-    timing = paper.Bench(out / preset.results_folder)
-    took = {"id": "timing", "suite": "paper", "preset": "smoke", "dataset": "ptb",
-            "wall_seconds": 1800.0, "device": device_label(), "command": shlex.join(paper.command(
-                paper.RunSpec("paper", "ptb", "FedAvg", 0.1), preset, data_root,
-                data_root / "runs" / "timing"))}  # fmt: skip
-    timing.add(took, "")
+    paper.Bench(out / preset.results_folder).add(_timing(preset, data_root), "")
     started: list[str] = []
 
-    def fake_run(spec, preset, data_root, runs_dir):
+    def fake_run(spec, preset, data_root, runs_dir, stop_at=None):
         started.append(spec.id)
         cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
         return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
@@ -122,7 +126,7 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write", lambda folder: [])
     paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs",
-                    only=["paper-ptb-*"], jobs=2, hours=1.5)  # fmt: skip
+                    only=["paper-ptb-*"], jobs=2, hours=1.5, advance=False)  # fmt: skip
     specs = [s.id for s in paper.select(preset, ["paper"], [], only=["paper-ptb-*"])]
     short = [i for i in specs if i.endswith("c0.1") or "adafl" in i]
     assert started == short  # in the bench's own order
@@ -130,8 +134,64 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
     left = [i for i in specs if i not in short]
     assert left and f"{len(left)} runs left" in printed
     assert all(i in printed for i in left) and not any(f"  {i} " in printed for i in short)
-    assert "paper-ptb-fedsgd-c1 (about 5.0 h)" in printed
-    assert "paper-ptb-fedavg-c0.5 (about 2.5 h)" in printed
+    assert "paper-ptb-fedsgd-c1 (about 5.0 h to run)" in printed
+    assert "paper-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
+
+
+class Clock:
+    """time.monotonic for bench.paper: a run stopped at the limit moves it there."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
+    data_root, monkeypatch, capsys
+):
+    """The same runs with 0.4 h left: no run fits (C 0.1: 0.5 h), but a round of one does
+    (0.25 h of 2), so both slots start C 0.1 runs to stop at the limit, the one an earlier bench
+    began first, and the next bench continues them; C 0.5 (1.25 h a round) waits."""
+    preset = paper.PRESETS["smoke"]
+    out, runs = data_root / "out", data_root / "runs"
+    paper.Bench(out / preset.results_folder).add(_timing(preset, data_root), "")
+    specs = [s for s in paper.select(preset, ["paper"], [], only=["paper-ptb-*"])]
+    tenth = [s for s in specs if s.id.endswith("c0.1") and "adafl" not in s.id]
+    begun = tenth[2]  # an earlier bench stopped it in its first round
+    begun_dir = runs / preset.results_folder / begun.id
+    (begun_dir / "checkpoints").mkdir(parents=True)
+    (begun_dir / "checkpoints" / "round_0000.safetensors").write_bytes(b"")
+    (begun_dir / "metrics.jsonl").write_text('{"round": 0}\n')
+    (begun_dir / "command.txt").write_text(
+        shlex.join(paper.command(begun, preset, data_root, begun_dir)) + "\n"
+    )
+    clock = Clock()
+    monkeypatch.setattr(paper, "time", clock)
+    calls: list[tuple[str, float | None]] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop_at=None):
+        calls.append((spec.id, stop_at))
+        clock.now = max(clock.now, stop_at)  # each runs until the limit
+        raise Stopped(spec.id, 1)
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write", lambda folder: [])
+    paper.run_bench("smoke", ["paper"], data_root, out, runs, only=["paper-ptb-*"], jobs=2,
+                    hours=0.4)  # fmt: skip
+    deadline = 1000.0 + 0.4 * 3600
+    assert calls == [(begun.id, deadline), (tenth[0].id, deadline)]
+    printed = capsys.readouterr().out
+    assert f"{begun.id} (about 30 min to run, stopped after round 1: the next bench" in printed
+    assert f"{tenth[0].id} (about 30 min to run, stopped after round 1" in printed
+    assert "paper-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
+    assert [r["id"] for r in paper.Bench(out / preset.results_folder).read()] == ["timing"]
+
+    calls.clear()  # --no-advance: the slots stay free
+    paper.run_bench("smoke", ["paper"], data_root, out, runs, only=["paper-ptb-*"], jobs=2,
+                    hours=0.4, advance=False)  # fmt: skip
+    assert calls == []
 
 
 def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
