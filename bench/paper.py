@@ -176,6 +176,26 @@ def seed_number(
 
 T = TypeVar("T")
 
+#: Options that say how a bench ran, not what it ran (with how many values each): the bench
+#: command that results.json records leaves them out, so a bench continued over several
+#: sessions with other --hours is one line, not one per session.
+HOW = {"--jobs": 1, "--hours": 1, "--advance": 0, "--no-advance": 0}
+
+
+def what_it_runs(command: str) -> str:
+    """The bench command line without the options of HOW."""
+    words, kept = shlex.split(command), []
+    skip = 0
+    for word in words:
+        name = word.split("=", 1)[0]
+        if skip:
+            skip -= 1
+        elif name in HOW:
+            skip = HOW[name] if "=" not in word else 0
+        else:
+            kept.append(word)
+    return shlex.join(kept)
+
 
 class Bench:
     """results.json of a results folder (one or more presets' runs), updated one run at a time under
@@ -221,16 +241,15 @@ class Bench:
         return todo
 
     def add(self, result: dict, bench_command: str) -> list[dict]:
-        """Record one run (replacing the same preset's run of the same id) and recompute that
-        preset's sweep choices."""
+        """Record one run (replacing the same preset's run of the same id), the bench command
+        that ran it (what_it_runs), and recompute that preset's sweep choices."""
         with (self.out / ".results.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             data = self._data()
             key = (result["id"], result.get("preset"))
             runs = [r for r in data["runs"] if (r["id"], r.get("preset")) != key] + [result]
-            cmds = data["bench_commands"] + [
-                c for c in [bench_command] if c not in data["bench_commands"]
-            ]
+            line = what_it_runs(bench_command) if bench_command else ""
+            cmds = data["bench_commands"] + [c for c in [line] if c not in data["bench_commands"]]
             choices = dict(data["lr_choices"])
             preset = PRESETS.get(result.get("preset", ""))
             if preset is not None and result.get("suite") == "sweep":

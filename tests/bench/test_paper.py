@@ -10,7 +10,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.paper import PRESETS, SEEDS, RunSpec, command, seed_number, suite_runs, summarize
+from bench.paper import (
+    PRESETS,
+    SEEDS,
+    Bench,
+    RunSpec,
+    command,
+    seed_number,
+    suite_runs,
+    summarize,
+)
 from bench.paper_report import OLD_SUITES, markdown
 from bench.paper_tables import code_table, lr_table, paper_table
 from bench.paper_tables import old_targets_table as targets_table
@@ -280,3 +289,14 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
     assert started[:2] == ids[:2] and started[2] == ids[2] and len(started) == 3
     done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
     assert sorted(r["id"] for r in done) == sorted(ids)
+
+
+def test_a_bench_continued_with_other_jobs_or_hours_is_recorded_as_one_command(tmp_path):
+    """results.md lists the bench commands that produced it: the options that say how a bench
+    ran (--jobs, --hours, --advance) would add a line per session."""
+    bench = Bench(tmp_path)
+    base = "fedkey bench paper --preset cpu --suite sweep --suite rank"
+    for i, how in enumerate(["", " --jobs 2 --hours 2.5", " --hours=0.45 --no-advance --jobs=2"]):
+        bench.add({"id": f"run-{i}", "preset": "smoke", "suite": "rank"}, base + how)
+    bench.add({"id": "other", "preset": "smoke", "suite": "rank"}, base + " --only 'rank-ptb-*'")
+    assert bench.commands() == [base, base + " --only 'rank-ptb-*'"]
