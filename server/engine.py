@@ -152,7 +152,9 @@ class Federation:
         device = self.eval_device
         model = build_model(self.model_config, state).to(device)
         batch, precision = self.config.eval_batch_size, self.eval_precision
-        val = evaluate(model, self.tokenizer, self.valid, batch, device, precision)
+        # Only the test set's top-1/top-3 are reported: the validation set is read for its
+        # perplexity (the best round, the sweep's choices).
+        val = evaluate(model, self.tokenizer, self.valid, batch, device, precision, accuracy=False)
         test = evaluate(model, self.tokenizer, self.test, batch, device, precision)
         ksr = None
         if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:

@@ -48,6 +48,16 @@ def test_topk_accuracy_counts_real_words_only():
     assert r["nll"] == pytest.approx(expected_nll, rel=1e-6)
 
 
+def test_a_perplexity_only_evaluation_scores_the_same_without_the_accuracy():
+    """The engine reads the validation set for its perplexity only (accuracy=False)."""
+    tok = WordTokenizer(["<unk>", "<s>", "</s>", "x", "y", "z"])
+    model = FixedScores(torch.tensor([0.0, 0.0, 0.0, 3.0, 2.0, 1.0]))
+    full = evaluate(model, tok, ["x y z", "z qq"])
+    quick = evaluate(model, tok, ["x y z", "z qq"], accuracy=False)
+    assert quick == {**full, "top1": None, "top3": None}
+    assert full["top1"] is not None
+
+
 def test_keystroke_savings_by_hand():
     words = ["<unk>", "<s>", "</s>", "apple", "apricot", "banana", "band", "bandit", "cat"]
     tok = WordTokenizer(words)
