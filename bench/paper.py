@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
-from bench.paper_budget import Pace, duration
+from bench.paper_budget import Pace, duration, units
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
 from bench.paper_spec import DATASETS, RunSpec
 from bench.paper_suites import SUITES, lr_choices, suite_runs
@@ -240,13 +240,29 @@ class Bench:
                 todo.append(item)
         return todo
 
+    def begun(self) -> dict[str, list[int]]:
+        """ "<preset>/<run id>" -> [rounds done, rounds] of the runs stopped at a time limit
+        before their end (`fedkey bench paper --hours`): the next bench continues them."""
+        begun: dict[str, list[int]] = self._data().get("begun", {})
+        return begun
+
+    def stopped(self, preset: str, run_id: str, rounds: int, of: int) -> None:
+        """Note that a run stopped at a time limit after `rounds` of its `of` rounds."""
+        with (self.out / ".results.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._data()
+            data["begun"] = {**data.get("begun", {}), f"{preset}/{run_id}": [rounds, of]}
+            atomic_write(self.path, json.dumps(data, indent=1))
+
     def add(self, result: dict, bench_command: str) -> list[dict]:
-        """Record one run (replacing the same preset's run of the same id), the bench command
-        that ran it (what_it_runs), and recompute that preset's sweep choices."""
+        """Record one run (replacing the same preset's run of the same id; no longer begun), the
+        bench command that ran it (what_it_runs), and recompute that preset's sweep choices."""
         with (self.out / ".results.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             data = self._data()
             key = (result["id"], result.get("preset"))
+            begun = {k: v for k, v in data.get("begun", {}).items()
+                     if k != f"{result.get('preset')}/{result['id']}"}  # fmt: skip
             runs = [r for r in data["runs"] if (r["id"], r.get("preset")) != key] + [result]
             line = what_it_runs(bench_command) if bench_command else ""
             cmds = data["bench_commands"] + [c for c in [line] if c not in data["bench_commands"]]
@@ -254,9 +270,10 @@ class Bench:
             preset = PRESETS.get(result.get("preset", ""))
             if preset is not None and result.get("suite") == "sweep":
                 choices[preset.name] = lr_choices(runs, preset)
-            body = {"bench_commands": cmds, "lr_choices": choices, "runs": runs}
-            if not choices:  # the other benches' results.json (attacks, canary, ...) as before
-                del body["lr_choices"]
+            body = {"bench_commands": cmds, "lr_choices": choices, "begun": begun, "runs": runs}
+            for part in ("lr_choices", "begun"):  # the other benches' results.json as before
+                if not body[part]:
+                    del body[part]
             atomic_write(self.path, json.dumps(body, indent=1))
         return runs
 
@@ -411,11 +428,11 @@ def run_bench(
         return can_resume(run_root / spec.id, cmd)
 
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
-    running: dict[Future, str] = {}
+    running: dict[Future, RunSpec] = {}
     stopped: dict[str, int] = {}  # run id -> rounds done, of the runs stopped at the limit
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         while True:
-            busy, paced = set(running.values()), None if deadline is None else pace()
+            busy, paced = {s.id for s in running.values()}, None if deadline is None else pace()
             free = [s for s in todo if s.id not in busy and s.id not in stopped]
             if time_left() <= 0:
                 free = []
@@ -424,24 +441,26 @@ def run_bench(
             ahead = [s for s in free if s not in fits and can_advance(s, paced)]
             ahead.sort(key=lambda s: not started(s))
             for spec in (fits + ahead)[: max(jobs, 1) - len(running)]:
-                running[pool.submit(run_one, spec, preset, data_root, run_root, deadline)] = spec.id
+                running[pool.submit(run_one, spec, preset, data_root, run_root, deadline)] = spec
             if not running:  # all done, or nothing left fits in the time left
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                spec_id = running.pop(future)
+                spec = running.pop(future)
                 try:
                     result = future.result()
                 except Stopped as stop:
-                    stopped[spec_id] = stop.rounds
-                    bar.write(f"{spec_id}: stopped at the time limit after round {stop.rounds}; "
+                    stopped[spec.id] = stop.rounds
+                    cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
+                    bench.stopped(preset.name, spec.id, stop.rounds, int(units(cmd)))
+                    bar.write(f"{spec.id}: stopped at the time limit after round {stop.rounds}; "
                               f"the next bench continues it")  # fmt: skip
                     continue
                 bench.add(result, bench_command)
                 bar.update()
                 bar.write(f"{result['id']}: test ppl {result['test_ppl']:.2f} (best round "
                           f"{result['best_round']}), {result['wall_seconds']:.0f} s")  # fmt: skip
-            todo = [s for s in todo_now() if s.id not in running.values()]
+            todo = [s for s in todo_now() if s.id not in {r.id for r in running.values()}]
             bar.total = bar.n + len(todo) + len(running)
             bar.refresh()
     bar.close()
@@ -467,5 +486,5 @@ def write(folder: Path) -> list[dict]:
         r["seed_ppl"] = seed_number(
             r["suite"], r["dataset"], r["method"], r["fraction"], r["group"]
         )
-    write_report(runs, folder, bench.commands(), bench.lr_choices())
+    write_report(runs, folder, bench.commands(), bench.lr_choices(), bench.begun())
     return runs

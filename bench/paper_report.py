@@ -82,10 +82,10 @@ def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None
 
 
 def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
-             waiting: Sequence[tuple[str, float | None]] = ()) -> str:  # fmt: skip
+             waiting: Sequence[tuple[str, float | None, str]] = ()) -> str:  # fmt: skip
     """One row per method: test perplexity and the keyboard metrics, against the centralized
     model and the n-gram; the reference rows first, then the federated runs best first, then the
-    runs not done yet (`waiting`: (method, C of a federated run or None))."""
+    runs not done yet (`waiting`: (method, C of a federated run or None, where it stands))."""
     header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
               "KSR", "best round / rounds"]  # fmt: skip
     # A run at C 0.5 (the gpu preset) is held against the centralized model of as many examples
@@ -105,7 +105,7 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
         rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
                      _f(r["test_ppl"]), _pct(r["test_ppl"], base), _f(r["top1"], ".3f"),
                      _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds])  # fmt: skip
-    rows += [[m, _c(c) if c else "-", "not run yet", "", "", "", "", "", ""] for m, c in waiting]
+    rows += [[m, _c(c) if c else "-", where, "", "", "", "", "", ""] for m, c, where in waiting]
     return markdown_table(header, rows)
 
 
@@ -232,9 +232,11 @@ def _epochs(n: int) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
 
 
-def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = None) -> str:
+def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = None,
+             begun: Mapping[str, Sequence[int]] | None = None) -> str:  # fmt: skip
     """ "N of M runs done" of a ranking preset, per suite; the superseded runs (bench.paper:
-    their command is not the preset's now; `stale` when already known) named and not counted."""
+    their command is not the preset's now; `stale` when already known) named and not counted;
+    how many more are `begun`."""
     mine = [r for r in runs if r.get("preset") == preset.name]
     stale = superseded(preset, runs) if stale is None else stale
     plan = planned(preset, runs)
@@ -246,15 +248,18 @@ def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = Non
            f"now: its protocol or a sweep choice changed since) and are not counted; their rows "
            f"stay until they are run again: {', '.join(f'`{i}`' for i in stale)}."
            if stale else "")  # fmt: skip
+    started = sum(k.startswith(f"{preset.name}/") for k in begun or {})
+    more = (f" {started} more begun: stopped at a time limit, the next bench continues them."
+            if started else "")  # fmt: skip
     return (f"**{total_done} of {total} runs done** ({parts}; {hours:.1f} hours of run time so "
-            f"far). The bench resumes where it stopped; a best value at the edge of a sweep grid "
-            f"adds a run.{old}")  # fmt: skip
+            f"far).{more} The bench resumes where it stopped; a best value at the edge of a sweep "
+            f"grid adds a run.{old}")  # fmt: skip
 
 
-def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
-             done: list[dict]) -> list[tuple[str, float | None]]:  # fmt: skip
-    """(method, C of a federated run or None) of a suite's planned runs on a dataset that are
-    not done."""
+def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str, done: list[dict],
+             begun: Mapping[str, Sequence[int]]) -> list[tuple[str, float | None, str]]:  # fmt: skip
+    """(method, C of a federated run or None, where it stands: not run yet, or the rounds done
+    of one stopped at a time limit) of a suite's planned runs on a dataset that are not done."""
     from bench.paper_suites import noniid_suite, rank_suite
 
     every = {d: {k: 1.0 for k in KNOBS} for d in NAMES}
@@ -262,8 +267,16 @@ def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str,
     make = rank_suite if suite == "rank" else noniid_suite
     specs = [s for s in make(preset, mine, choices=every) if s.dataset == dataset]
     have = {r["id"] for r in done}
-    return [(s.method, s.fraction if s.kind == "federated" else None)
+    return [(s.method, s.fraction if s.kind == "federated" else None,
+             _where(begun.get(f"{preset.name}/{s.id}"), s.kind))
             for s in specs if s.id not in have]  # fmt: skip
+
+
+def _where(begun: Sequence[int] | None, kind: str) -> str:
+    """Where a run not done stands: not run yet, or how far one stopped at a time limit got."""
+    if begun is None:
+        return "not run yet"
+    return f"begun: {'epoch' if kind == 'central' else 'round'} {begun[0]} of {begun[1]}"
 
 
 def _marked(run: dict, stale: Sequence[str]) -> dict:
@@ -273,7 +286,11 @@ def _marked(run: dict, stale: Sequence[str]) -> dict:
     return {**run, "method": f"{run['method']} (superseded: run again with the current command)"}
 
 
-def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
+def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
+                     begun: Mapping[str, Sequence[int]] | None = None) -> list[str]:  # fmt: skip
+    """The ranking tables per preset and dataset; `begun` (bench.paper.Bench.begun): the runs
+    stopped at a time limit, shown with the rounds they have done."""
+    begun = begun or {}
     out = []
     # each preset's superseded runs, found once: the progress line and both tables use them
     stale_of = {name: superseded(PRESETS[name], runs) for name in _presets(runs)}
@@ -283,11 +300,11 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
         stale = stale_of[name]
         out += ["", f"## Language model and keyboard: preset `{name}`, "
                 f"{', '.join(f'C {c:g}' for c in preset.fractions)}, 100 IID phones", "",
-                progress(preset, runs, stale), ""]  # fmt: skip
+                progress(preset, runs, stale, begun), ""]  # fmt: skip
         for ds in DATASET_NAMES:
             rank = [_marked(r, stale) for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
             central, ngram = (x and _marked(x, stale) for x in references(runs, name, ds))
-            wait = _waiting(preset, runs, "rank", ds, rank)
+            wait = _waiting(preset, runs, "rank", ds, rank, begun)
             out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait), ""]
         out += ["test ppl: test perplexity of the model with the best validation perplexity over "
                 "the rounds, the end-of-sentence prediction counted; top-1 / top-3: next-word "
@@ -310,7 +327,7 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path]) -> list[str]:
         for ds in ("wikitext-2", "demo"):
             mine = [_marked(r, stale_of[name]) for r in noniid if r["dataset"] == ds]
             central, ngram = (x and _marked(x, stale_of[name]) for x in references(runs, name, ds))
-            wait = _waiting(preset, runs, "noniid", ds, mine)
+            wait = _waiting(preset, runs, "noniid", ds, mine, begun)
             out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
         spread = spread_table([r for r in runs if r.get("preset") == name
                                and r["suite"] in ("rank", "noniid")])  # fmt: skip
@@ -443,7 +460,7 @@ def detail_table(runs: list[dict]) -> str:
 
 
 def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
-             plots: Mapping[str, Path]) -> str:  # fmt: skip
+             plots: Mapping[str, Path], begun: Mapping[str, Sequence[int]] | None = None) -> str:  # fmt: skip
     """results.md: ranking first, then the sweep, curves, the column-measure evidence, the
     appendix, every run and its command."""
     commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
@@ -468,7 +485,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         f"- Git commits: {', '.join(commits)}",
         f"- Devices: {', '.join(devices)}",
     ]
-    out += ranking_sections(runs, plots)
+    out += ranking_sections(runs, plots, begun)
     out += sweep_sections(runs, choices)
     curves = [p for k, p in plots.items() if k.startswith("curve:")]
     if curves:
@@ -536,13 +553,17 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
 
 
 def write_report(
-    runs: list[dict], out: Path, bench_commands: Sequence[str] = (), choices: Mapping | None = None
+    runs: list[dict],
+    out: Path,
+    bench_commands: Sequence[str] = (),
+    choices: Mapping | None = None,
+    begun: Mapping[str, Sequence[int]] | None = None,
 ) -> Path:
-    """OUT/results.md and OUT/*.png from results.json's run objects."""
+    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`)."""
     out.mkdir(parents=True, exist_ok=True)
     plots = draw(runs, out)
     path = out / "results.md"
-    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots))
+    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun))
     return path
 
 

@@ -186,7 +186,9 @@ def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
     assert f"{begun.id} (about 30 min to run, stopped after round 1: the next bench" in printed
     assert f"{tenth[0].id} (about 30 min to run, stopped after round 1" in printed
     assert "paper-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
-    assert [r["id"] for r in paper.Bench(out / preset.results_folder).read()] == ["timing"]
+    results = paper.Bench(out / preset.results_folder)
+    assert [r["id"] for r in results.read()] == ["timing"]
+    assert results.begun() == {f"smoke/{begun.id}": [1, 2], f"smoke/{tenth[0].id}": [1, 2]}
 
     calls.clear()  # --no-advance: the slots stay free
     paper.run_bench("smoke", ["paper"], data_root, out, runs, only=["paper-ptb-*"], jobs=2,

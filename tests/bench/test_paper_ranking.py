@@ -373,3 +373,26 @@ def test_a_superseded_centralized_model_stays_the_reference_once_and_says_so():
     rows = [line for line in ptb.splitlines() if "centralized," in line]
     assert len(rows) == 1 and "(superseded: run again with the current command)" in rows[0]
     assert "| FedAvg | 0.1 | 200.00 | +25.0% |" in ptb
+
+
+def test_a_run_stopped_at_a_time_limit_shows_how_far_it_got_until_it_is_done(tmp_path):
+    """FedSGD (every phone every round) outlasts a session: results.md says it is begun and how
+    many rounds it has, not "not run yet"; once done it is an ordinary row."""
+    from bench.paper_report import ranking_sections
+
+    results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]
+    bench = Bench(tmp_path)
+    bench.stopped("cpu", "rank-ptb-fedsgd-c1", 12, 50)
+    bench.stopped("cpu", "rank-ptb-centralized-5-epochs-as-many-examples-as-c-0-1-c0.1", 2, 5)
+    md = "\n".join(ranking_sections(results, {}, bench.begun()))
+    ptb = md.split("### PTB")[1].split("###")[0]
+    assert "| FedSGD | 1 | begun: round 12 of 50 |" in ptb
+    assert "| centralized, 5 epochs (as many examples as C 0.1) | - | begun: epoch 2 of 5 |" in ptb
+    assert "| AdaFL + FedAvg | - | not run yet |" in ptb
+    assert "2 more begun: stopped at a time limit" in md
+
+    row = {"id": "rank-ptb-fedsgd-c1", "preset": "cpu", "suite": "rank", "command": "x"}
+    bench.add(row, "fedkey bench paper --preset cpu --suite rank")
+    assert list(bench.begun()) == [
+        "cpu/rank-ptb-centralized-5-epochs-as-many-examples-as-c-0-1-c0.1"
+    ]
