@@ -12,8 +12,9 @@ text, is the median of the latest RECENT of the preset's finished runs on this m
 the same dataset (the latest: a faster trainer or a busier machine shows within two runs), else
 of all those on the other datasets (WikiText-2's first runs are judged by PTB's, scaled by the
 size of its training file). The demo corpus, where start-up costs outweigh its small text, is
-judged by its own runs only. A resumed run's wall time covers only its last part, so it is left
-out; a run that can resume here counts only its rounds still to do.
+judged by its own runs only. A resumed run counts with the time of all its attempts
+(bench.runs.run_seconds), or not at all when an earlier one was not timed; a run that can resume
+here counts only its rounds still to do.
 
 When no run left fits in the time left, the bench uses its free slots to advance the runs that
 can resume (bench.paper.run_bench's `advance`), if one round of theirs fits: stopped at the limit,
@@ -28,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench.paper_spec import command_flag
-from bench.runs import can_resume, read_rows
+from bench.runs import can_resume, read_rows, run_seconds
 
 #: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).
 BYTES_PER_WORD = 5.5
@@ -115,9 +116,11 @@ class Pace:
         # (verb, dataset) -> seconds per pass (demo) or per pass per byte (the others)
         self.rates: dict[tuple[str, str], list[float]] = {}
         for r in runs:
-            cmd, wall = r.get("command", ""), r.get("wall_seconds")
+            cmd = r.get("command", "")
             work = passes(cmd)
-            if r.get("resumed") or not wall or not work:
+            untimed = r.get("resumed") and r.get("earlier_seconds") is None
+            wall = run_seconds(r) if r.get("wall_seconds") and not untimed else None
+            if not wall or not work:
                 continue
             if device is not None and r.get("device") != device:
                 continue

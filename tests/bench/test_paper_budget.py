@@ -52,16 +52,17 @@ def test_a_run_is_judged_by_the_pace_of_those_done_scaled_to_its_work_and_its_te
     ptb = str(data_root / "ptb")
     one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", data=ptb)
     pace = Pace([_finished("ptb", one_pass, 600.0),
-                 _finished("ptb", one_pass, 800.0),
-                 _finished("ptb", one_pass, 10.0, resumed=True)],  # its earlier part not timed
+                 # resumed: 100 s after 900 s of earlier attempts; 10 s after attempts not timed
+                 _finished("ptb", one_pass, 100.0, resumed=True, earlier_seconds=900.0),
+                 _finished("ptb", one_pass, 10.0, resumed=True)],
                 data_root)  # fmt: skip
     five = _cmd("simulate", "--rounds", "50", "--fraction", "0.1", data=ptb)
-    assert pace.seconds("ptb", five) == pytest.approx(5 * 700.0)
+    assert pace.seconds("ptb", five) == pytest.approx(5 * 800.0)  # the median of 600 and 1,000
     # WikiText-2 has no run yet: PTB's pace, for twice the text
     wiki = _cmd(
         "simulate", "--rounds", "50", "--fraction", "0.1", data=str(data_root / "wikitext-2")
     )
-    assert pace.seconds("wikitext-2", wiki) == pytest.approx(2 * 5 * 700.0)
+    assert pace.seconds("wikitext-2", wiki) == pytest.approx(2 * 5 * 800.0)
     # a GPU's runs say nothing of this machine's pace
     assert Pace([_finished("ptb", one_pass, 600.0, device="cuda (NVIDIA H200)")], data_root,
                 device="cpu (AMD EPYC, 2 cores)").seconds("ptb", five) is None  # fmt: skip
