@@ -244,11 +244,18 @@ def _lr(r: dict) -> float | None:
     return None if lr == "-" else float(lr)
 
 
+#: Perplexities above this are left out of the curves: a diverged run's (1e283 at round 4 of a
+#: WikiText-2 sweep run at server lr 10) would stretch the log axis past what matplotlib can
+#: label. A uniform guess over our largest vocabulary (WikiText-2's 33k words) scores 33,278.
+CEILING = 1e5
+
+
 def plot_curves(
     runs: list[dict], out: Path, name: str, title: str, curve: str = "curve", split: str = "test"
 ) -> Path | None:
-    """Test (or validation: ``split="val"``) perplexity per round, one line per run (log scale);
-    `curve` names the results.json field (col_curve: the seed papers' column perplexity)."""
+    """Test (or validation: ``split="val"``) perplexity per round, one line per run (log scale;
+    points above CEILING left out); `curve` names the results.json field (col_curve: the seed
+    papers' column perplexity)."""
     at = 1 if split == "val" else 2
     runs = [dict(r, curve=r[curve]) for r in runs if len(r.get(curve, ())) > 1]
     if not runs:
@@ -261,7 +268,8 @@ def plot_curves(
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for i, r in enumerate(runs):
         x = [p[0] for p in r["curve"]]
-        ax.plot(x, [p[at] for p in r["curve"]], color=f"C{i % 10}", ls="-" if i < 10 else "--",
+        y = [p[at] if p[at] is not None and p[at] <= CEILING else math.nan for p in r["curve"]]
+        ax.plot(x, y, color=f"C{i % 10}", ls="-" if i < 10 else "--",
                 label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("round (epoch for the centralized model)")

@@ -3,6 +3,8 @@ opens with perplexity and keyboard metrics per method beside the centralized mod
 n-gram, then the targets, the non-IID phones and their weights' spread, the sweep, the curves,
 the column-measure evidence, and the old 8-round cut last, as an appendix."""
 
+import math
+
 from bench.paper import Bench, summarize
 from bench.paper_report import lm_table, markdown, targets_table, write_report
 from bench.paper_spec import RunSpec
@@ -122,3 +124,16 @@ def test_report_is_rebuilt_from_results_json(tmp_path):
     assert (tmp_path / "curves_cpu_rank_ptb.png").stat().st_size > 1000
     assert (tmp_path / "spread_cpu.png").stat().st_size > 1000
     assert "![curves_cpu_rank_ptb](curves_cpu_rank_ptb.png)" in md
+
+
+def test_a_diverged_runs_curve_does_not_stop_the_report(tmp_path):
+    """A sweep run at too high a server lr went to 1e283 and then inf: its curve is cut at the
+    ceiling instead of stretching the log axis past what matplotlib can label."""
+    from bench.paper_tables import plot_curves
+
+    ok = {"method": "FedAvgM", "kind": "federated", "fraction": 0.1,
+          "curve": [[0, 10026.4, 10036.7], [1, 900.0, 910.0], [2, 600.0, 610.0]]}  # fmt: skip
+    gone = {**ok, "curve": [[0, 10026.4, 10036.7], [1, 6.6e23, 3.5e23], [2, 9.7e283, 1.1e283],
+                            [3, math.inf, math.inf]]}  # fmt: skip
+    path = plot_curves([ok, gone], tmp_path, "sweep.png", "WikiText-2, sweep", split="val")
+    assert path is not None and path.stat().st_size > 0
