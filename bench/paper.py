@@ -430,10 +430,11 @@ def run_bench(
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, RunSpec] = {}
     stopped: dict[str, int] = {}  # run id -> rounds done, of the runs stopped at the limit
+    failed: dict[str, str] = {}  # run id -> why, of the runs that failed (the others go on)
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         while True:
             busy, paced = {s.id for s in running.values()}, None if deadline is None else pace()
-            free = [s for s in todo if s.id not in busy and s.id not in stopped]
+            free = [s for s in todo if s.id not in busy | stopped.keys() | failed.keys()]
             if time_left() <= 0:
                 free = []
             fits = [s for s in free if too_long(s, paced) is None]
@@ -456,6 +457,10 @@ def run_bench(
                     bar.write(f"{spec.id}: stopped at the time limit after round {stop.rounds}; "
                               f"the next bench continues it")  # fmt: skip
                     continue
+                except RuntimeError as error:  # a days-long bench goes on with the other runs
+                    failed[spec.id] = str(error).splitlines()[0]
+                    bar.write(f"{spec.id}: FAILED (its log: {run_root / spec.id / 'log.txt'})")
+                    continue
                 bench.add(result, bench_command)
                 bar.update()
                 bar.write(f"{result['id']}: test ppl {result['test_ppl']:.2f} (best round "
@@ -464,7 +469,8 @@ def run_bench(
             bar.total = bar.n + len(todo) + len(running)
             bar.refresh()
     bar.close()
-    if todo:
+    todo = [s for s in todo if s.id not in failed]
+    if todo and hours is not None:
         final = pace()
         print(f"{len(todo)} runs left for want of time ({duration(max(time_left(), 0.0))} left "
               f"of --hours {hours:g}); run the bench again to go on:")  # fmt: skip
@@ -473,7 +479,12 @@ def run_bench(
             begun = (f", stopped after round {stopped[spec.id]}: the next bench continues it"
                      if spec.id in stopped else "")  # fmt: skip
             print(f"  {spec.id} (about {duration(need) if need else '?'} to run{begun})")
-    return write(out / preset.results_folder)
+    runs = write(out / preset.results_folder)
+    if failed:
+        raise RuntimeError(f"{len(failed)} runs failed; the others are in results.json. Fix the "
+                           f"cause (each run's log.txt says it) and run the bench again:\n"
+                           + "\n".join(f"  {why}" for why in failed.values()))  # fmt: skip
+    return runs
 
 
 def write(folder: Path) -> list[dict]:

@@ -291,6 +291,35 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
     assert sorted(r["id"] for r in done) == sorted(ids)
 
 
+def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path, monkeypatch):
+    """A bench runs for days: one run that fails (a full disk, a bug) leaves the others going;
+    the bench ends with an error naming it, and results.json holds the others."""
+    import bench.paper as paper
+
+    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1", "paper-ptb-fedmed-c0.1"]
+    started: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop_at=None):
+        started.append(spec.id)
+        if spec.id == ids[0]:
+            raise RuntimeError(f"{spec.id}: `fedkey simulate ...` exited 1\nTraceback ...")
+        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
+        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
+                "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write", lambda folder: [])
+    for ds in ("ptb", "wikitext-2"):
+        (tmp_path / ds).mkdir()
+    with pytest.raises(RuntimeError, match="1 runs failed") as failure:
+        paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+                        only=ids, jobs=1)  # fmt: skip
+    assert f"{ids[0]}: `fedkey simulate ...` exited 1" in str(failure.value)
+    assert sorted(started) == sorted(ids)  # each tried once
+    done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
+    assert sorted(r["id"] for r in done) == sorted(ids[1:])
+
+
 def test_a_bench_continued_with_other_jobs_or_hours_is_recorded_as_one_command(tmp_path):
     """results.md lists the bench commands that produced it: the options that say how a bench
     ran (--jobs, --hours, --advance) would add a line per session."""
