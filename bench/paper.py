@@ -22,6 +22,7 @@ import fnmatch
 import json
 import math
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -143,13 +144,17 @@ def resumable(cmd: list[str]) -> bool:
 
 
 def run_one(
-    spec: RunSpec, preset: Preset, data_root: Path, runs_dir: Path, stop_at: float | None = None
+    spec: RunSpec,
+    preset: Preset,
+    data_root: Path,
+    runs_dir: Path,
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """Run one spec as a child process; its summary, with the command and where it ran. At
-    `stop_at` (time.monotonic()) a run still going is stopped: bench.runs.Stopped."""
+    """Run one spec as a child process; its summary, with the command and where it ran. Once
+    `stop()` says True a run still going is stopped: bench.runs.Stopped."""
     run_dir = runs_dir / spec.id
     cmd = command(spec, preset, data_root, run_dir)
-    rows, provenance = run_fedkey(spec.id, cmd, run_dir, resumable=resumable(cmd), stop_at=stop_at)
+    rows, provenance = run_fedkey(spec.id, cmd, run_dir, resumable=resumable(cmd), stop=stop)
     return {
         "id": spec.id,
         **summarize(rows, spec),
@@ -405,6 +410,13 @@ def run_bench(
     def time_left() -> float:
         return math.inf if deadline is None else deadline - time.monotonic()
 
+    # The runs stop at the time limit, and when the bench itself is interrupted (Ctrl-C, or a
+    # kill: cli.bench makes SIGTERM one), so that no child goes on writing its folder unseen.
+    interrupted = threading.Event()
+
+    def stop() -> bool:
+        return interrupted.is_set() or time_left() <= 0
+
     def too_long(spec: RunSpec, pace: Pace | None) -> float | None:
         """The run's expected seconds if they are more than the time left, else None."""
         if pace is None or deadline is None:
@@ -431,43 +443,54 @@ def run_bench(
     running: dict[Future, RunSpec] = {}
     stopped: dict[str, int] = {}  # run id -> rounds done, of the runs stopped at the limit
     failed: dict[str, str] = {}  # run id -> why, of the runs that failed (the others go on)
+
+    def to_start(slots: int) -> list[RunSpec]:
+        """The next runs for `slots` free slots: those that fit in the time left, in order; then
+        the ones that resume (those already begun first) if `advance`."""
+        busy = {s.id for s in running.values()} | stopped.keys() | failed.keys()
+        free = [s for s in todo if s.id not in busy] if time_left() > 0 else []
+        paced = None if deadline is None else pace()
+        fits = [s for s in free if too_long(s, paced) is None]
+        ahead = [s for s in free if s not in fits and can_advance(s, paced)]
+        ahead.sort(key=lambda s: not started(s))
+        return (fits + ahead)[:slots]
+
+    def settle(spec: RunSpec, future: Future) -> None:
+        """Record a finished run in results.json, or why it did not finish."""
+        try:
+            result = future.result()
+        except Stopped as halt:
+            stopped[spec.id] = halt.rounds
+            cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
+            bench.stopped(preset.name, spec.id, halt.rounds, int(units(cmd)))
+            bar.write(f"{spec.id}: stopped at the time limit after round {halt.rounds}; the "
+                      f"next bench continues it")  # fmt: skip
+            return
+        except RuntimeError as error:  # a days-long bench goes on with the other runs
+            failed[spec.id] = str(error).splitlines()[0]
+            bar.write(f"{spec.id}: FAILED (its log: {run_root / spec.id / 'log.txt'})")
+            return
+        bench.add(result, bench_command)
+        bar.update()
+        bar.write(f"{result['id']}: test ppl {result['test_ppl']:.2f} (best round "
+                  f"{result['best_round']}), {result['wall_seconds']:.0f} s")  # fmt: skip
+
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        while True:
-            busy, paced = {s.id for s in running.values()}, None if deadline is None else pace()
-            free = [s for s in todo if s.id not in busy | stopped.keys() | failed.keys()]
-            if time_left() <= 0:
-                free = []
-            fits = [s for s in free if too_long(s, paced) is None]
-            # The slots that no run fits go to the runs that resume, those already begun first.
-            ahead = [s for s in free if s not in fits and can_advance(s, paced)]
-            ahead.sort(key=lambda s: not started(s))
-            for spec in (fits + ahead)[: max(jobs, 1) - len(running)]:
-                running[pool.submit(run_one, spec, preset, data_root, run_root, deadline)] = spec
-            if not running:  # all done, or nothing left fits in the time left
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                spec = running.pop(future)
-                try:
-                    result = future.result()
-                except Stopped as stop:
-                    stopped[spec.id] = stop.rounds
-                    cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
-                    bench.stopped(preset.name, spec.id, stop.rounds, int(units(cmd)))
-                    bar.write(f"{spec.id}: stopped at the time limit after round {stop.rounds}; "
-                              f"the next bench continues it")  # fmt: skip
-                    continue
-                except RuntimeError as error:  # a days-long bench goes on with the other runs
-                    failed[spec.id] = str(error).splitlines()[0]
-                    bar.write(f"{spec.id}: FAILED (its log: {run_root / spec.id / 'log.txt'})")
-                    continue
-                bench.add(result, bench_command)
-                bar.update()
-                bar.write(f"{result['id']}: test ppl {result['test_ppl']:.2f} (best round "
-                          f"{result['best_round']}), {result['wall_seconds']:.0f} s")  # fmt: skip
-            todo = [s for s in todo_now() if s.id not in {r.id for r in running.values()}]
-            bar.total = bar.n + len(todo) + len(running)
-            bar.refresh()
+        try:
+            while True:
+                for spec in to_start(max(jobs, 1) - len(running)):
+                    running[pool.submit(run_one, spec, preset, data_root, run_root, stop)] = spec
+                if not running:  # all done, or nothing left fits in the time left
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    settle(running.pop(future), future)
+                todo = [s for s in todo_now() if s.id not in {r.id for r in running.values()}]
+                bar.total = bar.n + len(todo) + len(running)
+                bar.refresh()
+        except BaseException:
+            interrupted.set()  # the runs going stop within 2 s, their checkpoints kept
+            raise
     bar.close()
     todo = [s for s in todo if s.id not in failed]
     if todo and hours is not None:

@@ -18,11 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Stopped(Exception):
-    """A run stopped at its time limit (`run_fedkey(stop_at=...)`). A resumable run's folder keeps
-    its checkpoints, so running its command again continues it."""
+    """A run stopped before its end (`run_fedkey(stop=...)`: the bench's time limit, or the bench
+    interrupted). A resumable run's folder keeps its checkpoints, so running its command again
+    continues it."""
 
     def __init__(self, run_id: str, rounds: int):
-        super().__init__(f"{run_id}: stopped at the time limit after {rounds} rounds")
+        super().__init__(f"{run_id}: stopped after {rounds} rounds")
         self.run_id, self.rounds = run_id, rounds
 
 
@@ -85,7 +86,7 @@ def run_fedkey(
     env: Mapping[str, str] | None = None,
     on_round: Callable[[int], None] | None = None,
     resumable: bool = False,
-    stop_at: float | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[list[dict], dict]:
     """Run `cmd` (["fedkey", verb, ...]) with this interpreter, its output in RUN_DIR/log.txt;
     -> (its metrics rows, the provenance fields of its results.json object). `on_round(rounds
@@ -97,9 +98,9 @@ def run_fedkey(
     after its last checkpoint instead of starting again. --resume is how the run is executed,
     not what it is: the recorded command leaves it out, so the bench still finds the run done.
 
-    `stop_at` (a time.monotonic() value: the bench's time limit): a run still going then is
-    stopped and Stopped is raised; a resumable one continues from its last checkpoint the next
-    time. RUN_DIR/seconds.txt keeps the time of the attempts so far, so that a run done over
+    `stop` (asked every 2 s: the bench's time limit is reached, or the bench is interrupted):
+    once it says True the run is stopped and Stopped is raised; a resumable one continues from its
+    last checkpoint the next time. RUN_DIR/seconds.txt keeps the time of the attempts so far, so that a run done over
     several benches reports all of it (`earlier_seconds`)."""
     from bench.perf import _git
 
@@ -132,7 +133,7 @@ def run_fedkey(
                 atomic_write(spent, f"{earlier + noted - start:.3f}\n")
 
         try:
-            while child.poll() is None and (stop_at is None or time.monotonic() < stop_at):
+            while child.poll() is None and not (stop is not None and stop()):
                 try:
                     child.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
@@ -146,7 +147,7 @@ def run_fedkey(
                 child.terminate()
                 child.wait()
             note()
-    if stop_at is not None and child.returncode < 0 and time.monotonic() >= stop_at:
+    if stop is not None and child.returncode < 0 and stop():
         raise Stopped(run_id, _rounds(run_dir))
     wall = time.perf_counter() - start
     if child.returncode != 0:

@@ -117,8 +117,12 @@ def bench_paper(
 ) -> None:
     """The seed papers' experiments through fedkey's own commands; a run already in results.json
     with the same command is not run again, so an interrupted bench resumes where it stopped."""
+    import signal
+
     from bench.paper import run_bench
 
+    # A kill (SIGTERM) stops the bench as Ctrl-C does, so its runs are stopped with it.
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         run_bench(
             preset.value,
@@ -135,6 +139,8 @@ def bench_paper(
         )
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         raise UserError(str(e)) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @bench_app.command("attacks")

@@ -4,6 +4,7 @@ papers', and a smoke run goes end to end and resumes."""
 
 import json
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from bench.paper import (
 from bench.paper_report import OLD_SUITES, markdown
 from bench.paper_tables import code_table, lr_table, paper_table
 from bench.paper_tables import old_targets_table as targets_table
+from bench.runs import Stopped
 from cli import app
 
 runner = CliRunner()
@@ -270,7 +272,7 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
     slow_may_finish = threading.Event()
     started: list[str] = []
 
-    def fake_run(spec, preset, data_root, runs_dir, stop_at=None):
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
         started.append(spec.id)
         if spec.id == ids[0]:
             assert slow_may_finish.wait(timeout=60), "the slow run was never released"
@@ -299,7 +301,7 @@ def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path
     ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1", "paper-ptb-fedmed-c0.1"]
     started: list[str] = []
 
-    def fake_run(spec, preset, data_root, runs_dir, stop_at=None):
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
         started.append(spec.id)
         if spec.id == ids[0]:
             raise RuntimeError(f"{spec.id}: `fedkey simulate ...` exited 1\nTraceback ...")
@@ -318,6 +320,40 @@ def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path
     assert sorted(started) == sorted(ids)  # each tried once
     done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
     assert sorted(r["id"] for r in done) == sorted(ids[1:])
+
+
+def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monkeypatch):
+    """Ctrl-C, or a kill (SIGTERM, which cli.bench makes the same), while a run goes on in
+    another slot: the bench stops it (its child is terminated, its checkpoints kept) before it
+    ends, so no child goes on writing its folder with nobody to record it."""
+    import bench.paper as paper
+
+    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"]
+    ended: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        if spec.id == ids[1]:  # the long run: goes on until the bench stops it
+            for _ in range(3000):  # 30 s at most
+                if stop():
+                    ended.append(spec.id)
+                    raise Stopped(spec.id, 3)
+                time.sleep(0.01)
+            raise AssertionError("the bench never stopped its run")
+        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
+        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
+                "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+
+    def interrupted(self, result, bench_command):
+        raise KeyboardInterrupt  # Ctrl-C, as the first run's result comes in
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper.Bench, "add", interrupted)
+    for ds in ("ptb", "wikitext-2"):
+        (tmp_path / ds).mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+                        only=ids, jobs=2)  # fmt: skip
+    assert ended == [ids[1]]  # stopped, and over, when run_bench returned
 
 
 def test_a_bench_continued_with_other_jobs_or_hours_is_recorded_as_one_command(tmp_path):

@@ -1,8 +1,8 @@
 """bench.runs: an interrupted simulate / train-central continues where it stopped when the bench
 runs its command again, and the results record the command as the bench built it."""
 
+import os
 import shlex
-import time
 
 import pytest
 
@@ -57,15 +57,60 @@ def test_a_run_stopped_at_the_time_limit_goes_on_next_time_and_counts_every_atte
     (run_dir / "seconds.txt").write_text("100.0\n")  # ... took 100 s
 
     with pytest.raises(Stopped) as stop:  # the limit has passed: stopped at once
-        run_fedkey("central", cmd, run_dir, resumable=True, stop_at=time.monotonic())
+        run_fedkey("central", cmd, run_dir, resumable=True, stop=lambda: True)
     assert stop.value.rounds == 1  # what it leaves to go on from
     spent = float((run_dir / "seconds.txt").read_text())
     assert spent > 100.0  # this attempt's time added
 
-    rows, last = run_fedkey(
-        "central", cmd, run_dir, resumable=True, stop_at=time.monotonic() + 3600
-    )
+    rows, last = run_fedkey("central", cmd, run_dir, resumable=True, stop=lambda: False)
     assert last["resumed"] is True and [r["round"] for r in rows] == [0, 1, 2]
     assert "resumed after epoch 1 of 2" in (run_dir / "log.txt").read_text()
     assert last["earlier_seconds"] == pytest.approx(spent, abs=0.05)
     assert run_seconds(last) == pytest.approx(spent + last["wall_seconds"], abs=0.05)
+
+
+def _processes_in(run_dir) -> list[int]:
+    """The processes whose command line names RUN_DIR (Linux /proc)."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if str(run_dir).encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_bench_stops_its_runs_with_it(tmp_path):
+    """`kill <bench>` (SIGTERM) reaches only the bench's own process: it stops its runs' child
+    processes before it ends, instead of leaving them to write their folders unseen."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    run_dir = runs / "smoke" / "sweep-demo-fedavg-client-lr-0-5-c0.1"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "cli", "bench", "paper", "--preset", "smoke", "--suite", "sweep",
+         "--only", run_dir.name, "--out", str(tmp_path / "out"), "--runs-dir", str(runs)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for _ in range(600):  # until its run's child is going: 60 s at most
+            if _processes_in(run_dir) or bench.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert _processes_in(run_dir), "the bench never started its run"
+        bench.send_signal(signal.SIGTERM)
+        bench.wait(timeout=60)
+        assert _processes_in(run_dir) == []
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        for pid in _processes_in(run_dir):
+            os.kill(pid, signal.SIGKILL)
