@@ -441,14 +441,16 @@ def run_bench(
 
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, RunSpec] = {}
-    stopped: dict[str, int] = {}  # run id -> rounds done, of the runs stopped at the limit
+    stopped: dict[str, int | None] = {}  # run id -> rounds kept (None: none), of those stopped
     failed: dict[str, str] = {}  # run id -> why, of the runs that failed (the others go on)
 
     def to_start(slots: int) -> list[RunSpec]:
         """The next runs for `slots` free slots: those that fit in the time left, in order; then
         the ones that resume (those already begun first) if `advance`."""
+        if slots <= 0 or time_left() <= 0:
+            return []
         busy = {s.id for s in running.values()} | stopped.keys() | failed.keys()
-        free = [s for s in todo if s.id not in busy] if time_left() > 0 else []
+        free = [s for s in todo if s.id not in busy]
         paced = None if deadline is None else pace()
         fits = [s for s in free if too_long(s, paced) is None]
         ahead = [s for s in free if s not in fits and can_advance(s, paced)]
@@ -460,9 +462,12 @@ def run_bench(
         try:
             result = future.result()
         except Stopped as halt:
-            stopped[spec.id] = halt.rounds
-            cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
-            bench.stopped(preset.name, spec.id, halt.rounds, int(units(cmd)))
+            cmd = command(spec, preset, data_root, run_root / spec.id)
+            stopped[spec.id] = halt.rounds if resumable(cmd) else None
+            if not resumable(cmd):  # an n-gram: minutes, and nothing kept
+                bar.write(f"{spec.id}: stopped at the time limit; the next bench starts it again")
+                return
+            bench.stopped(preset.name, spec.id, halt.rounds, int(units(shlex.join(cmd))))
             bar.write(f"{spec.id}: stopped at the time limit after round {halt.rounds}; the "
                       f"next bench continues it")  # fmt: skip
             return
@@ -500,7 +505,7 @@ def run_bench(
         for spec in todo:
             need = expected(spec, final)
             begun = (f", stopped after round {stopped[spec.id]}: the next bench continues it"
-                     if spec.id in stopped else "")  # fmt: skip
+                     if stopped.get(spec.id) is not None else "")  # fmt: skip
             print(f"  {spec.id} (about {duration(need) if need else '?'} to run{begun})")
     runs = write(out / preset.results_folder)
     if failed:

@@ -99,9 +99,9 @@ def run_fedkey(
     not what it is: the recorded command leaves it out, so the bench still finds the run done.
 
     `stop` (asked every 2 s: the bench's time limit is reached, or the bench is interrupted):
-    once it says True the run is stopped and Stopped is raised; a resumable one continues from its
-    last checkpoint the next time. RUN_DIR/seconds.txt keeps the time of the attempts so far, so that a run done over
-    several benches reports all of it (`earlier_seconds`)."""
+    once it says True the run is stopped and Stopped is raised; a resumable one continues from
+    its last checkpoint the next time. RUN_DIR/seconds.txt keeps the time of the attempts so
+    far, so that a run done over several benches reports all of it (`earlier_seconds`)."""
     from bench.perf import _git
 
     run_dir.mkdir(parents=True, exist_ok=True)

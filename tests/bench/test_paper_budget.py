@@ -219,3 +219,27 @@ def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
     ]  # every command line, the done one too
     # FedSGD 5 h (every phone) and C 0.5 2.5 h, at the pace of the C 0.1 run done in 0.5 h
     assert printed[3].startswith("# 2 of them not done: about 7.5 h of run time")
+
+
+def test_a_run_that_cannot_resume_is_not_noted_as_begun(data_root, monkeypatch, capsys):
+    """An n-gram stopped at the limit keeps nothing: results.md must not call it begun, and the
+    next bench starts it again."""
+    clock = Clock()
+    monkeypatch.setattr(paper, "time", clock)
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        for _ in range(100):  # it runs until the limit
+            if stop():
+                raise Stopped(spec.id, 0)
+            clock.now += 60.0
+        raise AssertionError("the run was never stopped")
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write", lambda folder: [])
+    ngram = "rank-ptb-kneser-ney-3-gram-auto"
+    paper.run_bench("smoke", ["sweep", "rank"], data_root, data_root / "out", data_root / "runs",
+                    only=[ngram], hours=0.5)  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"{ngram}: stopped at the time limit; the next bench starts it again" in printed
+    assert f"  {ngram} (about ? to run)" in printed
+    assert paper.Bench(data_root / "out" / "smoke").begun() == {}
