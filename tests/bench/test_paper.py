@@ -261,6 +261,23 @@ def test_code_runs_are_judged_by_the_seeds_measure():
     assert plain_summary["best_round"] == 2 and "col_test_ppl" not in plain_summary
 
 
+def _finished(spec, preset, data_root, runs_dir) -> dict:
+    """What run_one returns for a run that ended (numbers that mean nothing)."""
+    cmd = shlex.join(command(spec, preset, data_root, runs_dir / spec.id))
+    return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
+            "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+
+
+def _smoke_data(tmp_path, monkeypatch, fake_run) -> None:
+    """run_bench on the smoke preset with `fake_run` for run_one, over empty dataset folders."""
+    import bench.paper as paper
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write", lambda folder: [])
+    for ds in ("ptb", "wikitext-2"):
+        (tmp_path / ds).mkdir()
+
+
 def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_path, monkeypatch):
     """With --jobs 2, a slow run holds one slot while the other slot runs the rest in turn (a
     batch of two would wait for the slow one before starting the third)."""
@@ -278,14 +295,9 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
             assert slow_may_finish.wait(timeout=60), "the slow run was never released"
         elif spec.id == ids[2]:
             slow_may_finish.set()  # the third started while the first still ran
-        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
-        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
-                "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+        return _finished(spec, preset, data_root, runs_dir)
 
-    monkeypatch.setattr(paper, "run_one", fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])
-    for ds in ("ptb", "wikitext-2"):
-        (tmp_path / ds).mkdir()
+    _smoke_data(tmp_path, monkeypatch, fake_run)
     paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
                     only=ids, jobs=2)  # fmt: skip
     assert started[:2] == ids[:2] and started[2] == ids[2] and len(started) == 3
@@ -305,14 +317,9 @@ def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path
         started.append(spec.id)
         if spec.id == ids[0]:
             raise RuntimeError(f"{spec.id}: `fedkey simulate ...` exited 1\nTraceback ...")
-        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
-        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
-                "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+        return _finished(spec, preset, data_root, runs_dir)
 
-    monkeypatch.setattr(paper, "run_one", fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])
-    for ds in ("ptb", "wikitext-2"):
-        (tmp_path / ds).mkdir()
+    _smoke_data(tmp_path, monkeypatch, fake_run)
     with pytest.raises(RuntimeError, match="1 runs failed") as failure:
         paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids, jobs=1)  # fmt: skip
@@ -339,17 +346,13 @@ def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monk
                     raise Stopped(spec.id, 3)
                 time.sleep(0.01)
             raise AssertionError("the bench never stopped its run")
-        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
-        return {"id": spec.id, "suite": spec.suite, "preset": preset.name, "command": cmd,
-                "test_ppl": 1.0, "best_round": 1, "wall_seconds": 0.0}  # fmt: skip
+        return _finished(spec, preset, data_root, runs_dir)
 
     def interrupted(self, result, bench_command):
         raise KeyboardInterrupt  # Ctrl-C, as the first run's result comes in
 
-    monkeypatch.setattr(paper, "run_one", fake_run)
+    _smoke_data(tmp_path, monkeypatch, fake_run)
     monkeypatch.setattr(paper.Bench, "add", interrupted)
-    for ds in ("ptb", "wikitext-2"):
-        (tmp_path / ds).mkdir()
     with pytest.raises(KeyboardInterrupt):
         paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids, jobs=2)  # fmt: skip

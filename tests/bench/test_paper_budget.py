@@ -148,6 +148,14 @@ class Clock:
     def monotonic(self) -> float:
         return self.now
 
+    def run_until_stopped(self, stop, run_id: str, rounds: int):
+        """A fake run going on, a minute at a time, until the bench stops it (100 min at most)."""
+        for _ in range(100):
+            if stop():
+                raise Stopped(run_id, rounds)
+            self.now += 60.0
+        raise AssertionError("the run was never stopped")
+
 
 def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
     data_root, monkeypatch, capsys
@@ -170,15 +178,11 @@ def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
     )
     clock = Clock()
     monkeypatch.setattr(paper, "time", clock)
-    calls: list[tuple[str, float | None]] = []
+    calls: list[str] = []
 
     def fake_run(spec, preset, data_root, runs_dir, stop=None):
         calls.append(spec.id)
-        for _ in range(100):  # each runs until the limit: 24 min at most
-            if stop():
-                raise Stopped(spec.id, 1)
-            clock.now += 60.0
-        raise AssertionError("the run was never stopped")
+        clock.run_until_stopped(stop, spec.id, 1)
 
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write", lambda folder: [])
@@ -228,11 +232,7 @@ def test_a_run_that_cannot_resume_is_not_noted_as_begun(data_root, monkeypatch, 
     monkeypatch.setattr(paper, "time", clock)
 
     def fake_run(spec, preset, data_root, runs_dir, stop=None):
-        for _ in range(100):  # it runs until the limit
-            if stop():
-                raise Stopped(spec.id, 0)
-            clock.now += 60.0
-        raise AssertionError("the run was never stopped")
+        clock.run_until_stopped(stop, spec.id, 0)
 
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write", lambda folder: [])
