@@ -366,14 +366,16 @@ def run_bench(
     bench = Bench(out / preset.results_folder)
     run_root = runs_dir / preset.results_folder  # cpu-8round: its old runs/bench/cpu/<id>
 
+    def argv(spec: RunSpec) -> list[str]:
+        """The spec's fedkey command line, its folder under this preset's runs."""
+        return command(spec, preset, data_root, run_root / spec.id)
+
     def todo_now(dry_run: bool = False) -> list[RunSpec]:
         specs = select(preset, suites, bench.read(), only)
         missing = [d for d in {s.dataset for s in specs} - {"demo"} if not (data_root / d).is_dir()]
         if missing:
             raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
-        return bench.pending(
-            specs, lambda s: (s.id, command(s, preset, data_root, run_root / s.id)), dry_run
-        )
+        return bench.pending(specs, lambda s: (s.id, argv(s)), dry_run)
 
     def pace() -> Pace:
         mine = [r for r in bench.read() if r.get("preset") == preset.name]
@@ -381,8 +383,7 @@ def run_bench(
 
     def expected(spec: RunSpec, pace: Pace) -> float | None:
         """The run's expected seconds (bench.paper_budget; None: nothing to judge it by)."""
-        cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
-        return pace.seconds(spec.dataset, cmd, run_root / spec.id)
+        return pace.seconds(spec.dataset, shlex.join(argv(spec)), run_root / spec.id)
 
     if dry_run:
         todo_now(dry_run=True)  # every command line, done or not
@@ -430,14 +431,13 @@ def run_bench(
         checkpoint (bench.paper_budget)."""
         if not advance or pace is None:
             return False
-        cmd = command(spec, preset, data_root, run_root / spec.id)
+        cmd = argv(spec)
         step = pace.step_seconds(spec.dataset, shlex.join(cmd))
         return resumable(cmd) and step is not None and step < time_left()
 
     def started(spec: RunSpec) -> bool:
         """Whether an earlier, stopped attempt left the run a checkpoint to continue after."""
-        cmd = shlex.join(command(spec, preset, data_root, run_root / spec.id))
-        return can_resume(run_root / spec.id, cmd)
+        return can_resume(run_root / spec.id, shlex.join(argv(spec)))
 
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, RunSpec] = {}
@@ -462,11 +462,12 @@ def run_bench(
         try:
             result = future.result()
         except Stopped as halt:
-            cmd = command(spec, preset, data_root, run_root / spec.id)
-            stopped[spec.id] = halt.rounds if resumable(cmd) else None
+            cmd = argv(spec)
             if not resumable(cmd):  # an n-gram: minutes, and nothing kept
+                stopped[spec.id] = None
                 bar.write(f"{spec.id}: stopped at the time limit; the next bench starts it again")
                 return
+            stopped[spec.id] = halt.rounds
             bench.stopped(preset.name, spec.id, halt.rounds, int(units(shlex.join(cmd))))
             bar.write(f"{spec.id}: stopped at the time limit after round {halt.rounds}; the "
                       f"next bench continues it")  # fmt: skip
