@@ -130,7 +130,9 @@ def run_fedkey(
             nonlocal noted
             noted = time.perf_counter()
             if earlier is not None:
-                atomic_write(spent, f"{earlier + noted - start:.3f}\n")
+                atomic_write(
+                    spent, f"{earlier + noted - start!r}\n"
+                )  # exact: an attempt may take under 1 ms
 
         try:
             while child.poll() is None and not (stop is not None and stop()):
