@@ -54,8 +54,8 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
     if spec.kind == "ngram":
         clients = ["--clients", str(spec.clients)] if spec.clients != 100 else []
         return ["fedkey", "ngram", *data, "--order", "3",
-                *_data_flags(preset, spec.full_train, spec.full_eval), "--out", str(run_dir),
-                *clients, *spec.args]  # fmt: skip
+                *_data_flags(preset, spec.full_train, spec.full_eval, spec.seed), "--out",
+                str(run_dir), *clients, *spec.args]  # fmt: skip
     if spec.kind == "central":
         # The preset's lr and epochs unless the spec names its own.
         own = {"--lr": str(preset.lr), "--epochs": str(preset.central_epochs)}
@@ -63,12 +63,14 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
             own["--lr"] = f"{spec.lr:g}"
         own.update(zip(spec.args[::2], spec.args[1::2], strict=True))
         return ["fedkey", "train-central", *data,
-                *_data_flags(preset, spec.full_train, spec.full_eval),
+                *_data_flags(preset, spec.full_train, spec.full_eval, spec.seed),
                 "--clients", str(spec.clients), "--lr", own["--lr"], "--momentum", "0.5",
                 "--batch-size", "10", "--epochs", own["--epochs"], "--out", str(run_dir),
                 *workers]  # fmt: skip
     verb = "simulate" if preset.transport == "inprocess" else "run"
-    flags = preset.flags(spec.full_train, spec.full_eval, spec.lr, spec.rounds, spec.clients)
+    flags = preset.flags(
+        spec.full_train, spec.full_eval, spec.lr, spec.rounds, spec.clients, spec.seed
+    )
     cmd = ["fedkey", verb, *data, *flags, "--out", str(run_dir)]
     if spec.partition != "iid":
         cmd += ["--partition", spec.partition]
@@ -80,8 +82,10 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
     return cmd + list(spec.args) + unbounded
 
 
-def _data_flags(preset: Preset, full_train: bool = False, full_eval: bool = False) -> list[str]:
-    f = ["--paper-protocol", "--vocab-size", str(preset.vocab_size), "--seed", "0"]
+def _data_flags(
+    preset: Preset, full_train: bool = False, full_eval: bool = False, seed: int = 0
+) -> list[str]:
+    f = ["--paper-protocol", "--vocab-size", str(preset.vocab_size), "--seed", str(seed)]
     if preset.max_train_tokens and not full_train:
         f += ["--max-train-tokens", str(preset.max_train_tokens)]
     if preset.max_eval_sentences and not full_eval:
@@ -118,6 +122,7 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "epsilon": rows[-1].get("epsilon"),
         "curve": [[r["round"], r["val_ppl"], r["test_ppl"]] for r in rows],
         "partition": spec.partition,
+        "seed": spec.seed,
         "weight_spread": round_spreads(rows) if spec.kind == "federated" else [],
         **(
             {
@@ -320,7 +325,7 @@ def superseded(preset: Preset, runs: list[dict]) -> list[str]:
     kept in results.json until run again, not counted as done. A run's own --data and --out
     are taken as they were."""
     mine = [r for r in runs if r.get("preset") == preset.name]
-    suites = [s for s in preset.suites if s in ("sweep", "rank", "noniid")]
+    suites = [s for s in preset.suites if s in ("sweep", "rank", "noniid", "seeds")]
     specs = {s.id: s for s in select(preset, suites, mine)} if suites else {}
     stale = []
     for r in mine:
@@ -395,10 +400,10 @@ def run_bench(
               f"ranking suites add runs as the sweep decides")  # fmt: skip
         return bench.read()
     todo = todo_now()
-    if "rank" in suites or "noniid" in suites:
+    if {"rank", "noniid", "seeds"} & set(suites):
         if "sweep" not in suites and not bench.lr_choices().get(preset.name):
-            raise RuntimeError(f"the rank and noniid suites use the learning rates the sweep "
-                               f"chooses, and results.json has none for preset {preset.name}: "
+            raise RuntimeError(f"the rank, noniid and seeds suites use the learning rates the "
+                               f"sweep chooses, and results.json has none for preset {preset.name}: "
                                f"add --suite sweep (it runs first)")  # fmt: skip
     # Runs are child processes, so threads are enough to keep `jobs` of them going at once. A
     # finished run's slot is refilled at once (a batch would wait for its slowest run), from the

@@ -6,7 +6,7 @@ Layout: the protocol and how many of its runs are done; per dataset, test perple
 best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
 savings) of every method beside the centralized model that saw as many examples and the
 Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
-the learning-rate sweep; the curves; the evidence about the seed papers' column measure; then the
+how far some rows move at other seeds (bench.paper_seeds); the learning-rate sweep; the curves; the evidence about the seed papers' column measure; then the
 old 8-round cut as an appendix whose title says what it cannot do.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
+from bench.paper_seeds import seed_curves, seeds_section
 from bench.paper_spec import command_flag
 from bench.paper_suites import KNOBS, TASK_OF, planned, sweep_epochs
 from bench.paper_tables import (
@@ -311,7 +312,9 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
                 "accuracy on the test set; KSR: keystroke savings on the first "
                 f"{preset.ksr_sentences} test sentences. vs centralized: against the "
                 "centralized model that saw as many examples (rounds x C x E epochs); "
-                "top-1 vs 3-gram: against the Kneser-Ney 3-gram on the same test text.", ""]  # fmt: skip
+                "top-1 vs 3-gram: against the Kneser-Ney 3-gram on the same test text. Every row "
+                "is one run at seed 0; \"Seed to seed\" below shows how far some rows move at "
+                "other seeds.", ""]  # fmt: skip
     out += ["## Targets (issue 18)", "", targets_table(runs)]
     for name in _presets(runs):
         preset = PRESETS[name]
@@ -486,6 +489,8 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         f"- Devices: {', '.join(devices)}",
     ]
     out += ranking_sections(runs, plots, begun)
+    for name in presets:
+        out += seeds_section(PRESETS[name], runs, begun)
     out += sweep_sections(runs, choices)
     curves = [p for k, p in plots.items() if k.startswith("curve:")]
     if curves:
@@ -516,6 +521,13 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
                 plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
                     sel, out, f"curves_{name}_{suite}_{ds}.png", title
                 )
+        seeded = seed_curves(PRESETS[name], runs)
+        for ds in NAMES:
+            sel = [r for r in seeded if r["dataset"] == ds]
+            title = f"{_name(ds)}, seed to seed ({name})"
+            plots[f"curve:{name}:seeds:{ds}"] = plot_curves(
+                sel, out, f"curves_{name}_seeds_{ds}.png", title
+            )
         for ds in NAMES:
             sel = [r for r in mine if r["suite"] == "sweep" and r["dataset"] == ds]
             plots[f"curve:{name}:sweep:{ds}"] = plot_curves(

@@ -27,12 +27,15 @@ class RunSpec:
     rounds: int | None = None  # the rounds, where not the preset's (the sweep's short runs)
     partition: str = "iid"
     clients: int = 100
+    seed: int = 0  # --seed: the phones' shares of the data, the initial weights, who trains when
 
     @property
     def id(self) -> str:
         c = "auto" if self.fraction is None else f"c{self.fraction:g}"
         slug = re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-")
-        return f"{self.suite}-{self.dataset}-{slug}-{c}"
+        return f"{self.suite}-{self.dataset}-{slug}-{c}" + (
+            f"-seed{self.seed}" if self.seed else ""
+        )
 
 
 def fed(suite, dataset, method, fraction, *args, group="", full_train=False):

@@ -63,15 +63,16 @@ class Preset:
         lr: float | None = None,
         rounds: int | None = None,
         clients: int = 100,
+        seed: int = 0,
     ) -> list[str]:
         """The protocol's flags, shared by every federated run (``full_train`` / ``full_eval``:
         without the preset's cut of the training / evaluation data; ``lr`` / ``rounds``: other
-        than the preset's)."""
+        than the preset's; ``seed``: --seed)."""
         f = ["--paper-protocol", "--clients", str(clients), "--rounds", str(rounds or self.rounds)]
         f += ["--local-epochs", str(self.local_epochs), "--batch-size", "10"]
         f += ["--lr", f"{lr:g}" if lr is not None else str(self.lr), "--momentum", "0.5"]
         f += ["--vocab-size", str(self.vocab_size), "--ksr-sentences", str(self.ksr_sentences)]
-        f += ["--seed", "0"]  # the order of the old presets' commands: their runs stay done
+        f += ["--seed", str(seed)]  # here: the order of the old presets' commands (runs stay done)
         if self.max_train_tokens and not full_train:
             f += ["--max-train-tokens", str(self.max_train_tokens)]
         if self.max_eval_sentences and not full_eval:
@@ -82,7 +83,7 @@ class Preset:
 
 
 #: The suites of the presets that rank methods.
-RANKING_SUITES = ("sweep", "rank", "noniid", "code")
+RANKING_SUITES = ("sweep", "rank", "noniid", "seeds", "code")
 #: The old suites (the seed papers' table at a cut protocol, and its evidence).
 OLD_SUITES = ("paper", "privacy", "beyond", "lr", "full", "code")
 
@@ -105,7 +106,8 @@ PRESETS = {
         "validation set by the sweep suite. One process, one thread (`--workers 0`); runs "
         "in-process (`fedkey simulate`), which gives the HTTP path's weights bit for bit "
         "(tests/test_e2e_http.py). Days of background runs on 2 cores; the bench resumes.",
-        suites=("sweep", "rank", "noniid"),  # the column-measure evidence: cpu-8round's code suite
+        # the column-measure evidence: cpu-8round's code suite
+        suites=("sweep", "rank", "noniid", "seeds"),
         fractions=(0.1,),
         sweep_rounds=10,
         client_lrs=(0.3, 1.0, 3.0),

@@ -62,7 +62,7 @@ def flag(words, name):
 def test_every_ranking_command_is_one_the_cli_accepts(preset):
     p = PRESETS[preset]
     results = decided(preset, best_index=len(p.client_lrs) // 2)
-    specs = select(p, [s for s in ("sweep", "rank", "noniid") if s in p.suites], results)
+    specs = select(p, [s for s in ("sweep", "rank", "noniid", "seeds") if s in p.suites], results)
     assert len({s.id for s in specs}) == len(specs)
     group = typer.main.get_command(app)
     for spec in specs:
@@ -285,12 +285,35 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
     assert all(flag(w, "--data") == "demo" for w in demo)
 
 
+def test_the_seeds_suite_runs_rank_rows_again_changing_nothing_but_the_seed():
+    """Each seeds run is its rank run's command at another --seed (and its own folder), so the
+    two differ by chance alone; the rank runs themselves stay seed 0 and stay done."""
+    p = PRESETS["cpu"]
+    results = decided("cpu")
+    rank = {s.method: s for s in select(p, ["rank"], results) if s.dataset == "ptb"}
+    seeds = select(p, ["seeds"], results)
+    central = next(m for m, r in rank.items() if r.kind == "central")
+    assert {(s.method, s.seed) for s in seeds} == {
+        (m, k) for m in ("FedAvg", "FedAvgM", central) for k in (1, 2)
+    }
+    assert len({s.id for s in seeds} | set(s.id for s in rank.values())) == len(seeds) + len(rank)
+    for spec in seeds:
+        twin = command(rank[spec.method], p, Path("d"), Path("o"))
+        words = command(spec, p, Path("d"), Path("o"))
+        assert flag(twin, "--seed") == "0" and flag(words, "--seed") == str(spec.seed)
+        assert words.count("--seed") == 1
+        at = words.index("--seed")
+        assert words[:at] + words[at + 2 :] == twin[:at] + twin[at + 2 :]
+        assert spec.id.endswith(f"-seed{spec.seed}") and spec.dataset == "ptb"
+
+
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
-    # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram + central)
-    assert plan == {"sweep": 90, "rank": 26, "noniid": 24}
+    # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
+    # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
+    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6}
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 

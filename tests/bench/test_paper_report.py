@@ -11,12 +11,13 @@ from bench.paper_spec import RunSpec
 
 
 def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,
-        group="", partition="iid", weights=None):  # fmt: skip
+        group="", partition="iid", weights=None, seed=0):  # fmt: skip
     rows = [{"round": i, "val_ppl": p + 1, "test_ppl": p, "top1": top1, "top3": 0.3, "ksr": 0.4,
              "aggregated": ["a", "b"] * (i > 0),
              "info": {"attention_mean": weights} if weights and i else {}}
             for i, p in enumerate(ppls)]  # fmt: skip
-    spec = RunSpec(suite, dataset, method, fraction, kind=kind, group=group, partition=partition)
+    spec = RunSpec(suite, dataset, method, fraction, kind=kind, group=group, partition=partition,
+                   seed=seed)  # fmt: skip
     return {"id": f"{spec.id}", **summarize(rows, spec), "wall_seconds": 60.0,
             "command": f"fedkey simulate --lr 1 --id {spec.id}", "git_commit": "abcdef1234",
             "git_dirty": False, "device": "cpu", "preset": preset, "seed_ppl": None}  # fmt: skip
@@ -56,12 +57,14 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     heads = [line for line in md.splitlines() if line.startswith("## ")]
     assert heads[0].startswith("## Language model and keyboard: preset `cpu`")
     order = ["## Language model", "## Targets (issue 18)", "## Non-IID phones",
-             "## Learning rates, chosen on the validation set", "## The seed papers' column "
+             "## Seed to seed", "## Learning rates, chosen on the validation set", "## The seed papers' column "
              "measure", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little "
              "training to rank the methods", "## Every run", "## Commands"]  # fmt: skip
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
-    assert "**7 of 140 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24;" in md
+    assert (
+        "**7 of 146 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6;" in md
+    )
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
     assert first.count("| centralized") + first.count("**centralized") == 1  # not twice
@@ -74,6 +77,30 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     sweep = md.split("## Learning rates")[1].split("\n## ")[0]
     assert "| client lr | 1 | 1 | 301.00 | 1 | **chosen** |" in sweep
     assert "| client lr | 3 |" in sweep and "client lr 1" in sweep
+
+
+def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
+    """A rank row and its reruns at other seeds: each seed's test perplexity (or where a run
+    not done stands), the mean, the sample sd and the range, in the seeds suite's order."""
+    from bench.paper_seeds import seeds_table
+    from bench.presets import PRESETS
+
+    runs = ranking_runs() + [
+        run("seeds", "ptb", "FedAvg", 0.1, [1000, 180, 170], top1=0.24, seed=1),
+        run("seeds", "ptb", "FedAvgM", 0.1, [1000, 150], top1=0.24, seed=2),
+    ]
+    begun = {"cpu/seeds-ptb-fedavg-c0.1-seed2": [3, 50]}
+    table = seeds_table(PRESETS["cpu"], runs, begun)
+    rows = table.splitlines()[2:]
+    assert [r.split(" | ")[1] for r in rows] == [CENTRAL, "FedAvg", "FedAvgM"]
+    # rank FedAvg (seed 0) 160, seed 1 170: mean 165, sd 7.07, range 10 / 165
+    assert rows[1] == ("| PTB | FedAvg | 0.1 | 160.00 | 170.00 | begun: round 3 of 50 | 165.00 | "
+                       "7.07 | 6.1% | 0.2300 | 0.0141 | 2 / 2 / - |")  # fmt: skip
+    assert "| - | 150.00 | not run yet | not run yet | 150.00 | - | - | 0.2500 | - |" in rows[0]
+    assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | 0.2400 |" in rows[2]
+    md = markdown(runs, [], {}, {}, begun)
+    assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
+    assert "**9 of 146 runs done**" in md and "seeds 2 of 6" in md
 
 
 def test_method_rows_are_held_against_the_ceiling_and_the_ngram():

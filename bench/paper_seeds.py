@@ -1,0 +1,100 @@
+"""Seed to seed: how far a ranking row moves by chance alone (the seeds suite's section of
+`fedkey bench paper`'s report).
+
+The seeds suite (bench.paper_suites.seeds_suite) runs some rank rows again at other seeds; each
+row here is one rank run (seed 0) and its reruns, on the same text with the same learning rates.
+A difference between two methods that is not larger than these spreads is no evidence that one
+is better. Written from results.json's objects alone (no torch), as the rest of the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from bench.paper_suites import KNOBS, OTHER_SEEDS, seeds_suite
+from bench.paper_tables import DATASET_NAMES, _c, _f
+from bench.presets import Preset
+from bench.report import markdown_table
+
+#: The seeds of a row: the rank run's own, then the suite's.
+ALL_SEEDS = (0, *OTHER_SEEDS)
+
+
+def _row_key(r: dict) -> tuple:
+    return r["dataset"], r.get("partition", "iid"), r["method"], r["fraction"]
+
+
+def seed_rows(preset: Preset, runs: list[dict]) -> list[tuple[dict[int, str], dict[int, dict]]]:
+    """Per row the seeds suite plans for `preset`, in its order: (seed -> the id of its run, the
+    rank run's for seed 0; seed -> its run, those done)."""
+    mine = [r for r in runs if r.get("preset") == preset.name]
+    every = {d: {k: 1.0 for k in KNOBS} for d in DATASET_NAMES}  # every row, chosen or not
+    ids: dict[tuple, dict[int, str]] = {}
+    for s in seeds_suite(preset, mine, every):
+        row = ids.setdefault((s.dataset, s.partition, s.method, s.fraction), {})
+        row[0], row[s.seed] = replace(s, suite="rank", seed=0).id, s.id
+    done: dict[tuple, dict[int, dict]] = {}
+    for r in mine:
+        if r["suite"] == "seeds" or (r["suite"] == "rank" and _row_key(r) in ids):
+            done.setdefault(_row_key(r), {})[r.get("seed", 0)] = r
+    return [(row, done.get(key, {})) for key, row in ids.items()]
+
+
+def seeds_table(
+    preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
+) -> str:
+    """One row per rank row the seeds suite repeats: its test perplexity at each seed (a run not
+    done: where it stands), their mean, sample standard deviation and range, and top-1 likewise."""
+    begun = begun or {}
+    header = ["dataset", "method", "C", *(f"test ppl, seed {k}" for k in ALL_SEEDS), "mean",
+              "sd", "range (% of mean)", "top-1: mean", "top-1: sd", "best round, by seed"]  # fmt: skip
+    rows = []
+    for ids, by_seed in seed_rows(preset, runs):
+        if not by_seed:
+            continue  # neither the rank run nor a rerun yet: nothing to name the row by
+        ref = next(iter(by_seed.values()))
+        cells = []
+        for k in ALL_SEEDS:
+            at = begun.get(f"{preset.name}/{ids[k]}")
+            cells.append(_f(by_seed[k]["test_ppl"]) if k in by_seed else
+                         f"begun: round {at[0]} of {at[1]}" if at else "not run yet")  # fmt: skip
+        ppl = [by_seed[k]["test_ppl"] for k in ALL_SEEDS if k in by_seed]
+        top1 = [by_seed[k]["top1"] for k in ALL_SEEDS if by_seed.get(k, {}).get("top1") is not None]
+        many, mean = len(ppl) > 1, statistics.fmean(ppl)
+        rows.append([
+            DATASET_NAMES.get(ref["dataset"], ref["dataset"]), ref["method"],
+            _c(ref["fraction"]) if ref["kind"] == "federated" else "-", *cells, _f(mean),
+            _f(statistics.stdev(ppl)) if many else "-",
+            f"{(max(ppl) - min(ppl)) / mean * 100:.1f}%" if many else "-",
+            _f(statistics.fmean(top1), ".4f") if top1 else "-",
+            _f(statistics.stdev(top1), ".4f") if len(top1) > 1 else "-",
+            " / ".join(str(by_seed[k]["best_round"]) if k in by_seed else "-" for k in ALL_SEEDS),
+        ])  # fmt: skip
+    return markdown_table(header, rows) if rows else ""
+
+
+def seeds_section(
+    preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
+) -> list[str]:
+    """The report's section on the seeds suite of `preset` (none if it has no such suite)."""
+    if "seeds" not in preset.suites:
+        return []
+    table = seeds_table(preset, runs, begun)
+    seeds = ", ".join(str(k) for k in OTHER_SEEDS)
+    return [
+        "", f"## Seed to seed: how far a row moves by chance (preset `{preset.name}`)", "",
+        f"The seeds suite runs these rank rows again at seeds {seeds} (the rank runs are seed 0):"
+        " the same text and learning rates; the seed deals the data to the phones, draws the "
+        "initial weights and picks each round's phones. A difference between two rows of the "
+        "ranking that is not well beyond a row's range here is no evidence that one method is "
+        "better. sd: the sample standard deviation over the seeds done.", "",
+        table or "No run of the seeds suite's rows is done yet.",
+    ]  # fmt: skip
+
+
+def seed_curves(preset: Preset, runs: list[dict]) -> list[dict]:
+    """The runs of every seeds row, labelled with their seed, for one figure of curves."""
+    return [{**r, "method": f"{r['method']}, seed {k}"}
+            for _, by_seed in seed_rows(preset, runs) for k, r in sorted(by_seed.items())]  # fmt: skip
