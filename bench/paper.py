@@ -24,8 +24,9 @@ import math
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -256,35 +257,41 @@ class Bench:
         begun: dict[str, list[int]] = self._data().get("begun", {})
         return begun
 
-    def stopped(self, preset: str, run_id: str, rounds: int, of: int) -> None:
-        """Note that a run stopped at a time limit after `rounds` of its `of` rounds."""
+    @contextmanager
+    def _updating(self) -> Iterator[dict]:
+        """results.json's content, to change in place: read under the file lock and written back
+        atomically at the end of the block (not at all if the block raises)."""
         with (self.out / ".results.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             data = self._data()
+            yield data
+            order = ("bench_commands", "lr_choices", "begun", "runs")
+            body = {k: data[k] for k in (*order, *data) if k in data}
+            for part in ("lr_choices", "begun"):  # the other benches' results.json as before
+                if not body.get(part):
+                    body.pop(part, None)
+            atomic_write(self.path, json.dumps(body, indent=1))
+
+    def stopped(self, preset: str, run_id: str, rounds: int, of: int) -> None:
+        """Note that a run stopped at a time limit after `rounds` of its `of` rounds."""
+        with self._updating() as data:
             data["begun"] = {**data.get("begun", {}), f"{preset}/{run_id}": [rounds, of]}
-            atomic_write(self.path, json.dumps(data, indent=1))
 
     def add(self, result: dict, bench_command: str) -> list[dict]:
         """Record one run (replacing the same preset's run of the same id; no longer begun), the
         bench command that ran it (what_it_runs), and recompute that preset's sweep choices."""
-        with (self.out / ".results.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            data = self._data()
+        with self._updating() as data:
             key = (result["id"], result.get("preset"))
-            begun = {k: v for k, v in data.get("begun", {}).items()
-                     if k != f"{result.get('preset')}/{result['id']}"}  # fmt: skip
+            data["begun"] = {k: v for k, v in data.get("begun", {}).items()
+                             if k != f"{result.get('preset')}/{result['id']}"}  # fmt: skip
             runs = [r for r in data["runs"] if (r["id"], r.get("preset")) != key] + [result]
+            data["runs"] = runs
             line = what_it_runs(bench_command) if bench_command else ""
-            cmds = data["bench_commands"] + [c for c in [line] if c not in data["bench_commands"]]
-            choices = dict(data["lr_choices"])
+            if line and line not in data["bench_commands"]:
+                data["bench_commands"] = [*data["bench_commands"], line]
             preset = PRESETS.get(result.get("preset", ""))
             if preset is not None and result.get("suite") == "sweep":
-                choices[preset.name] = lr_choices(runs, preset)
-            body = {"bench_commands": cmds, "lr_choices": choices, "begun": begun, "runs": runs}
-            for part in ("lr_choices", "begun"):  # the other benches' results.json as before
-                if not body[part]:
-                    del body[part]
-            atomic_write(self.path, json.dumps(body, indent=1))
+                data["lr_choices"] = {**data["lr_choices"], preset.name: lr_choices(runs, preset)}
         return runs
 
     def lr_choices(self) -> dict[str, dict[str, dict[str, float]]]:

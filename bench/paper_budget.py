@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench.paper_spec import command_flag
-from bench.runs import can_resume, read_rows, run_seconds
+from bench.runs import can_resume, rounds_done, run_seconds
 
 #: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).
 BYTES_PER_WORD = 5.5
@@ -94,10 +94,8 @@ def done_share(run_dir: Path, cmd: str) -> float:
     epochs) of its metrics.jsonl, when the same command left it there (bench.runs resumes it)."""
     if not can_resume(run_dir, cmd):
         return 0.0
-    rows = read_rows(run_dir)
-    last = rows[-1].get("round", 0) if rows else 0
     n = units(cmd)
-    return min(1.0, last / n) if n > 0 else 0.0
+    return min(1.0, rounds_done(run_dir) / n) if n > 0 else 0.0
 
 
 def units(cmd: str) -> float:

@@ -56,9 +56,11 @@ def run_seconds(result: Mapping) -> float:
     return float(result["wall_seconds"]) + float(result.get("earlier_seconds") or 0.0)
 
 
-def _rounds(run_dir: Path) -> int:
-    """Rounds (or epochs) recorded in RUN_DIR/metrics.jsonl so far; its first row is round 0."""
-    return max(0, len(read_rows(run_dir)) - 1)
+def rounds_done(run_dir: Path) -> int:
+    """Rounds (or epochs) recorded in RUN_DIR/metrics.jsonl so far: its last row's (0: none, or
+    only the initial model's row)."""
+    rows = read_rows(run_dir)
+    return int(rows[-1].get("round", 0)) if rows else 0
 
 
 def _seconds(path: Path) -> float | None:
@@ -141,7 +143,7 @@ def run_fedkey(
                 except subprocess.TimeoutExpired:
                     pass
                 if on_round is not None:
-                    on_round(_rounds(run_dir))
+                    on_round(rounds_done(run_dir))
                 if time.perf_counter() - noted > 30.0:
                     note()
         finally:
@@ -150,7 +152,7 @@ def run_fedkey(
                 child.wait()
             note()
     if stop is not None and child.returncode < 0 and stop():
-        raise Stopped(run_id, _rounds(run_dir))
+        raise Stopped(run_id, rounds_done(run_dir))
     wall = time.perf_counter() - start
     if child.returncode != 0:
         tail = (run_dir / "log.txt").read_text()[-2000:]
