@@ -301,7 +301,7 @@ def held_out_scores(
     <s>, </s>, which a suggestion bar never shows) over every prefix of every sentence."""
     seqs = [tokenizer.encode(s) for s in sentences]
     words = sum(tokenizer.num_words(s) + 1 for s in sentences)
-    special = [tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]
+    special = tokenizer.special_ids
     nll: dict[str, float] = {}
     top: dict[str, dict[int, np.ndarray]] = {}
     for name, sess in sessions.items():

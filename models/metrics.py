@@ -58,11 +58,15 @@ def evaluate(
     device: torch.device | str = "cpu",
     precision: Precision = "fp32",
     accuracy: bool = True,
+    suggestions: bool = False,
 ) -> Evaluation:
     """-> {"ppl", "nll", "words", "top1", "top3"} on held-out sentences.
 
     top-k accuracy (word tokenizers only; None for SentencePiece) counts the predictions whose
     target is a real word: not </s> and not <unk>, which a suggestion bar would never show.
+    The k most likely tokens are the model's own, </s> and <unk> among them; `suggestions=True`
+    ranks only the words a bar shows (Tokenizer.special_ids left out), which is what a user sees
+    (bench.suggestion_top1 measures both; the bench reports the former, as it always has).
     `accuracy=False` leaves it out (None): the top-3 search is about a quarter of the time, and
     a validation set is read for its perplexity only.
     """
@@ -84,6 +88,8 @@ def evaluate(
         nll += float(F.nll_loss(logp, targets, reduction="sum"))
         if word_level:
             real = (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
+            if suggestions:
+                logp[:, tokenizer.special_ids] = -math.inf
             top3 = logp.topk(3, dim=-1).indices
             match = top3 == targets.unsqueeze(-1)
             hits1 += int((match[..., 0] & real).sum())
@@ -168,7 +174,7 @@ def keystroke_savings_of(
         raise ValueError("keystroke savings need a word vocabulary")
     vocab = np.array(tokenizer.itos, dtype=object)
     suggestible = np.ones(len(vocab), dtype=bool)
-    suggestible[[tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]] = False
+    suggestible[tokenizer.special_ids] = False
     first_char = np.array([v[:1] for v in tokenizer.itos], dtype=object)
     typed_chars, keystrokes = 0, 0
     for sentence in sentences:

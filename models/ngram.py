@@ -55,8 +55,9 @@ class _Scored(ABC):
     def sentence_log_probs(self, ids: list[int]) -> np.ndarray:
         """[len(ids) - 1, vocab] log-probabilities of each next token of an encoded sentence."""
 
-    def evaluate(self, sentences: list[str]) -> Evaluation:
-        """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate."""
+    def evaluate(self, sentences: list[str], suggestions: bool = False) -> Evaluation:
+        """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate
+        (`suggestions`: ranking only the words a suggestion bar shows)."""
         tok = self.tokenizer
         nll, words, hits1, hits3, scored = 0.0, 0, 0, 0, 0
         for s in sentences:
@@ -66,6 +67,8 @@ class _Scored(ABC):
             nll -= float(logp[np.arange(len(targets)), targets].sum())
             words += len(targets)
             real = (targets != tok.eos_id) & (targets != tok.unk_id)
+            if suggestions:
+                logp[:, tok.special_ids] = -np.inf
             top3 = np.argsort(-logp, axis=1)[:, :3]
             hits1 += int(((top3[:, 0] == targets) & real).sum())
             hits3 += int(((top3 == targets[:, None]).any(1) & real).sum())

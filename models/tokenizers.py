@@ -31,6 +31,11 @@ class WordTokenizer:
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         self.unk_id, self.bos_id, self.eos_id = 0, 1, 2
 
+    @property
+    def special_ids(self) -> list[int]:
+        """<unk>, <s>, </s>: the ids a suggestion bar never shows."""
+        return [self.unk_id, self.bos_id, self.eos_id]
+
     @classmethod
     def build(cls, sentences: Iterable[str], max_size: int | None = 10_000) -> WordTokenizer:
         """Most frequent words of `sentences`; `max_size` counts the three special tokens."""
@@ -76,6 +81,11 @@ class SentencePieceTokenizer:
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self.unk_id, self.bos_id, self.eos_id = self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()
         self.itos = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
+
+    @property
+    def special_ids(self) -> list[int]:
+        """<unk>, <s>, </s>: the ids a suggestion bar never shows."""
+        return [self.unk_id, self.bos_id, self.eos_id]
 
     @classmethod
     def train(

@@ -47,6 +47,16 @@ def test_evaluate_counts_the_end_of_sentence_and_scores_top_k(lm):
     assert 0 < seen["top1"] <= seen["top3"] <= 1
 
 
+def test_a_suggestion_bars_top_1_skips_the_unknown_word_the_ngram_likes_best():
+    """After "a", <unk> (three rare words) is likelier than "b", which a bar would show first."""
+    train = ["a b", "a q", "a r", "a s", "c b", "c b"]
+    tok = WordTokenizer.build(train, max_size=6)  # <unk> <s> </s> a b c: q r s are <unk>
+    lm = KneserNey(tok, order=2).fit(tok.encode(s) for s in train)
+    # targets a (after <s>: the likeliest) and b (after a: <unk> is likelier), then </s>
+    assert lm.evaluate(["a b"])["top1"] == 0.5
+    assert lm.evaluate(["a b"], suggestions=True)["top1"] == 1.0
+
+
 def test_order_below_two_is_refused():
     with pytest.raises(ValueError, match="order"):
         KneserNey(WordTokenizer.build(TRAIN), order=1)
