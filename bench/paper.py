@@ -383,11 +383,14 @@ def run_bench(
         return command(spec, preset, data_root, run_root / spec.id)
 
     def todo_now(dry_run: bool = False) -> list[RunSpec]:
+        """The selected runs not done yet (`dry_run`: every selected command line printed)."""
         specs = select(preset, suites, bench.read(), only)
         missing = [d for d in {s.dataset for s in specs} - {"demo"} if not (data_root / d).is_dir()]
         if missing:
             raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
-        return bench.pending(specs, lambda s: (s.id, argv(s)), dry_run)
+        if dry_run:
+            print("\n".join(shlex.join(argv(s)) for s in specs))
+        return bench.pending(specs, lambda s: (s.id, argv(s)))
 
     def pace() -> Pace:
         mine = [r for r in bench.read() if r.get("preset") == preset.name]
@@ -398,8 +401,7 @@ def run_bench(
         return pace.seconds(spec.dataset, shlex.join(argv(spec)), run_root / spec.id)
 
     if dry_run:
-        todo_now(dry_run=True)  # every command line, done or not
-        todo, judged = todo_now(), pace()
+        todo, judged = todo_now(dry_run=True), pace()  # every command line, done or not
         needs = [expected(s, judged) for s in todo]
         known = [x for x in needs if x is not None]
         print(f"# {len(todo)} of them not done: about {duration(sum(known))} of run time at the "
