@@ -117,6 +117,8 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "ksr": best.get("ksr"),
         "rounds": rows[-1]["round"],
         "rounds_to_ppl_90": below_90[0] if below_90 else None,
+        # the rounds' own seconds (training and aggregation, no evaluation): bench.paper_budget
+        "train_seconds": round(sum(r.get("seconds") or 0.0 for r in rows), 1),
         "uplink_bytes": sum(r.get("bytes_up", 0) for r in rows),
         "downlink_bytes": sum(r.get("bytes_down", 0) for r in rows),
         "updates": sum(len(r.get("aggregated", [])) for r in rows),

@@ -5,8 +5,11 @@ would have to kill.
 
 A run's work is counted in passes over its dataset's training text: rounds x C x E for a
 federated run (FedSGD: C 1; AdaFL: its mean fraction over the run), the epochs of a centralized
-run, one pass for the n-gram. Evaluation (validation and test every round) comes with it at a
-fixed C, so it is folded into the same rate. The pace, seconds per pass per byte of training
+run, one pass for the n-gram. Evaluation (validation and test every round) is counted per round:
+a run that records its rounds' own seconds (`train_seconds`, training and aggregation) splits its
+time into seconds per pass and seconds of evaluation per round, so FedSGD (ten times the passes
+of a run at C 0.1 for as many rounds) is not charged ten times the evaluation; a run from before
+that field folds both into one rate per pass. Each rate, per byte of training
 text, is the median of the latest RECENT of the preset's finished runs on this machine's device
 (a GPU's runs say nothing of a CPU's pace) with the same verb (simulate, train-central, ngram) on
 the same dataset (the latest: a faster trainer or a busier machine shows within two runs), else
@@ -111,11 +114,13 @@ class Pace:
 
     def __init__(self, runs: Iterable[dict], data_root: Path, device: str | None = None):
         self.data_root = data_root
-        # (verb, dataset) -> seconds per pass (demo) or per pass per byte (the others)
-        self.rates: dict[tuple[str, str], list[float]] = {}
+        # (verb, dataset) -> per run: (seconds per pass, and split, where the run records its
+        # rounds' own seconds: (seconds per pass, seconds of evaluation per round)), per byte
+        # of training text (the demo corpus: per pass, per round)
+        self.rates: dict[tuple[str, str], list[tuple[float, tuple[float, float] | None]]] = {}
         for r in runs:
             cmd = r.get("command", "")
-            work = passes(cmd)
+            work, n = passes(cmd), units(cmd)
             untimed = r.get("resumed") and r.get("earlier_seconds") is None
             wall = run_seconds(r) if r.get("wall_seconds") and not untimed else None
             if not wall or not work:
@@ -123,29 +128,43 @@ class Pace:
             if device is not None and r.get("device") != device:
                 continue
             scale = 1.0 if r["dataset"] == "demo" else train_bytes(data_root, r["dataset"], cmd)
-            if scale:
-                self.rates.setdefault((cmd.split()[1], r["dataset"]), []).append(
-                    wall / (work * scale)
-                )
+            if not scale:
+                continue
+            train = r.get("train_seconds")
+            split = None
+            if train is not None and n > 0 and train <= wall:
+                split = (train / (work * scale), (wall - train) / (n * scale))
+            self.rates.setdefault((cmd.split()[1], r["dataset"]), []).append(
+                (wall / (work * scale), split)
+            )
 
     def seconds(self, dataset: str, cmd: str, run_dir: Path | None = None) -> float | None:
         """The expected wall time of the run `cmd` on `dataset` (None: no finished run to judge it
-        by), less the share an interrupted attempt in `run_dir` already did."""
+        by), less the share an interrupted attempt in `run_dir` already did. Evaluation is
+        charged per round where every run that judges it split its time, else per pass."""
         work, verb = passes(cmd), cmd.split()[1]
         if not work:
             return None
-        if dataset == "demo":
-            scale: float | None = 1.0
-            rates = self.rates.get((verb, "demo"), [])[-RECENT:]
-        else:
-            scale = train_bytes(self.data_root, dataset, cmd)
-            rates = self.rates.get((verb, dataset), [])[-RECENT:] or [
-                x for (v, d), xs in self.rates.items() if v == verb and d != "demo" for x in xs
-            ]
+        scale = 1.0 if dataset == "demo" else train_bytes(self.data_root, dataset, cmd)
+        rates = self._recent(verb, dataset)
         if not rates or not scale:
             return None
         left = 1.0 - (done_share(run_dir, cmd) if run_dir is not None else 0.0)
-        return statistics.median(rates) * work * scale * left
+        splits = [split for _, split in rates if split is not None]
+        if len(splits) < len(rates):
+            return statistics.median(rate for rate, _ in rates) * work * scale * left
+        per_pass = statistics.median(t for t, _ in splits)
+        per_round = statistics.median(e for _, e in splits)
+        return (per_pass * work + per_round * units(cmd)) * scale * left
+
+    def _recent(self, verb: str, dataset: str) -> list[tuple[float, tuple[float, float] | None]]:
+        """The latest RECENT runs of `verb` on `dataset`; none there, every one of `verb` on the
+        other datasets (WikiText-2's first runs judged by PTB's); the demo corpus, where start-up
+        costs outweigh its small text, by its own only."""
+        mine = self.rates.get((verb, dataset), [])[-RECENT:]
+        if mine or dataset == "demo":
+            return mine
+        return [x for (v, d), xs in self.rates.items() if v == verb and d != "demo" for x in xs]
 
     def step_seconds(self, dataset: str, cmd: str) -> float | None:
         """The expected seconds of one round (a centralized run: one epoch) of `cmd`: the least

@@ -71,6 +71,26 @@ def test_a_run_is_judged_by_the_pace_of_those_done_scaled_to_its_work_and_its_te
     assert pace.seconds("demo", _cmd("simulate", "--rounds", "10", data="demo")) is None
 
 
+def test_evaluation_is_charged_per_round_where_the_runs_split_their_time(data_root):
+    """A C 0.1 run of 10 rounds: one pass of training (650 s of its rounds' own seconds) and 10
+    evaluations (350 s). FedSGD's 50 rounds are 50 passes but 50 evaluations, not 500; a run
+    from before `train_seconds` keeps the one rate per pass for everything it judges."""
+    ptb = str(data_root / "ptb")
+    one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", "-E", "1", data=ptb)
+    fedsgd = _cmd("simulate", "--rounds", "50", "--strategy", "fedsgd", "--local-epochs", "1",
+                  data=ptb)  # fmt: skip
+    split = Pace([_finished("ptb", one_pass, 1000.0, train_seconds=650.0)], data_root)
+    assert split.seconds("ptb", fedsgd) == pytest.approx(50 * 650.0 + 50 * 35.0)
+    assert split.step_seconds("ptb", fedsgd) == pytest.approx(650.0 + 35.0)
+    assert split.seconds("ptb", one_pass) == pytest.approx(1000.0)  # the same run: the same
+    older = Pace([_finished("ptb", one_pass, 1000.0, train_seconds=650.0),
+                  _finished("ptb", one_pass, 1000.0)], data_root)  # fmt: skip
+    assert older.seconds("ptb", fedsgd) == pytest.approx(50 * 1000.0)
+    # WikiText-2 judged by PTB's split, scaled to twice the text
+    wiki = fedsgd.replace(ptb, str(data_root / "wikitext-2"))
+    assert split.seconds("wikitext-2", wiki) == pytest.approx(2 * (50 * 650.0 + 50 * 35.0))
+
+
 def test_the_latest_runs_set_the_pace_so_a_faster_trainer_shows_at_once(data_root):
     ptb = str(data_root / "ptb")
     one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", data=ptb)
