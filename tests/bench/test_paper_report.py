@@ -94,10 +94,11 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     rows = table.splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == [CENTRAL, "FedAvg", "FedAvgM"]
     # rank FedAvg (seed 0) 160, seed 1 170: mean 165, sd 7.07, range 10 / 165
+    # against the centralized model's mean (150, one seed so far): +10.0%
     assert rows[1] == ("| PTB | FedAvg | 0.1 | 160.00 | 170.00 | begun: round 3 of 50 | 165.00 | "
-                       "7.07 | 6.1% | 0.2300 | 0.0141 | 2 / 2 / - |")  # fmt: skip
-    assert "| - | 150.00 | not run yet | not run yet | 150.00 | - | - | 0.2500 | - |" in rows[0]
-    assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | 0.2400 |" in rows[2]
+                       "7.07 | 6.1% | +10.0% | 0.2300 | 0.0141 | 2 / 2 / - |")  # fmt: skip
+    assert "| - | 150.00 | not run yet | not run yet | 150.00 | - | - | - | 0.2500 | - |" in rows[0]
+    assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
     assert "**9 of 146 runs done**" in md and "seeds 2 of 6" in md
