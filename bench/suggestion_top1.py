@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = measure(args.data, args.checkpoints, ngram=not args.no_ngram)
     except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e} (give fedkey checkpoints, such as runs/bench/cpu/<run>/checkpoints/"
+              "round_0050.safetensors, and --data the corpus folder they trained on)",
+              file=sys.stderr)  # fmt: skip
         return 2
     header = ["model", "precision", "ranking", "top-1", "top-3", "seconds"]
     print(markdown_table(header, rows))
