@@ -6,8 +6,9 @@ Layout: the protocol and how many of its runs are done; per dataset, test perple
 best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
 savings) of every method beside the centralized model that saw as many examples and the
 Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
-how far some rows move at other seeds (bench.paper_seeds); the learning-rate sweep; the curves; the evidence about the seed papers' column measure; then the
-old 8-round cut as an appendix whose title says what it cannot do.
+how far some rows move at other seeds (bench.paper_seeds); the learning-rate sweep; the curves;
+the evidence about the seed papers' column measure; then the old 8-round cut as an appendix whose
+title says what it cannot do.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything: `python -m bench.paper_report bench/results/cpu`.

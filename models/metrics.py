@@ -65,8 +65,8 @@ def evaluate(
     top-k accuracy (word tokenizers only; None for SentencePiece) counts the predictions whose
     target is a real word: not </s> and not <unk>, which a suggestion bar would never show.
     The k most likely tokens are the model's own, </s> and <unk> among them; `suggestions=True`
-    ranks only the words a bar shows (Tokenizer.special_ids left out), which is what a user sees
-    (bench.suggestion_top1 measures both; the bench reports the former, as it always has).
+    ranks only the words a bar shows (Tokenizer.special_ids left out), which is what a user sees.
+    The paper bench reports the former, as every run it has done was scored.
     `accuracy=False` leaves it out (None): the top-3 search is about a quarter of the time, and
     a validation set is read for its perplexity only.
     """
