@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.paper import superseded
 from bench.paper_seeds import seed_curves, seeds_section
 from bench.paper_spec import command_flag
-from bench.paper_suites import KNOBS, TASK_OF, planned, sweep_epochs
+from bench.paper_suites import KNOBS, TASK_OF, every_knob_chosen, planned, sweep_epochs
 from bench.paper_tables import (
     DATASET_NAMES,
     _c,
@@ -264,7 +264,7 @@ def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str, done: l
     of one stopped at a time limit) of a suite's planned runs on a dataset that are not done."""
     from bench.paper_suites import noniid_suite, rank_suite
 
-    every = {d: {k: 1.0 for k in KNOBS} for d in NAMES}
+    every = every_knob_chosen()
     mine = [r for r in runs if r.get("preset") == preset.name]
     make = rank_suite if suite == "rank" else noniid_suite
     specs = [s for s in make(preset, mine, choices=every) if s.dataset == dataset]

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from bench.paper_suites import KNOBS, OTHER_SEEDS, seeds_suite
+from bench.paper_suites import OTHER_SEEDS, every_knob_chosen, seeds_suite
 from bench.paper_tables import DATASET_NAMES, _c, _f
 from bench.presets import Preset
 from bench.report import markdown_table
@@ -30,9 +30,8 @@ def seed_rows(preset: Preset, runs: list[dict]) -> list[tuple[dict[int, str], di
     """Per row the seeds suite plans for `preset`, in its order: (seed -> the id of its run, the
     rank run's for seed 0; seed -> its run, those done)."""
     mine = [r for r in runs if r.get("preset") == preset.name]
-    every = {d: {k: 1.0 for k in KNOBS} for d in DATASET_NAMES}  # every row, chosen or not
     ids: dict[tuple, dict[int, str]] = {}
-    for s in seeds_suite(preset, mine, every):
+    for s in seeds_suite(preset, mine, every_knob_chosen()):  # every row, chosen or not
         row = ids.setdefault((s.dataset, s.partition, s.method, s.fraction), {})
         row[0], row[s.seed] = replace(s, suite="rank", seed=0).id, s.id
     done: dict[tuple, dict[int, dict]] = {}

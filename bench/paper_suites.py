@@ -400,12 +400,18 @@ def seeds_suite(preset: Preset, results: list[dict], choices: dict | None = None
     return [replace(s, suite="seeds", seed=seed) for seed in OTHER_SEEDS for s in again]
 
 
+def every_knob_chosen() -> dict[str, dict[str, float]]:
+    """Choices as if the sweep had decided every knob on every task: the ranking suites' whole
+    plan, to count and name its runs (the values are placeholders)."""
+    return {t.dataset: {k: 1.0 for k in KNOBS} for t in TASKS}
+
+
 def planned(preset: Preset, results: list[dict]) -> dict[str, int]:
     """Ranking suite -> the runs it makes in all, as far as known now: the sweep's grids (with
     the edge extensions asked for so far; one not yet asked for adds a run), and the rank and
     noniid suites as they will be once every knob is chosen."""
     mine = [r for r in results if r.get("preset") == preset.name]
-    every = {t.dataset: {k: _grid(preset, k)[0] for k in KNOBS} for t in TASKS}
+    every = every_knob_chosen()
     out: dict[str, int] = {}
     for suite in ("sweep", "rank", "noniid", "seeds"):
         if suite not in preset.suites:
