@@ -19,7 +19,20 @@ from common.config import TokenizerKind as TokenizerKind  # defined there, re-ex
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 
 
-class WordTokenizer:
+class _Specials:
+    """The special tokens' ids, which both tokenizers set."""
+
+    unk_id: int
+    bos_id: int
+    eos_id: int
+
+    @property
+    def special_ids(self) -> list[int]:
+        """<unk>, <s>, </s>: the ids a suggestion bar never shows."""
+        return [self.unk_id, self.bos_id, self.eos_id]
+
+
+class WordTokenizer(_Specials):
     """Word vocabulary: ids 0..2 are <unk>, <s>, </s>; then words by frequency (ties alphabetical)."""
 
     kind = "word"
@@ -30,11 +43,6 @@ class WordTokenizer:
         self.itos = list(words)
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         self.unk_id, self.bos_id, self.eos_id = 0, 1, 2
-
-    @property
-    def special_ids(self) -> list[int]:
-        """<unk>, <s>, </s>: the ids a suggestion bar never shows."""
-        return [self.unk_id, self.bos_id, self.eos_id]
 
     @classmethod
     def build(cls, sentences: Iterable[str], max_size: int | None = 10_000) -> WordTokenizer:
@@ -65,7 +73,7 @@ class WordTokenizer:
         return {"kind": self.kind, "words": self.itos}
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(_Specials):
     """Subword pieces from the sentencepiece library, trained on text the server holds.
 
     It is never trained on device data: the server trains it on public text (for the demo, the
@@ -81,11 +89,6 @@ class SentencePieceTokenizer:
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self.unk_id, self.bos_id, self.eos_id = self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()
         self.itos = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
-
-    @property
-    def special_ids(self) -> list[int]:
-        """<unk>, <s>, </s>: the ids a suggestion bar never shows."""
-        return [self.unk_id, self.bos_id, self.eos_id]
 
     @classmethod
     def train(
