@@ -132,9 +132,8 @@ def run_fedkey(
             nonlocal noted
             noted = time.perf_counter()
             if earlier is not None:
-                atomic_write(
-                    spent, f"{earlier + noted - start!r}\n"
-                )  # exact: an attempt may take under 1 ms
+                # exact (repr): an attempt stopped at once may take under 1 ms
+                atomic_write(spent, f"{earlier + noted - start!r}\n")
 
         try:
             while child.poll() is None and not (stop is not None and stop()):

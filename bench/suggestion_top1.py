@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from bench.report import markdown_table
@@ -41,18 +42,22 @@ def measure(data: str, checkpoints: list[str], ngram: bool = True) -> list[list[
             for bar in (False, True):
                 start = time.perf_counter()
                 e = evaluate(model, tokenizer, corpus.test, precision=precision, suggestions=bar)
-                rows.append([label(path), precision, _ranking(bar), f"{e['top1']:.4f}",
-                             f"{e['top3']:.4f}", f"{time.perf_counter() - start:.0f}"])  # fmt: skip
-                print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+                rows.append(_row(label(path), precision, bar, e, start))
     if ngram and isinstance(tokenizer, WordTokenizer):
         lm = KneserNey(tokenizer, 3).fit(tokenizer.encode(s) for s in corpus.train)
         for bar in (False, True):
             start = time.perf_counter()
             e = lm.evaluate(corpus.test, suggestions=bar)
-            rows.append(["Kneser-Ney 3-gram", "fp64", _ranking(bar), f"{e['top1']:.4f}",
-                         f"{e['top3']:.4f}", f"{time.perf_counter() - start:.0f}"])  # fmt: skip
-            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+            rows.append(_row("Kneser-Ney 3-gram", "fp64", bar, e, start))
     return rows
+
+
+def _row(name: str, precision: str, bar: bool, e: Mapping, start: float) -> list[str]:
+    """One row of the table, shown at once on stderr (several checkpoints take minutes)."""
+    row = [name, precision, _ranking(bar), f"{e['top1']:.4f}", f"{e['top3']:.4f}",
+           f"{time.perf_counter() - start:.0f}"]  # fmt: skip
+    print(" | ".join(row), file=sys.stderr, flush=True)
+    return row
 
 
 def label(path: str) -> str:

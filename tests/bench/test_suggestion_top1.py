@@ -20,8 +20,8 @@ def test_the_bars_ranking_never_scores_below_the_models_own(tmp_path, capsys):
     with torch.no_grad():
         model.decoder.bias[tok.special_ids] = 10.0  # <unk> and </s> the likeliest everywhere,
         model.decoder.bias[3] = 5.0  # then the commonest word (words come by frequency)
-    path = save_checkpoint(tmp_path / "run" / "checkpoints" / "round_0003.safetensors", model_state(model), cfg, tok,
-                           round_idx=0, strategy="fedavg")  # fmt: skip
+    path = save_checkpoint(tmp_path / "run" / "checkpoints" / "round_0003.safetensors",
+                           model_state(model), cfg, tok, round_idx=0, strategy="fedavg")  # fmt: skip
     assert main([str(path), "--data", "demo"]) == 0
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
     assert len(rows) == 2 * 2 + 2  # bf16 / fp32 x both rankings, and the 3-gram's two
