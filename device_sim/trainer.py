@@ -19,6 +19,9 @@ from models.checkpoint import build_model, model_state
 from models.config import ModelConfig
 from models.precision import Resolved, autocast, resolve_device, resolve_precision
 
+#: Where torch.optim.SGD has a fused kernel that this project runs (the CPU and CUDA).
+FUSED_SGD_DEVICES = ("cpu", "cuda")
+
 
 @dataclass
 class TrainResult:
@@ -47,7 +50,11 @@ def train_local(
     torch.manual_seed(seed)  # dropout masks
     model = build_model(model_config, global_state).to(dev)
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    # The fused kernel updates each weight and its momentum in one pass over memory. On the CPU
+    # it leaves the default's weights bit for bit (tests/device_sim/test_trainer.py), and bf16
+    # training ran 8.8% faster (fp32 2.9%: one thread, PTB, interleaved, best of 5).
+    fused = dev.type in FUSED_SGD_DEVICES
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, fused=fused)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     if config.batching == "columns":
         seqs, make_batches = sentences, column_batches

@@ -81,6 +81,22 @@ def test_padding_changes_nothing_the_phone_learns():
         torch.testing.assert_close(ours[name], p.detach() - 0.5 * p.grad, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_fused_optimizer_gives_the_same_weights_bit_for_bit(monkeypatch, precision):
+    # The paper bench resumes runs begun before the trainer took the fused SGD kernel: every
+    # step (momentum, clipping, a large lr) must leave exactly the weights the default one did.
+    import device_sim.trainer as trainer
+
+    seqs = [TOK.encode(s) for s in TEXT] * 3
+    cfg = TrainConfig(epochs=2, batch_size=4, lr=3.0, momentum=0.5, precision=precision)
+    fused = train_local(CFG, initial_state(), seqs, cfg, seed=5, device="cpu")
+    monkeypatch.setattr(trainer, "FUSED_SGD_DEVICES", ())
+    default = train_local(CFG, initial_state(), seqs, cfg, seed=5, device="cpu")
+    assert fused.train_loss == default.train_loss
+    for name, weight in default.state.items():
+        assert torch.equal(fused.state[name], weight), name
+
+
 def test_cuda_request_without_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
