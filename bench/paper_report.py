@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
-from bench.paper_seeds import seed_curves, seeds_section
+from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import command_flag
 from bench.paper_suites import KNOBS, TASK_OF, every_knob_chosen, planned, sweep_epochs
 from bench.paper_tables import (
@@ -84,12 +84,14 @@ def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None
 
 
 def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
-             waiting: Sequence[tuple[str, float | None, str]] = ()) -> str:  # fmt: skip
+             waiting: Sequence[tuple[str, float | None, str]] = (),
+             chance: Mapping[str, str] | None = None) -> str:  # fmt: skip
     """One row per method: test perplexity and the keyboard metrics, against the centralized
     model and the n-gram; the reference rows first, then the federated runs best first, then the
-    runs not done yet (`waiting`: (method, C of a federated run or None, where it stands))."""
+    runs not done yet (`waiting`: (method, C of a federated run or None, where it stands)).
+    `chance` (bench.paper_seeds.seed_notes), where given, adds its cells by run id."""
     header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
-              "KSR", "best round / rounds"]  # fmt: skip
+              "KSR", "best round / rounds", *(["seed to seed"] if chance else [])]  # fmt: skip
     # A run at C 0.5 (the gpu preset) is held against the centralized model of as many examples
     # as C 0.5 where there is one; every other run against `central`.
     same = {r["fraction"]: r["test_ppl"] for r in runs if r["kind"] == "central"}
@@ -106,8 +108,9 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
         base = same.get(r["fraction"], cp) if r["kind"] == "federated" else cp
         rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
                      _f(r["test_ppl"]), _pct(r["test_ppl"], base), _f(r["top1"], ".3f"),
-                     _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds])  # fmt: skip
-    rows += [[m, _c(c) if c else "-", where, "", "", "", "", "", ""] for m, c, where in waiting]
+                     _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds,
+                     *([chance.get(r["id"], "-")] if chance else [])])  # fmt: skip
+    rows += [[m, _c(c) if c else "-", where, *[""] * (len(header) - 3)] for m, c, where in waiting]
     return markdown_table(header, rows)
 
 
@@ -307,15 +310,18 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
             rank = [_marked(r, stale) for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
             central, ngram = (x and _marked(x, stale) for x in references(runs, name, ds))
             wait = _waiting(preset, runs, "rank", ds, rank, begun)
-            out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait), ""]
+            chance = seed_notes(preset, runs, ds)
+            out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait, chance), ""]
         out += ["test ppl: test perplexity of the model with the best validation perplexity over "
                 "the rounds, the end-of-sentence prediction counted; top-1 / top-3: next-word "
                 "accuracy on the test set; KSR: keystroke savings on the first "
                 f"{preset.ksr_sentences} test sentences. vs centralized: against the "
                 "centralized model that saw as many examples (rounds x C x E epochs); "
                 "top-1 vs 3-gram: against the Kneser-Ney 3-gram on the same test text. Every row "
-                "is one run at seed 0; \"Seed to seed\" below shows how far some rows move at "
-                "other seeds.", ""]  # fmt: skip
+                "is one run at seed 0, ordered by it; seed to seed (\"Seed to seed\" below): a "
+                "row rerun at other seeds, its test perplexity's mean and sample sd over them; "
+                f"a row run once, the rerun federated rows within {CHANCE_SD} sd of whose mean it lies: "
+                "it differs from them by no more than chance.", ""]  # fmt: skip
     out += ["## Targets (issue 18)", "", targets_table(runs)]
     for name in _presets(runs):
         preset = PRESETS[name]

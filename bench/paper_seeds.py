@@ -20,6 +20,9 @@ from bench.report import markdown_table
 
 #: The seeds of a row: the rank run's own, then the suite's.
 ALL_SEEDS = (0, *OTHER_SEEDS)
+#: A row run once and within this many sample sds of a rerun row's mean is no evidence of a
+#: difference from it (about 95% of a normal spread; three seeds estimate the sd only roughly).
+CHANCE_SD = 2
 
 
 def _row_key(r: dict) -> tuple:
@@ -39,6 +42,28 @@ def seed_rows(preset: Preset, runs: list[dict]) -> list[tuple[dict[int, str], di
         if r["suite"] == "seeds" or (r["suite"] == "rank" and _row_key(r) in ids):
             done.setdefault(_row_key(r), {})[r.get("seed", 0)] = r
     return [(row, done.get(key, {})) for key, row in ids.items()]
+
+
+def seed_notes(preset: Preset, runs: list[dict], dataset: str) -> dict[str, str]:
+    """The rank table's "seed to seed" cells for `dataset`, by run id: a row done at several
+    seeds gets the mean and sample sd of its test perplexity over them; a row run once, the
+    rerun federated rows within `CHANCE_SD` sds of whose mean it lies (a difference from those
+    is no evidence). Empty where no row of the dataset is done at two seeds or more."""
+    seeded = [(ids[0], by_seed[0], [r["test_ppl"] for r in by_seed.values()])
+              for ids, by_seed in seed_rows(preset, runs)
+              if len(by_seed) > 1 and 0 in by_seed and by_seed[0]["dataset"] == dataset]  # fmt: skip
+    spread = {
+        rid: (ref, statistics.fmean(p), statistics.stdev(p), len(p)) for rid, ref, p in seeded
+    }
+    notes = {rid: f"mean {_f(m)}, sd {_f(sd)} ({n} seeds)" for rid, (_, m, sd, n) in spread.items()}
+    for r in runs:
+        if (notes and r.get("preset") == preset.name and r["suite"] == "rank"
+                and r["dataset"] == dataset and r["kind"] == "federated"
+                and r["id"] not in notes):  # fmt: skip
+            near = [ref["method"] for ref, m, sd, _ in spread.values()
+                    if ref["kind"] == "federated" and abs(r["test_ppl"] - m) <= CHANCE_SD * sd]  # fmt: skip
+            notes[r["id"]] = f"within {CHANCE_SD} sd of {' and '.join(near)}" if near else "-"
+    return notes
 
 
 def seeds_table(

@@ -104,6 +104,26 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "**9 of 146 runs done**" in md and "seeds 2 of 6" in md
 
 
+def test_the_rank_table_marks_what_chance_alone_could_explain():
+    """A row rerun at other seeds shows its mean and sd in the ranking; a row run once is marked
+    where it lies within 2 sd of a rerun federated row's mean, and only there."""
+    runs = ranking_runs() + [
+        run("seeds", "ptb", "FedAvg", 0.1, [1000, 170], seed=1),  # with 160: mean 165, sd 7.07
+        run("seeds", "ptb", CENTRAL, 0.1, [1000, 152], kind="central", seed=1),
+        run("rank", "ptb", "FedAdam", 0.1, [1000, 180]),  # 15 from 165: beyond 2 sd
+    ]
+    ptb = markdown(runs, [], {}, {}).split("### PTB")[1].split("###")[0]
+    assert ptb.splitlines()[2].endswith("| best round / rounds | seed to seed |")
+    cell = {line.split(" | ")[0][2:]: line.split(" | ")[-1] for line in ptb.splitlines()[4:]}
+    assert cell["FedAvg"] == "mean 165.00, sd 7.07 (2 seeds) |"
+    assert cell[f"**{CENTRAL}**"] == "mean 151.00, sd 1.41 (2 seeds) |"
+    assert cell["FedAtt"] == "within 2 sd of FedAvg |"  # 164: 1 from the mean
+    assert cell["FedAdam"] == "- |" and cell["**Kneser-Ney 3-gram**"] == "- |"
+    # no row at two seeds: no such column
+    wt2 = markdown(runs, [], {}, {}).split("### WikiText-2")[1].split("###")[0]
+    assert "| best round / rounds |\n" in wt2
+
+
 def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
     runs = ranking_runs()
     central, ngram = runs[2], runs[3]
