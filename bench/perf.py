@@ -368,7 +368,9 @@ def run_perf(
 ) -> dict:
     """Run every step of `fedkey bench perf` not in `skip`, one progress line per step, and
     write `<out>/perf.json` and `<out>/perf.md` (after each step, so a stopped run leaves what
-    it measured). A step that fails is recorded with its error; the others still run."""
+    it measured). A step that fails is recorded with its error; the others still run. A skipped
+    step keeps its figures from the `<out>/perf.json` there was (:func:`kept_steps`), so one
+    figure can be measured again without the half hour of the rest."""
     from datetime import UTC, datetime
 
     from bench.report import STEPS, targets, write_report
@@ -377,6 +379,7 @@ def run_perf(
     if unknown:
         raise ValueError(f"unknown step(s) {unknown}; the steps are {list(STEPS)}")
     params = perf_params(quick)
+    kept = kept_steps(Path(out), quick)
     result: dict[str, Any] = {
         "meta": {
             "command": command,
@@ -397,8 +400,9 @@ def run_perf(
             head = f"[{i}/{len(STEPS)}] {name}"
             what, runner, line = STEP_RUNNERS[name]
             if name in skip:
-                result["steps"][name] = {"skipped": "--skip"}
-                print(f"{head}: skipped (--skip)", flush=True)
+                result["steps"][name] = kept.get(name) or {"skipped": "--skip"}
+                was = kept[name]["kept"]["date"] if name in kept else None
+                print(f"{head}: skipped (--skip)" + (f", its figures of {was} kept" if was else ""))
                 continue
             print(f"{head}: {what} ...", flush=True)
             t = time.perf_counter()
@@ -419,6 +423,26 @@ def run_perf(
         print(f"  {row['status']:<8} {row['measure']}: {row['figure']} (target {row['target']})")
     print(f"total {result['meta']['seconds']:.0f} s; wrote {json_path} and {md_path}", flush=True)
     return result
+
+
+def kept_steps(out: Path, quick: bool) -> dict[str, dict]:
+    """The figures of the steps `<out>/perf.json` measured (not skipped, not failed), each with
+    "kept": the date, commit and command that measured it. None from a run of the other size
+    (--quick or not: other parameters) or where there is no readable perf.json."""
+    try:
+        previous = json.loads((out / "perf.json").read_text())
+        meta = previous["meta"]
+        steps = previous["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if meta.get("quick") != quick:
+        return {}
+    origin = {k: meta.get(k) for k in ("date", "git_commit", "command")}
+    return {
+        name: {**s, "kept": s.get("kept", origin)}
+        for name, s in steps.items()
+        if name in STEP_RUNNERS and isinstance(s, dict) and not {"skipped", "error"} & set(s)
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -259,6 +259,15 @@ def _not_run(result: dict, name: str) -> str | None:
     return None
 
 
+def _kept_line(result: dict) -> list[str]:
+    """The header's line on the steps this command skipped whose earlier figures it kept."""
+    kept = [f"{n} ({k['date']}, commit `{(k.get('git_commit') or '?')[:10]}`)"
+            for n, s in result.get("steps", {}).items() if (k := s.get("kept"))]  # fmt: skip
+    return [f"Kept from earlier runs, not measured by this command: {', '.join(kept)}."] * bool(
+        kept
+    )
+
+
 def markdown(result: dict) -> str:
     meta, params = result.get("meta", {}), result.get("params", {})
     m = meta.get("machine", {})
@@ -270,6 +279,7 @@ def markdown(result: dict) -> str:
         f"Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}), torch "
         f"{m.get('torch', '?')}, device {m.get('device', '?')}, Python {m.get('python', '?')}. "
         f"Total {_fmt(meta.get('seconds'), '.0f')} s. Every figure is in `perf.json`.",
+        *_kept_line(result),
         "",
         "## Targets",
         "",

@@ -49,7 +49,13 @@ def bench_perf(
         Path("bench/results"), "--out", help="Where perf.json and perf.md are written."
     ),
     skip: list[BenchStep] = typer.Option(
-        [], "--skip", help="Leave a step out (repeat the option for several)."
+        [],
+        "--skip",
+        help="Leave a step out (repeat the option for several); its figures in an earlier "
+        "OUT/perf.json of the same size (--quick or not) are kept, with their date and commit.",
+    ),
+    only: list[BenchStep] = typer.Option(
+        [], "--only", help="Run just this step (repeat for several); the others as --skip."
     ),
 ) -> None:
     """Performance benchmark: trainer vs a bare PyTorch loop, HTTP vs in-process, aggregation
@@ -57,10 +63,13 @@ def bench_perf(
     and OUT/perf.md with each figure beside its target. Exits 1 if a step failed."""
     from bench.perf import run_perf
 
+    if skip and only:
+        raise UserError("give --skip or --only, not both")
+    left_out = [s.value for s in skip] or [s for s in STEPS if only and s not in only]
     result = run_perf(
         quick=quick,
         out=out,
-        skip=[s.value for s in skip],
+        skip=left_out,
         command=shlex.join(["fedkey", *sys.argv[1:]]),
     )
     if any("error" in s for s in result["steps"].values()):

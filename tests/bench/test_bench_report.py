@@ -294,6 +294,49 @@ def test_every_step_skipped_writes_a_report(tmp_path):
         run_perf(out=tmp_path, skip=["nope"])
 
 
+def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
+    """Measuring one figure again (`--only precision`) must not wipe the others from the report:
+    each is kept from the perf.json there was, marked with the run that measured it."""
+    from bench.perf import run_perf
+
+    (tmp_path / "perf.json").write_text(
+        json.dumps({**FAKE, "meta": {**FAKE["meta"], "quick": False}})
+    )
+    result = run_perf(out=tmp_path, skip=STEPS, command="fedkey bench perf --only ray")
+    origin = {
+        "date": "2026-01-01T00:00:00+00:00",
+        "git_commit": "abc123",
+        "command": "fedkey bench perf",
+    }
+    assert result["steps"]["trainer"] == {**FAKE["steps"]["trainer"], "kept": origin}
+    assert result["steps"]["http"]["kept"] == origin
+    md = (tmp_path / "perf.md").read_text()
+    assert (
+        "Kept from earlier runs, not measured by this command: trainer (2026-01-01T00:00:00+00:00, commit `abc123`), http ("
+        in md
+    )
+    assert _targets_table(md)["trainer tokens/s vs bare PyTorch loop (cpu)"] == "met"
+    # kept again by the next such run: still the date of the run that measured it
+    again = run_perf(out=tmp_path, skip=STEPS, command="fedkey bench perf --only ray")
+    assert again["steps"]["trainer"]["kept"] == origin
+    # a --quick run's figures (other parameters) are not kept for a full run, nor the reverse
+    assert run_perf(out=tmp_path, quick=True, skip=STEPS)["steps"]["trainer"] == {
+        "skipped": "--skip"
+    }
+
+
+def test_bench_perf_only_and_skip_together_is_a_one_line_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(
+        app, ["bench", "perf", "--only", "ray", "--skip", "http", "--out", str(tmp_path)]
+    )
+    assert res.exit_code != 0 and "give --skip or --only, not both" in res.output
+    assert not (tmp_path / "perf.json").exists()
+
+
 def test_bench_perf_help():
     from cli import app
     from cli.bench import BenchStep
