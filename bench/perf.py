@@ -373,7 +373,8 @@ def run_perf(
     figure can be measured again without the half hour of the rest."""
     from datetime import UTC, datetime
 
-    from bench.report import STEPS, targets, write_report
+    from bench.perf_targets import targets
+    from bench.report import STEPS, write_report
 
     unknown = sorted(set(skip) - set(STEPS))
     if unknown:

@@ -7,7 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from bench.report import STEPS, targets, write_report
+from bench.perf_targets import targets
+from bench.report import STEPS, write_report
 
 
 def _mem(strategy: str, updates: int, peak: float) -> dict:
