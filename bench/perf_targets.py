@@ -65,16 +65,7 @@ def targets(result: dict) -> list[dict]:
         ("round_seconds_ratio_of_best", "HTTP vs in-process, summed per-round seconds"),
     ):
         r = (s or {}).get(key)
-        rows.append(
-            _measured(
-                label,
-                r,
-                "{:.3f}x",
-                "<= 1.05x",
-                lambda v: v <= 1.05,
-                why,
-            )
-        )
+        rows.append(_measured(label, r, "{:.3f}x", "<= 1.05x", lambda v: v <= 1.05, why))
 
     s, why = _step(result, "memory")
     for strategy, label in (("fedatt", "FedAtt"), ("fedavg", "FedAvg")):
@@ -119,16 +110,7 @@ def targets(result: dict) -> list[dict]:
         ("in-browser (wasm) median, all keystrokes", wasm.get("median_ms")),
         ("in-browser (wasm) median, keystrokes with a model step", model_step),
     ):
-        rows.append(
-            _measured(
-                label,
-                value,
-                "{:.2f} ms",
-                "<= 10 ms",
-                lambda v: v <= 10,
-                why,
-            )
-        )
+        rows.append(_measured(label, value, "{:.2f} ms", "<= 10 ms", lambda v: v <= 10, why))
 
     s, why = _step(result, "export")
     change = (s or {}).get("ppl_change_pct")
