@@ -8,6 +8,19 @@ from collections.abc import Callable
 
 MET, NOT_MET, SKIPPED, FAILED = "met", "not met", "skipped", "failed"
 
+#: Each target: how its figure is written, the target as the report states it, and the test.
+TARGETS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
+    "trainer": ("{:.3f}x", ">= 0.9x", lambda v: v >= 0.9),
+    "http": ("{:.3f}x", "<= 1.05x", lambda v: v <= 1.05),
+    "websocket_p99": ("{:.2f} ms", "<= 5 ms", lambda v: v <= 5),
+    "wasm_median": ("{:.2f} ms", "<= 10 ms", lambda v: v <= 10),
+    "int8": ("{:+.3f}%", "<= 1%", lambda v: abs(v) <= 1.0),
+    "bf16_speed": ("{:.3f}x", ">= 1.8x", lambda v: v >= 1.8),
+    "bf16_quality": ("{:+.3f}%", "within 1%", lambda v: abs(v) <= 1.0),
+    "gpu_share": ("{:.2f}x", ">= 2x", lambda v: v >= 2.0),
+    "ray": ("{:.3f}x", "<= 1.1x", lambda v: v <= 1.1),
+}
+
 
 def _step(result: dict, name: str) -> tuple[dict | None, str | None]:
     """(figures, None) for a step that ran, else (None, "skipped" | "failed")."""
@@ -28,16 +41,15 @@ def _row(measure: str, figure: str, target: str, ok: bool | None, status: str | 
 def _measured(
     measure: str,
     value: float | None,
-    fmt: str,
-    target: str,
-    ok: Callable[[float], bool],
+    target: tuple[str, str, Callable[[float], bool]],
     status: str | None = None,
 ):
-    """The row of a figure that may be missing: "-" and skipped when `value` is None, else
-    `fmt` of it, met when `ok(value)`."""
+    """The row of a figure that may be missing against `target` (one of TARGETS): "-" and
+    skipped when `value` is None, else written in the target's format, met when its test is."""
+    fmt, stated, ok = target
     if value is None:
-        return _row(measure, "-", target, None, status)
-    return _row(measure, fmt.format(value), target, ok(value), status)
+        return _row(measure, "-", stated, None, status)
+    return _row(measure, fmt.format(value), stated, ok(value), status)
 
 
 def targets(result: dict) -> list[dict]:
@@ -50,12 +62,7 @@ def targets(result: dict) -> list[dict]:
         ratio = (s or {}).get(device, {}).get("ratio")
         rows.append(
             _measured(
-                f"trainer tokens/s vs bare PyTorch loop ({device})",
-                ratio,
-                "{:.3f}x",
-                ">= 0.9x",
-                lambda v: v >= 0.9,
-                why,
+                f"trainer tokens/s vs bare PyTorch loop ({device})", ratio, TARGETS["trainer"], why
             )
         )
 
@@ -65,7 +72,7 @@ def targets(result: dict) -> list[dict]:
         ("round_seconds_ratio_of_best", "HTTP vs in-process, summed per-round seconds"),
     ):
         r = (s or {}).get(key)
-        rows.append(_measured(label, r, "{:.3f}x", "<= 1.05x", lambda v: v <= 1.05, why))
+        rows.append(_measured(label, r, TARGETS["http"], why))
 
     s, why = _step(result, "memory")
     for strategy, label in (("fedatt", "FedAtt"), ("fedavg", "FedAvg")):
@@ -98,9 +105,7 @@ def targets(result: dict) -> list[dict]:
         _measured(
             f"suggestion latency over the WebSocket, p99 ({ws.get('n', '-')} keystrokes)",
             p99,
-            "{:.2f} ms",
-            "<= 5 ms",
-            lambda v: v <= 5,
+            TARGETS["websocket_p99"],
             why,
         )
     )
@@ -110,20 +115,11 @@ def targets(result: dict) -> list[dict]:
         ("in-browser (wasm) median, all keystrokes", wasm.get("median_ms")),
         ("in-browser (wasm) median, keystrokes with a model step", model_step),
     ):
-        rows.append(_measured(label, value, "{:.2f} ms", "<= 10 ms", lambda v: v <= 10, why))
+        rows.append(_measured(label, value, TARGETS["wasm_median"], why))
 
     s, why = _step(result, "export")
     change = (s or {}).get("ppl_change_pct")
-    rows.append(
-        _measured(
-            "int8 perplexity change on held-out text",
-            change,
-            "{:+.3f}%",
-            "<= 1%",
-            lambda v: abs(v) <= 1.0,
-            why,
-        )
-    )
+    rows.append(_measured("int8 perplexity change on held-out text", change, TARGETS["int8"], why))
 
     s, why = _step(result, "precision")
     speed = (s or {}).get("speed") or {}
@@ -131,12 +127,7 @@ def targets(result: dict) -> list[dict]:
         ratio = speed.get(device, {}).get("ratio")
         rows.append(
             _measured(
-                f"trainer tokens/s, bf16 vs fp32 ({device})",
-                ratio,
-                "{:.3f}x",
-                ">= 1.8x",
-                lambda v: v >= 1.8,
-                why,
+                f"trainer tokens/s, bf16 vs fp32 ({device})", ratio, TARGETS["bf16_speed"], why
             )
         )
     quality = (s or {}).get("quality") or {}
@@ -146,9 +137,7 @@ def targets(result: dict) -> list[dict]:
             f"test perplexity, bf16 vs fp32 (the same {quality.get('fp32', {}).get('rounds', 10)}"
             "-round run)",
             change,
-            "{:+.3f}%",
-            "within 1%",
-            lambda v: abs(v) <= 1.0,
+            TARGETS["bf16_quality"],
             why,
         )
     )
@@ -159,9 +148,7 @@ def targets(result: dict) -> list[dict]:
         _measured(
             "phones side by side on one GPU: best pool's tokens/s vs one process",
             speedup,
-            "{:.2f}x",
-            ">= 2x",
-            lambda v: v >= 2.0,
+            TARGETS["gpu_share"],
             why,
         )
     )
@@ -185,9 +172,7 @@ def targets(result: dict) -> list[dict]:
         _measured(
             "`--backend ray` vs `local`, summed per-round seconds (same simulate)",
             ratio,
-            "{:.3f}x",
-            "<= 1.1x",
-            lambda v: v <= 1.1,
+            TARGETS["ray"],
             why,
         )
     )
