@@ -144,14 +144,8 @@ def targets(result: dict) -> list[dict]:
 
     s, why = _step(result, "gpu_share")
     speedup = (s or {}).get("speedup_over_one_process")
-    rows.append(
-        _measured(
-            "phones side by side on one GPU: best pool's tokens/s vs one process",
-            speedup,
-            TARGETS["gpu_share"],
-            why,
-        )
-    )
+    label = "phones side by side on one GPU: best pool's tokens/s vs one process"
+    rows.append(_measured(label, speedup, TARGETS["gpu_share"], why))
 
     s, why = _step(result, "fleet_memory")
     biggest = max((s or {}).get("rows") or [], key=lambda r: r["phones"], default=None)
@@ -168,12 +162,6 @@ def targets(result: dict) -> list[dict]:
 
     s, why = _step(result, "ray")
     ratio = (s or {}).get("round_seconds_ratio_of_best")
-    rows.append(
-        _measured(
-            "`--backend ray` vs `local`, summed per-round seconds (same simulate)",
-            ratio,
-            TARGETS["ray"],
-            why,
-        )
-    )
+    label = "`--backend ray` vs `local`, summed per-round seconds (same simulate)"
+    rows.append(_measured(label, ratio, TARGETS["ray"], why))
     return rows
