@@ -436,8 +436,8 @@ def kept_steps(out: Path, quick: bool) -> dict[str, dict]:
         steps = previous["steps"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    if meta.get("quick") != quick:
-        return {}
+    if not isinstance(meta, dict) or not isinstance(steps, dict) or meta.get("quick") != quick:
+        return {}  # not a perf.json this bench wrote, or of the other size
     origin = {k: meta.get(k) for k in ("date", "git_commit", "command")}
     return {
         name: {**s, "kept": s.get("kept", origin)}

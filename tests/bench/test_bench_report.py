@@ -298,7 +298,7 @@ def test_every_step_skipped_writes_a_report(tmp_path):
 def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
     """Measuring one figure again (`--only precision`) must not wipe the others from the report:
     each is kept from the perf.json there was, marked with the run that measured it."""
-    from bench.perf import run_perf
+    from bench.perf import kept_steps, run_perf
 
     (tmp_path / "perf.json").write_text(
         json.dumps({**FAKE, "meta": {**FAKE["meta"], "quick": False}})
@@ -321,9 +321,12 @@ def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
     again = run_perf(out=tmp_path, skip=STEPS, command="fedkey bench perf --only ray")
     assert again["steps"]["trainer"]["kept"] == origin
     # a --quick run's figures (other parameters) are not kept for a full run, nor the reverse
-    assert run_perf(out=tmp_path, quick=True, skip=STEPS)["steps"]["trainer"] == {
-        "skipped": "--skip"
-    }
+    quick = run_perf(out=tmp_path, quick=True, skip=STEPS)
+    assert quick["steps"]["trainer"] == {"skipped": "--skip"}
+    # nor anything from a file this bench did not write
+    for text in ("[]", '{"meta": [], "steps": {}}', '{"meta": {}, "steps": []}', "{not json"):
+        (tmp_path / "perf.json").write_text(text)
+        assert kept_steps(tmp_path, quick=False) == {}
 
 
 def test_bench_perf_only_and_skip_together_is_a_one_line_error(tmp_path):
