@@ -403,7 +403,8 @@ def run_perf(
             if name in skip:
                 result["steps"][name] = kept.get(name) or {"skipped": "--skip"}
                 was = kept[name]["kept"]["date"] if name in kept else None
-                print(f"{head}: skipped (--skip)" + (f", its figures of {was} kept" if was else ""))
+                kept_note = f", its figures of {was} kept" if was else ""
+                print(f"{head}: skipped (--skip){kept_note}", flush=True)
                 continue
             print(f"{head}: {what} ...", flush=True)
             t = time.perf_counter()
