@@ -9,6 +9,7 @@ RUN_DIR/perplexity.png                       validation and test perplexity per 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 from common.files import atomic_write
@@ -35,7 +36,7 @@ class RunStorage:
     def reset(self) -> None:
         """Forget an earlier run in this directory: its metrics and checkpoints."""
         self.metrics_path.unlink(missing_ok=True)
-        for pattern in ("round_*.safetensors", "server_opt_*.safetensors"):
+        for pattern in (f"{kind}_*.safetensors" for kind in ROUND_FILE_KINDS):
             for path in self.checkpoints.glob(pattern):
                 path.unlink()
 
@@ -54,6 +55,24 @@ class RunStorage:
 
     def plot(self, title: str = "") -> Path:
         return plot_perplexity({title or self.root.name: self.read_metrics()}, self.plot_path)
+
+
+#: The stems of a run's per-round files in checkpoints/: "round_0003", "server_opt_0003".
+ROUND_FILE_KINDS = ("round", "server_opt")
+
+
+def prune_checkpoints(run_dir: str | Path, keep: Collection[int]) -> tuple[int, int]:
+    """Delete the per-round files of RUN_DIR/checkpoints (the model, the server optimizer's
+    buffers) of every round not in `keep`; (files, bytes) deleted. For a finished run whose
+    other rounds no longer matter: nothing resumes it, and its best model is one round's."""
+    removed, size = 0, 0
+    for path in (Path(run_dir) / "checkpoints").glob("*.safetensors"):
+        kind, _, number = path.stem.rpartition("_")
+        if kind in ROUND_FILE_KINDS and number.isdigit() and int(number) not in keep:
+            size += path.stat().st_size
+            path.unlink()
+            removed += 1
+    return removed, size
 
 
 #: Perplexities past this are drawn at it: a diverged run (an undefended x100 update) reaches 1e290

@@ -210,6 +210,13 @@ def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
     assert (out / "curves_smoke_paper_ptb_c0.1.png").stat().st_size > 1000
     again = runner.invoke(app, args)  # everything is in results.json already: nothing runs
     assert again.exit_code == 0 and "test ppl" not in again.output
+    # of its checkpoints the finished run keeps its best round's and its last
+    kept = sorted(
+        p.name for p in (tmp_path / "runs" / "smoke" / fedavg["id"] / "checkpoints").iterdir()
+    )
+    assert kept == sorted(
+        {f"round_{r:04d}.safetensors" for r in (fedavg["best_round"], fedavg["rounds"])}
+    )
 
 
 @pytest.mark.parametrize("preset", ["cpu-8round", "gpu"])
@@ -303,6 +310,37 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
     assert started[:2] == ids[:2] and started[2] == ids[2] and len(started) == 3
     done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
     assert sorted(r["id"] for r in done) == sorted(ids)
+
+
+def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
+    tmp_path, monkeypatch
+):
+    """A run finished before the bench pruned at the end of a run is pruned when the bench next
+    starts: its best and last rounds' files stay (the model the tables score, the end). A run
+    not done keeps every file: it resumes from its last checkpoint."""
+    import bench.paper as paper
+    from bench.presets import PRESETS
+
+    done_id, begun_id = "paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"
+    _smoke_data(tmp_path, monkeypatch, lambda spec, *a, **k: _finished(spec, *a[:3]))
+    runs = tmp_path / "runs"
+    for run_id in (done_id, begun_id):
+        folder = runs / "smoke" / run_id / "checkpoints"
+        folder.mkdir(parents=True)
+        for r in range(4):
+            for kind in ("round", "server_opt"):
+                (folder / f"{kind}_{r:04d}.safetensors").write_bytes(b"x" * 10)
+        (folder / "notes.safetensors").write_bytes(b"not a round's")
+    spec = next(s for s in paper.select(PRESETS["smoke"], ["paper"], []) if s.id == done_id)
+    finished = {**_finished(spec, PRESETS["smoke"], tmp_path, runs / "smoke"), "rounds": 3}
+    paper.Bench(tmp_path / "out" / "smoke").add(finished, "fedkey bench paper --preset smoke")
+    paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", runs,
+                    only=[done_id, begun_id])  # fmt: skip
+    names = {p.name for p in (runs / "smoke" / done_id / "checkpoints").iterdir()}
+    assert names == {"round_0001.safetensors", "server_opt_0001.safetensors",
+                     "round_0003.safetensors", "server_opt_0003.safetensors",
+                     "notes.safetensors"}  # fmt: skip
+    assert len(list((runs / "smoke" / begun_id / "checkpoints").iterdir())) == 9
 
 
 def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path, monkeypatch):
