@@ -278,6 +278,15 @@ FEDERATION = {
             help="Keystroke savings are measured on the first N test sentences (0: off).",
         ),
     ),
+    "keep_checkpoints": (
+        int,
+        opt(
+            "keep_checkpoints",
+            "--keep-checkpoints",
+            min=0,
+            help="Checkpoints kept on disk: the latest N rounds' and the best round's (0: every round's; a round's model is 13.5 MB at a 10k vocabulary).",
+        ),
+    ),
     "eval_device": (
         str,
         opt(

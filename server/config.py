@@ -175,6 +175,8 @@ class FederationConfig:
     # full PTB validation and test sets take ~25 s a round on one CPU thread, under 1 s there)
     eval_device: str = "auto"
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
+    # checkpoints kept on disk: 0 every round's; N the latest N rounds' and the best round's
+    keep_checkpoints: int = 0
 
 
 def dp_problem(

@@ -41,7 +41,7 @@ from server import privacy
 from server.config import FederationConfig, dp_problem
 from server.influence import BoundedRound, bound_round, scale_deltas
 from server.server_opt import ServerOptimizer
-from server.storage import RunStorage
+from server.storage import RunStorage, prune_checkpoints
 from server.strategies import ClientUpdate, Info, get_strategy, sensitivity
 from server.strategies.selection import cohort_size
 
@@ -436,6 +436,9 @@ class Federation:
             extra={"metrics": row, "server": self.server_state()},
         )
         self.storage.append_metrics(row)
+        if self.config.keep_checkpoints:  # after the commit point: a crash keeps what it had
+            latest = range(r - self.config.keep_checkpoints + 1, r + 1)
+            prune_checkpoints(self.storage.root, {*latest, self.best["round"]})
         # What devices download: the same file without the server's private memory, from memory.
         public = checkpoint_bytes(
             new_state,

@@ -92,6 +92,8 @@ class Settings(BaseSettings):
     lr_decay: float = Field(_FEDERATION.lr_decay, gt=0, le=1)
     # keystroke savings measured on N test sentences
     ksr_sentences: int = Field(_FEDERATION.ksr_sentences, ge=0)
+    # checkpoints kept: 0 every round's, N the latest N rounds' and the best round's
+    keep_checkpoints: int = Field(_FEDERATION.keep_checkpoints, ge=0)
     # where the global model is evaluated: auto (the GPU where torch sees one), cpu, cuda[:N]
     eval_device: str = Field(_FEDERATION.eval_device, pattern=f"^({EVAL_DEVICES})$")
 
@@ -318,6 +320,7 @@ class Settings(BaseSettings):
             ),
             lr_decay=self.lr_decay,
             ksr_sentences=self.ksr_sentences,
+            keep_checkpoints=self.keep_checkpoints,
             eval_device=self.eval_device,
         )
 

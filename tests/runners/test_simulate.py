@@ -106,6 +106,30 @@ def test_same_seed_gives_identical_weights_whatever_the_workers(tmp_path):
 
 
 @pytest.mark.slow
+def test_keep_checkpoints_leaves_the_latest_rounds_and_the_best_and_still_resumes(tmp_path):
+    """--keep-checkpoints 1: after each round only the newest round's files (the model and the
+    server optimizer's buffers, what a resume reads) and the best round's stay on disk."""
+    base = ["--data", "demo", "--clients", "6", "--max-train-tokens", "4000", "--workers", "0",
+            "--server-opt", "momentum", "--max-eval-sentences", "30", "--keep-checkpoints", "1",
+            "--local-epochs", "1"]  # fmt: skip
+    out = tmp_path / "run"
+    rows, _ = simulate(out, *base, "--rounds", "3")
+
+    def kept() -> set[str]:
+        return {p.name for p in (out / "checkpoints").iterdir()}
+
+    def files(*rounds: int) -> set[str]:  # round 0, the initial model, has no buffers
+        return {f"round_{r:04d}.safetensors" for r in rounds} | {
+            f"server_opt_{r:04d}.safetensors" for r in rounds if r
+        }
+
+    assert kept() == files(3, rows[-1]["best_round"])
+    rows, _ = simulate(out, *base, "--rounds", "4", "--resume")  # from what was kept
+    assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
+    assert kept() == files(4, rows[-1]["best_round"])
+
+
+@pytest.mark.slow
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     """A run killed during round 3, after writing checkpoint 2 but not its metrics row, resumes
     to the same weights and selections (AdaFL scores and server momentum included) as a run
