@@ -33,7 +33,7 @@ from typing import TypeVar
 from bench.paper_budget import Pace, duration, units
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
 from bench.paper_spec import DATASETS, RunSpec
-from bench.paper_suites import SUITES, lr_choices, suite_runs
+from bench.paper_suites import PLANNED, SUITES, lr_choices, suite_runs
 from bench.presets import PRESETS, Preset
 from bench.runs import Stopped, can_resume, device_label, run_fedkey
 from bench.spread import round_spreads
@@ -64,11 +64,12 @@ def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> li
         if spec.lr is not None:
             own["--lr"] = f"{spec.lr:g}"
         own.update(zip(spec.args[::2], spec.args[1::2], strict=True))
+        lr, epochs = own.pop("--lr"), own.pop("--epochs")
         return ["fedkey", "train-central", *data,
                 *_data_flags(preset, spec.full_train, spec.full_eval, spec.seed),
-                "--clients", str(spec.clients), "--lr", own["--lr"], "--momentum", "0.5",
-                "--batch-size", "10", "--epochs", own["--epochs"], "--out", str(run_dir),
-                *workers]  # fmt: skip
+                "--clients", str(spec.clients), "--lr", lr, "--momentum", "0.5",
+                "--batch-size", "10", "--epochs", epochs, "--out", str(run_dir),
+                *workers, *(w for flag in own.items() for w in flag)]  # fmt: skip
     verb = "simulate" if preset.transport == "inprocess" else "run"
     flags = preset.flags(
         spec.full_train, spec.full_eval, spec.lr, spec.rounds, spec.clients, spec.seed
@@ -345,7 +346,7 @@ def superseded(preset: Preset, runs: list[dict]) -> list[str]:
     kept in results.json until run again, not counted as done. A run's own --data and --out
     are taken as they were."""
     mine = [r for r in runs if r.get("preset") == preset.name]
-    suites = [s for s in preset.suites if s in ("sweep", "rank", "noniid", "seeds")]
+    suites = [s for s in preset.suites if s in PLANNED]
     specs = {s.id: s for s in select(preset, suites, mine)} if suites else {}
     stale = []
     for r in mine:
@@ -437,11 +438,11 @@ def run_bench(
     if files:
         print(f"deleted {files} checkpoints ({size / 2**30:.1f} GB) of finished runs: each keeps "
               f"its best and last rounds'")  # fmt: skip
-    if {"rank", "noniid", "seeds"} & set(suites):
-        if "sweep" not in suites and not bench.lr_choices().get(preset.name):
-            raise RuntimeError(f"the rank, noniid and seeds suites use the learning rates the "
-                               f"sweep chooses, and results.json has none for preset {preset.name}: "
-                               f"add --suite sweep (it runs first)")  # fmt: skip
+    choosing = [s for s in suites if s in PLANNED and s != "sweep"]
+    if choosing and "sweep" not in suites and not bench.lr_choices().get(preset.name):
+        raise RuntimeError(f"the {', '.join(choosing)} suites use the learning rates the sweep "
+                           f"chooses, and results.json has none for preset {preset.name}: add "
+                           f"--suite sweep (it runs first)")  # fmt: skip
     # Runs are child processes, so threads are enough to keep `jobs` of them going at once. A
     # finished run's slot is refilled at once (a batch would wait for its slowest run), from the
     # specs rebuilt with every result: the sweep's choices open the ranking suites' runs.

@@ -356,7 +356,7 @@ def run(
     DATA,
     MODEL,
     {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip", "precision")},
-    {"ksr_sentences": FEDERATION["ksr_sentences"]},
+    {k: FEDERATION[k] for k in ("ksr_sentences", "lr_decay")},
     PHONES,
     BACKEND,
 )
@@ -397,6 +397,7 @@ def train_central_cmd(
             backend=opts["backend"],
             ray=ray_options(opts),
             resume=resume,
+            lr_decay=settings.lr_decay,
         )
     except RayUnavailable as e:
         raise UserError(str(e)) from None

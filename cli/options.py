@@ -266,7 +266,7 @@ FEDERATION = {
         opt(
             "lr_decay",
             "--lr-decay",
-            help="Local lr schedule: round r trains with lr * decay^(r-1) (1 = constant).",
+            help="Local lr schedule: round r (train-central: epoch r) trains with lr * decay^(r-1) (1 = constant).",
         ),
     ),
     "ksr_sentences": (

@@ -274,8 +274,10 @@ def train_central(
     backend: Backend = "local",
     ray: RayOptions | None = None,
     resume: bool = False,
+    lr_decay: float = 1.0,
 ) -> list[dict]:
     """The ceiling: the same model trained on the union of every phone's data, one row per epoch.
+    Epoch e trains with lr * lr_decay^(e-1), as round r of a federation with lr * lr_decay^(r-1).
 
     With `resume`, a run directory that already holds checkpoints continues after its last epoch
     (each epoch's seed depends on the epoch alone, so the weights are those of a run never
@@ -302,6 +304,7 @@ def train_central(
             ksr_sentences,
             trainer,
             resume,
+            lr_decay,
         )
     finally:
         if trainer is not None:
@@ -320,6 +323,7 @@ def _train_central(
     ksr_sentences: int,
     trainer: TrainingBackend | None,
     resume: bool,
+    lr_decay: float,
 ) -> list[dict]:
     prepared = prepare(data)
     model_config = model_config_for(prepared.tokenizer.vocab_size)
@@ -332,13 +336,13 @@ def _train_central(
         seed=seed,
         train=train,
         ksr_sentences=ksr_sentences,
+        lr_decay=lr_decay,
     )
     federation = _federation(fed, model_config, prepared, {"central": union}, out_dir, device)
     storage = federation.storage
     rows, resumed = _start_or_resume(federation, resume)
     if resumed and progress:
         print(f"resumed after epoch {federation.round} of {epochs}", flush=True)
-    one_epoch = replace(train, epochs=1)
     for epoch in tqdm(
         range(federation.round + 1, epochs + 1),
         initial=federation.round,
@@ -347,8 +351,8 @@ def _train_central(
         disable=not progress,
         unit="epoch",
     ):
-        plan = federation.plan_round(["central"])
-        plan.train = one_epoch
+        plan = federation.plan_round(["central"])  # its train: this epoch's lr (lr_decay)
+        plan.train = one_epoch = replace(plan.train, epochs=1)
         task = LocalTask(
             "central",
             union,

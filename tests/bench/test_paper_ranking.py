@@ -307,13 +307,36 @@ def test_the_seeds_suite_runs_rank_rows_again_changing_nothing_but_the_seed():
         assert spec.id.endswith(f"-seed{spec.seed}") and spec.dataset == "ptb"
 
 
+def test_the_decay_suite_adds_an_lr_decay_alike_per_example_seen_and_nothing_else():
+    """Each decay run is its rank run's command plus --lr-decay: 0.95 a round for FedAvg and
+    FedAvgM, and for the centralized model the decay of the 10 rounds (50 rounds / 5 epochs)
+    that see an epoch's examples, so both lrs fall alike per example seen."""
+    p = PRESETS["cpu"]
+    results = decided("cpu")
+    rank = {s.method: s for s in select(p, ["rank"], results) if s.dataset == "ptb"}
+    decay = select(p, ["decay"], results)
+    central = next(m for m, r in rank.items() if r.kind == "central")
+    assert sorted(s.method for s in decay) == sorted(["FedAvg", "FedAvgM", central])
+    for spec in decay:
+        twin = command(rank[spec.method], p, Path("d"), Path("o"))
+        words = command(spec, p, Path("d"), Path("o"))
+        at = words.index("--lr-decay")
+        assert words[:at] + words[at + 2 :] == twin and "--lr-decay" not in twin
+        expected = 0.95**10 if spec.kind == "central" else 0.95
+        assert float(words[at + 1]) == pytest.approx(expected, rel=1e-3)
+        assert spec.id.startswith("decay-ptb-")
+    # the rank suite's centralized command is as before: its runs stay done
+    assert command(rank[central], p, Path("d"), Path("o"))[-2:] == ["--workers", "0"]
+
+
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
     # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
-    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6}
+    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed
+    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3}
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 

@@ -295,6 +295,25 @@ def test_train_central_resumes_after_its_last_epoch(tmp_path):
 
 
 @pytest.mark.slow
+def test_train_central_lr_decay_lowers_each_epochs_lr(tmp_path):
+    """--lr-decay d trains epoch e at lr * d^(e-1): epoch 1 is the constant-lr run's bit for bit,
+    and at a tiny d epoch 2 barely moves the weights, where at lr it moves them a lot."""
+    base = ["train-central", "--data", "demo", "--clients", "10", "--max-train-tokens", "6000"]
+    base += ["--epochs", "2", "--max-eval-sentences", "20", "--ksr-sentences", "0", "--lr", "1"]
+    for name, extra in (("constant", ()), ("decayed", ("--lr-decay", "1e-6"))):
+        result = runner.invoke(app, [*base, "--out", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output
+    first = [weights(tmp_path / name, 1) for name in ("constant", "decayed")]
+    assert all(torch.equal(first[0][k], first[1][k]) for k in first[0])
+
+    def moved(name):
+        a, b = weights(tmp_path / name, 1), weights(tmp_path / name, 2)
+        return max((b[k].float() - a[k].float()).abs().max().item() for k in a)
+
+    assert moved("decayed") < 1e-4 < 1e-2 < moved("constant")
+
+
+@pytest.mark.slow
 def test_column_batching_reports_the_seeds_measure_and_picks_the_best_round_by_it(tmp_path):
     small = ("--data", "demo", "--clients", "10", "--fraction", "0.3", "--workers", "0",
              "--max-train-tokens", "8000", *FAST)  # fmt: skip
