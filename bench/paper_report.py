@@ -6,7 +6,8 @@ Layout: the protocol and how many of its runs are done; per dataset, test perple
 best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
 savings) of every method beside the centralized model that saw as many examples and the
 Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
-how far some rows move at other seeds (bench.paper_seeds); the learning-rate sweep; the curves;
+how far some rows move at other seeds (bench.paper_seeds); a learning-rate schedule against
+the 10% target (bench.paper_decay); the learning-rate sweep; the curves;
 the evidence about the seed papers' column measure; then the old 8-round cut as an appendix whose
 title says what it cannot do.
 
@@ -23,11 +24,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
+from bench.paper_decay import decay_central, decay_curves, decay_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import command_flag
 from bench.paper_suites import KNOBS, TASK_OF, every_knob_chosen, planned, sweep_epochs
 from bench.paper_tables import (
     DATASET_NAMES,
+    NAMES,
+    PARTITIONS,
     _c,
     _f,
     _mb,
@@ -42,8 +46,8 @@ from bench.paper_tables import (
 from bench.presets import PRESETS, Preset
 from bench.report import markdown_table
 from bench.runs import run_seconds
+from bench.spread import plot_spread, spread_table
 
-NAMES = {**DATASET_NAMES, "demo": "demo corpus"}
 RANKING = ("sweep", "rank", "noniid")
 #: Issue 18's targets: the best federated method at C 0.1 within 10% of the centralized model
 #: that saw as many examples; top-1 at least 1.25x the Kneser-Ney 3-gram's (Gboard's CIFG
@@ -51,9 +55,6 @@ RANKING = ("sweep", "rank", "noniid")
 WITHIN_CENTRAL = 0.10
 TOP1_VS_NGRAM = 1.25
 GPU_PTB_PPL = 100.0
-#: How each partition's phones are described in the tables.
-PARTITIONS = {"iid": "100 IID phones", "articles": "100 phones of whole articles",
-              "user": "one phone per owner"}  # fmt: skip
 
 
 def _name(ds: str) -> str:
@@ -119,28 +120,30 @@ def _key(v) -> float:
 
 
 def targets_table(runs: list[dict]) -> str:
-    """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand."""
+    """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand;
+    with the decay suite's runs, a row of theirs against its centralized model (same decay)."""
     header = ["preset", "dataset", "best federated at C 0.1", "test ppl", "centralized",
               "within 10%", "best federated top-1", "3-gram top-1", "top-1 >= 1.25x"]  # fmt: skip
     rows = []
-    for preset in _presets(runs):
-        for ds in DATASET_NAMES:
-            fed = [r for r in runs if r.get("preset") == preset and r["suite"] == "rank"
-                   and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
-            if not fed:
-                continue
-            central, ngram = references(runs, preset, ds)
-            best = min(fed, key=lambda r: _key(r["test_ppl"]))
-            top = max(fed, key=lambda r: r["top1"] or 0)
-            cp = central["test_ppl"] if central else None
-            nt = ngram["top1"] if ngram else None
-            ppl_ok = "-" if cp is None else _yes(best["test_ppl"] <= (1 + WITHIN_CENTRAL) * cp)
-            top_ok = (
-                "-" if not nt or top["top1"] is None else _yes(top["top1"] >= TOP1_VS_NGRAM * nt)
-            )
-            rows.append([preset, _name(ds), best["method"], _f(best["test_ppl"]), _f(cp),
-                         f"{ppl_ok} ({_pct(best['test_ppl'], cp)})", f"{_f(top['top1'], '.3f')} "
-                         f"({top['method']})", _f(nt, ".3f"), f"{top_ok} ({_x(top['top1'], nt)})"])  # fmt: skip
+    for preset, ds, suite in [(p, ds, s) for p in _presets(runs) for ds in DATASET_NAMES
+                              for s in ("rank", "decay")]:  # fmt: skip
+        fed = [r for r in runs if r.get("preset") == preset and r["suite"] == suite
+               and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
+        if not fed:
+            continue
+        central, ngram = references(runs, preset, ds)
+        if suite == "decay":  # held against the centralized model with the same decay
+            central = decay_central(PRESETS[preset], runs, ds)
+        best = min(fed, key=lambda r: _key(r["test_ppl"]))
+        top = max(fed, key=lambda r: r["top1"] or 0)
+        cp = central["test_ppl"] if central else None
+        nt = ngram["top1"] if ngram else None
+        ppl_ok = "-" if cp is None else _yes(best["test_ppl"] <= (1 + WITHIN_CENTRAL) * cp)
+        top_ok = "-" if not nt or top["top1"] is None else _yes(top["top1"] >= TOP1_VS_NGRAM * nt)
+        label = f"{preset}, lr decayed" if suite == "decay" else preset
+        rows.append([label, _name(ds), best["method"], _f(best["test_ppl"]), _f(cp),
+                     f"{ppl_ok} ({_pct(best['test_ppl'], cp)})", f"{_f(top['top1'], '.3f')} "
+                     f"({top['method']})", _f(nt, ".3f"), f"{top_ok} ({_x(top['top1'], nt)})"])  # fmt: skip
     if not rows:
         return "No ranking run at C 0.1 is done yet."
     gpu = [r for r in runs if r.get("preset") == "gpu" and r["suite"] == "rank"
@@ -159,54 +162,6 @@ def _presets(runs: list[dict]) -> list[str]:
     """The ranking presets present, in PRESETS' order."""
     present = {r.get("preset") for r in runs if r["suite"] in RANKING}
     return [p for p in PRESETS if p in present]
-
-
-def spread_table(runs: list[dict]) -> str:
-    """Per run with weights: the spread of the server's per-phone weights over its rounds: the
-    mean largest and smallest weight, the mean evenness (entropy / ln m), first and last round."""
-    header = ["dataset", "phones", "method", "weights", "rounds", "m", "mean max", "mean min",
-              "mean entropy", "evenness: mean", "round 1", "last round"]  # fmt: skip
-    rows = []
-    for r in runs:
-        sp = r.get("weight_spread") or []
-        if not sp:
-            continue
-        n = len(sp)
-        rows.append([_name(r["dataset"]), PARTITIONS.get(r.get("partition", "iid"), "-"),
-                     r["method"], sp[0]["source"], n, _f(sum(s["m"] for s in sp) / n, ".1f"),
-                     _f(sum(s["max"] for s in sp) / n, ".3f"),
-                     _f(sum(s["min"] for s in sp) / n, ".3f"),
-                     _f(sum(s["entropy"] for s in sp) / n, ".3f"),
-                     _f(sum(s["evenness"] for s in sp) / n, ".4f"), _f(sp[0]["evenness"], ".4f"),
-                     _f(sp[-1]["evenness"], ".4f")])  # fmt: skip
-    return markdown_table(header, rows) if rows else ""
-
-
-def plot_spread(runs: list[dict], out: Path, name: str, title: str) -> Path | None:
-    """Evenness of the server's weights (entropy / ln m) per round, one line per run."""
-    runs = [r for r in runs if len(r.get("weight_spread") or ()) > 1]
-    if not runs:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    for i, r in enumerate(runs):
-        sp = r["weight_spread"]
-        ax.plot([s["round"] for s in sp], [s["evenness"] for s in sp], color=f"C{i % 10}",
-                label=f"{r['method']} ({sp[0]['source']})")  # fmt: skip
-    ax.set_xlabel("round")
-    ax.set_ylabel("evenness: entropy / ln m (1 = equal weights)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / name
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) -> str:
@@ -498,6 +453,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     out += ranking_sections(runs, plots, begun)
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
+        out += decay_section(PRESETS[name], runs, begun)
     out += sweep_sections(runs, choices)
     curves = [p for k, p in plots.items() if k.startswith("curve:")]
     if curves:
@@ -534,6 +490,13 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
             title = f"{_name(ds)}, seed to seed ({name})"
             plots[f"curve:{name}:seeds:{ds}"] = plot_curves(
                 sel, out, f"curves_{name}_seeds_{ds}.png", title
+            )
+        decayed = decay_curves(PRESETS[name], runs)
+        for ds in NAMES:
+            sel = [r for r in decayed if r["dataset"] == ds]
+            title = f"{_name(ds)}, lr decayed against constant ({name})"
+            plots[f"curve:{name}:decay:{ds}"] = plot_curves(
+                sel, out, f"curves_{name}_decay_{ds}.png", title
             )
         for ds in NAMES:
             sel = [r for r in mine if r["suite"] == "sweep" and r["dataset"] == ds]

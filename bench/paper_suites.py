@@ -408,7 +408,7 @@ def seeds_suite(preset: Preset, results: list[dict], choices: dict | None = None
 
 
 #: The decay suite: these rank rows of PTB, and its centralized model, with the local lr decayed
-#: by ROUND_DECAY a round (--lr-decay: round r trains at lr * ROUND_DECAY^(r-1), 0.077x the lr
+#: by ROUND_DECAY a round (--lr-decay: round r trains at lr * ROUND_DECAY^(r-1), 0.081x the lr
 #: by round 50). The centralized model's lr falls as fast per example seen, stepped per epoch:
 #: epoch e trains at the lr of the first of the rounds that see as many examples. Why: FedAvgM,
 #: the best federated row, ended 19.6% above the centralized model over three seeds (the target

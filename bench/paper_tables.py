@@ -16,6 +16,10 @@ from bench.paper_spec import command_flag
 from bench.report import markdown_table
 
 DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
+NAMES = {**DATASET_NAMES, "demo": "demo corpus"}
+#: How each partition's phones are described in the tables.
+PARTITIONS = {"iid": "100 IID phones", "articles": "100 phones of whole articles",
+              "user": "one phone per owner"}  # fmt: skip
 #: Issue 5's targets at C = 0.1: 10% below the best seed number.
 TARGETS = {"ptb": 102.0, "wikitext-2": 65.0}
 

@@ -7,13 +7,18 @@ over phones of ``||w^l - w_k^l||``, per layer, averaged here over the layers), F
 ``attention`` (Jiang et al. 2020, eq. 3), FedMed's ``attention_mean`` in its adaptive rounds, and
 FedAvg's ``weights`` (n_k / n, McMahan et al. 2017) for comparison. From them: the largest and
 smallest weight, and the entropy ``H = -sum_k w_k ln w_k`` beside its uniform value ``ln m``
-(H / ln m = 1: every phone weighs the same; lower: the weight gathers on few phones).
+(H / ln m = 1: every phone weighs the same; lower: the weight gathers on few phones). The report's
+table of them per run, and a figure of the evenness per round.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
+
+from bench.paper_tables import NAMES, PARTITIONS, _f
+from bench.report import markdown_table
 
 #: The info keys that hold per-phone weights, the attentive ones first.
 WEIGHT_KEYS = ("attention_mean", "attention", "weights")
@@ -50,3 +55,51 @@ def round_spreads(rows: list[dict]) -> list[dict]:
                 out.append({"round": row["round"], "source": key, **spread(w)})
                 break
     return out
+
+
+def spread_table(runs: list[dict]) -> str:
+    """Per run with weights: the spread of the server's per-phone weights over its rounds: the
+    mean largest and smallest weight, the mean evenness (entropy / ln m), first and last round."""
+    header = ["dataset", "phones", "method", "weights", "rounds", "m", "mean max", "mean min",
+              "mean entropy", "evenness: mean", "round 1", "last round"]  # fmt: skip
+    rows = []
+    for r in runs:
+        sp = r.get("weight_spread") or []
+        if not sp:
+            continue
+        n = len(sp)
+        rows.append([NAMES.get(r["dataset"], r["dataset"]), PARTITIONS.get(r.get("partition", "iid"), "-"),
+                     r["method"], sp[0]["source"], n, _f(sum(s["m"] for s in sp) / n, ".1f"),
+                     _f(sum(s["max"] for s in sp) / n, ".3f"),
+                     _f(sum(s["min"] for s in sp) / n, ".3f"),
+                     _f(sum(s["entropy"] for s in sp) / n, ".3f"),
+                     _f(sum(s["evenness"] for s in sp) / n, ".4f"), _f(sp[0]["evenness"], ".4f"),
+                     _f(sp[-1]["evenness"], ".4f")])  # fmt: skip
+    return markdown_table(header, rows) if rows else ""
+
+
+def plot_spread(runs: list[dict], out: Path, name: str, title: str) -> Path | None:
+    """Evenness of the server's weights (entropy / ln m) per round, one line per run."""
+    runs = [r for r in runs if len(r.get("weight_spread") or ()) > 1]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    for i, r in enumerate(runs):
+        sp = r["weight_spread"]
+        ax.plot([s["round"] for s in sp], [s["evenness"] for s in sp], color=f"C{i % 10}",
+                label=f"{r['method']} ({sp[0]['source']})")  # fmt: skip
+    ax.set_xlabel("round")
+    ax.set_ylabel("evenness: entropy / ln m (1 = equal weights)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -57,13 +57,14 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     heads = [line for line in md.splitlines() if line.startswith("## ")]
     assert heads[0].startswith("## Language model and keyboard: preset `cpu`")
     order = ["## Language model", "## Targets (issue 18)", "## Non-IID phones",
-             "## Seed to seed", "## Learning rates, chosen on the validation set", "## The seed papers' column "
+             "## Seed to seed", "## A learning-rate schedule", "## Learning rates, chosen on the validation set", "## The seed papers' column "
              "measure", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little "
              "training to rank the methods", "## Every run", "## Commands"]  # fmt: skip
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 146 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6;" in md
+        "**7 of 149 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
+        "decay 0 of 3;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
@@ -101,7 +102,36 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 146 runs done**" in md and "seeds 2 of 6" in md
+    assert "**9 of 149 runs done**" in md and "seeds 2 of 6" in md
+
+
+def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
+    """Each decay row: the rank run's test perplexity at a constant lr, the decayed run's, the
+    change, and the federated rows against the centralized model decayed alike; the targets
+    table adds a row for the decayed runs against that centralized model."""
+    from bench.paper_decay import decay_table
+    from bench.presets import PRESETS
+
+    runs = ranking_runs() + [
+        run("decay", "ptb", CENTRAL, 0.1, [1000, 140], kind="central", top1=0.26),
+        run("decay", "ptb", "FedAvg", 0.1, [1000, 150, 147], top1=0.24),
+    ]
+    begun = {"cpu/decay-ptb-fedavgm-c0.1": [7, 50]}
+    rows = decay_table(PRESETS["cpu"], runs, begun).splitlines()[2:]
+    assert [r.split(" | ")[0][2:] for r in rows] == [CENTRAL, "FedAvg", "FedAvgM"]
+    # 150 -> 140: -6.7%; FedAvg 160 -> 147 (-8.1%), +5.0% from the decayed centralized 140;
+    # top-1 0.24 against the 3-gram's 0.16: 1.50x
+    assert rows[0].startswith(f"| {CENTRAL} | - | 0.5987 an epoch | 150.00 | 140.00 | -6.7% | - |")
+    assert rows[1] == ("| FedAvg | 0.1 | 0.95 a round | 160.00 | 147.00 | -8.1% | +5.0% | 0.240 "
+                       "| 1.50x | 0.300 | 0.400 | 2 / 2 |")  # fmt: skip
+    assert rows[2].startswith("| FedAvgM | 0.1 | 0.95 a round | - | begun: round 7 of 50 |")
+    targets = targets_table(runs).splitlines()
+    # constant lr: FedAvg 160 against 150 (+6.7%); decayed: 147 against 140 (+5.0%)
+    assert targets[2].startswith("| cpu | PTB | FedAvg | 160.00 | 150.00 | yes (+6.7%) |")
+    assert targets[3].startswith(
+        "| cpu, lr decayed | PTB | FedAvg | 147.00 | 140.00 | yes (+5.0%) |"
+    )
+    assert "decay 2 of 3" in markdown(runs, [], {}, {}, begun)
 
 
 def test_the_rank_table_marks_what_chance_alone_could_explain():
