@@ -57,6 +57,10 @@ def test_gpu_preset_is_the_seeds_protocol():
     assert flag("--rounds") == "50" and flag("--local-epochs") == "5"
     assert flag("--lr") == "0.01" and flag("--momentum") == "0.5"
     assert "--max-train-tokens" not in words and "--max-eval-sentences" not in words
+    # a run still going keeps its latest 2 rounds' checkpoints and its best: a GPU machine's
+    # disk holds 8 runs at once; the cpu preset's commands stay as its done runs ran them
+    assert flag("--keep-checkpoints") == "2"
+    assert "--keep-checkpoints" not in command(spec, PRESETS["cpu"], Path("d"), Path("o"))
 
 
 def test_lr_suite_trains_on_all_the_data_with_each_optimizer():
