@@ -16,7 +16,8 @@ Every subcommand has --help. The federation's options are defined once, from ser
 (their defaults are the Settings defaults); every one can also be set by an environment variable
 FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 
-The package: options.py (the shared option tables), errors.py (every failure as one line),
+The package: options.py (the shared option tables; those of malicious phones in attack_options.py,
+of the training backend in backend_options.py), errors.py (every failure as one line),
 federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
 keyboard, info), demo.py, bench.py. Nothing here imports torch until a command runs, so --help
 is quick.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import typer
 
+from cli.attack_options import ATTACKS, backdoor_config
+from cli.backend_options import BACKEND, ray_options
 from cli.errors import INTERRUPTED, UserError, check_can_listen
 from cli.options import (
-    ATTACKS,
-    BACKEND,
     CANARY,
     DATA,
     FEDERATION,
@@ -21,14 +21,12 @@ from cli.options import (
     ROUNDS,
     SETTINGS_GROUPS,
     TRAIN,
-    backdoor_config,
     build_settings,
     canary_probes,
     check_server_data,
     check_url,
     opt,
     phone_data,
-    ray_options,
     with_options,
 )
 from device_sim.config import FleetConfig

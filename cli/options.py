@@ -19,9 +19,6 @@ from pydantic import ValidationError
 
 from cli.errors import UserError, validation_problems
 from common.config import Batching, DataConfig, Precision, Scheme, TokenizerKind
-from device_sim.backends import BACKENDS, Backend
-from device_sim.config import Attack, BackdoorConfig
-from device_sim.ray_cluster import RayOptions
 from models.config import Cell, Preset
 from server.config import ClipMode, ClipScope, DPSampling, Norm, ServerOptName, StrategyName
 from server.settings import EVAL_DEVICES, Settings
@@ -480,127 +477,6 @@ FLEET = {
         typer.Option(5.0, "--slow-seconds", help="How long a slow phone waits."),
     ),
 }
-#: Where the phones train (device_sim.backends): simulate, train-central and devices.
-BACKEND = {
-    "backend": (
-        Backend,
-        typer.Option(
-            "local",
-            "--backend",
-            envvar="FEDKEY_BACKEND",
-            help=f"Where the phones train: {' or '.join(BACKENDS)}. local: this machine's "
-            "processes (--workers); ray: long-lived trainer actors on a Ray cluster (--ray-*). "
-            "Same seed, same weights either way.",
-        ),
-    ),
-    "ray_address": (
-        str | None,
-        typer.Option(
-            None,
-            "--ray-address",
-            envvar="FEDKEY_RAY_ADDRESS",
-            help="--backend ray: the cluster's head HOST:PORT, or 'auto' to join the one "
-            "`ray start --head` runs on this machine (default: start a private Ray instance "
-            "here, on 127.0.0.1).",
-        ),
-    ),
-    "ray_cpus_per_worker": (
-        float,
-        typer.Option(
-            1.0,
-            "--ray-cpus-per-worker",
-            min=0.0,
-            help="--backend ray: CPUs each trainer actor reserves (one torch thread each).",
-        ),
-    ),
-    "ray_gpus_per_worker": (
-        float,
-        typer.Option(
-            0.0,
-            "--ray-gpus-per-worker",
-            min=0.0,
-            help="--backend ray: GPUs each trainer actor reserves; a fraction (0.25) puts "
-            "several trainers on one GPU.",
-        ),
-    ),
-}
-
-
-def ray_options(opts: dict) -> RayOptions | None:
-    """The RayOptions of a command's --ray-* options (None under --backend local); a value it
-    refuses is a UserError. --workers, when the command has it, is the number of trainer
-    actors (default: as many as the cluster's resources hold)."""
-    if opts["backend"] != "ray":
-        return None
-    try:
-        return RayOptions(
-            address=opts["ray_address"],
-            cpus_per_worker=opts["ray_cpus_per_worker"],
-            gpus_per_worker=opts["ray_gpus_per_worker"],
-            workers=opts.get("workers"),
-        )
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
-#: Malicious phones (device_sim.attacks), for simulate, devices and run.
-_BACKDOOR = BackdoorConfig()
-ATTACKS = {
-    "malicious": (
-        int,
-        typer.Option(0, "--malicious", min=0, help="The last N phones (by name) attack."),
-    ),
-    "attack": (
-        Attack,
-        typer.Option(
-            "scale",
-            "--attack",
-            help="scale: the update x100; signflip: x-10; backdoor: trained to suggest --backdoor-target after --backdoor-trigger, boosted by model replacement (Bagdasaryan et al. 2020); nan: a NaN tensor; shape: wrong tensors (the server refuses nan and shape). With backdoor, simulate reports the backdoor's success every round, also with --malicious 0.",
-        ),
-    ),
-    "backdoor_trigger": (
-        str,
-        typer.Option(
-            _BACKDOOR.trigger,
-            "--backdoor-trigger",
-            help="The backdoor's trigger phrase (words of the server's vocabulary).",
-        ),
-    ),
-    "backdoor_target": (
-        str,
-        typer.Option(
-            _BACKDOOR.target,
-            "--backdoor-target",
-            help="The word the backdoor makes the keyboard suggest after the trigger.",
-        ),
-    ),
-    "backdoor_poison": (
-        float,
-        typer.Option(
-            _BACKDOOR.poison,
-            "--backdoor-poison",
-            min=0.0,
-            help="Poisoned sentences an attacker adds per sentence of its shard.",
-        ),
-    ),
-    "backdoor_boost": (
-        float | None,
-        typer.Option(
-            None,
-            "--backdoor-boost",
-            help="Model replacement's factor gamma (default: the cohort size over the attackers in it; in devices/run: phones over malicious phones).",
-        ),
-    ),
-    "backdoor_epochs": (
-        int | None,
-        typer.Option(
-            None,
-            "--backdoor-epochs",
-            min=1,
-            help="An attacker's local epochs (default: the round's).",
-        ),
-    ),
-}
 #: The memorization audit (models.exposure): simulate, server, run and devices.
 CANARY = {
     "canary": (
@@ -661,20 +537,6 @@ def check_server_data(settings: Settings) -> None:
     for flag, spec in (("--data", settings.data), ("--tokenizer-text", settings.tokenizer_text)):
         if spec is not None and spec.strip() != "demo" and not Path(spec).expanduser().exists():
             raise UserError(f"{flag}: corpus {spec!r} not found; {ACCEPTED_LAYOUTS}")
-
-
-def backdoor_config(opts: dict) -> BackdoorConfig:
-    """The backdoor of the --backdoor-* options; a value it refuses is a UserError."""
-    try:
-        return BackdoorConfig(
-            trigger=opts["backdoor_trigger"],
-            target=opts["backdoor_target"],
-            poison=opts["backdoor_poison"],
-            boost=opts["backdoor_boost"],
-            epochs=opts["backdoor_epochs"],
-        )
-    except ValueError as e:
-        raise UserError(str(e)) from None
 
 
 def canary_probes(settings: Settings) -> list:

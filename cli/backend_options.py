@@ -1,0 +1,72 @@
+"""The options of the commands whose phones train on a backend (simulate, train-central and
+devices): this machine's processes or a Ray cluster, and the RayOptions built from them."""
+
+from __future__ import annotations
+
+import typer
+
+from cli.errors import UserError
+from device_sim.backends import BACKENDS, Backend
+from device_sim.ray_cluster import RayOptions
+
+#: Where the phones train (device_sim.backends): simulate, train-central and devices.
+BACKEND = {
+    "backend": (
+        Backend,
+        typer.Option(
+            "local",
+            "--backend",
+            envvar="FEDKEY_BACKEND",
+            help=f"Where the phones train: {' or '.join(BACKENDS)}. local: this machine's "
+            "processes (--workers); ray: long-lived trainer actors on a Ray cluster (--ray-*). "
+            "Same seed, same weights either way.",
+        ),
+    ),
+    "ray_address": (
+        str | None,
+        typer.Option(
+            None,
+            "--ray-address",
+            envvar="FEDKEY_RAY_ADDRESS",
+            help="--backend ray: the cluster's head HOST:PORT, or 'auto' to join the one "
+            "`ray start --head` runs on this machine (default: start a private Ray instance "
+            "here, on 127.0.0.1).",
+        ),
+    ),
+    "ray_cpus_per_worker": (
+        float,
+        typer.Option(
+            1.0,
+            "--ray-cpus-per-worker",
+            min=0.0,
+            help="--backend ray: CPUs each trainer actor reserves (one torch thread each).",
+        ),
+    ),
+    "ray_gpus_per_worker": (
+        float,
+        typer.Option(
+            0.0,
+            "--ray-gpus-per-worker",
+            min=0.0,
+            help="--backend ray: GPUs each trainer actor reserves; a fraction (0.25) puts "
+            "several trainers on one GPU.",
+        ),
+    ),
+}
+
+
+def ray_options(opts: dict) -> RayOptions | None:
+    """The RayOptions of a command's --ray-* options (None under --backend local); a value it
+    refuses is a UserError. --workers, when the command has it, is the number of trainer
+    actors (default: as many as the cluster's resources hold)."""
+    if opts["backend"] != "ray":
+        return None
+    try:
+        return RayOptions(
+            address=opts["ray_address"],
+            cpus_per_worker=opts["ray_cpus_per_worker"],
+            gpus_per_worker=opts["ray_gpus_per_worker"],
+            workers=opts.get("workers"),
+        )
+    except ValueError as e:
+        raise UserError(str(e)) from None
