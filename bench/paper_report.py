@@ -484,20 +484,16 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
                 plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
                     sel, out, f"curves_{name}_{suite}_{ds}.png", title
                 )
-        seeded = seed_curves(PRESETS[name], runs)
-        for ds in NAMES:
-            sel = [r for r in seeded if r["dataset"] == ds]
-            title = f"{_name(ds)}, seed to seed ({name})"
-            plots[f"curve:{name}:seeds:{ds}"] = plot_curves(
-                sel, out, f"curves_{name}_seeds_{ds}.png", title
-            )
-        decayed = decay_curves(PRESETS[name], runs)
-        for ds in NAMES:
-            sel = [r for r in decayed if r["dataset"] == ds]
-            title = f"{_name(ds)}, lr decayed against constant ({name})"
-            plots[f"curve:{name}:decay:{ds}"] = plot_curves(
-                sel, out, f"curves_{name}_decay_{ds}.png", title
-            )
+        # the seeds and decay suites: each run labelled beside the rank runs it repeats
+        for suite, labelled, what in (
+            ("seeds", seed_curves(PRESETS[name], runs), "seed to seed"),
+            ("decay", decay_curves(PRESETS[name], runs), "lr decayed against constant"),
+        ):
+            for ds in NAMES:
+                sel = [r for r in labelled if r["dataset"] == ds]
+                plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
+                    sel, out, f"curves_{name}_{suite}_{ds}.png", f"{_name(ds)}, {what} ({name})"
+                )
         for ds in NAMES:
             sel = [r for r in mine if r["suite"] == "sweep" and r["dataset"] == ds]
             plots[f"curve:{name}:sweep:{ds}"] = plot_curves(
