@@ -22,6 +22,8 @@ import fnmatch
 import json
 import math
 import shlex
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -551,12 +553,35 @@ def run_bench(
             begun = (f", stopped after round {stopped[spec.id]}: the next bench continues it"
                      if stopped.get(spec.id) is not None else "")  # fmt: skip
             print(f"  {spec.id} (about {duration(need) if need else '?'} to run{begun})")
-    runs = write(out / preset.results_folder)
+    unwritten = write_fresh(out / preset.results_folder)
+    problems = [unwritten] if unwritten else []
     if failed:
-        raise RuntimeError(f"{len(failed)} runs failed; the others are in results.json. Fix the "
-                           f"cause (each run's log.txt says it) and run the bench again:\n"
-                           + "\n".join(f"  {why}" for why in failed.values()))  # fmt: skip
-    return runs
+        problems.append(f"{len(failed)} runs failed; the others are in results.json. Fix the "
+                        f"cause (each run's log.txt says it) and run the bench again:\n"
+                        + "\n".join(f"  {why}" for why in failed.values()))  # fmt: skip
+    if problems:
+        raise RuntimeError("\n".join(problems))
+    return bench.read()
+
+
+#: The module that writes the report, run by write_fresh.
+REPORT_MODULE = "bench.paper_report"
+
+
+def write_fresh(folder: Path) -> str | None:
+    """:func:`write` in a new interpreter; what went wrong in one line, or None. A bench runs for
+    hours, and the code on disk may change meanwhile (a commit mid-bench: each run's child
+    process takes the code as it is then): the report must import modules that match each
+    other, not mix them with those this process imported at its start."""
+    done = subprocess.run([sys.executable, "-m", REPORT_MODULE, str(folder)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode == 0:
+        return None
+    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+    return (
+        f"results.md was not written ({last}); results.json holds every run: rebuild the "
+        f"report with `python -m {REPORT_MODULE} {folder}`"
+    )
 
 
 def write(folder: Path) -> list[dict]:

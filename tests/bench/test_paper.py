@@ -284,7 +284,7 @@ def _smoke_data(tmp_path, monkeypatch, fake_run) -> None:
     import bench.paper as paper
 
     monkeypatch.setattr(paper, "run_one", fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
     for ds in ("ptb", "wikitext-2"):
         (tmp_path / ds).mkdir()
 
@@ -369,6 +369,30 @@ def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path
     assert sorted(started) == sorted(ids)  # each tried once
     done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
     assert sorted(r["id"] for r in done) == sorted(ids[1:])
+
+
+def test_a_report_that_cannot_be_written_is_one_error_and_results_json_keeps_the_runs(
+    tmp_path, monkeypatch
+):
+    """The report is written by a fresh interpreter (the code on disk may have changed during a
+    bench of hours); when it fails the bench ends with one line saying so and how to rebuild it,
+    and every run is in results.json."""
+    import bench.paper as paper
+
+    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"]
+    _smoke_data(tmp_path, monkeypatch, lambda spec, *a, **k: _finished(spec, *a[:3]))
+    monkeypatch.undo()  # the real write_fresh, with a report module that cannot be imported
+    monkeypatch.setattr(paper, "run_one", lambda spec, *a, **k: _finished(spec, *a[:3]))
+    monkeypatch.setattr(paper, "REPORT_MODULE", "bench.no_such_report")
+    with pytest.raises(RuntimeError) as failure:
+        paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+                        only=ids)  # fmt: skip
+    message = str(failure.value)
+    assert message.startswith("results.md was not written (") and "\n" not in message
+    assert "No module named bench.no_such_report" in message
+    assert f"python -m bench.no_such_report {tmp_path / 'out' / 'smoke'}" in message
+    done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
+    assert sorted(r["id"] for r in done) == sorted(ids)
 
 
 def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monkeypatch):

@@ -145,7 +145,7 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
                 "wall_seconds": 0.0}  # fmt: skip
 
     monkeypatch.setattr(paper, "run_one", fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
     paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs",
                     only=["paper-ptb-*"], jobs=2, hours=1.5, advance=False)  # fmt: skip
     specs = [s.id for s in paper.select(preset, ["paper"], [], only=["paper-ptb-*"])]
@@ -205,7 +205,7 @@ def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
         clock.run_until_stopped(stop, spec.id, 1)
 
     monkeypatch.setattr(paper, "run_one", fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
     paper.run_bench("smoke", ["paper"], data_root, out, runs, only=["paper-ptb-*"], jobs=2,
                     hours=0.4)  # fmt: skip
     assert calls == [begun.id, tenth[0].id]
@@ -255,7 +255,7 @@ def test_a_run_that_cannot_resume_is_not_noted_as_begun(data_root, monkeypatch, 
         clock.run_until_stopped(stop, spec.id, 0)
 
     monkeypatch.setattr(paper, "run_one", fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
     ngram = "rank-ptb-kneser-ney-3-gram-auto"
     paper.run_bench("smoke", ["sweep", "rank"], data_root, data_root / "out", data_root / "runs",
                     only=[ngram], hours=0.5)  # fmt: skip
