@@ -414,7 +414,9 @@ def seeds_suite(preset: Preset, results: list[dict], choices: dict | None = None
 #: the best federated row, ended 19.6% above the centralized model over three seeds (the target
 #: is 10%) with its validation perplexity still falling at round 50, and a constant lr holds SGD
 #: at a noise floor that a decayed one gets below; the centralized row is decayed too, so the
-#: target is held against a reference trained the same way. One fixed schedule, not swept.
+#: target is held against a reference trained the same way. One fixed schedule, not swept. (It
+#: got the centralized model below its floor and slowed the federated rows, which were still
+#: limited by how far they had moved: bench/results/README.md.)
 DECAYED = ("FedAvg", "FedAvgM")
 ROUND_DECAY = 0.95
 
