@@ -442,3 +442,14 @@ def test_a_run_stopped_at_a_time_limit_shows_how_far_it_got_until_it_is_done(tmp
     assert list(bench.begun()) == [
         "cpu/rank-ptb-centralized-5-epochs-as-many-examples-as-c-0-1-c0.1"
     ]
+
+
+def test_bench_paper_help_says_what_every_suite_runs():
+    """--suite's help names each suite the bench accepts (the help is written by hand)."""
+    import inspect
+
+    from bench.paper_suites import SUITES
+    from cli.bench import bench_paper
+
+    text = inspect.signature(bench_paper).parameters["suite"].default.help
+    assert [s for s in SUITES if f"{s}: " not in text] == []
