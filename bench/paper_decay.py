@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from bench.paper_spec import RunSpec
 from bench.paper_suites import ROUND_DECAY, decay_suite, every_knob_chosen
-from bench.paper_tables import _c, _f
+from bench.paper_tables import _c, _f, _pct, _where, _x
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -42,10 +42,6 @@ def _per(spec: RunSpec) -> str:
     return f"{value} an epoch" if spec.kind == "central" else f"{value} a round"
 
 
-def _pct(ours: float | None, ref: float | None) -> str:
-    return "-" if ours is None or not ref else f"{(ours / ref - 1) * 100:+.1f}%"
-
-
 def decay_table(
     preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
 ) -> str:
@@ -57,26 +53,27 @@ def decay_table(
               "change", "vs centralized, lr decayed", "top-1", "top-1 vs 3-gram", "top-3", "KSR",
               "best round / rounds"]  # fmt: skip
     pairs = decay_pairs(preset, runs)
+    # per dataset: the centralized run decayed alike, and the rank suite's 3-gram's top-1
+    central = {s.dataset: run for s, _, run in pairs
+               if run and s.kind == "central" and s.fraction == 0.1}  # fmt: skip
+    ngram_top1 = {r["dataset"]: r["top1"] for r in runs if r.get("preset") == preset.name
+                  and r["suite"] == "rank" and r["kind"] == "ngram"}  # fmt: skip
     rows = []
     for spec, constant, run in pairs:
-        central = decay_central(preset, runs, spec.dataset)
-        ngram = next((r for r in runs if r.get("preset") == preset.name and r["suite"] == "rank"
-                      and r["dataset"] == spec.dataset and r["kind"] == "ngram"), None)  # fmt: skip
         was = constant["test_ppl"] if constant else None
         if run is None:
-            at = begun.get(f"{preset.name}/{spec.id}")
-            unit = "epoch" if spec.kind == "central" else "round"
-            where = f"begun: {unit} {at[0]} of {at[1]}" if at else "not run yet"
+            where = _where(begun.get(f"{preset.name}/{spec.id}"), spec.kind)
             rows.append([spec.method, _c(spec.fraction) if spec.kind == "federated" else "-",
                          _per(spec), _f(was), where, *[""] * (len(header) - 5)])  # fmt: skip
             continue
         fed = spec.kind == "federated"
-        top1, nt = run.get("top1"), (ngram or {}).get("top1")
+        ref = central.get(spec.dataset)
+        top1 = run.get("top1")
         rows.append([
             run["method"], _c(run["fraction"]) if fed else "-", _per(spec), _f(was),
             _f(run["test_ppl"]), _pct(run["test_ppl"], was),
-            _pct(run["test_ppl"], central["test_ppl"]) if fed and central else "-",
-            _f(top1, ".3f"), f"{top1 / nt:.2f}x" if top1 is not None and nt else "-",
+            _pct(run["test_ppl"], ref["test_ppl"]) if fed and ref else "-",
+            _f(top1, ".3f"), _x(top1, ngram_top1.get(spec.dataset)),
             _f(run.get("top3"), ".3f"), _f(run.get("ksr"), ".3f"),
             f"{run['best_round']} / {run['rounds']}",
         ])  # fmt: skip

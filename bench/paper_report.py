@@ -35,6 +35,9 @@ from bench.paper_tables import (
     _c,
     _f,
     _mb,
+    _pct,
+    _where,
+    _x,
     beyond_table,
     code_table,
     lr_table,
@@ -59,18 +62,6 @@ GPU_PTB_PPL = 100.0
 
 def _name(ds: str) -> str:
     return NAMES.get(ds, ds)
-
-
-def _pct(ours, ref) -> str:
-    if ours is None or ref is None or not ref:
-        return "-"
-    return f"{(ours / ref - 1) * 100:+.1f}%"
-
-
-def _x(ours, ref) -> str:
-    if ours is None or ref is None or not ref:
-        return "-"
-    return f"{ours / ref:.2f}x"
 
 
 def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None, dict | None]:
@@ -230,13 +221,6 @@ def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str, done: l
     return [(s.method, s.fraction if s.kind == "federated" else None,
              _where(begun.get(f"{preset.name}/{s.id}"), s.kind))
             for s in specs if s.id not in have]  # fmt: skip
-
-
-def _where(begun: Sequence[int] | None, kind: str) -> str:
-    """Where a run not done stands: not run yet, or how far one stopped at a time limit got."""
-    if begun is None:
-        return "not run yet"
-    return f"begun: {'epoch' if kind == 'central' else 'round'} {begun[0]} of {begun[1]}"
 
 
 def _marked(run: dict, stale: Sequence[str]) -> dict:

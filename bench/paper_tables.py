@@ -9,6 +9,7 @@ without running anything.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
@@ -32,6 +33,25 @@ def _f(v, spec=".2f") -> str:
 
 def _c(fraction) -> str:
     return "0.1->0.5 (AdaFL)" if fraction is None else f"{fraction:g}"
+
+
+def _pct(ours, ref) -> str:
+    if ours is None or ref is None or not ref:
+        return "-"
+    return f"{(ours / ref - 1) * 100:+.1f}%"
+
+
+def _x(ours, ref) -> str:
+    if ours is None or ref is None or not ref:
+        return "-"
+    return f"{ours / ref:.2f}x"
+
+
+def _where(begun: Sequence[int] | None, kind: str) -> str:
+    """Where a run not done stands: not run yet, or how far one stopped at a time limit got."""
+    if begun is None:
+        return "not run yet"
+    return f"begun: {'epoch' if kind == 'central' else 'round'} {begun[0]} of {begun[1]}"
 
 
 def _ratio(ours, theirs) -> str:
