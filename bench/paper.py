@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.paper_budget import Pace, duration, units
-from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
+from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, seed_number
 from bench.paper_spec import DATASETS, RunSpec
 from bench.paper_suites import PLANNED, SUITES, lr_choices, suite_runs
 from bench.presets import PRESETS, Preset
-from bench.runs import Stopped, can_resume, device_label, run_fedkey
+from bench.runs import Stopped, can_resume, device_label, run_fedkey, twin_of
 from bench.spread import round_spreads
 from common.files import atomic_write
 from server.storage import prune_checkpoints
@@ -106,12 +106,7 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
     best = min(rows, key=lambda r: _finite(r[key]))
     below_90 = [r["round"] for r in rows if r["round"] > 0 and _finite(r["test_ppl"]) < 90]
     return {
-        "suite": spec.suite,
-        "dataset": spec.dataset,
-        "method": spec.method,
-        "fraction": spec.fraction,
-        "group": spec.group,
-        "kind": spec.kind,
+        **spec.fields(),
         "test_ppl": best["test_ppl"],  # of the best-validation model, as the seed papers report
         "best_val_ppl": best["val_ppl"],
         "best_round": best["round"],
@@ -128,8 +123,6 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "updates": sum(len(r.get("aggregated", [])) for r in rows),
         "epsilon": rows[-1].get("epsilon"),
         "curve": [[r["round"], r["val_ppl"], r["test_ppl"]] for r in rows],
-        "partition": spec.partition,
-        "seed": spec.seed,
         "weight_spread": round_spreads(rows) if spec.kind == "federated" else [],
         **(
             {
@@ -141,6 +134,16 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
             else {}
         ),
     }
+
+
+def reused(twin: dict, spec: RunSpec, cmd: str) -> dict:
+    """The results.json object of `spec` from a done run of the same command but for its --out
+    (bench.runs.twin_of): its numbers, the spec's own place and command, and `same_run_as`
+    naming the run that ran (its folder holds the checkpoints)."""
+    return {**twin, **spec.fields(), "id": spec.id, "command": cmd,
+            "same_run_as": twin.get("same_run_as") or twin["id"],
+            "seed_ppl": seed_number(spec.suite, spec.dataset, spec.method, spec.fraction,
+                                    spec.group)}  # fmt: skip
 
 
 def _finite(value) -> float:
@@ -184,21 +187,6 @@ def keep_what_matters(run_dir: Path, result: dict) -> tuple[int, int]:
     score) and its last: the others, 13.5 MB a round at a 10k vocabulary and 4x that again for
     FedAdam's buffers, filled gigabytes a run. (files, bytes) deleted."""
     return prune_checkpoints(run_dir, {result["best_round"], result["rounds"]})
-
-
-def seed_number(
-    suite: str, dataset: str, method: str, fraction: float | None, group: str = ""
-) -> float | None:
-    """The seed papers' number for the same experiment, where they published one (a code-suite
-    variant, "FedAtt, ...", is held against the seed papers' row of its method)."""
-    if suite == "code" and fraction is not None:
-        method = method.split(",")[0]
-    if suite in ("paper", "code") and fraction is not None:
-        return SEEDS.get((method, fraction), {}).get(dataset)
-    if suite == "privacy" and group.startswith("beta="):
-        pair = SEEDS_DP.get(float(group.split("=")[1]))
-        return pair and pair[0 if method.startswith("FedAvg") else 1]
-    return None
 
 
 T = TypeVar("T")
@@ -406,7 +394,18 @@ def run_bench(
             raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
         if dry_run:
             print("\n".join(shlex.join(argv(s)) for s in specs))
-        return bench.pending(specs, lambda s: (s.id, argv(s)))
+        return [s for s in bench.pending(specs, lambda s: (s.id, argv(s))) if not adopt(s, dry_run)]
+
+    def adopt(spec: RunSpec, dry_run: bool) -> bool:
+        """Whether a done run of the preset computed `spec` already (its command but for --out:
+        bench.runs.twin_of); unless `dry_run`, recorded from it, not run again."""
+        cmd = shlex.join(argv(spec))
+        twin = twin_of(cmd, [r for r in bench.read() if r.get("preset") == preset.name])
+        if twin is not None and not dry_run:
+            bench.add(reused(dict(twin), spec, cmd), bench_command)
+            tqdm.write(f"{spec.id}: the same command as {twin['id']} but for --out; recorded "
+                       f"from it, not run again")  # fmt: skip
+        return twin is not None
 
     def pace() -> Pace:
         mine = [r for r in bench.read() if r.get("preset") == preset.name]

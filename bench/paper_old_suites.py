@@ -170,3 +170,18 @@ def code_suite(datasets=DATASETS) -> list[RunSpec]:
         runs.append(RunSpec("code", ds, "position-only unigram", None, args, kind="ngram",
                             full_train=True, full_eval=True))  # fmt: skip
     return runs
+
+
+def seed_number(
+    suite: str, dataset: str, method: str, fraction: float | None, group: str = ""
+) -> float | None:
+    """The seed papers' number for the same experiment, where they published one (a code-suite
+    variant, "FedAtt, ...", is held against the seed papers' row of its method)."""
+    if suite == "code" and fraction is not None:
+        method = method.split(",")[0]
+    if suite in ("paper", "code") and fraction is not None:
+        return SEEDS.get((method, fraction), {}).get(dataset)
+    if suite == "privacy" and group.startswith("beta="):
+        pair = SEEDS_DP.get(float(group.split("=")[1]))
+        return pair and pair[0 if method.startswith("FedAvg") else 1]
+    return None

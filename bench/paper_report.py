@@ -452,7 +452,9 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         out += ["", "### Curves of the old suites", ""]
         out += [f"![{p.stem}]({p.name})" for p in old_curves]
     out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
-    out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`" for r in runs]
+    out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`"
+            + (f" (the same run as `{r['same_run_as']}`: recorded from it, not run again)"
+               if r.get("same_run_as") else "") for r in runs]  # fmt: skip
     return "\n".join(out) + "\n"
 
 

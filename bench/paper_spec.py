@@ -29,6 +29,13 @@ class RunSpec:
     clients: int = 100
     seed: int = 0  # --seed: the phones' shares of the data, the initial weights, who trains when
 
+    def fields(self) -> dict:
+        """What a results.json object says of the run's place in the bench (suite, method, C...):
+        set by the spec, not by the run."""
+        return {"suite": self.suite, "dataset": self.dataset, "method": self.method,
+                "fraction": self.fraction, "group": self.group, "kind": self.kind,
+                "partition": self.partition, "seed": self.seed}  # fmt: skip
+
     @property
     def id(self) -> str:
         c = "auto" if self.fraction is None else f"c{self.fraction:g}"

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from common.files import atomic_write
@@ -52,8 +52,28 @@ def can_resume(run_dir: Path, line: str) -> bool:
 
 def run_seconds(result: Mapping) -> float:
     """A run's wall time over all its attempts: the stopped ones (`earlier_seconds`; one from
-    before the bench timed them counts 0) and the one that finished it."""
+    before the bench timed them counts 0) and the one that finished it. A run recorded from
+    another (`same_run_as`: :func:`twin_of`) cost nothing."""
+    if result.get("same_run_as"):
+        return 0.0
     return float(result["wall_seconds"]) + float(result.get("earlier_seconds") or 0.0)
+
+
+def without_out(line: str) -> list[str]:
+    """A run's command line without its `--out FOLDER`: what it computes, not where it writes."""
+    words = shlex.split(line)
+    if "--out" in words:
+        at = words.index("--out")
+        del words[at : at + 2]
+    return words
+
+
+def twin_of(line: str, runs: Iterable[Mapping]) -> Mapping | None:
+    """The first done run in `runs` whose command line is `line` but for its --out: the same
+    seed, data, flags and code path, so the same weights round for round. On the gpu preset the
+    sweep's whole 50-round runs at C 0.1 are the ranking's runs at the values it chose."""
+    wanted = without_out(line)
+    return next((r for r in runs if without_out(r.get("command", "")) == wanted), None)
 
 
 def rounds_done(run_dir: Path) -> int:

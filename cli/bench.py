@@ -81,7 +81,7 @@ def bench_paper(
     preset: PaperPreset = typer.Option(
         PaperPreset("cpu"),
         "--preset",
-        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol over HTTP (E 5, C 0.1 and 0.5); cpu-8round: the old 8-round cut (its runs are the report's appendix); smoke: minutes, for a first look.",
+        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; 4 trainer processes a run on the GPU, resumable); cpu-8round: the old 8-round cut (its runs are the report's appendix); smoke: minutes, for a first look.",
     ),
     suite: list[PaperSuite] = typer.Option(
         [PaperSuite("sweep"), PaperSuite("rank")],

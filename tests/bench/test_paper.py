@@ -434,3 +434,48 @@ def test_a_bench_continued_with_other_jobs_or_hours_is_recorded_as_one_command(t
         bench.add({"id": f"run-{i}", "preset": "smoke", "suite": "rank"}, base + how)
     bench.add({"id": "other", "preset": "smoke", "suite": "rank"}, base + " --only 'rank-ptb-*'")
     assert bench.commands() == [base, base + " --only 'rank-ptb-*'"]
+
+
+def test_a_run_whose_command_a_done_run_ran_but_for_out_is_recorded_from_it_not_run_again(
+    tmp_path, monkeypatch
+):
+    """On the gpu preset the sweep's whole 50-round runs at C 0.1 are the ranking's runs at the
+    values it chose: the rank run is recorded from the sweep's (its numbers under its own id,
+    suite and command, `same_run_as` naming the run that ran), costs no run time in the report's
+    sums or the bench's pace, and is not run again: a GPU's scarce hours go to runs not done."""
+    import bench.paper as paper
+    from bench.paper_spec import command_flag
+    from bench.runs import run_seconds, without_out
+
+    best_val = {"0.01": 577.6, "0.1": 259.7, "1": 286.3}  # the first 50-round sweep on an H200
+    ran: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        ran.append(spec.id)
+        done = _finished(spec, preset, data_root, runs_dir)
+        val = best_val[command_flag(done["command"], "--lr")]
+        return {**done, **spec.fields(), "best_val_ppl": val, "test_ppl": val - 10,
+                "wall_seconds": 1100.0}  # fmt: skip
+
+    _smoke_data(tmp_path, monkeypatch, fake_run)
+    args = ("gpu", ["sweep", "rank"], tmp_path, tmp_path / "out", tmp_path / "runs")
+    only = ["sweep-ptb-fedavg-client-lr-*", "rank-ptb-fedavg-c0.1"]
+    paper.run_bench(*args, only=only)
+    sweep = ["sweep-ptb-fedavg-client-lr-0-01-c0.1", "sweep-ptb-fedavg-client-lr-0-1-c0.1",
+             "sweep-ptb-fedavg-client-lr-1-c0.1"]  # fmt: skip
+    assert sorted(ran) == sweep
+    runs = {r["id"]: r for r in Bench(tmp_path / "out" / "gpu").read()}
+    rank, twin = runs["rank-ptb-fedavg-c0.1"], runs[sweep[1]]
+    assert rank["same_run_as"] == twin["id"] and "same_run_as" not in twin
+    assert (rank["suite"], rank["method"], rank["fraction"]) == ("rank", "FedAvg", 0.1)
+    assert (rank["test_ppl"], rank["best_val_ppl"]) == (twin["test_ppl"], twin["best_val_ppl"])
+    assert rank["command"] != twin["command"] and rank["command"].endswith(
+        "--out " + str(tmp_path / "runs" / "gpu" / "rank-ptb-fedavg-c0.1")
+        + " --fraction 0.1 --strategy fedavg --bound off")  # fmt: skip
+    assert without_out(rank["command"]) == without_out(twin["command"])
+    assert run_seconds(rank) == 0.0 and run_seconds(twin) == 1100.0
+    report = (tmp_path / "out" / "gpu" / "results.json").read_text()
+    assert json.loads(report)["lr_choices"]["gpu"]["ptb"]["client_lr"] == 0.1
+
+    paper.run_bench(*args, only=only)  # again: everything is done
+    assert len(ran) == 3 and len(Bench(tmp_path / "out" / "gpu").read()) == 4
