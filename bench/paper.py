@@ -17,29 +17,25 @@ what it chose.
 
 from __future__ import annotations
 
-import fcntl
 import fnmatch
-import json
 import math
 import shlex
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from bench.paper_budget import Pace, duration, units
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, seed_number
+from bench.paper_results import Bench
 from bench.paper_spec import DATASETS, RunSpec
-from bench.paper_suites import PLANNED, SUITES, lr_choices, suite_runs
+from bench.paper_suites import PLANNED, SUITES, suite_runs
 from bench.presets import PRESETS, Preset
-from bench.runs import Stopped, can_resume, device_label, run_fedkey, twin_of
+from bench.runs import Stopped, best_so_far, can_resume, device_label, run_fedkey, twin_of
 from bench.spread import round_spreads
-from common.files import atomic_write
 from server.storage import prune_checkpoints
 
 __all__ = [
@@ -187,120 +183,6 @@ def keep_what_matters(run_dir: Path, result: dict) -> tuple[int, int]:
     score) and its last: the others, 13.5 MB a round at a 10k vocabulary and 4x that again for
     FedAdam's buffers, filled gigabytes a run. (files, bytes) deleted."""
     return prune_checkpoints(run_dir, {result["best_round"], result["rounds"]})
-
-
-T = TypeVar("T")
-
-#: Options that say how a bench ran, not what it ran (with how many values each): the bench
-#: command that results.json records leaves them out, so a bench continued over several
-#: sessions with other --hours is one line, not one per session.
-HOW = {"--jobs": 1, "--hours": 1, "--advance": 0, "--no-advance": 0}
-
-
-def what_it_runs(command: str) -> str:
-    """The bench command line without the options of HOW."""
-    words, kept = shlex.split(command), []
-    skip = 0
-    for word in words:
-        name = word.split("=", 1)[0]
-        if skip:
-            skip -= 1
-        elif name in HOW:
-            skip = HOW[name] if "=" not in word else 0
-        else:
-            kept.append(word)
-    return shlex.join(kept)
-
-
-class Bench:
-    """results.json of a results folder (one or more presets' runs), updated one run at a time under
-    a file lock (two suites may run side by side) and replaced atomically, so an interrupted bench
-    loses at most its current run. Beside the runs it keeps the bench command lines and, per
-    preset, the learning rates the sweep chose (``lr_choices``, which the ranking suites use).
-    The other benches (attacks, canary, privacy, load) keep their results with it too."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.path = self.out / "results.json"
-
-    def read(self) -> list[dict]:
-        return self._data()["runs"]
-
-    def commands(self) -> list[str]:
-        """The bench command lines that produced these results."""
-        return self._data()["bench_commands"]
-
-    def _data(self) -> dict:
-        if not self.path.exists():
-            return {"bench_commands": [], "lr_choices": {}, "runs": []}
-        return {"lr_choices": {}, **json.loads(self.path.read_text())}
-
-    def done(self, spec_id: str, cmd: str) -> bool:
-        return any(r["id"] == spec_id and r["command"] == cmd for r in self.read())
-
-    def pending(
-        self, items: Iterable[T], run: Callable[[T], tuple[str, list[str]]], dry_run: bool = False
-    ) -> list[T]:
-        """The items whose run (``run(item)``: its id and command line) is not in results.json
-        with the same command: an interrupted bench resumes. With ``dry_run``, print every
-        item's command line and return none."""
-        todo = []
-        for item in items:
-            spec_id, argv = run(item)
-            cmd = shlex.join(argv)
-            if dry_run:
-                print(cmd)
-            elif not self.done(spec_id, cmd):
-                todo.append(item)
-        return todo
-
-    def begun(self) -> dict[str, list[int]]:
-        """ "<preset>/<run id>" -> [rounds done, rounds] of the runs stopped at a time limit
-        before their end (`fedkey bench paper --hours`): the next bench continues them."""
-        begun: dict[str, list[int]] = self._data().get("begun", {})
-        return begun
-
-    @contextmanager
-    def _updating(self) -> Iterator[dict]:
-        """results.json's content, to change in place: read under the file lock and written back
-        atomically at the end of the block (not at all if the block raises)."""
-        with (self.out / ".results.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            data = self._data()
-            yield data
-            order = ("bench_commands", "lr_choices", "begun", "runs")
-            body = {k: data[k] for k in (*order, *data) if k in data}
-            for part in ("lr_choices", "begun"):  # the other benches' results.json as before
-                if not body.get(part):
-                    body.pop(part, None)
-            atomic_write(self.path, json.dumps(body, indent=1))
-
-    def stopped(self, preset: str, run_id: str, rounds: int, of: int) -> None:
-        """Note that a run stopped at a time limit after `rounds` of its `of` rounds."""
-        with self._updating() as data:
-            data["begun"] = {**data.get("begun", {}), f"{preset}/{run_id}": [rounds, of]}
-
-    def add(self, result: dict, bench_command: str) -> list[dict]:
-        """Record one run (replacing the same preset's run of the same id; no longer begun), the
-        bench command that ran it (what_it_runs), and recompute that preset's sweep choices."""
-        with self._updating() as data:
-            key = (result["id"], result.get("preset"))
-            data["begun"] = {k: v for k, v in data.get("begun", {}).items()
-                             if k != f"{result.get('preset')}/{result['id']}"}  # fmt: skip
-            runs = [r for r in data["runs"] if (r["id"], r.get("preset")) != key] + [result]
-            data["runs"] = runs
-            line = what_it_runs(bench_command) if bench_command else ""
-            if line and line not in data["bench_commands"]:
-                data["bench_commands"] = [*data["bench_commands"], line]
-            preset = PRESETS.get(result.get("preset", ""))
-            if preset is not None and result.get("suite") == "sweep":
-                data["lr_choices"] = {**data["lr_choices"], preset.name: lr_choices(runs, preset)}
-        return runs
-
-    def lr_choices(self) -> dict[str, dict[str, dict[str, float]]]:
-        """preset -> dataset -> {knob: the value the sweep chose}."""
-        return self._data()["lr_choices"]
 
 
 def select(
@@ -512,7 +394,8 @@ def run_bench(
                 bar.write(f"{spec.id}: stopped at the time limit; the next bench starts it again")
                 return
             stopped[spec.id] = halt.rounds
-            bench.stopped(preset.name, spec.id, halt.rounds, int(units(shlex.join(cmd))))
+            bench.stopped(preset.name, spec.id, halt.rounds, int(units(shlex.join(cmd))),
+                          best_so_far(run_root / spec.id))  # fmt: skip
             bar.write(f"{spec.id}: stopped at the time limit after round {halt.rounds}; the "
                       f"next bench continues it")  # fmt: skip
             return

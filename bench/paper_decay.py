@@ -10,12 +10,11 @@ results.json's objects alone (no torch), as the rest of the report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from bench.paper_spec import RunSpec
 from bench.paper_suites import ROUND_DECAY, decay_suite, every_knob_chosen
-from bench.paper_tables import _c, _f, _pct, _where, _x
+from bench.paper_tables import Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -42,9 +41,7 @@ def _per(spec: RunSpec) -> str:
     return f"{value} an epoch" if spec.kind == "central" else f"{value} a round"
 
 
-def decay_table(
-    preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
-) -> str:
+def decay_table(preset: Preset, runs: list[dict], begun: Begun | None = None) -> str:
     """One row per decayed run: its test perplexity beside its rank run's at a constant lr, the
     change, against the centralized model with the lr decayed alike, and its keyboard metrics
     (top-1 against the rank suite's Kneser-Ney 3-gram)."""
@@ -80,9 +77,7 @@ def decay_table(
     return markdown_table(header, rows) if rows else ""
 
 
-def decay_section(
-    preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
-) -> list[str]:
+def decay_section(preset: Preset, runs: list[dict], begun: Begun | None = None) -> list[str]:
     """The report's section on the decay suite of `preset` (none if it has no such suite)."""
     if "decay" not in preset.suites:
         return []

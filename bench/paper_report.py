@@ -26,12 +26,20 @@ from pathlib import Path
 from bench.paper import superseded
 from bench.paper_decay import decay_central, decay_curves, decay_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
-from bench.paper_spec import command_flag
-from bench.paper_suites import KNOBS, TASK_OF, every_knob_chosen, planned, sweep_epochs
+from bench.paper_spec import RunSpec, command_flag
+from bench.paper_suites import (
+    KNOBS,
+    TASK_OF,
+    every_knob_chosen,
+    planned,
+    sweep_epochs,
+    sweep_suite,
+)
 from bench.paper_tables import (
     DATASET_NAMES,
     NAMES,
     PARTITIONS,
+    Begun,
     _c,
     _f,
     _mb,
@@ -155,14 +163,16 @@ def _presets(runs: list[dict]) -> list[str]:
     return [p for p in PRESETS if p in present]
 
 
-def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) -> str:
-    """Every sweep run: its knob, value and best validation perplexity; the chosen value marked."""
+def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]],
+                begun: Sequence[tuple[RunSpec, Sequence[float]]] = ()) -> str:  # fmt: skip
+    """Every sweep run: its knob, value and best validation perplexity; the chosen value marked.
+    `begun`: the sweep's runs stopped at a time limit, with where they stand (bench.paper_tables
+    Begun), each in its place among the others."""
     header = ["dataset (phones)", "knob", "value", "client lr", "best val ppl", "best round",
               "chosen"]  # fmt: skip
-    rows = []
     order = {k: i for i, k in enumerate(KNOBS)}
-    for r in sorted(runs, key=lambda r: (r["dataset"], order.get(r["group"].split("=")[0], 9),
-                                         float(r["group"].split("=")[1]))):  # fmt: skip
+    rows = []
+    for r in runs:
         knob, value = r["group"].split("=")
         choice = choices.get(r["dataset"], {})
         client_lr = command_flag(r["command"], "--lr")
@@ -171,12 +181,22 @@ def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]]) ->
         chosen = float(value) == choice.get(knob) and (
             not key or client_lr != "-" and float(client_lr) == choice.get(key)
         )
-        task = TASK_OF.get(r["dataset"])
-        phones = PARTITIONS.get(task.partition if task else "iid", "")
-        rows.append([f"{_name(r['dataset'])} ({phones})", knob.replace("_", " "), value,
-                     client_lr, _f(r["best_val_ppl"]), r["best_round"],
-                     "**chosen**" if chosen else ""])  # fmt: skip
-    return markdown_table(header, rows)
+        rows.append((r["dataset"], knob, value, client_lr, _f(r["best_val_ppl"]),
+                     r["best_round"], "**chosen**" if chosen else ""))  # fmt: skip
+    for spec, at in begun:
+        knob, value = spec.group.split("=")
+        best = (_f(at[2]), at[3]) if len(at) >= 4 else ("-", "-")
+        rows.append((spec.dataset, knob, value, f"{spec.lr:g}" if spec.lr else "-", *best,
+                     _where(at, spec.kind)))  # fmt: skip
+    rows.sort(key=lambda row: (row[0], order.get(row[1], 9), float(row[2])))
+    return markdown_table(header, [[f"{_name(ds)} ({_phones(ds)})", knob.replace("_", " "), *rest]
+                                   for ds, knob, *rest in rows])  # fmt: skip
+
+
+def _phones(dataset: str) -> str:
+    """How a sweep's dataset is dealt to the phones (its task's partition)."""
+    task = TASK_OF.get(dataset)
+    return PARTITIONS.get(task.partition if task else "iid", "")
 
 
 def _epochs(n: int) -> str:
@@ -184,7 +204,7 @@ def _epochs(n: int) -> str:
 
 
 def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = None,
-             begun: Mapping[str, Sequence[int]] | None = None) -> str:  # fmt: skip
+             begun: Begun | None = None) -> str:  # fmt: skip
     """ "N of M runs done" of a ranking preset, per suite; the superseded runs (bench.paper:
     their command is not the preset's now; `stale` when already known) named and not counted;
     how many more are `begun`."""
@@ -208,7 +228,7 @@ def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = Non
 
 
 def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str, done: list[dict],
-             begun: Mapping[str, Sequence[int]]) -> list[tuple[str, float | None, str]]:  # fmt: skip
+             begun: Begun) -> list[tuple[str, float | None, str]]:  # fmt: skip
     """(method, C of a federated run or None, where it stands: not run yet, or the rounds done
     of one stopped at a time limit) of a suite's planned runs on a dataset that are not done."""
     from bench.paper_suites import noniid_suite, rank_suite
@@ -231,7 +251,7 @@ def _marked(run: dict, stale: Sequence[str]) -> dict:
 
 
 def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
-                     begun: Mapping[str, Sequence[int]] | None = None) -> list[str]:  # fmt: skip
+                     begun: Begun | None = None) -> list[str]:  # fmt: skip
     """The ranking tables per preset and dataset; `begun` (bench.paper.Bench.begun): the runs
     stopped at a time limit, shown with the rounds they have done."""
     begun = begun or {}
@@ -291,13 +311,15 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
     return out
 
 
-def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
+def sweep_sections(runs: list[dict], choices: Mapping, begun: Begun | None = None) -> list[str]:
     out = []
     for name in _presets(runs):
         sweep = [r for r in runs if r.get("preset") == name and r["suite"] == "sweep"]
         if not sweep:
             continue
         preset = PRESETS[name]
+        stopped = [(s, at) for s in sweep_suite(preset, sweep)
+                   if (at := (begun or {}).get(f"{name}/{s.id}"))]  # fmt: skip
         chosen = choices.get(name, {})
         out += [
             "",
@@ -330,7 +352,7 @@ def sweep_sections(runs: list[dict], choices: Mapping) -> list[str]:
             )
             + ".",
             "",
-            sweep_table(sweep, chosen),
+            sweep_table(sweep, chosen, stopped),
         ]
         last = sum(r["best_round"] == r["rounds"] for r in sweep)
         if last:
@@ -409,7 +431,7 @@ def detail_table(runs: list[dict]) -> str:
 
 
 def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
-             plots: Mapping[str, Path], begun: Mapping[str, Sequence[int]] | None = None) -> str:  # fmt: skip
+             plots: Mapping[str, Path], begun: Begun | None = None) -> str:  # fmt: skip
     """results.md: ranking first, then the sweep, curves, the column-measure evidence, the
     appendix, every run and its command."""
     commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
@@ -438,7 +460,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
         out += decay_section(PRESETS[name], runs, begun)
-    out += sweep_sections(runs, choices)
+    out += sweep_sections(runs, choices, begun)
     curves = [p for k, p in plots.items() if k.startswith("curve:")]
     if curves:
         out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in curves]
@@ -521,7 +543,7 @@ def write_report(
     out: Path,
     bench_commands: Sequence[str] = (),
     choices: Mapping | None = None,
-    begun: Mapping[str, Sequence[int]] | None = None,
+    begun: Begun | None = None,
 ) -> Path:
     """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`)."""
     out.mkdir(parents=True, exist_ok=True)

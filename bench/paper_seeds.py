@@ -10,11 +10,10 @@ is better. Written from results.json's objects alone (no torch), as the rest of 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from bench.paper_suites import OTHER_SEEDS, every_knob_chosen, seeds_suite
-from bench.paper_tables import DATASET_NAMES, _c, _f
+from bench.paper_tables import DATASET_NAMES, Begun, _c, _f, _where
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -66,9 +65,7 @@ def seed_notes(preset: Preset, runs: list[dict], dataset: str) -> dict[str, str]
     return notes
 
 
-def seeds_table(
-    preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
-) -> str:
+def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) -> str:
     """One row per rank row the seeds suite repeats: its test perplexity at each seed (a run not
     done: where it stands), their mean, sample standard deviation and range, the mean against
     the centralized model's mean over its seeds, and top-1's mean and sd."""
@@ -86,8 +83,7 @@ def seeds_table(
         cells = []
         for k in ALL_SEEDS:
             at = begun.get(f"{preset.name}/{ids[k]}")
-            cells.append(_f(by_seed[k]["test_ppl"]) if k in by_seed else
-                         f"begun: round {at[0]} of {at[1]}" if at else "not run yet")  # fmt: skip
+            cells.append(_f(by_seed[k]["test_ppl"]) if k in by_seed else _where(at, ref["kind"]))
         ppl = [by_seed[k]["test_ppl"] for k in ALL_SEEDS if k in by_seed]
         top1 = [by_seed[k]["top1"] for k in ALL_SEEDS if by_seed.get(k, {}).get("top1") is not None]
         many = len(ppl) > 1
@@ -105,9 +101,7 @@ def seeds_table(
     return markdown_table(header, rows) if rows else ""
 
 
-def seeds_section(
-    preset: Preset, runs: list[dict], begun: Mapping[str, Sequence[int]] | None = None
-) -> list[str]:
+def seeds_section(preset: Preset, runs: list[dict], begun: Begun | None = None) -> list[str]:
     """The report's section on the seeds suite of `preset` (none if it has no such suite)."""
     if "seeds" not in preset.suites:
         return []

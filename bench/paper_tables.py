@@ -9,7 +9,7 @@ without running anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
@@ -47,11 +47,22 @@ def _x(ours, ref) -> str:
     return f"{ours / ref:.2f}x"
 
 
-def _where(begun: Sequence[int] | None, kind: str) -> str:
-    """Where a run not done stands: not run yet, or how far one stopped at a time limit got."""
+#: results.json's runs stopped at a time limit (bench.paper.Bench.begun): "<preset>/<run id>" ->
+#: [rounds done, rounds, and where the bench noted them, the best validation perplexity so far
+#: and its round].
+Begun = Mapping[str, Sequence[float]]
+
+
+def _where(begun: Sequence[float] | None, kind: str) -> str:
+    """Where a run not done stands: not run yet, or how far one stopped at a time limit got and
+    its best validation perplexity so far."""
     if begun is None:
         return "not run yet"
-    return f"begun: {'epoch' if kind == 'central' else 'round'} {begun[0]} of {begun[1]}"
+    unit = "epoch" if kind == "central" else "round"
+    at = f"begun: {unit} {begun[0]:g} of {begun[1]:g}"
+    if len(begun) < 4:
+        return at
+    return f"{at} (best val ppl so far {begun[2]:.2f}, {unit} {begun[3]:g})"
 
 
 def _ratio(ours, theirs) -> str:

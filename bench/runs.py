@@ -5,6 +5,7 @@ records of it besides its numbers (how long, the command, the code, the machine)
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -37,6 +38,15 @@ def read_rows(run_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def best_so_far(run_dir: Path) -> list[float]:
+    """[the best validation perplexity, its round] of the rounds RUN_DIR has recorded after the
+    initial model's; [] before the first (or where none is finite)."""
+    rows = [r for r in read_rows(run_dir) if r.get("round", 0) > 0
+            and isinstance(r.get("val_ppl"), float | int) and math.isfinite(r["val_ppl"])]  # fmt: skip
+    best = min(rows, key=lambda r: r["val_ppl"], default=None)
+    return [] if best is None else [best["val_ppl"], best["round"]]
 
 
 def can_resume(run_dir: Path, line: str) -> bool:

@@ -263,3 +263,28 @@ def test_a_run_that_cannot_resume_is_not_noted_as_begun(data_root, monkeypatch, 
     assert f"{ngram}: stopped at the time limit; the next bench starts it again" in printed
     assert f"  {ngram} (about ? to run)" in printed
     assert paper.Bench(data_root / "out" / "smoke").begun() == {}
+
+
+def test_a_run_stopped_at_the_limit_is_noted_with_its_best_validation_so_far(
+    data_root, monkeypatch
+):
+    """A run that outlasts the time (a lent GPU's lease) is noted begun with its rounds and its
+    best validation perplexity so far (the initial model's round 0 aside), which results.md
+    shows until the next bench finishes it."""
+    clock = Clock()
+    monkeypatch.setattr(paper, "time", clock)
+    run_id = "paper-ptb-fedavg-c0.1"
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        rows = [{"round": 0, "val_ppl": 9000.0}, {"round": 1, "val_ppl": 450.5}]
+        (runs_dir / spec.id).mkdir(parents=True)
+        (runs_dir / spec.id / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+        clock.run_until_stopped(stop, spec.id, 1)
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
+    paper.run_bench("smoke", ["paper"], data_root, data_root / "out", data_root / "runs",
+                    only=[run_id], hours=0.5)  # fmt: skip
+    assert paper.Bench(data_root / "out" / "smoke").begun() == {f"smoke/{run_id}": [1, 2, 450.5, 1]}

@@ -429,11 +429,13 @@ def test_a_run_stopped_at_a_time_limit_shows_how_far_it_got_until_it_is_done(tmp
     results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]
     bench = Bench(tmp_path)
     bench.stopped("cpu", "rank-ptb-fedsgd-c1", 12, 50)
-    bench.stopped("cpu", "rank-ptb-centralized-5-epochs-as-many-examples-as-c-0-1-c0.1", 2, 5)
+    bench.stopped("cpu", "rank-ptb-centralized-5-epochs-as-many-examples-as-c-0-1-c0.1", 2, 5,
+                  [131.25, 2])  # fmt: skip
     md = "\n".join(ranking_sections(results, {}, bench.begun()))
     ptb = md.split("### PTB")[1].split("###")[0]
     assert "| FedSGD | 1 | begun: round 12 of 50 |" in ptb
-    assert "| centralized, 5 epochs (as many examples as C 0.1) | - | begun: epoch 2 of 5 |" in ptb
+    assert ("| centralized, 5 epochs (as many examples as C 0.1) | - | begun: epoch 2 of 5 (best "
+            "val ppl so far 131.25, epoch 2) |") in ptb  # fmt: skip
     assert "| AdaFL + FedAvg | - | not run yet |" in ptb
     assert "2 more begun: stopped at a time limit" in md
 
@@ -453,3 +455,34 @@ def test_bench_paper_help_says_what_every_suite_runs():
 
     text = inspect.signature(bench_paper).parameters["suite"].default.help
     assert [s for s in SUITES if f"{s}: " not in text] == []
+
+
+def test_the_sweep_table_shows_a_run_stopped_at_a_time_limit_with_its_best_so_far(tmp_path):
+    """A sweep run longer than a GPU lease (the gpu preset's centralized lr sweep: 25 epochs)
+    stands in its place in the sweep table with how far it got and its best validation
+    perplexity so far, where it used to be missing until done; the chosen value is unchanged."""
+    from bench.paper_report import sweep_sections
+
+    p = PRESETS["gpu"]
+    done = []
+    for lr, val in (("0.01", 577.6), ("0.1", 259.7), ("1", 286.3)):
+        spec = next(
+            s for s in select(p, ["sweep"], [], only=["*-ptb-*"]) if s.group == f"client_lr={lr}"
+        )
+        done.append({**spec.fields(), "id": spec.id, "preset": "gpu", "best_val_ppl": val,
+                     "best_round": 50, "rounds": 50,
+                     "command": shlex.join(command(spec, p, Path("d"), Path("r")))})  # fmt: skip
+    central = next(
+        s for s in select(p, ["sweep"], done, only=["*-ptb-*"]) if s.group == "central_lr=1"
+    )
+    bench = Bench(tmp_path)
+    bench.stopped("gpu", central.id, 18, 25, [124.6, 4])
+    md = "\n".join(sweep_sections(done, {"gpu": {"ptb": {"client_lr": 0.1}}}, bench.begun()))
+    rows = [line for line in md.splitlines() if line.startswith("| PTB")]
+    assert rows == [
+        "| PTB (100 IID phones) | client lr | 0.01 | 0.01 | 577.60 | 50 |  |",
+        "| PTB (100 IID phones) | client lr | 0.1 | 0.1 | 259.70 | 50 | **chosen** |",
+        "| PTB (100 IID phones) | client lr | 1 | 1 | 286.30 | 50 |  |",
+        "| PTB (100 IID phones) | central lr | 1 | 1 | 124.60 | 4 | begun: epoch 18 of 25 (best "
+        "val ppl so far 124.60, epoch 4) |",
+    ]

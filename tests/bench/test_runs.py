@@ -1,6 +1,7 @@
 """bench.runs: an interrupted simulate / train-central continues where it stopped when the bench
 runs its command again, and the results record the command as the bench built it."""
 
+import json
 import os
 import shlex
 
@@ -114,3 +115,16 @@ def test_a_killed_bench_stops_its_runs_with_it(tmp_path):
             bench.kill()
         for pid in _processes_in(run_dir):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_best_so_far_is_the_best_finite_validation_after_the_initial_model(tmp_path):
+    """What a run stopped at a time limit has reached: the initial model's round 0 and a
+    diverged round never count; nothing recorded yet is []."""
+    from bench.runs import best_so_far
+
+    assert best_so_far(tmp_path) == []
+    rows = [{"round": 0, "val_ppl": 10.0}, {"round": 1, "val_ppl": 300.0},
+            {"round": 2, "val_ppl": float("nan")}, {"round": 3, "val_ppl": 250.5},
+            {"round": 4, "val_ppl": 260.0}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert best_so_far(tmp_path) == [250.5, 3]
