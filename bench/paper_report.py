@@ -187,7 +187,7 @@ def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]],
         knob, value = spec.group.split("=")
         best = (_f(at[2]), at[3]) if len(at) >= 4 else ("-", "-")
         rows.append((spec.dataset, knob, value, f"{spec.lr:g}" if spec.lr else "-", *best,
-                     _where(at, spec.kind)))  # fmt: skip
+                     _where(at[:2], spec.kind)))  # the best so far: its own columns  # fmt: skip
     rows.sort(key=lambda row: (row[0], order.get(row[1], 9), float(row[2])))
     return markdown_table(header, [[f"{_name(ds)} ({_phones(ds)})", knob.replace("_", " "), *rest]
                                    for ds, knob, *rest in rows])  # fmt: skip
