@@ -301,9 +301,14 @@ def run_bench(
         todo, judged = todo_now(dry_run=True), pace()  # every command line, done or not
         needs = [expected(s, judged) for s in todo]
         known = [x for x in needs if x is not None]
+        # The pace is per device: runs done elsewhere (a lent GPU's) judge nothing here.
+        elsewhere = sorted({r.get("device") or "?" for r in bench.read() if r.get("preset")
+                            == preset.name and r.get("device") != device_label()})  # fmt: skip
+        where = (f"; the pace is this machine's ({device_label()}), and runs done on "
+                 f"{', '.join(elsewhere)} do not set it" if elsewhere and not known else "")  # fmt: skip
         print(f"# {len(todo)} of them not done: about {duration(sum(known))} of run time at the "
-              f"pace of those done ({len(needs) - len(known)} with nothing to judge it by); the "
-              f"ranking suites add runs as the sweep decides")  # fmt: skip
+              f"pace of those done ({len(needs) - len(known)} with nothing to judge it by{where}); "
+              f"the ranking suites add runs as the sweep decides")  # fmt: skip
         return bench.read()
     todo = todo_now()
     # The runs done before checkpoints were pruned at the end of a run: pruned now, those of the

@@ -243,6 +243,16 @@ def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
     ]  # every command line, the done one too
     # FedSGD 5 h (every phone) and C 0.5 2.5 h, at the pace of the C 0.1 run done in 0.5 h
     assert printed[3].startswith("# 2 of them not done: about 7.5 h of run time")
+    assert "do not set it" not in printed[3]
+
+    # The same run done on another machine's device (a lent GPU) sets no pace here, and says so.
+    paper.Bench(out / preset.results_folder).add({**took, "device": "cuda (NVIDIA H200)"}, "")
+    paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs", only=ids,
+                    dry_run=True)  # fmt: skip
+    last = capsys.readouterr().out.splitlines()[3]
+    assert last.startswith("# 2 of them not done: about 0 min of run time at the pace of those done "
+                           "(2 with nothing to judge it by; the pace is this machine's (")  # fmt: skip
+    assert "), and runs done on cuda (NVIDIA H200) do not set it); the ranking" in last
 
 
 def test_a_run_that_cannot_resume_is_not_noted_as_begun(data_root, monkeypatch, capsys):
