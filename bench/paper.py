@@ -34,7 +34,15 @@ from bench.paper_results import Bench
 from bench.paper_spec import DATASETS, RunSpec
 from bench.paper_suites import PLANNED, SUITES, suite_runs
 from bench.presets import PRESETS, Preset
-from bench.runs import Stopped, best_so_far, can_resume, device_label, run_fedkey, twin_of
+from bench.runs import (
+    Stopped,
+    best_so_far,
+    can_resume,
+    device_label,
+    run_fedkey,
+    twins,
+    without_out,
+)
 from bench.spread import round_spreads
 from server.storage import prune_checkpoints
 
@@ -134,7 +142,7 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
 
 def reused(twin: dict, spec: RunSpec, cmd: str) -> dict:
     """The results.json object of `spec` from a done run of the same command but for its --out
-    (bench.runs.twin_of): its numbers, the spec's own place and command, and `same_run_as`
+    (bench.runs.twins): its numbers, the spec's own place and command, and `same_run_as`
     naming the run that ran (its folder holds the checkpoints)."""
     return {**twin, **spec.fields(), "id": spec.id, "command": cmd,
             "same_run_as": twin.get("same_run_as") or twin["id"],
@@ -276,13 +284,15 @@ def run_bench(
             raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
         if dry_run:
             print("\n".join(shlex.join(argv(s)) for s in specs))
-        return [s for s in bench.pending(specs, lambda s: (s.id, argv(s))) if not adopt(s, dry_run)]
+        pending = bench.pending(specs, lambda s: (s.id, argv(s)))
+        done = twins(r for r in bench.read() if r.get("preset") == preset.name)
+        return [s for s in pending if not adopt(s, done, dry_run)]
 
-    def adopt(spec: RunSpec, dry_run: bool) -> bool:
+    def adopt(spec: RunSpec, done: dict, dry_run: bool) -> bool:
         """Whether a done run of the preset computed `spec` already (its command but for --out:
-        bench.runs.twin_of); unless `dry_run`, recorded from it, not run again."""
+        bench.runs.twins); unless `dry_run`, recorded from it, not run again."""
         cmd = shlex.join(argv(spec))
-        twin = twin_of(cmd, [r for r in bench.read() if r.get("preset") == preset.name])
+        twin = done.get(tuple(without_out(cmd)))
         if twin is not None and not dry_run:
             bench.add(reused(dict(twin), spec, cmd), bench_command)
             tqdm.write(f"{spec.id}: the same command as {twin['id']} but for --out; recorded "

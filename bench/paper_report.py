@@ -252,7 +252,7 @@ def _marked(run: dict, stale: Sequence[str]) -> dict:
 
 def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
                      begun: Begun | None = None) -> list[str]:  # fmt: skip
-    """The ranking tables per preset and dataset; `begun` (bench.paper.Bench.begun): the runs
+    """The ranking tables per preset and dataset; `begun` (bench.paper_results.Bench.begun): the runs
     stopped at a time limit, shown with the rounds they have done."""
     begun = begun or {}
     out = []

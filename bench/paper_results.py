@@ -63,22 +63,20 @@ class Bench:
             return {"bench_commands": [], "lr_choices": {}, "runs": []}
         return {"lr_choices": {}, **json.loads(self.path.read_text())}
 
-    def done(self, spec_id: str, cmd: str) -> bool:
-        return any(r["id"] == spec_id and r["command"] == cmd for r in self.read())
-
     def pending(
         self, items: Iterable[T], run: Callable[[T], tuple[str, list[str]]], dry_run: bool = False
     ) -> list[T]:
         """The items whose run (``run(item)``: its id and command line) is not in results.json
         with the same command: an interrupted bench resumes. With ``dry_run``, print every
         item's command line and return none."""
+        done = {(r["id"], r["command"]) for r in self.read()}  # results.json read once
         todo = []
         for item in items:
             spec_id, argv = run(item)
             cmd = shlex.join(argv)
             if dry_run:
                 print(cmd)
-            elif not self.done(spec_id, cmd):
+            elif (spec_id, cmd) not in done:
                 todo.append(item)
         return todo
 

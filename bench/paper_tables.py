@@ -47,7 +47,7 @@ def _x(ours, ref) -> str:
     return f"{ours / ref:.2f}x"
 
 
-#: results.json's runs stopped at a time limit (bench.paper.Bench.begun): "<preset>/<run id>" ->
+#: results.json's runs stopped at a time limit (bench.paper_results.Bench.begun): "<preset>/<run id>" ->
 #: [rounds done, rounds, and where the bench noted them, the best validation perplexity so far
 #: and its round].
 Begun = Mapping[str, Sequence[float]]

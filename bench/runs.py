@@ -63,7 +63,7 @@ def can_resume(run_dir: Path, line: str) -> bool:
 def run_seconds(result: Mapping) -> float:
     """A run's wall time over all its attempts: the stopped ones (`earlier_seconds`; one from
     before the bench timed them counts 0) and the one that finished it. A run recorded from
-    another (`same_run_as`: :func:`twin_of`) cost nothing."""
+    another (`same_run_as`: :func:`twins`) cost nothing."""
     if result.get("same_run_as"):
         return 0.0
     return float(result["wall_seconds"]) + float(result.get("earlier_seconds") or 0.0)
@@ -78,12 +78,15 @@ def without_out(line: str) -> list[str]:
     return words
 
 
-def twin_of(line: str, runs: Iterable[Mapping]) -> Mapping | None:
-    """The first done run in `runs` whose command line is `line` but for its --out: the same
-    seed, data, flags and code path, so the same weights round for round. On the gpu preset the
-    sweep's whole 50-round runs at C 0.1 are the ranking's runs at the values it chose."""
-    wanted = without_out(line)
-    return next((r for r in runs if without_out(r.get("command", "")) == wanted), None)
+def twins(runs: Iterable[Mapping]) -> dict[tuple[str, ...], Mapping]:
+    """The done runs by their command line without --out (:func:`without_out`; the first of
+    several): a run to be whose command is one of these has the same seed, data, flags and code
+    path, so the same weights round for round. On the gpu preset the sweep's whole 50-round runs
+    at C 0.1 are the ranking's runs at the values it chose."""
+    index: dict[tuple[str, ...], Mapping] = {}
+    for r in runs:
+        index.setdefault(tuple(without_out(r.get("command", ""))), r)
+    return index
 
 
 def rounds_done(run_dir: Path) -> int:
