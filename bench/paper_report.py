@@ -6,10 +6,10 @@ Layout: the protocol and how many of its runs are done; per dataset, test perple
 best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
 savings) of every method beside the centralized model that saw as many examples and the
 Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
-how far some rows move at other seeds (bench.paper_seeds); a learning-rate schedule against
-the 10% target (bench.paper_decay); the learning-rate sweep; the curves;
-the evidence about the seed papers' column measure; then the old 8-round cut as an appendix whose
-title says what it cannot do.
+how far some rows move at other seeds (bench.paper_seeds); some rows again with one change, a
+learning-rate decay or dropout, against the targets (bench.paper_variants); the learning-rate
+sweep; the curves; the evidence about the seed papers' column measure; then the old 8-round cut
+as an appendix whose title says what it cannot do.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything: `python -m bench.paper_report bench/results/cpu`.
@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
-from bench.paper_decay import decay_central, decay_curves, decay_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
 from bench.paper_suites import (
@@ -54,6 +53,7 @@ from bench.paper_tables import (
     plot_curves,
     privacy_tables,
 )
+from bench.paper_variants import VARIANTS, variant_central, variant_curves, variant_section
 from bench.presets import PRESETS, Preset
 from bench.report import markdown_table
 from bench.runs import run_seconds
@@ -120,26 +120,27 @@ def _key(v) -> float:
 
 def targets_table(runs: list[dict]) -> str:
     """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand;
-    with the decay suite's runs, a row of theirs against its centralized model (same decay)."""
+    with a variant suite's runs (decay, dropout), a row of theirs against its centralized model
+    with the same change."""
     header = ["preset", "dataset", "best federated at C 0.1", "test ppl", "centralized",
               "within 10%", "best federated top-1", "3-gram top-1", "top-1 >= 1.25x"]  # fmt: skip
     rows = []
     for preset, ds, suite in [(p, ds, s) for p in _presets(runs) for ds in DATASET_NAMES
-                              for s in ("rank", "decay")]:  # fmt: skip
+                              for s in ("rank", *VARIANTS)]:  # fmt: skip
         fed = [r for r in runs if r.get("preset") == preset and r["suite"] == suite
                and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
         if not fed:
             continue
         central, ngram = references(runs, preset, ds)
-        if suite == "decay":  # held against the centralized model with the same decay
-            central = decay_central(PRESETS[preset], runs, ds)
+        if suite in VARIANTS:  # held against the centralized model with the same change
+            central = variant_central(VARIANTS[suite], PRESETS[preset], runs, ds)
         best = min(fed, key=lambda r: _key(r["test_ppl"]))
         top = max(fed, key=lambda r: r["top1"] or 0)
         cp = central["test_ppl"] if central else None
         nt = ngram["top1"] if ngram else None
         ppl_ok = "-" if cp is None else _yes(best["test_ppl"] <= (1 + WITHIN_CENTRAL) * cp)
         top_ok = "-" if not nt or top["top1"] is None else _yes(top["top1"] >= TOP1_VS_NGRAM * nt)
-        label = f"{preset}, lr decayed" if suite == "decay" else preset
+        label = f"{preset}, {VARIANTS[suite].after}" if suite in VARIANTS else preset
         rows.append([label, _name(ds), best["method"], _f(best["test_ppl"]), _f(cp),
                      f"{ppl_ok} ({_pct(best['test_ppl'], cp)})", f"{_f(top['top1'], '.3f')} "
                      f"({top['method']})", _f(nt, ".3f"), f"{top_ok} ({_x(top['top1'], nt)})"])  # fmt: skip
@@ -148,7 +149,9 @@ def targets_table(runs: list[dict]) -> str:
     gpu = [r for r in runs if r.get("preset") == "gpu" and r["suite"] == "rank"
            and r["dataset"] == "ptb" and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
     note = f"\n\ngpu preset, PTB, C 0.1: target test ppl <= {GPU_PTB_PPL:g}; " + (
-        f"best {_f(min(_key(r['test_ppl']) for r in gpu))}" if gpu else "not run (no GPU yet)"
+        f"best {_f(min(_key(r['test_ppl']) for r in gpu))}"
+        if gpu
+        else "none in these results (a gpu bench writes its own results.md: bench/results/gpu)"
     )
     return markdown_table(header, rows) + note
 
@@ -459,7 +462,8 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     out += ranking_sections(runs, plots, begun)
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
-        out += decay_section(PRESETS[name], runs, begun)
+        for v in VARIANTS.values():
+            out += variant_section(v, PRESETS[name], runs, begun)
     out += sweep_sections(runs, choices, begun)
     curves = [p for k, p in plots.items() if k.startswith("curve:")]
     if curves:
@@ -492,11 +496,12 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
                 plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
                     sel, out, f"curves_{name}_{suite}_{ds}.png", title
                 )
-        # the seeds and decay suites: each run labelled beside the rank runs it repeats
+        # the seeds and variant suites: each run labelled beside the rank runs it repeats
         for suite, labelled, what in (
             ("seeds", seed_curves(PRESETS[name], runs), "seed to seed"),
-            ("decay", decay_curves(PRESETS[name], runs), "lr decayed against constant"),
-        ):
+            *((v.suite, variant_curves(v, PRESETS[name], runs), f"{v.after} against {v.before}")
+              for v in VARIANTS.values()),
+        ):  # fmt: skip
             for ds in NAMES:
                 sel = [r for r in labelled if r["dataset"] == ds]
                 plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(

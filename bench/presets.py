@@ -112,7 +112,7 @@ PRESETS = {
         "in-process (`fedkey simulate`), which gives the HTTP path's weights bit for bit "
         "(tests/test_e2e_http.py). Days of background runs on 2 cores; the bench resumes.",
         # the column-measure evidence: cpu-8round's code suite
-        suites=("sweep", "rank", "noniid", "seeds", "decay"),
+        suites=("sweep", "rank", "noniid", "seeds", "decay", "dropout"),
         fractions=(0.1,),
         sweep_rounds=10,
         client_lrs=(0.3, 1.0, 3.0),
@@ -141,7 +141,7 @@ PRESETS = {
         "(the papers' 0.01 is in its grid), each with a whole 50-round run: at E 5 a 10-round "
         "sweep chose lr 1, whose validation perplexity was best at round 7 and then rose "
         "(overfitting each phone's 420 sentences).",
-        suites=RANKING_SUITES,
+        suites=(*RANKING_SUITES, "dropout"),
         # A GPU machine's disk is 64 GB, and 8 runs go at once: at WikiText-2's 33k words a
         # round's model is 45 MB, FedAdam's buffers 180 MB more. A resume needs only the latest.
         keep_checkpoints=2,

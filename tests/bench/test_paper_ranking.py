@@ -329,14 +329,34 @@ def test_the_decay_suite_adds_an_lr_decay_alike_per_example_seen_and_nothing_els
     assert command(rank[central], p, Path("d"), Path("o"))[-2:] == ["--workers", "0"]
 
 
+def test_the_dropout_suite_adds_dropout_to_the_rank_rows_at_c_0_1_and_nothing_else():
+    """Each dropout run is its rank run's command plus --dropout 0.5: PTB's FedAvg, FedAvgM and
+    centralized model at C 0.1, the targets' C (the gpu preset's C 0.5 rows are not repeated)."""
+    for name in ("cpu", "gpu"):
+        p = PRESETS[name]
+        results = decided(name)
+        rank = {(s.method, s.fraction): s for s in select(p, ["rank"], results)
+                if s.dataset == "ptb"}  # fmt: skip
+        dropout = select(p, ["dropout"], results)
+        central = next(m for (m, c), r in rank.items() if r.kind == "central" and c == 0.1)
+        assert sorted(s.method for s in dropout) == sorted(["FedAvg", "FedAvgM", central])
+        for spec in dropout:
+            assert spec.fraction == 0.1 and spec.id.startswith("dropout-ptb-")
+            twin = command(rank[spec.method, 0.1], p, Path("d"), Path("o"))
+            words = command(spec, p, Path("d"), Path("o"))
+            at = words.index("--dropout")
+            assert words[:at] + words[at + 2 :] == twin and "--dropout" not in twin
+            assert words[at + 1] == "0.5"
+
+
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
     # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
-    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed
-    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3}
+    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout
+    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 3}
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 

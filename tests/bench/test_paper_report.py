@@ -57,14 +57,15 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     heads = [line for line in md.splitlines() if line.startswith("## ")]
     assert heads[0].startswith("## Language model and keyboard: preset `cpu`")
     order = ["## Language model", "## Targets (issue 18)", "## Non-IID phones",
-             "## Seed to seed", "## A learning-rate schedule", "## Learning rates, chosen on the validation set", "## The seed papers' column "
+             "## Seed to seed", "## A learning-rate schedule", "## Dropout 0.5 against",
+             "## Learning rates, chosen on the validation set", "## The seed papers' column "
              "measure", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little "
              "training to rank the methods", "## Every run", "## Commands"]  # fmt: skip
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 149 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
-        "decay 0 of 3;" in md
+        "**7 of 152 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
+        "decay 0 of 3, dropout 0 of 3;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
@@ -102,14 +103,14 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 149 runs done**" in md and "seeds 2 of 6" in md
+    assert "**9 of 152 runs done**" in md and "seeds 2 of 6" in md
 
 
 def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
     """Each decay row: the rank run's test perplexity at a constant lr, the decayed run's, the
     change, and the federated rows against the centralized model decayed alike; the targets
     table adds a row for the decayed runs against that centralized model."""
-    from bench.paper_decay import decay_table
+    from bench.paper_variants import VARIANTS, variant_table
     from bench.presets import PRESETS
 
     runs = ranking_runs() + [
@@ -117,7 +118,7 @@ def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
         run("decay", "ptb", "FedAvg", 0.1, [1000, 150, 147], top1=0.24),
     ]
     begun = {"cpu/decay-ptb-fedavgm-c0.1": [7, 50]}
-    rows = decay_table(PRESETS["cpu"], runs, begun).splitlines()[2:]
+    rows = variant_table(VARIANTS["decay"], PRESETS["cpu"], runs, begun).splitlines()[2:]
     assert [r.split(" | ")[0][2:] for r in rows] == [CENTRAL, "FedAvg", "FedAvgM"]
     # 150 -> 140: -6.7%; FedAvg 160 -> 147 (-8.1%), +5.0% from the decayed centralized 140;
     # top-1 0.24 against the 3-gram's 0.16: 1.50x
@@ -132,6 +133,27 @@ def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
         "| cpu, lr decayed | PTB | FedAvg | 147.00 | 140.00 | yes (+5.0%) |"
     )
     assert "decay 2 of 3" in markdown(runs, [], {}, {}, begun)
+
+
+def test_the_dropout_section_sets_each_run_beside_its_rank_run_without_dropout():
+    """The dropout suite's rows as the decay suite's: beside the rank run without dropout, and
+    in the targets table against the centralized model with the same dropout."""
+    from bench.paper_variants import VARIANTS, variant_table
+    from bench.presets import PRESETS
+
+    runs = ranking_runs() + [
+        run("dropout", "ptb", CENTRAL, 0.1, [1000, 120], kind="central", top1=0.26),
+        run("dropout", "ptb", "FedAvg", 0.1, [1000, 140, 138], top1=0.24),
+    ]
+    table = variant_table(VARIANTS["dropout"], PRESETS["cpu"], runs).splitlines()
+    assert table[0].startswith("| method | C | dropout | test ppl, no dropout | test ppl, dropout")
+    # FedAvg 160 -> 138 (-13.7%), +15.0% from the centralized model with dropout (120)
+    assert table[3].startswith("| FedAvg | 0.1 | 0.5 | 160.00 | 138.00 | -13.7% | +15.0% |")
+    assert table[4].startswith("| FedAvgM | 0.1 | 0.5 | - | not run yet |")
+    targets = targets_table(runs).splitlines()
+    assert targets[3].startswith("| cpu, dropout | PTB | FedAvg | 138.00 | 120.00 | no (+15.0%) |")
+    md = markdown(runs, [], {}, {})
+    assert "## Dropout 0.5 against overfitting (preset `cpu`)" in md and "dropout 2 of 3" in md
 
 
 def test_the_rank_table_marks_what_chance_alone_could_explain():
@@ -181,7 +203,10 @@ def test_targets_say_where_we_stand():
     assert "| FedAtt | 164.00 | 150.00 | yes (+9.3%)" in targets_table(runs)
     runs[5]["test_ppl"] = 200.0
     assert "| FedAvg | 170.00 | 150.00 | no (+13.3%)" in targets_table(runs)
-    assert "not run (no GPU yet)" in targets_table(runs)
+    # the gpu preset writes its own results: a cpu report says where they are
+    assert "target test ppl <= 100; none in these results (a gpu bench writes its own" in (
+        targets_table(runs)
+    )
 
 
 def test_attention_spread_is_reported_per_run():
