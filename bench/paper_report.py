@@ -53,7 +53,13 @@ from bench.paper_tables import (
     plot_curves,
     privacy_tables,
 )
-from bench.paper_variants import VARIANTS, variant_central, variant_curves, variant_section
+from bench.paper_variants import (
+    VARIANTS,
+    variant_central,
+    variant_curves,
+    variant_kept,
+    variant_section,
+)
 from bench.presets import PRESETS, Preset
 from bench.report import markdown_table
 from bench.runs import run_seconds
@@ -127,7 +133,10 @@ def targets_table(runs: list[dict]) -> str:
     rows = []
     for preset, ds, suite in [(p, ds, s) for p in _presets(runs) for ds in DATASET_NAMES
                               for s in ("rank", *VARIANTS)]:  # fmt: skip
-        fed = [r for r in runs if r.get("preset") == preset and r["suite"] == suite
+        # a variant suite's runs: those the report keeps (one per row, chosen on validation)
+        of = (variant_kept(VARIANTS[suite], PRESETS[preset], runs).values()
+              if suite in VARIANTS else runs)  # fmt: skip
+        fed = [r for r in of if r.get("preset") == preset and r["suite"] == suite
                and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
         if not fed:
             continue

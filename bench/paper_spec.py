@@ -28,6 +28,7 @@ class RunSpec:
     partition: str = "iid"
     clients: int = 100
     seed: int = 0  # --seed: the phones' shares of the data, the initial weights, who trains when
+    tag: str = ""  # one more run of the same row in a suite, named in its id (dropout: "lr10")
 
     def fields(self) -> dict:
         """What a results.json object says of the run's place in the bench (suite, method, C...):
@@ -40,8 +41,10 @@ class RunSpec:
     def id(self) -> str:
         c = "auto" if self.fraction is None else f"c{self.fraction:g}"
         slug = re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-")
-        return f"{self.suite}-{self.dataset}-{slug}-{c}" + (
-            f"-seed{self.seed}" if self.seed else ""
+        return (
+            f"{self.suite}-{self.dataset}-{slug}-{c}"
+            + (f"-seed{self.seed}" if self.seed else "")
+            + (f"-{self.tag}" if self.tag else "")
         )
 
 

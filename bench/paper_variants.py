@@ -10,6 +10,7 @@ the same change: the target compares like with like. Written from results.json's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -20,6 +21,7 @@ from bench.paper_suites import (
     decay_suite,
     dropout_suite,
     every_knob_chosen,
+    lr_choices,
 )
 from bench.paper_tables import Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
@@ -65,9 +67,12 @@ def _about_dropout(preset: Preset) -> str:
         f"The dropout suite runs these PTB rows of the rank suite at C 0.1 again with dropout "
         f"{DROPOUT:g} on the embeddings and the GRU's outputs (`--dropout`: the non-recurrent "
         "connections only, as Zaremba et al. 2014 regularize their LSTMs), the centralized "
-        "model too; the model is evaluated without it. The same learning rates and seed as the "
-        "rank runs; one value, not swept. vs centralized, dropout: the federated rows against "
-        'the centralized model with the same dropout (the targets table\'s "dropout" row).'
+        "model too; the model is evaluated without it. Each row runs at the lr the sweep chose "
+        "without dropout and at the grid's next larger one (dropout slows fitting and delays "
+        "overfitting), and the one with the better validation perplexity is kept; the same "
+        "seed as the rank runs; one dropout value, not swept. vs centralized, dropout: the "
+        "federated rows against the kept centralized model with the same dropout (the targets "
+        'table\'s "dropout" row, from the kept runs).'
     )
 
 
@@ -91,49 +96,76 @@ def variant_pairs(
     repeats without the change, its own run), None for a run not done."""
     mine = [r for r in runs if r.get("preset") == preset.name]
     by_id = {r["id"]: r for r in mine}
-    return [(s, by_id.get(replace(s, suite="rank").id), by_id.get(s.id))
-            for s in v.runs(preset, mine, every_knob_chosen())]  # fmt: skip
+    # the sweep's choices where made (a dropout run's lr is in its id), placeholders elsewhere
+    chosen = lr_choices(mine, preset)
+    choices = {ds: {**every, **chosen.get(ds, {})} for ds, every in every_knob_chosen().items()}
+    return [(s, by_id.get(replace(s, suite="rank", tag="").id), by_id.get(s.id))
+            for s in v.runs(preset, mine, choices)]  # fmt: skip
+
+
+def variant_kept(v: Variant, preset: Preset, runs: list[dict]) -> dict[str, dict]:
+    """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
+    row at more than one lr (dropout), the one with the lowest best validation perplexity once
+    all of them are done, and until then the one at the rank run's own lr; test perplexity is
+    never read."""
+    rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
+    for spec, _, run in variant_pairs(v, preset, runs):
+        rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
+    kept = {}
+    for rank_id, tries in rows.items():
+        done = [run for _, run in tries if run is not None]
+        if done and len(done) == len(tries):
+            kept[rank_id] = min(done, key=lambda r: _score(r))
+        elif tries[0][1] is not None:
+            kept[rank_id] = tries[0][1]
+    return kept
+
+
+def _score(run: dict) -> float:
+    v = run.get("best_val_ppl")
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
 def variant_central(v: Variant, preset: Preset, runs: list[dict], dataset: str) -> dict | None:
-    """The variant suite's centralized run at C 0.1 on `dataset`, done, or None."""
-    return next((run for s, _, run in variant_pairs(v, preset, runs)
-                 if run and s.kind == "central" and s.dataset == dataset
-                 and s.fraction == 0.1), None)  # fmt: skip
+    """The variant suite's centralized run at C 0.1 on `dataset` that the report keeps, or None."""
+    return next((run for run in variant_kept(v, preset, runs).values()
+                 if run["kind"] == "central" and run["dataset"] == dataset
+                 and run["fraction"] == 0.1), None)  # fmt: skip
 
 
 def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | None = None) -> str:
     """One row per run of the variant: its test perplexity beside its rank run's, the change,
-    against the centralized model with the same change, and its keyboard metrics (top-1 against
-    the rank suite's Kneser-Ney 3-gram)."""
+    against the centralized model with the same change (the kept one), and its keyboard metrics
+    (top-1 against the rank suite's Kneser-Ney 3-gram); kept: the run the targets table uses
+    (variant_kept: where a row runs at more than one lr, the better on validation)."""
     begun = begun or {}
-    header = ["method", "C", v.column, f"test ppl, {v.before}", f"test ppl, {v.after}",
+    header = ["method", "C", v.column, "lr", f"test ppl, {v.before}", f"test ppl, {v.after}",
               "change", f"vs centralized, {v.after}", "top-1", "top-1 vs 3-gram", "top-3", "KSR",
-              "best round / rounds"]  # fmt: skip
+              "best val ppl", "best round / rounds", "kept"]  # fmt: skip
     pairs = variant_pairs(v, preset, runs)
-    # per dataset: the centralized run with the change, and the rank suite's 3-gram's top-1
-    central = {s.dataset: run for s, _, run in pairs
-               if run and s.kind == "central" and s.fraction == 0.1}  # fmt: skip
+    kept = {id(run) for run in variant_kept(v, preset, runs).values()}
+    central = {ds: variant_central(v, preset, runs, ds) for ds in {s.dataset for s, _, _ in pairs}}
     ngram_top1 = {r["dataset"]: r["top1"] for r in runs if r.get("preset") == preset.name
                   and r["suite"] == "rank" and r["kind"] == "ngram"}  # fmt: skip
     rows = []
     for spec, unchanged, run in pairs:
         was = unchanged["test_ppl"] if unchanged else None
+        fed = spec.kind == "federated"
+        lr = "-" if spec.lr is None else f"{spec.lr:g}"
         if run is None:
             where = _where(begun.get(f"{preset.name}/{spec.id}"), spec.kind)
-            rows.append([spec.method, _c(spec.fraction) if spec.kind == "federated" else "-",
-                         v.value(spec), _f(was), where, *[""] * (len(header) - 5)])  # fmt: skip
+            rows.append([spec.method, _c(spec.fraction) if fed else "-", v.value(spec), lr,
+                         _f(was), where, *[""] * (len(header) - 6)])  # fmt: skip
             continue
-        fed = spec.kind == "federated"
         ref = central.get(spec.dataset)
         top1 = run.get("top1")
         rows.append([
-            run["method"], _c(run["fraction"]) if fed else "-", v.value(spec), _f(was),
+            run["method"], _c(run["fraction"]) if fed else "-", v.value(spec), lr, _f(was),
             _f(run["test_ppl"]), _pct(run["test_ppl"], was),
             _pct(run["test_ppl"], ref["test_ppl"]) if fed and ref else "-",
             _f(top1, ".3f"), _x(top1, ngram_top1.get(spec.dataset)),
-            _f(run.get("top3"), ".3f"), _f(run.get("ksr"), ".3f"),
-            f"{run['best_round']} / {run['rounds']}",
+            _f(run.get("top3"), ".3f"), _f(run.get("ksr"), ".3f"), _f(run.get("best_val_ppl")),
+            f"{run['best_round']} / {run['rounds']}", "yes" if id(run) in kept else "",
         ])  # fmt: skip
     return markdown_table(header, rows) if rows else ""
 
@@ -153,11 +185,13 @@ def variant_section(
 
 def variant_curves(v: Variant, preset: Preset, runs: list[dict]) -> list[dict]:
     """The variant suite's runs and the rank runs they repeat, labelled, for one figure."""
-    out = []
-    for _, unchanged, run in variant_pairs(v, preset, runs):
-        if run is not None:
-            out += (
-                [{**unchanged, "method": f"{unchanged['method']}, {v.before}"}] if unchanged else []
-            )
-            out += [{**run, "method": f"{run['method']}, {v.after}"}]
+    out, seen = [], set()
+    for spec, unchanged, run in variant_pairs(v, preset, runs):
+        if run is None:
+            continue
+        if unchanged and unchanged["id"] not in seen:
+            seen.add(unchanged["id"])
+            out.append({**unchanged, "method": f"{unchanged['method']}, {v.before}"})
+        at = f", lr {spec.lr:g}" if spec.tag else ""
+        out.append({**run, "method": f"{run['method']}, {v.after}{at}"})
     return out

@@ -17,6 +17,7 @@ from bench.paper_suites import (
     choose,
     choose_joint,
     lr_choices,
+    next_lr,
     planned,
 )
 from bench.presets import PRESETS
@@ -329,9 +330,11 @@ def test_the_decay_suite_adds_an_lr_decay_alike_per_example_seen_and_nothing_els
     assert command(rank[central], p, Path("d"), Path("o"))[-2:] == ["--workers", "0"]
 
 
-def test_the_dropout_suite_adds_dropout_to_the_rank_rows_at_c_0_1_and_nothing_else():
-    """Each dropout run is its rank run's command plus --dropout 0.5: PTB's FedAvg, FedAvgM and
-    centralized model at C 0.1, the targets' C (the gpu preset's C 0.5 rows are not repeated)."""
+def test_the_dropout_suite_adds_dropout_to_the_rank_rows_at_their_lr_and_the_next_larger():
+    """Each dropout run is its rank run's command plus --dropout 0.5, once at the rank run's lr
+    and once at the grid's next larger one (past the grid's top, one step of its ratio more):
+    PTB's FedAvg, FedAvgM and centralized model at C 0.1, the targets' C (the gpu preset's C 0.5
+    rows are not repeated)."""
     for name in ("cpu", "gpu"):
         p = PRESETS[name]
         results = decided(name)
@@ -339,14 +342,26 @@ def test_the_dropout_suite_adds_dropout_to_the_rank_rows_at_c_0_1_and_nothing_el
                 if s.dataset == "ptb"}  # fmt: skip
         dropout = select(p, ["dropout"], results)
         central = next(m for (m, c), r in rank.items() if r.kind == "central" and c == 0.1)
-        assert sorted(s.method for s in dropout) == sorted(["FedAvg", "FedAvgM", central])
+        assert sorted(s.method for s in dropout) == sorted(["FedAvg", "FedAvgM", central] * 2)
         for spec in dropout:
+            base = rank[spec.method, 0.1]
             assert spec.fraction == 0.1 and spec.id.startswith("dropout-ptb-")
-            twin = command(rank[spec.method, 0.1], p, Path("d"), Path("o"))
+            twin = command(base, p, Path("d"), Path("o"))
             words = command(spec, p, Path("d"), Path("o"))
             at = words.index("--dropout")
-            assert words[:at] + words[at + 2 :] == twin and "--dropout" not in twin
-            assert words[at + 1] == "0.5"
+            assert words[at + 1] == "0.5" and "--dropout" not in twin
+            del words[at : at + 2]
+            if not spec.tag:  # the rank run's own lr: nothing else changes
+                assert words == twin and spec.id == base.id.replace("rank-", "dropout-", 1)
+                continue
+            assert spec.tag == f"lr{spec.lr:g}" and spec.id.endswith(f"-c0.1-{spec.tag}")
+            assert spec.lr == next_lr(p, base.lr) > base.lr
+            lr = words.index("--lr")
+            assert words[lr + 1] == f"{spec.lr:g}"
+            assert words[:lr] + words[lr + 2 :] == twin[:lr] + twin[lr + 2 :]
+    # the cpu grid is 0.3, 1, 3: the next above 1 is 3, above 3 one step (x3.16) more: 10
+    assert [next_lr(PRESETS["cpu"], lr) for lr in (0.3, 1.0, 3.0)] == [1.0, 3.0, 10.0]
+    assert next_lr(PRESETS["gpu"], 0.1) == 1.0
 
 
 def test_progress_counts_every_planned_run():
@@ -355,8 +370,8 @@ def test_progress_counts_every_planned_run():
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
     # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
-    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout
-    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 3}
+    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs
+    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 6}
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 

@@ -11,13 +11,13 @@ from bench.paper_spec import RunSpec
 
 
 def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,
-        group="", partition="iid", weights=None, seed=0):  # fmt: skip
+        group="", partition="iid", weights=None, seed=0, tag=""):  # fmt: skip
     rows = [{"round": i, "val_ppl": p + 1, "test_ppl": p, "top1": top1, "top3": 0.3, "ksr": 0.4,
              "aggregated": ["a", "b"] * (i > 0),
              "info": {"attention_mean": weights} if weights and i else {}}
             for i, p in enumerate(ppls)]  # fmt: skip
     spec = RunSpec(suite, dataset, method, fraction, kind=kind, group=group, partition=partition,
-                   seed=seed)  # fmt: skip
+                   seed=seed, tag=tag)  # fmt: skip
     return {"id": f"{spec.id}", **summarize(rows, spec), "wall_seconds": 60.0,
             "command": f"fedkey simulate --lr 1 --id {spec.id}", "git_commit": "abcdef1234",
             "git_dirty": False, "device": "cpu", "preset": preset, "seed_ppl": None}  # fmt: skip
@@ -64,8 +64,8 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 152 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
-        "decay 0 of 3, dropout 0 of 3;" in md
+        "**7 of 155 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
+        "decay 0 of 3, dropout 0 of 6;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
@@ -103,7 +103,7 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 152 runs done**" in md and "seeds 2 of 6" in md
+    assert "**9 of 155 runs done**" in md and "seeds 2 of 6" in md
 
 
 def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
@@ -122,10 +122,12 @@ def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
     assert [r.split(" | ")[0][2:] for r in rows] == [CENTRAL, "FedAvg", "FedAvgM"]
     # 150 -> 140: -6.7%; FedAvg 160 -> 147 (-8.1%), +5.0% from the decayed centralized 140;
     # top-1 0.24 against the 3-gram's 0.16: 1.50x
-    assert rows[0].startswith(f"| {CENTRAL} | - | 0.5987 an epoch | 150.00 | 140.00 | -6.7% | - |")
-    assert rows[1] == ("| FedAvg | 0.1 | 0.95 a round | 160.00 | 147.00 | -8.1% | +5.0% | 0.240 "
-                       "| 1.50x | 0.300 | 0.400 | 2 / 2 |")  # fmt: skip
-    assert rows[2].startswith("| FedAvgM | 0.1 | 0.95 a round | - | begun: round 7 of 50 |")
+    assert rows[0].startswith(
+        f"| {CENTRAL} | - | 0.5987 an epoch | 1 | 150.00 | 140.00 | -6.7% | - |"
+    )
+    assert rows[1] == ("| FedAvg | 0.1 | 0.95 a round | 1 | 160.00 | 147.00 | -8.1% | +5.0% "
+                       "| 0.240 | 1.50x | 0.300 | 0.400 | 148.00 | 2 / 2 | yes |")  # fmt: skip
+    assert rows[2].startswith("| FedAvgM | 0.1 | 0.95 a round | 1 | - | begun: round 7 of 50 |")
     targets = targets_table(runs).splitlines()
     # constant lr: FedAvg 160 against 150 (+6.7%); decayed: 147 against 140 (+5.0%)
     assert targets[2].startswith("| cpu | PTB | FedAvg | 160.00 | 150.00 | yes (+6.7%) |")
@@ -135,25 +137,41 @@ def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
     assert "decay 2 of 3" in markdown(runs, [], {}, {}, begun)
 
 
-def test_the_dropout_section_sets_each_run_beside_its_rank_run_without_dropout():
-    """The dropout suite's rows as the decay suite's: beside the rank run without dropout, and
-    in the targets table against the centralized model with the same dropout."""
+def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation():
+    """Each dropout row runs at the rank run's lr (1 here) and the next larger (3): both are
+    listed beside the rank run without dropout, and once both are done the one with the better
+    VALIDATION perplexity is kept, for the targets table and as the centralized reference (never
+    the better test perplexity); until then the one at the rank run's lr."""
     from bench.paper_variants import VARIANTS, variant_table
     from bench.presets import PRESETS
 
+    def with_val(r, val):
+        return {**r, "best_val_ppl": val}
+
     runs = ranking_runs() + [
         run("dropout", "ptb", CENTRAL, 0.1, [1000, 120], kind="central", top1=0.26),
+        with_val(run("dropout", "ptb", CENTRAL, 0.1, [1000, 125], kind="central", tag="lr3"), 100),
         run("dropout", "ptb", "FedAvg", 0.1, [1000, 140, 138], top1=0.24),
     ]
     table = variant_table(VARIANTS["dropout"], PRESETS["cpu"], runs).splitlines()
-    assert table[0].startswith("| method | C | dropout | test ppl, no dropout | test ppl, dropout")
-    # FedAvg 160 -> 138 (-13.7%), +15.0% from the centralized model with dropout (120)
-    assert table[3].startswith("| FedAvg | 0.1 | 0.5 | 160.00 | 138.00 | -13.7% | +15.0% |")
-    assert table[4].startswith("| FedAvgM | 0.1 | 0.5 | - | not run yet |")
-    targets = targets_table(runs).splitlines()
-    assert targets[3].startswith("| cpu, dropout | PTB | FedAvg | 138.00 | 120.00 | no (+15.0%) |")
+    assert table[0].startswith(
+        "| method | C | dropout | lr | test ppl, no dropout | test ppl, dropout | change |"
+    )
+    assert [r.split(" | ")[3] for r in table[2:]] == ["1", "3"] * 3
+    # the centralized run at lr 3 is kept (validation 100 against 121) though its test is worse:
+    # FedAvg 160 -> 138 (-13.7%), +10.4% from it (125)
+    assert table[2].endswith("| 121.00 | 1 / 1 |  |") and table[3].endswith("| 1 / 1 | yes |")
+    assert table[4].startswith("| FedAvg | 0.1 | 0.5 | 1 | 160.00 | 138.00 | -13.7% | +10.4% |")
+    assert table[4].endswith("| yes |")  # its lr-3 twin not done yet: the rank lr's run
+    assert table[5].startswith("| FedAvg | 0.1 | 0.5 | 3 | 160.00 | not run yet |")
+    target = targets_table(runs).splitlines()[3]
+    assert target.startswith("| cpu, dropout | PTB | FedAvg | 138.00 | 125.00 | no (+10.4%) |")
+    # FedAvg at lr 3 done, better on validation: it is kept, and the targets row follows
+    runs.append(with_val(run("dropout", "ptb", "FedAvg", 0.1, [1000, 150], tag="lr3"), 90))
+    target = targets_table(runs).splitlines()[3]
+    assert target.startswith("| cpu, dropout | PTB | FedAvg | 150.00 | 125.00 | no (+20.0%) |")
     md = markdown(runs, [], {}, {})
-    assert "## Dropout 0.5 against overfitting (preset `cpu`)" in md and "dropout 2 of 3" in md
+    assert "## Dropout 0.5 against overfitting (preset `cpu`)" in md and "dropout 4 of 6" in md
 
 
 def test_the_rank_table_marks_what_chance_alone_could_explain():
