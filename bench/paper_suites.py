@@ -201,12 +201,17 @@ def _decide(grid: tuple[float, ...], tried: dict[float, float]) -> tuple[float |
     best = min(tried, key=lambda v: (tried[v], v))
     values = sorted(tried)
     if len(grid) > 1:
-        step = (max(grid) / min(grid)) ** (1 / (len(grid) - 1))
+        step = grid_step(grid)
         if best == values[0] and sum(v < min(grid) for v in values) < MAX_EXTENSIONS:
             return None, [half_decade(best / step)]
         if best == values[-1] and sum(v > max(grid) for v in values) < MAX_EXTENSIONS:
             return None, [half_decade(best * step)]
     return best, []
+
+
+def grid_step(grid: tuple[float, ...]) -> float:
+    """The ratio between neighbouring values of a geometric grid (of two or more values)."""
+    return (max(grid) / min(grid)) ** (1 / (len(grid) - 1))
 
 
 def choose(
@@ -462,8 +467,7 @@ def next_lr(preset: Preset, lr: float) -> float:
     larger = [v for v in grid if v > lr]
     if larger:
         return min(larger)
-    step = (max(grid) / min(grid)) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 10.0
-    return half_decade(lr * step)
+    return half_decade(lr * (grid_step(grid) if len(grid) > 1 else 10.0))
 
 
 def dropout_suite(
