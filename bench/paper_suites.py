@@ -453,8 +453,8 @@ def decay_suite(preset: Preset, results: list[dict], choices: dict | None = None
 #: the gpu preset's protocol (E 5: 25 epochs' worth of examples at C 0.1) the centralized model
 #: overfits after epoch 4 (best validation 124.57) and FedAvg at lr 1 after round 7 (286.32; the
 #: sweep chose 0.1, still falling at round 50: 259.71); with dropout 0.5 the centralized run was
-#: at 112.12 by epoch 15 and FedAvg at lr 1 at 258.5 by round 8, both still falling
-#: (bench/results/README.md). A federated row's phones each hold 1% of the text and train it E
+#: at 112.12 by epoch 15, still falling, and FedAvg at lr 1 best at round 46 (156.28; test 152.04
+#: against the chosen lr's 249.28: bench/results/README.md). A federated row's phones each hold 1% of the text and train it E
 #: epochs a round: they overfit sooner. One dropout value, not swept.
 DROPPED = ("FedAvg", "FedAvgM")
 DROPOUT = 0.5
