@@ -10,7 +10,6 @@ the same change: the target compares like with like. Written from results.json's
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -18,6 +17,7 @@ from bench.paper_spec import RunSpec
 from bench.paper_suites import (
     DROPOUT,
     ROUND_DECAY,
+    _score,
     decay_suite,
     dropout_suite,
     every_knob_chosen,
@@ -115,15 +115,10 @@ def variant_kept(v: Variant, preset: Preset, runs: list[dict]) -> dict[str, dict
     for rank_id, tries in rows.items():
         done = [run for _, run in tries if run is not None]
         if done and len(done) == len(tries):
-            kept[rank_id] = min(done, key=lambda r: _score(r))
+            kept[rank_id] = min(done, key=_score)  # the sweep's score: best validation
         elif tries[0][1] is not None:
             kept[rank_id] = tries[0][1]
     return kept
-
-
-def _score(run: dict) -> float:
-    v = run.get("best_val_ppl")
-    return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
 def variant_central(v: Variant, preset: Preset, runs: list[dict], dataset: str) -> dict | None:
