@@ -55,7 +55,7 @@ from bench.paper_tables import (
 )
 from bench.paper_variants import (
     VARIANTS,
-    variant_central,
+    kept_central,
     variant_curves,
     variant_kept,
     variant_section,
@@ -134,15 +134,15 @@ def targets_table(runs: list[dict]) -> str:
     for preset, ds, suite in [(p, ds, s) for p in _presets(runs) for ds in DATASET_NAMES
                               for s in ("rank", *VARIANTS)]:  # fmt: skip
         # a variant suite's runs: those the report keeps (one per row, chosen on validation)
-        of = (variant_kept(VARIANTS[suite], PRESETS[preset], runs).values()
-              if suite in VARIANTS else runs)  # fmt: skip
+        kept = variant_kept(VARIANTS[suite], PRESETS[preset], runs) if suite in VARIANTS else {}
+        of = kept.values() if suite in VARIANTS else runs
         fed = [r for r in of if r.get("preset") == preset and r["suite"] == suite
                and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
         if not fed:
             continue
         central, ngram = references(runs, preset, ds)
         if suite in VARIANTS:  # held against the centralized model with the same change
-            central = variant_central(VARIANTS[suite], PRESETS[preset], runs, ds)
+            central = kept_central(kept, ds)
         best = min(fed, key=lambda r: _key(r["test_ppl"]))
         top = max(fed, key=lambda r: r["top1"] or 0)
         cp = central["test_ppl"] if central else None

@@ -10,7 +10,7 @@ the same change: the target compares like with like. Written from results.json's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from bench.paper_spec import RunSpec
@@ -103,13 +103,15 @@ def variant_pairs(
             for s in v.runs(preset, mine, choices)]  # fmt: skip
 
 
-def variant_kept(v: Variant, preset: Preset, runs: list[dict]) -> dict[str, dict]:
+def variant_kept(
+    v: Variant, preset: Preset, runs: list[dict], pairs: list | None = None
+) -> dict[str, dict]:
     """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
     row at more than one lr (dropout), the one with the lowest best validation perplexity once
     all of them are done, and until then the one at the rank run's own lr; test perplexity is
-    never read."""
+    never read. `pairs`: variant_pairs' answer, where the caller has it."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
-    for spec, _, run in variant_pairs(v, preset, runs):
+    for spec, _, run in pairs if pairs is not None else variant_pairs(v, preset, runs):
         rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
     kept = {}
     for rank_id, tries in rows.items():
@@ -121,9 +123,9 @@ def variant_kept(v: Variant, preset: Preset, runs: list[dict]) -> dict[str, dict
     return kept
 
 
-def variant_central(v: Variant, preset: Preset, runs: list[dict], dataset: str) -> dict | None:
-    """The variant suite's centralized run at C 0.1 on `dataset` that the report keeps, or None."""
-    return next((run for run in variant_kept(v, preset, runs).values()
+def kept_central(kept: Mapping[str, dict], dataset: str) -> dict | None:
+    """Of variant_kept's runs, the centralized run at C 0.1 on `dataset`, or None."""
+    return next((run for run in kept.values()
                  if run["kind"] == "central" and run["dataset"] == dataset
                  and run["fraction"] == 0.1), None)  # fmt: skip
 
@@ -138,8 +140,9 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
               "change", f"vs centralized, {v.after}", "top-1", "top-1 vs 3-gram", "top-3", "KSR",
               "best val ppl", "best round / rounds", "kept"]  # fmt: skip
     pairs = variant_pairs(v, preset, runs)
-    kept = {id(run) for run in variant_kept(v, preset, runs).values()}
-    central = {ds: variant_central(v, preset, runs, ds) for ds in {s.dataset for s, _, _ in pairs}}
+    kept_runs = variant_kept(v, preset, runs, pairs)
+    kept = {id(run) for run in kept_runs.values()}
+    central = {ds: kept_central(kept_runs, ds) for ds in {s.dataset for s, _, _ in pairs}}
     ngram_top1 = {r["dataset"]: r["top1"] for r in runs if r.get("preset") == preset.name
                   and r["suite"] == "rank" and r["kind"] == "ngram"}  # fmt: skip
     rows = []
