@@ -344,9 +344,9 @@ def markdown(result: dict) -> str:
         ]
         out += [
             "The local trainer (`device_sim.trainer.train_local`) under `--precision fp32` and "
-            "`bf16` (bf16 autocast on the forward, fp32 master weights, loss and gradients; on the "
-            "CPU autocast leaves the GRU in fp32, so the gain is the softmax layer's, which the "
-            "trainer runs on the real words only), "
+            "`bf16` (bf16 autocast on the forward, fp32 master weights, loss and gradients; the "
+            "gain is mostly the softmax layer's, which the trainer runs on the real words only: "
+            "the GRU's small per-step products, bf16 under autocast too, are bound by overhead), "
             f"interleaved: model `{q.get('model', 'small')}` (GRU 300, tied), vocabulary "
             f"{q.get('vocab', '?')}, {_text(s['speed'].get('cpu', {}), q)}, "
             "batch 10, one epoch per repeat, one torch thread; tokens/s of the best repeat. "
