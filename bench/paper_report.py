@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.paper import superseded
+from bench.paper_manual import Manual, best_at_protocol, manual_runs, manual_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
 from bench.paper_suites import (
@@ -124,10 +125,11 @@ def _key(v) -> float:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
-def targets_table(runs: list[dict]) -> str:
+def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
     """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand;
     with a variant suite's runs (decay, dropout), a row of theirs against its centralized model
-    with the same change."""
+    with the same change. `manual_best`: the best hand-made gpu-protocol run on PTB
+    (bench.paper_manual), named beside the gpu target."""
     header = ["preset", "dataset", "best federated at C 0.1", "test ppl", "centralized",
               "within 10%", "best federated top-1", "3-gram top-1", "top-1 >= 1.25x"]  # fmt: skip
     rows = []
@@ -162,6 +164,10 @@ def targets_table(runs: list[dict]) -> str:
         if gpu
         else "none in these results (a gpu bench writes its own results.md: bench/results/gpu)"
     )
+    if manual_best is not None:
+        note += (f"; outside the bench, at its protocol: {_f(manual_best['test_ppl'])} "
+                 f"(`{manual_best['name']}`: `{manual_best['what']}`, on {manual_best['device']}; "
+                 f"below)")  # fmt: skip
     return markdown_table(header, rows) + note
 
 
@@ -262,10 +268,11 @@ def _marked(run: dict, stale: Sequence[str]) -> dict:
     return {**run, "method": f"{run['method']} (superseded: run again with the current command)"}
 
 
-def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
-                     begun: Begun | None = None) -> list[str]:  # fmt: skip
+def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun | None = None,
+                     manual: Manual | None = None) -> list[str]:  # fmt: skip
     """The ranking tables per preset and dataset; `begun` (bench.paper_results.Bench.begun): the runs
-    stopped at a time limit, shown with the rounds they have done."""
+    stopped at a time limit, shown with the rounds they have done; `manual`: a preset and the
+    hand-made runs at its folder (bench.paper_manual), in a section after the targets."""
     begun = begun or {}
     out = []
     # each preset's superseded runs, found once: the progress line and both tables use them
@@ -293,7 +300,10 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path],
                 "row rerun at other seeds, its test perplexity's mean and sample sd over them; "
                 f"a row run once, the rerun federated rows within {CHANCE_SD} sd of whose mean it lies: "
                 "it differs from them by no more than chance.", ""]  # fmt: skip
-    out += ["## Targets (issue 18)", "", targets_table(runs)]
+    preset_of, hand = manual or (None, [])
+    best = best_at_protocol(hand, "ptb") if preset_of and preset_of.name == "gpu" else None
+    out += ["## Targets (issue 18)", "", targets_table(runs, best)]
+    out += manual_section(hand, preset_of) if preset_of else []
     for name in _presets(runs):
         preset = PRESETS[name]
         noniid = [r for r in runs if r.get("preset") == name and r["suite"] == "noniid"]
@@ -443,7 +453,8 @@ def detail_table(runs: list[dict]) -> str:
 
 
 def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
-             plots: Mapping[str, Path], begun: Begun | None = None) -> str:  # fmt: skip
+             plots: Mapping[str, Path], begun: Begun | None = None,
+             manual: Manual | None = None) -> str:  # fmt: skip
     """results.md: ranking first, then the sweep, curves, the column-measure evidence, the
     appendix, every run and its command."""
     commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
@@ -468,7 +479,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         f"- Git commits: {', '.join(commits)}",
         f"- Devices: {', '.join(devices)}",
     ]
-    out += ranking_sections(runs, plots, begun)
+    out += ranking_sections(runs, plots, begun, manual)
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
         for v in VARIANTS.values():
@@ -559,11 +570,15 @@ def write_report(
     choices: Mapping | None = None,
     begun: Begun | None = None,
 ) -> Path:
-    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`)."""
+    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`, and
+    the hand-made runs in OUT/manual/: bench.paper_manual)."""
     out.mkdir(parents=True, exist_ok=True)
     plots = draw(runs, out)
     path = out / "results.md"
-    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun))
+    # OUT is a ranking preset's results folder (cpu, gpu): the hand-made runs there share its protocol
+    mine = [PRESETS[p] for p in _presets(runs) if PRESETS[p].results_folder == out.name]
+    manual = (mine[0], manual_runs(out, mine[0])) if mine else None
+    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun, manual))
     return path
 
 
