@@ -380,6 +380,13 @@ def run_bench(
         """Whether an earlier, stopped attempt left the run a checkpoint to continue after."""
         return can_resume(run_root / spec.id, shlex.join(argv(spec)))
 
+    # A run noted begun whose folder here holds no checkpoint to continue after (a new machine:
+    # run folders stay on the one that ran them) starts again from its first round: say so.
+    lost = [s.id for s in todo if f"{preset.name}/{s.id}" in bench.begun() and not started(s)]
+    if lost:
+        print(f"{len(lost)} runs noted as begun have no checkpoint under {run_root} (a run's "
+              f"folder stays on the machine that ran it): they start again from their first "
+              f"round: {', '.join(lost)}")  # fmt: skip
     bar = tqdm(total=len(todo), desc=f"bench paper --preset {preset.name}", unit="run")
     running: dict[Future, RunSpec] = {}
     stopped: dict[str, int | None] = {}  # run id -> rounds kept (None: none), of those stopped

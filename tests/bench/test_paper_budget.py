@@ -298,3 +298,31 @@ def test_a_run_stopped_at_the_limit_is_noted_with_its_best_validation_so_far(
     paper.run_bench("smoke", ["paper"], data_root, data_root / "out", data_root / "runs",
                     only=[run_id], hours=0.5)  # fmt: skip
     assert paper.Bench(data_root / "out" / "smoke").begun() == {f"smoke/{run_id}": [1, 2, 450.5, 1]}
+
+
+def test_a_run_noted_begun_whose_checkpoints_are_not_here_is_said_to_start_again(
+    data_root, monkeypatch, capsys
+):
+    """results.json travels with the repository, a run's folder does not: on a new machine a run
+    noted as begun starts again from its first round, and the bench says so instead of letting
+    results.md's "begun: round 36 of 50" suggest that it continues."""
+    clock = Clock()
+    monkeypatch.setattr(paper, "time", clock)
+    monkeypatch.setattr(paper, "run_one", lambda spec, p, d, r, stop=None: clock.run_until_stopped(
+        stop, spec.id, 1))  # fmt: skip
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
+    preset, out, runs = paper.PRESETS["smoke"], data_root / "out", data_root / "runs"
+    here, gone = "paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"
+    for run_id in (here, gone):
+        paper.Bench(out / preset.results_folder).stopped("smoke", run_id, 1, 2, [450.5, 1])
+    spec = next(s for s in paper.select(preset, ["paper"], []) if s.id == here)
+    folder = runs / preset.results_folder / here
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "round_0001.safetensors").write_bytes(b"")
+    (folder / "command.txt").write_text(shlex.join(paper.command(spec, preset, data_root, folder)))
+    paper.run_bench("smoke", ["paper"], data_root, out, runs, only=[here, gone], jobs=2,
+                    hours=0.5)  # fmt: skip
+    printed = capsys.readouterr().out
+    assert (f"1 runs noted as begun have no checkpoint under {runs / 'smoke'} (a run's folder "
+            f"stays on the machine that ran it): they start again from their first round: "
+            f"{gone}\n") in printed  # fmt: skip
