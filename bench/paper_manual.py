@@ -71,6 +71,7 @@ def summarize_manual(rows: list[dict], cmd: str, preset: Preset) -> dict:
         "data": Path(flags["--data"]).name if flags.get("--data") else "-",
         "done": rows[-1].get("round", 0) if rows else 0,
         "of": int(flags.get("--epochs" if central else "--rounds", "0") or 0),
+        "last_val_ppl": rows[-1].get("val_ppl") if rows else None,
         "best_round": best["round"] if best else None,
         "best_val_ppl": best.get("val_ppl") if best else None,
         "test_ppl": best.get("test_ppl") if best else None,
@@ -116,7 +117,8 @@ def manual_section(runs: list[dict], preset: Preset) -> list[str]:
     unit = {"central": "epoch", "federated": "round"}
     rows = [[f"`{r['name']}`", r["data"], "yes" if r["at_protocol"] else "no",
              f"{r['kind']}: `{r['what']}`" if r["what"] else r["kind"],
-             f"{r['done']} of {r['of'] or '?'}",
+             f"{r['done']} of {r['of'] or '?'}" + (f", last val {_f(r['last_val_ppl'], '.0f')}"
+                                                   if r["done"] != r["of"] else ""),
              f"{_f(r['best_val_ppl'])} ({unit[r['kind']]} {r['best_round']})",
              _f(r["test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"),
              r["device"] or "-"]
@@ -128,9 +130,10 @@ def manual_section(runs: list[dict], preset: Preset) -> list[str]:
         "Single runs made by hand to ask what the suites do not ask yet; the bench never reads "
         "them. At the protocol: the run shares the preset's rounds, E, B, momentum, vocabulary "
         "and phones at C 0.1 (a centralized run: its epochs at C 0.1); what differs: its own "
-        "flags beyond that protocol (where and how it ran left out). Test ppl is that of the "
-        "model with the best validation perplexity, as in the tables above. Each command line "
-        "is in `manual/<run>.command.txt`.",
+        "flags beyond that protocol (where and how it ran left out); a run stopped before its "
+        "end shows its last validation perplexity. Test ppl is that of the model with the best "
+        "validation perplexity, as in the tables above. Each command line is in "
+        "`manual/<run>.command.txt`.",
         "",
         markdown_table(header, rows),
     ]

@@ -73,13 +73,16 @@ def test_the_gpu_target_names_the_best_hand_made_run_at_its_protocol_and_the_sec
         "| `central`", "| `fedavg-e1`", "| `fedavg-dropout`", "| `no-command`", "| `diverged`"]  # fmt: skip
     by_name = {line.split("`")[1]: line for line in table}
     assert ("| `fedavg-dropout` | ptb | yes | federated: `--lr 1 --strategy fedavg --bound off "
-            "--dropout 0.5` | 3 of 50 | 200.00 (round 2) | 195.00 | 0.120 |") in by_name[
+            "--dropout 0.5` | 3 of 50, last val 250 | 200.00 (round 2) | 195.00 | 0.120 |") in by_name[
         "fedavg-dropout"]  # fmt: skip
     assert "| no | federated: `--local-epochs 1 --lr 1" in by_name["fedavg-e1"]
     # a centralized run is at the protocol only with the epochs that see as many examples (25)
-    assert "| no | central: `--lr 1 --epochs 15 --dropout 0.5` | 2 of 15 | 120.00 (epoch 2) |" in (
+    assert "| no | central: `--lr 1 --epochs 15 --dropout 0.5` | 2 of 15, last val 120 | 120.00 (epoch 2) |" in (
         by_name["central"])  # fmt: skip
-    assert "| - | no | federated | 1 of ? | 400.00 (round 1) | 390.00 |" in by_name["no-command"]
+    assert (
+        "| - | no | federated | 1 of ?, last val 400 | 400.00 (round 1) | 390.00 |"
+        in by_name["no-command"]
+    )
     assert "| 800.00 (round 2) | 790.00 |" in by_name["diverged"]  # the NaN round is not the best
 
 
