@@ -12,10 +12,11 @@ stand").
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from pathlib import Path
 
+from bench.paper import _finite
+from bench.paper_tables import _f
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -47,10 +48,6 @@ def protocol(preset: Preset, central: bool) -> dict[str, str]:
         return {**base, "--epochs": str(preset.central_epochs_for(0.1))}
     return {**base, "--rounds": str(preset.rounds), "--local-epochs": str(preset.local_epochs),
             "--fraction": "0.1"}  # fmt: skip
-
-
-def _finite(v: object) -> float:
-    return v if isinstance(v, float | int) and math.isfinite(v) else math.inf
 
 
 def summarize_manual(rows: list[dict], cmd: str, preset: Preset) -> dict:
@@ -102,10 +99,6 @@ def best_at_protocol(runs: list[dict], dataset: str) -> dict | None:
     fed = [r for r in runs if r["kind"] == "federated" and r["at_protocol"]
            and r["data"] == dataset and r["test_ppl"] is not None]  # fmt: skip
     return min(fed, key=lambda r: _finite(r["test_ppl"]), default=None)
-
-
-def _f(v: object, fmt: str = ".2f") -> str:
-    return "-" if v is None else format(v, fmt)
 
 
 def manual_section(runs: list[dict], preset: Preset) -> list[str]:
