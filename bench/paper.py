@@ -382,8 +382,8 @@ def run_bench(
 
     # A run noted begun whose folder here holds no checkpoint to continue after (a new machine:
     # run folders stay on the one that ran them) starts again from its first round: say so.
-    begun = bench.begun()  # results.json read once, not once per run
-    lost = [s.id for s in todo if f"{preset.name}/{s.id}" in begun and not started(s)]
+    noted = bench.begun()  # results.json read once, not once per run
+    lost = [s.id for s in todo if f"{preset.name}/{s.id}" in noted and not started(s)]
     if lost:
         print(f"{len(lost)} runs noted as begun have no checkpoint under {run_root} (a run's "
               f"folder stays on the machine that ran it): they start again from their first "
