@@ -17,9 +17,11 @@ BACKEND = {
             "local",
             "--backend",
             envvar="FEDKEY_BACKEND",
-            help=f"Where the phones train: {' or '.join(BACKENDS)}. local: this machine's "
-            "processes (--workers); ray: long-lived trainer actors on a Ray cluster (--ray-*). "
-            "Same seed, same weights either way.",
+            help=f"Where the phones train: {', '.join(BACKENDS)}. local: this machine's "
+            "processes (--workers); ray: long-lived trainer actors on a Ray cluster (--ray-*); "
+            "stacked (simulate only): a round's phones trained at once as one stacked model in "
+            "this process, for a GPU (--device). Same seed, same weights (stacked: up to float "
+            "rounding, other dropout masks).",
         ),
     ),
     "ray_address": (
@@ -53,6 +55,16 @@ BACKEND = {
         ),
     ),
 }
+
+
+def refuse_stacked(opts: dict, command: str) -> None:
+    """--backend stacked trains a round's cohort at once: a UserError for a command whose phones
+    train one at a time."""
+    if opts["backend"] == "stacked":
+        raise UserError(
+            f"--backend stacked trains a round's phones together, which `fedkey {command}` does "
+            "not have; use --backend local or ray (or `fedkey simulate --backend stacked`)"
+        )
 
 
 def ray_options(opts: dict) -> RayOptions | None:

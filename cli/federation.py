@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from cli.attack_options import ATTACKS, backdoor_config
-from cli.backend_options import BACKEND, ray_options
+from cli.backend_options import BACKEND, ray_options, refuse_stacked
 from cli.errors import INTERRUPTED, UserError, check_can_listen
 from cli.options import (
     CANARY,
@@ -113,8 +113,8 @@ def simulate(
     ),
     **opts,
 ) -> None:
-    """Run federated rounds, the phones trained in local processes or on a Ray cluster
-    (--backend ray), and print perplexity per round."""
+    """Run federated rounds, the phones trained in local processes, on a Ray cluster (--backend
+    ray) or all of a round's at once on a GPU (--backend stacked), and print perplexity per round."""
     from device_sim.ray_cluster import RayUnavailable
     from runners.simulate import simulate as run_simulation
 
@@ -284,6 +284,7 @@ def devices(
         name_prefix=name_prefix,
         retry_seconds=retry_seconds,
     )
+    refuse_stacked(opts, "devices")
     ray = ray_options(opts)
     try:
         if ray is None:
@@ -381,6 +382,7 @@ def train_central_cmd(
     from device_sim.ray_cluster import RayUnavailable
     from runners.simulate import train_central
 
+    refuse_stacked(opts, "train-central")
     settings = build_settings(opts, storage=out)
     try:
         rows = train_central(

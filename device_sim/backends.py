@@ -2,10 +2,13 @@
 
     local   device_sim.pool.TrainerPool: this machine's processes (one torch thread each)
     ray     device_sim.ray_pool.RayTrainerPool: long-lived Ray actors across a cluster
+    stacked device_sim.stacked.StackedTrainer: a round's phones as one stacked model, in this
+            process on one device (a GPU: one phone's step is bound by kernel launches there)
 
-Both take the same LocalTask (the phone's shard and its training seed travel with it), so which
+All take the same LocalTask (the phone's shard and its training seed travel with it), so which
 backend, process, actor or node trains a phone never changes its update: `--backend ray` gives
-bitwise the weights of `--backend local`. Results come back in the order phones finish
+bitwise the weights of `--backend local`; `stacked` the same up to float rounding (its recurrent
+layer is written out), and other dropout masks. Results come back in the order phones finish
 (`stream`), so a caller can check each upload while the others still train.
 """
 
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
     from device_sim.trainer import TrainResult
 
 #: The training backends; the CLI's --backend choices come from here.
-Backend = Literal["local", "ray"]
+Backend = Literal["local", "ray", "stacked"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
@@ -73,8 +76,9 @@ def ordered(
 def make_backend(
     backend: Backend, workers: int | None = None, ray: RayOptions | None = None
 ) -> TrainingBackend:
-    """The backend named `backend`: `workers` local processes (None: one per core), or trainer
-    actors on the Ray cluster `ray` describes (its workers: None, as many as the cluster holds)."""
+    """The backend named `backend`: `workers` local processes (None: one per core), trainer
+    actors on the Ray cluster `ray` describes (its workers: None, as many as the cluster holds),
+    or a round's phones stacked in this process (`workers` unused)."""
     if backend == "local":
         from device_sim.pool import TrainerPool, default_workers
 
@@ -84,4 +88,8 @@ def make_backend(
         from device_sim.ray_pool import RayTrainerPool
 
         return RayTrainerPool(ray or RayOptions())
+    if backend == "stacked":
+        from device_sim.stacked import StackedTrainer
+
+        return StackedTrainer()
     raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")

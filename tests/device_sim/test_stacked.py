@@ -1,0 +1,133 @@
+"""The stacked backend (device_sim.stacked): a round's phones trained at once as one stacked model
+give each phone the update train_local gives it (without dropout, up to float rounding), phones
+with smaller shards included; `fedkey simulate --backend stacked` ends where `--backend local`
+does; the commands that train one phone at a time refuse it in one line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from cli import app
+from common.config import TrainConfig
+from device_sim.pool import LocalTask
+from device_sim.stacked import StackedTrainer, train_stacked
+from device_sim.trainer import phone_round, train_local
+from models.checkpoint import build_model, model_state
+from models.config import ModelConfig
+from models.tokenizers import WordTokenizer
+from runners.simulate import simulate
+from tests.support.workload import DATA, FED, tiny
+
+TEXT = [
+    "see you later",
+    "see you soon",
+    "on my way home",
+    "see you at the station tonight or else tomorrow morning",
+] * 10
+TOK = WordTokenizer.build(TEXT)
+SEQS = [TOK.encode(s) for s in TEXT]
+# Shards of unequal size: the third runs out of batches long before the others.
+SHARDS = [(SEQS[:25], 3), (SEQS[10:], 4), (SEQS[:7], 5)]
+
+
+def initial(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return model_state(build_model(cfg))
+
+
+@pytest.mark.parametrize(
+    "cell, layers, tied", [("gru", 1, True), ("lstm", 2, False), ("gru", 2, True)]
+)
+def test_each_phone_gets_the_update_train_local_gives_it(cell, layers, tied):
+    cfg = ModelConfig(
+        vocab_size=TOK.vocab_size,
+        emb_size=16,
+        hidden_size=16,
+        cell=cell,
+        num_layers=layers,
+        tied=tied,
+    )
+    start = initial(cfg)
+    # clip 0.1 is hit (the first step's gradient norms here: 0.2-0.5): each phone clipped on its own.
+    train = TrainConfig(epochs=2, batch_size=4, lr=0.5, clip=0.1, precision="fp32")
+    stacked = train_stacked(cfg, start, SHARDS, train, device="cpu")
+    for (sentences, seed), got in zip(SHARDS, stacked, strict=True):
+        want = train_local(cfg, start, sentences, train, seed, device="cpu")
+        assert got.state.keys() == want.state.keys()
+        for k in want.state:
+            assert got.state[k].dtype == torch.float32 and got.state[k].device.type == "cpu"
+            torch.testing.assert_close(got.state[k], want.state[k], rtol=0, atol=1e-6)
+            assert not torch.equal(got.state[k], start[k]), k  # every tensor trained
+        assert got.num_tokens == want.num_tokens
+        assert got.train_loss == pytest.approx(want.train_loss, rel=1e-6)
+
+
+def test_with_dropout_and_bf16_it_still_learns_what_train_local_learns():
+    """Other dropout masks than train_local's (one generator for the stack), bf16 autocast on
+    the forward: the same direction of update, not the same bits."""
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16, dropout=0.3)
+    start = initial(cfg)
+    train = TrainConfig(epochs=3, batch_size=4, lr=0.5, precision="bf16")
+    [got] = train_stacked(cfg, start, SHARDS[:1], train, device="cpu")
+    want = train_local(cfg, start, SHARDS[0][0], train, SHARDS[0][1], device="cpu")
+    assert got.precision == "bf16"
+
+    def delta(state):
+        return torch.cat([(state[k] - start[k]).flatten() for k in start])
+
+    cos = torch.nn.functional.cosine_similarity(delta(got.state), delta(want.state), dim=0)
+    assert cos > 0.8
+    assert got.train_loss == pytest.approx(want.train_loss, rel=0.1)
+
+
+def test_the_backend_randomizes_each_upload_as_the_phone_does():
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+    start = initial(cfg)
+    train = TrainConfig(epochs=1, batch_size=4, lr=0.5, precision="fp32")
+    tasks = [
+        LocalTask(f"phone-{i}", s, seed, cfg, train, beta=0.01, device="cpu")
+        for i, (s, seed) in enumerate(SHARDS)
+    ]
+    got = StackedTrainer().run(tasks, start)
+    assert list(got) == ["phone-0", "phone-1", "phone-2"]
+    for t in tasks:
+        want = phone_round(cfg, start, t.shard, train, t.seed, beta=0.01, device="cpu")
+        for k in want.state:
+            torch.testing.assert_close(got[t.device_id].state[k], want.state[k], rtol=0, atol=1e-6)
+
+
+def test_column_batches_are_refused():
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+    with pytest.raises(ValueError, match="sentence batches"):
+        train_stacked(cfg, initial(cfg), SHARDS, TrainConfig(batching="columns"), device="cpu")
+
+
+def test_simulate_stacked_ends_with_the_local_backends_weights(tmp_path):
+    fed = replace(FED, train=replace(FED.train, precision="fp32"))
+    local = simulate(DATA, fed, tiny, str(tmp_path / "local"), workers=0, progress=False)
+    stacked = simulate(
+        DATA, fed, tiny, str(tmp_path / "stacked"), progress=False, backend="stacked"
+    )
+    assert len(stacked) == len(local) == fed.rounds + 1
+    for a, b in zip(stacked[1:], local[1:], strict=True):
+        assert a["val_ppl"] == pytest.approx(b["val_ppl"], rel=1e-4)
+    last = sorted((Path(tmp_path) / "local" / "checkpoints").glob("round_*.safetensors"))[-1]
+    ours = load_file(Path(tmp_path) / "stacked" / "checkpoints" / last.name)
+    for k, v in load_file(last).items():
+        torch.testing.assert_close(ours[k], v, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("command", ["train-central", "devices"])
+def test_commands_that_train_one_phone_at_a_time_refuse_it(command, tmp_path):
+    args = [command, "--backend", "stacked"]
+    args += ["--out", str(tmp_path)] if command == "train-central" else ["--enrollment-secret", "s"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --backend stacked"), result.stderr
