@@ -42,6 +42,7 @@ from bench.perf_measures import (
     bench_memory,
     bench_precision,
     bench_precision_quality,
+    bench_stacked,
     bench_trainer,
     bench_transport,
 )
@@ -114,6 +115,15 @@ def perf_params(quick: bool = False) -> dict:
             "vocab": 10_000,
             "sentences": 300 if quick else 600,
             "processes": [1, 2, 4] if quick else [1, 2, 4, 8],
+        },
+        # A round's phones one by one vs stacked (--backend stacked), on the CPU and a GPU.
+        "stacked": {
+            "model": "small",
+            "vocab": 10_000,
+            "sentences_per_phone": 20 if quick else 40,
+            "phones_cpu": [10],
+            "phones_cuda": [10] if quick else [10, 50],
+            "repeats": 2 if quick else 3,
         },
         # Idle phones in one Ray phone host (bench.fleet_memory): its RSS per phone.
         "fleet_memory": {"phones": [1000] if quick else [1000, 10_000]},
@@ -212,6 +222,21 @@ def _step_gpu_share(p: dict, work: Path, shared: dict) -> dict:
     return bench_gpu_share(g["vocab"], g["sentences"], g["model"], tuple(g["processes"]))
 
 
+def _step_stacked(p: dict, work: Path, shared: dict) -> dict:
+    from models.precision import resolve_precision
+
+    s = p["stacked"]
+    args = (s["vocab"], s["sentences_per_phone"])
+    cpu = resolve_precision("auto", "cpu")  # the CPU's own: bf16 where it has AVX512-BF16
+    rows = bench_stacked(*args, tuple(s["phones_cpu"]), s["model"], "cpu", (cpu,), s["repeats"])
+    if torch.cuda.is_available():
+        cuda = bench_stacked(
+            *args, tuple(s["phones_cuda"]), s["model"], "cuda", ("fp32", "bf16"), s["repeats"]
+        )
+        rows["rows"] += cuda["rows"]
+    return rows
+
+
 def _step_transport(p: dict, work: Path, shared: dict) -> dict:
     t = p["transport"]
     return bench_transport(t["data"], t["repeats"], str(work / "transport"))
@@ -301,6 +326,14 @@ STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[
             or ", ".join(
                 f"{r['processes']}x {r['precision']} {r['tokens_per_s']}" for r in s["rows"]
             )
+        ),
+    ),
+    "stacked": (
+        "a round's phones trained one by one vs as one stacked model (--backend stacked)",
+        _step_stacked,
+        lambda s: ", ".join(
+            f"{r['device']} {r['precision']} {r['phones']} phones {r['ratio']:.2f}x"
+            for r in s["rows"]
         ),
     ),
     "fleet_memory": (

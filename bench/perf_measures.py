@@ -12,12 +12,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from runners.processes import free_port
+
+if TYPE_CHECKING:
+    from common.config import Precision
 
 ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `-m cli`, `-m bench.perf` from here
 PTB = "../shared/data/ptb"  # relative to ROOT, as the commands the benches run name it
@@ -194,7 +197,7 @@ def bench_gpu_share(
     10; the aggregate tokens/s (every phone's tokens over the batch's wall time), fp32 and bf16. At the
     seed papers' batch one phone leaves the GPU mostly idle (kernel launches, not arithmetic,
     bound a step), so phones side by side is where the GPU's speed shows."""
-    from common.config import Precision, TrainConfig
+    from common.config import TrainConfig
     from device_sim.pool import LocalTask, TrainerPool
 
     cfg, state, seqs, text = _training_setup(vocab, sentences, preset)
@@ -246,6 +249,62 @@ def bench_gpu_share(
         "best": best,
         "speedup_over_one_process": round(best["tokens_per_s"] / one, 3),
     }
+
+
+def bench_stacked(
+    vocab: int,
+    sentences_per_phone: int,
+    phones: tuple[int, ...],
+    preset: str,
+    device: str,
+    precisions: tuple[Precision, ...],
+    repeats: int = 2,
+) -> dict:
+    """A round's phones trained one after another by one trainer (device_sim.trainer.train_local,
+    as a pool process trains them) against all at once as one stacked model (device_sim.stacked,
+    `--backend stacked`): tokens/s of each, interleaved, best of `repeats`. Each of P phones
+    holds its own `sentences_per_phone` sentences (:func:`_corpus`), one epoch, batch 10."""
+    from common.config import TrainConfig
+    from device_sim.stacked import train_stacked
+    from device_sim.trainer import train_local
+    from models.batching import count_targets
+
+    n = sentences_per_phone
+    cfg, state, seqs, text = _training_setup(vocab, n * max(phones), preset)
+    rows: list[dict[str, Any]] = []
+    for precision in precisions:
+        tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision=precision)
+        for p in phones:
+            shards = [(seqs[i * n : (i + 1) * n], i) for i in range(p)]
+            tokens = sum(count_targets(s) for s, _ in shards)
+            train_local(cfg, state, shards[0][0][:10], tc, 0, device)  # warm-up: kernels, context
+            train_stacked(cfg, state, [(s[:10], i) for s, i in shards], tc, device)
+            one, stacked = [], []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                for shard, seed in shards:
+                    train_local(cfg, state, shard, tc, seed, device)
+                one.append(tokens / (time.perf_counter() - t))
+                t = time.perf_counter()
+                train_stacked(cfg, state, shards, tc, device)
+                stacked.append(tokens / (time.perf_counter() - t))
+            rows.append(
+                {
+                    "device": device,
+                    "precision": precision,
+                    "phones": p,
+                    "tokens": tokens,
+                    "one_by_one_tokens_per_s": round(max(one)),
+                    "stacked_tokens_per_s": round(max(stacked)),
+                    "ratio": round(max(stacked) / max(one), 3),
+                }
+            )
+            print(
+                f"  {device} {precision}, {p} phones: one by one {rows[-1]['one_by_one_tokens_per_s']}"
+                f" tokens/s, stacked {rows[-1]['stacked_tokens_per_s']} ({rows[-1]['ratio']:.2f}x)",
+                flush=True,
+            )
+    return {"model": preset, "vocab": vocab, "sentences_per_phone": n, "text": text, "rows": rows}
 
 
 def _peak_rss_kib() -> int:

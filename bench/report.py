@@ -24,6 +24,7 @@ STEPS = (
     "gpu_share",
     "fleet_memory",
     "ray",
+    "stacked",
 )
 
 
@@ -468,6 +469,42 @@ def markdown(result: dict) -> str:
             f" (ray.init {start['ray_init_seconds']} s, trainer actors ready "
             f"{start['ray_actors_ready_seconds']} s) against {start['local_pool_ready_seconds']} s "
             "for the local pool's processes.",
+        ]
+
+    out += ["", "## 11. A round's phones as one stacked model", ""]
+    note = _not_run(result, "stacked")
+    if note:
+        out.append(note)
+    else:
+        s = steps["stacked"]
+        out += [
+            f"P phones of {s['sentences_per_phone']} sentences each ({_text(s, s)}; model "
+            f"`{s['model']}`, vocabulary {s['vocab']}, batch 10, one epoch), trained one after "
+            "another by one trainer (`train_local`, as a pool process trains them) and all at "
+            "once as one stacked model (`--backend stacked`, device_sim.stacked), interleaved; "
+            "tokens/s of the best repeat:",
+            "",
+            markdown_table(
+                [
+                    "device",
+                    "precision",
+                    "phones",
+                    "one by one tokens/s",
+                    "stacked tokens/s",
+                    "ratio",
+                ],
+                [
+                    [
+                        r["device"],
+                        r["precision"],
+                        r["phones"],
+                        r["one_by_one_tokens_per_s"],
+                        r["stacked_tokens_per_s"],
+                        f"{r['ratio']:.2f}x",
+                    ]
+                    for r in s["rows"]
+                ],
+            ),
         ]
 
     failed = [n for n, s in steps.items() if "error" in s]

@@ -4,8 +4,9 @@ On a machine without CUDA every test here skips and says why. With one, they che
 `--device cuda` relies on: a phone trains on the GPU under fp32 and bf16 and uploads finite
 float32 weights on the CPU (what the server's checks expect) that agree with the CPU's; the
 evaluator scores a model on the GPU as on the CPU; several phones train on one GPU at once (the
-pool's processes share it); and `fedkey simulate` and `fedkey run` with `--device cuda` run end
-to end, the server evaluating on the GPU.
+pool's processes share it, or one stacked model holds a round's phones: --backend stacked); and
+`fedkey simulate` and `fedkey run` with `--device cuda` run end to end, the server evaluating on
+the GPU.
 """
 
 from __future__ import annotations
@@ -97,6 +98,27 @@ def test_several_phones_train_on_one_gpu_at_once():
         _flat_delta(results["phone-0"].state, start), _flat_delta(alone.state, start), dim=0
     )
     assert cos > 0.99  # sharing the GPU changes nothing but the kernels' scheduling
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_round_of_phones_trains_stacked_on_the_gpu(precision):
+    """--backend stacked (device_sim.stacked) on the GPU: every phone's update that of
+    train_local on the GPU (fp32: up to the kernels' rounding; bf16: the same direction)."""
+    from device_sim.stacked import train_stacked
+
+    start = _initial()
+    cfg = TrainConfig(epochs=2, batch_size=4, lr=0.5, precision=precision)
+    shards = [(SEQS[i::4], i) for i in range(4)]
+    stacked = train_stacked(CFG, start, shards, cfg, device="cuda")
+    for (shard, seed), got in zip(shards, stacked, strict=True):
+        assert got.precision == precision
+        for k, v in got.state.items():
+            assert v.device.type == "cpu" and v.dtype == torch.float32, k
+        alone = train_local(CFG, start, shard, cfg, seed=seed, device="cuda")
+        cos = torch.nn.functional.cosine_similarity(
+            _flat_delta(got.state, start), _flat_delta(alone.state, start), dim=0
+        )
+        assert cos > (0.999 if precision == "fp32" else 0.95)
 
 
 @pytest.mark.slow

@@ -185,6 +185,24 @@ FAKE = {
                 "local_pool_ready_seconds": 4.5,
             },
         },
+        "stacked": {
+            "model": "small",
+            "vocab": 10_000,
+            "sentences_per_phone": 40,
+            "text": "PTB's first 2000 training sentences",
+            "rows": [
+                {
+                    "device": d,
+                    "precision": "fp32",
+                    "phones": 10,
+                    "tokens": 8_000,
+                    "one_by_one_tokens_per_s": one,
+                    "stacked_tokens_per_s": stacked,
+                    "ratio": round(stacked / one, 3),
+                }
+                for d, one, stacked in (("cpu", 3_000, 1_350), ("cuda", 25_000, 200_000))
+            ],
+        },
     },
 }
 
@@ -239,6 +257,8 @@ def test_markdown_says_met_and_not_met(tmp_path):
         "1100 MB",
         "83.3",
         "10.6 s",
+        "| cuda | fp32 | 10 | 25000 | 200000 | 8.00x |",
+        "| cpu | fp32 | 10 | 3000 | 1350 | 0.45x |",
     ):
         assert figure in md
     assert "Failures" not in md
