@@ -24,7 +24,7 @@ from bench.report import markdown_table
 Manual = tuple[Preset, list[dict]]
 
 #: Flags that say where or how a run ran, not what it computed: left out of "what differs".
-PLACE_FLAGS = ("--out", "--workers", "--device", "--eval-device", "--keep-checkpoints")
+PLACE_FLAGS = ("--out", "--workers", "--backend", "--device", "--eval-device", "--keep-checkpoints")
 
 
 def flags_of(cmd: str) -> dict[str, str]:
@@ -101,6 +101,11 @@ def best_at_protocol(runs: list[dict], dataset: str) -> dict | None:
     return min(fed, key=lambda r: _finite(r["test_ppl"]), default=None)
 
 
+def _short(v: float | None) -> str:
+    """A perplexity in whole numbers; one that has blown up (1e6 or more) as a power of ten."""
+    return _f(v, ".0f" if v is None or v < 1e6 else ".1e")
+
+
 def manual_section(runs: list[dict], preset: Preset) -> list[str]:
     """results.md's section on the hand-made runs (nothing when there are none)."""
     if not runs:
@@ -110,7 +115,7 @@ def manual_section(runs: list[dict], preset: Preset) -> list[str]:
     unit = {"central": "epoch", "federated": "round"}
     rows = [[f"`{r['name']}`", r["data"], "yes" if r["at_protocol"] else "no",
              f"{r['kind']}: `{r['what']}`" if r["what"] else r["kind"],
-             f"{r['done']} of {r['of'] or '?'}" + (f", last val {_f(r['last_val_ppl'], '.0f')}"
+             f"{r['done']} of {r['of'] or '?'}" + (f", last val {_short(r['last_val_ppl'])}"
                                                    if r["done"] != r["of"] else ""),
              f"{_f(r['best_val_ppl'])} ({unit[r['kind']]} {r['best_round']})",
              _f(r["test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"),

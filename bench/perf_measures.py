@@ -304,6 +304,7 @@ def bench_stacked(
                 f" tokens/s, stacked {rows[-1]['stacked_tokens_per_s']} ({rows[-1]['ratio']:.2f}x)",
                 flush=True,
             )
+    text = f"{text}, {n} to a phone"
     return {"model": preset, "vocab": vocab, "sentences_per_phone": n, "text": text, "rows": rows}
 
 

@@ -478,7 +478,7 @@ def markdown(result: dict) -> str:
     else:
         s = steps["stacked"]
         out += [
-            f"P phones of {s['sentences_per_phone']} sentences each ({_text(s, s)}; model "
+            f"P phones of {s['sentences_per_phone']} sentences each ({s['text']}; model "
             f"`{s['model']}`, vocabulary {s['vocab']}, batch 10, one epoch), trained one after "
             "another by one trainer (`train_local`, as a pool process trains them) and all at "
             "once as one stacked model (`--backend stacked`, device_sim.stacked), interleaved; "

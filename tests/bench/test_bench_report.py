@@ -189,7 +189,7 @@ FAKE = {
             "model": "small",
             "vocab": 10_000,
             "sentences_per_phone": 40,
-            "text": "PTB's first 2000 training sentences",
+            "text": "PTB's first 2000 training sentences, 40 to a phone",
             "rows": [
                 {
                     "device": d,

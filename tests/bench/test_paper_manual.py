@@ -32,13 +32,13 @@ def put(folder, name, metrics, command=None):
 
 def hand_made(folder):
     """A FedAvg run at the gpu protocol (best on validation at round 2, not its last), a better
-    one at E 1 (not the protocol), a diverged one, a centralized run at 15 of the 25 epochs, and
+    one at E 1 (not the protocol), a diverged one (NaN, then blown up), a centralized run at 15 of the 25 epochs, and
     rows whose command was not kept."""
     put(folder, "fedavg-dropout", rows([9e3, 300.0, 200.0, 250.0], [9e3, 290.0, 195.0, 240.0]),
         GPU_FED)  # fmt: skip
     put(folder, "fedavg-e1", rows([9e3, 160.0], [9e3, 150.0]),
         GPU_FED.replace("--local-epochs 5", "--local-epochs 1"))  # fmt: skip
-    put(folder, "diverged", rows([9e3, math.nan, 800.0], [9e3, 1e9, 790.0]),
+    put(folder, "diverged", rows([9e3, math.nan, 800.0, 7.2e42], [9e3, 1e9, 790.0, 1e40]),
         GPU_FED.replace("--lr 1", "--lr 10"))  # fmt: skip
     put(folder, "central", rows([9e3, 150.0, 120.0], [9e3, 140.0, 110.0], "central"),
         "fedkey train-central --data ../shared/data/ptb --paper-protocol --vocab-size 50000 "
@@ -83,7 +83,8 @@ def test_the_gpu_target_names_the_best_hand_made_run_at_its_protocol_and_the_sec
         "| - | no | federated | 1 of ?, last val 400 | 400.00 (round 1) | 390.00 |"
         in by_name["no-command"]
     )
-    assert "| 800.00 (round 2) | 790.00 |" in by_name["diverged"]  # the NaN round is not the best
+    # the NaN round is not the best; a last perplexity past a million is a power of ten
+    assert "| 3 of 50, last val 7.2e+42 | 800.00 (round 2) | 790.00 |" in by_name["diverged"]
 
 
 def test_a_cpu_report_lists_its_hand_made_runs_with_no_gpu_target_line(tmp_path):
