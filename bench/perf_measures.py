@@ -262,50 +262,70 @@ def bench_stacked(
 ) -> dict:
     """A round's phones trained one after another by one trainer (device_sim.trainer.train_local,
     as a pool process trains them) against all at once as one stacked model (device_sim.stacked,
-    `--backend stacked`): tokens/s of each, interleaved, best of `repeats`. Each of P phones
+    `--backend stacked`), and on a GPU against the stack whose steps replay CUDA graphs (what
+    the backend runs there): tokens/s of each, interleaved, best of `repeats`. Each of P phones
     holds its own `sentences_per_phone` sentences (:func:`_corpus`), one epoch, batch 10."""
     from common.config import TrainConfig
-    from device_sim.stacked import train_stacked
-    from device_sim.trainer import train_local
-    from models.batching import count_targets
 
     n = sentences_per_phone
     cfg, state, seqs, text = _training_setup(vocab, n * max(phones), preset)
-    rows: list[dict[str, Any]] = []
+    rows = []
     for precision in precisions:
         tc = TrainConfig(epochs=1, batch_size=10, lr=0.01, momentum=0.5, precision=precision)
         for p in phones:
             shards = [(seqs[i * n : (i + 1) * n], i) for i in range(p)]
-            tokens = sum(count_targets(s) for s, _ in shards)
-            train_local(cfg, state, shards[0][0][:10], tc, 0, device)  # warm-up: kernels, context
-            train_stacked(cfg, state, [(s[:10], i) for s, i in shards], tc, device)
-            one, stacked = [], []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                for shard, seed in shards:
-                    train_local(cfg, state, shard, tc, seed, device)
-                one.append(tokens / (time.perf_counter() - t))
-                t = time.perf_counter()
-                train_stacked(cfg, state, shards, tc, device)
-                stacked.append(tokens / (time.perf_counter() - t))
-            rows.append(
-                {
-                    "device": device,
-                    "precision": precision,
-                    "phones": p,
-                    "tokens": tokens,
-                    "one_by_one_tokens_per_s": round(max(one)),
-                    "stacked_tokens_per_s": round(max(stacked)),
-                    "ratio": round(max(stacked) / max(one), 3),
-                }
-            )
+            r = _stacked_row(cfg, state, shards, tc, torch.device(device), repeats)
+            rows.append(r)
+            graphs = r["graphed_ratio"]
             print(
-                f"  {device} {precision}, {p} phones: one by one {rows[-1]['one_by_one_tokens_per_s']}"
-                f" tokens/s, stacked {rows[-1]['stacked_tokens_per_s']} ({rows[-1]['ratio']:.2f}x)",
+                f"  {device} {precision}, {p} phones: one by one {r['one_by_one_tokens_per_s']}"
+                f" tokens/s, stacked {r['stacked_tokens_per_s']} ({r['ratio']:.2f}x)"
+                + (f", CUDA graphs {r['graphed_tokens_per_s']} ({graphs:.2f}x)" if graphs else ""),
                 flush=True,
             )
     text = f"{text}, {n} to a phone"
     return {"model": preset, "vocab": vocab, "sentences_per_phone": n, "text": text, "rows": rows}
+
+
+def _stacked_row(cfg, state, shards, tc, dev: torch.device, repeats: int) -> dict[str, Any]:
+    """bench_stacked's figures for one precision and one number of phones."""
+    from device_sim.stacked import Stack, train_stacked
+    from device_sim.trainer import train_local
+    from models.batching import count_targets
+
+    device, cuda = str(dev), dev.type == "cuda"
+    tokens = sum(count_targets(s) for s, _ in shards)
+    graphed = Stack(cfg, tc, len(shards), dev, static=True) if cuda else None
+    ways = {
+        "one": lambda: [train_local(cfg, state, s, tc, i, device) for s, i in shards],
+        "stacked": lambda: train_stacked(cfg, state, shards, tc, device),
+    }
+    if graphed is not None:
+        ways["graphed"] = lambda: train_stacked(cfg, state, shards, tc, device, stack=graphed)
+    train_local(cfg, state, shards[0][0][:10], tc, 0, device)  # warm-up: kernels, context
+    train_stacked(cfg, state, [(s[:10], i) for s, i in shards], tc, device)
+    if graphed is not None:  # and its captures, one a step width
+        ways["graphed"]()
+    speeds: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(repeats):  # interleaved, so drift in machine load hits each alike
+        for what, train in ways.items():
+            t = time.perf_counter()
+            train()
+            if cuda:
+                torch.cuda.synchronize(dev)
+            speeds[what].append(tokens / (time.perf_counter() - t))
+    best = {k: max(v) for k, v in speeds.items()}
+    return {
+        "device": dev.type,
+        "precision": tc.precision,
+        "phones": len(shards),
+        "tokens": tokens,
+        "one_by_one_tokens_per_s": round(best["one"]),
+        "stacked_tokens_per_s": round(best["stacked"]),
+        "ratio": round(best["stacked"] / best["one"], 3),
+        "graphed_tokens_per_s": round(best["graphed"]) if "graphed" in best else None,
+        "graphed_ratio": round(best["graphed"] / best["one"], 3) if "graphed" in best else None,
+    }
 
 
 def _peak_rss_kib() -> int:

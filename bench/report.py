@@ -481,8 +481,9 @@ def markdown(result: dict) -> str:
             f"P phones of {s['sentences_per_phone']} sentences each ({s['text']}; model "
             f"`{s['model']}`, vocabulary {s['vocab']}, batch 10, one epoch), trained one after "
             "another by one trainer (`train_local`, as a pool process trains them) and all at "
-            "once as one stacked model (`--backend stacked`, device_sim.stacked), interleaved; "
-            "tokens/s of the best repeat:",
+            "once as one stacked model (`--backend stacked`, device_sim.stacked; eager, and on a "
+            "GPU also with each step shape captured in a CUDA graph, what the backend runs "
+            "there), interleaved; tokens/s of the best repeat:",
             "",
             markdown_table(
                 [
@@ -492,7 +493,9 @@ def markdown(result: dict) -> str:
                     "one by one tokens/s",
                     "stacked tokens/s",
                     "ratio",
-                ],
+                    "CUDA graphs tokens/s",
+                    "ratio",
+                ],  # fmt: skip
                 [
                     [
                         r["device"],
@@ -501,6 +504,8 @@ def markdown(result: dict) -> str:
                         r["one_by_one_tokens_per_s"],
                         r["stacked_tokens_per_s"],
                         f"{r['ratio']:.2f}x",
+                        _fmt(r.get("graphed_tokens_per_s"), "d"),
+                        _fmt(r.get("graphed_ratio")) + ("x" if r.get("graphed_ratio") else ""),
                     ]
                     for r in s["rows"]
                 ],

@@ -91,11 +91,12 @@ def resolve_precision(precision: str, device: torch.device | str = "cpu") -> Res
 
 
 def autocast(
-    precision: Resolved, device: torch.device | str
+    precision: Resolved, device: torch.device | str, cache: bool = True
 ) -> contextlib.AbstractContextManager[None]:
-    """The context a forward pass runs in: bf16 autocast on `device`'s type, or nothing."""
+    """The context a forward pass runs in: bf16 autocast on `device`'s type, or nothing.
+    `cache` False for a forward captured in a CUDA graph (autocast's cast cache must be off)."""
     if precision == "bf16":
-        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
 
 

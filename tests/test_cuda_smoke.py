@@ -121,6 +121,30 @@ def test_a_round_of_phones_trains_stacked_on_the_gpu(precision):
         assert cos > (0.999 if precision == "fp32" else 0.95)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_stacked_steps_captured_in_cuda_graphs_train_as_the_eager_ones(precision):
+    """A static stack on the GPU replays each step shape's CUDA graph (device_sim.stacked.Stack),
+    two rounds in a row (the second with the first's graphs, from other weights at another lr):
+    the same updates as the eager stack, dropout off."""
+    from device_sim.stacked import Stack, train_stacked
+
+    cfg = TrainConfig(epochs=2, batch_size=4, lr=0.5, precision=precision)
+    shards = [(SEQS[i::4], i) for i in range(4)]
+    graphed = Stack(CFG, cfg, len(shards), torch.device("cuda"), static=True)
+    state, again = _initial(), replace(cfg, lr=0.2)
+    for train in (cfg, again):
+        got = train_stacked(CFG, state, shards, train, device="cuda", stack=graphed)
+        want = train_stacked(CFG, state, shards, train, device="cuda")
+        assert graphed.graphs and graphed._captured  # the steps ran as graph replays
+        for g, w in zip(got, want, strict=True):
+            cos = torch.nn.functional.cosine_similarity(
+                _flat_delta(g.state, state), _flat_delta(w.state, state), dim=0
+            )
+            assert cos > (0.999 if precision == "fp32" else 0.95)
+            assert g.train_loss == pytest.approx(w.train_loss, rel=0.01)
+        state = got[0].state
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("verb", ["simulate", "run"])
 def test_a_federation_trains_and_evaluates_on_the_gpu_end_to_end(tmp_path, verb):

@@ -257,8 +257,8 @@ def test_markdown_says_met_and_not_met(tmp_path):
         "1100 MB",
         "83.3",
         "10.6 s",
-        "| cuda | fp32 | 10 | 25000 | 200000 | 8.00x |",
-        "| cpu | fp32 | 10 | 3000 | 1350 | 0.45x |",
+        "| cuda | fp32 | 10 | 25000 | 200000 | 8.00x | - | - |",
+        "| cpu | fp32 | 10 | 3000 | 1350 | 0.45x | - | - |",
     ):
         assert figure in md
     assert "Failures" not in md

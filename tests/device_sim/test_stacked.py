@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cli import app
 from common.config import TrainConfig
 from device_sim.pool import LocalTask
-from device_sim.stacked import StackedTrainer, train_stacked
+from device_sim.stacked import Stack, StackedTrainer, phone_batches, train_stacked
 from device_sim.trainer import phone_round, train_local
 from models.checkpoint import build_model, model_state
 from models.config import ModelConfig
@@ -41,10 +41,13 @@ def initial(cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return model_state(build_model(cfg))
 
 
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize(
     "cell, layers, tied", [("gru", 1, True), ("lstm", 2, False), ("gru", 2, True)]
 )
-def test_each_phone_gets_the_update_train_local_gives_it(cell, layers, tied):
+def test_each_phone_gets_the_update_train_local_gives_it(cell, layers, tied, static):
+    """Static: every step padded to the batch size and a multiple of 16 time steps, the softmax
+    on every position (the shapes a GPU captures once in a CUDA graph): the same updates."""
     cfg = ModelConfig(
         vocab_size=TOK.vocab_size,
         emb_size=16,
@@ -56,7 +59,8 @@ def test_each_phone_gets_the_update_train_local_gives_it(cell, layers, tied):
     start = initial(cfg)
     # clip 0.1 is hit (the first step's gradient norms here: 0.2-0.5): each phone clipped on its own.
     train = TrainConfig(epochs=2, batch_size=4, lr=0.5, clip=0.1, precision="fp32")
-    stacked = train_stacked(cfg, start, SHARDS, train, device="cpu")
+    stack = Stack(cfg, train, len(SHARDS), torch.device("cpu"), static)
+    stacked = train_stacked(cfg, start, SHARDS, train, device="cpu", stack=stack)
     for (sentences, seed), got in zip(SHARDS, stacked, strict=True):
         want = train_local(cfg, start, sentences, train, seed, device="cpu")
         assert got.state.keys() == want.state.keys()
@@ -100,6 +104,47 @@ def test_the_backend_randomizes_each_upload_as_the_phone_does():
         want = phone_round(cfg, start, t.shard, train, t.seed, beta=0.01, device="cpu")
         for k in want.state:
             torch.testing.assert_close(got[t.device_id].state[k], want.state[k], rtol=0, atol=1e-6)
+
+
+def test_a_stack_kept_for_the_next_round_starts_it_afresh():
+    """The backend keeps its stack (on a GPU, its captured steps) from round to round: the next
+    round, from other weights at another lr, trains as a new stack would (momentum reset)."""
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+    train = TrainConfig(epochs=1, batch_size=4, lr=0.5, precision="fp32")
+    backend = StackedTrainer(static=True)
+
+    def tasks(train):
+        return [LocalTask(f"p{i}", s, seed, cfg, train, device="cpu") for i, (s, seed) in
+                enumerate(SHARDS)]  # fmt: skip
+
+    first = backend.run(tasks(train), initial(cfg))
+    kept = backend._stack
+    later = replace(train, lr=0.2)  # --lr-decay: each round its own lr
+    again = backend.run(tasks(later), first["p0"].state)
+    assert backend._stack is kept  # the same stack (on a GPU: no new capture)
+    fresh = StackedTrainer(static=False).run(tasks(later), first["p0"].state)
+    for d, result in again.items():
+        for k, v in result.state.items():
+            torch.testing.assert_close(v, fresh[d].state[k], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_step_with_every_phone_done_moves_nothing(static):
+    """Neither weights nor momentum: what a CUDA graph's warm-up steps rely on (they run for
+    real, with no word to predict, before the capture)."""
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+    train = TrainConfig(batch_size=4, lr=0.5, precision="fp32")
+    stack = Stack(cfg, train, 2, torch.device("cpu"), static)
+    stack.reset(initial(cfg), train.lr)
+    first = phone_batches(SEQS, train, seed=0)[0]
+    stack.step([first, first])  # momentum is no longer zero
+    before = [{k: v.detach().clone() for k, v in d.items()} for d in (stack.w, stack.momentum)]
+    losses, n = stack.step([None, None])
+    assert n.tolist() == [0, 0] and losses.tolist() == [0.0, 0.0]
+    for saved, now in zip(before, (stack.w, stack.momentum), strict=True):
+        for k in saved:
+            assert torch.equal(saved[k], now[k]), k
+            assert saved[k].abs().sum() > 0, k
 
 
 def test_column_batches_are_refused():
