@@ -39,9 +39,9 @@ def test_options_a_trainer_cannot_have_are_refused(kw, problem):
 
 
 def test_an_unknown_backend_names_the_choices():
-    with pytest.raises(ValueError, match="choose one of local, ray"):
+    with pytest.raises(ValueError, match="choose one of local, ray, stacked"):
         make_backend("spark")  # type: ignore[arg-type]
-    assert BACKENDS == ("local", "ray")
+    assert BACKENDS == ("local", "ray", "stacked")
 
 
 def test_simulate_with_no_cluster_at_the_address_says_so():
