@@ -79,6 +79,16 @@ def _to(t: Tensor, dev: torch.device) -> Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
+def _cast_once(t: Tensor) -> Tensor:
+    """`t` in the dtype autocast would cast it to, where autocast is on (a differentiable copy).
+    Autocast caches its casts of weights themselves, not of their views: a transposed weight
+    used at every time step was cast at every time step (a quarter of a CPU step's time)."""
+    kind = t.device.type
+    if torch.is_autocast_enabled(kind):
+        return t.to(torch.get_autocast_dtype(kind))
+    return t
+
+
 def _recurrent(x: Tensor, w: dict[str, Tensor], layer: int, cell: str) -> Tensor:
     """One stacked GRU/LSTM layer over x [P, B, T, in] from a zero state -> outputs [P, B, T, H].
 
@@ -88,21 +98,24 @@ def _recurrent(x: Tensor, w: dict[str, Tensor], layer: int, cell: str) -> Tensor
     b_ih, b_hh = w[f"rnn.bias_ih_l{layer}"], w[f"rnn.bias_hh_l{layer}"]
     P, B, T, _ = x.shape
     H = w_hh.shape[-1]
+    w_hh_t = _cast_once(w_hh.transpose(1, 2))  # not once per time step, as autocast would
     gi = torch.baddbmm(b_ih.unsqueeze(1), x.reshape(P, B * T, -1), w_ih.transpose(1, 2))
-    gi = gi.view(P, B, T, -1)
+    # One view per time step (unbind: its backward is one stack, where indexing gi[:, :, t] in
+    # the loop gave every step's gradient a zero-filled copy of the whole of gi).
+    steps = gi.view(P, B, T, -1).unbind(2)
     h = x.new_zeros(P, B, H)
     c = x.new_zeros(P, B, H)
     outs = []
     for t in range(T):
-        gh = torch.baddbmm(b_hh.unsqueeze(1), h, w_hh.transpose(1, 2))
+        gh = torch.baddbmm(b_hh.unsqueeze(1), h, w_hh_t)
         if cell == "gru":
-            i_r, i_z, i_n = gi[:, :, t].chunk(3, -1)
+            i_r, i_z, i_n = steps[t].chunk(3, -1)
             h_r, h_z, h_n = gh.chunk(3, -1)
             r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
             n = torch.tanh(i_n + r * h_n)
             h = n + z * (h - n)  # (1 - z) * n + z * h
         else:
-            i, f, g, o = (gi[:, :, t] + gh).chunk(4, -1)
+            i, f, g, o = (steps[t] + gh).chunk(4, -1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
         outs.append(h)
@@ -314,17 +327,21 @@ def _clip_and_step(
     (done: its gradient is zero) keeps its weights and its momentum."""
     P = active.shape[0]
     grads = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in w.items()}
+    # Each pass over the weights costs a memory sweep of P models (a tied 10k-word embedding is
+    # 12 MB a phone): one for the norms, two for the momentum, one for the weights, no temporaries.
     if clip > 0:
-        norm = torch.stack([g.pow(2).flatten(1).sum(1) for g in grads.values()]).sum(0).sqrt()
+        norms = [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()]
+        norm = torch.linalg.vector_norm(torch.stack(norms), dim=0)
         scale = (clip / (norm + 1e-6)).clamp(max=1.0)
     else:
         scale = torch.ones(P, device=active.device)
     on = active.to(scale.dtype)
     decay = 1 - on * (1 - m)  # m for an active phone, 1 for a done one
+    step = -lr * on
     for k, v in w.items():
         shape = (P,) + (1,) * (v.dim() - 1)
-        buf = momentum[k].mul_(decay.view(shape)).add_(grads[k] * scale.view(shape))
-        v.sub_(buf * (lr * on).view(shape))
+        buf = momentum[k].mul_(decay.view(shape)).addcmul_(grads[k], scale.view(shape))
+        v.addcmul_(buf, step.view(shape))
 
 
 class StackedTrainer:
