@@ -82,7 +82,7 @@ def _to(t: Tensor, dev: torch.device) -> Tensor:
 def _cast_once(t: Tensor) -> Tensor:
     """`t` in the dtype autocast would cast it to, where autocast is on (a differentiable copy).
     Autocast caches its casts of weights themselves, not of their views: a transposed weight
-    used at every time step was cast at every time step (a quarter of a CPU step's time)."""
+    used at every time step was cast at every time step (T copies of P x 3H x H a step)."""
     kind = t.device.type
     if torch.is_autocast_enabled(kind):
         return t.to(torch.get_autocast_dtype(kind))
