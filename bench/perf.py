@@ -334,6 +334,7 @@ STEP_RUNNERS: dict[str, tuple[str, Callable[[dict, Path, dict], dict], Callable[
         _step_stacked,
         lambda s: ", ".join(
             f"{r['device']} {r['precision']} {r['phones']} phones {r['ratio']:.2f}x"
+            + (f" (CUDA graphs {r['graphed_ratio']:.2f}x)" if r.get("graphed_ratio") else "")
             for r in s["rows"]
         ),
     ),
