@@ -432,7 +432,7 @@ PHONES = {
         typer.Option(
             None,
             "--workers",
-            help="Training processes, one torch thread each (default: one per core; 0: in this process); with --backend ray, trainer actors (default: as many as the cluster holds).",
+            help="Training processes, one torch thread each (default: one per core; 0: in this process); with --backend ray, trainer actors (default: as many as the cluster holds); --backend stacked trains in this process and takes none.",
         ),
     ),
 }
