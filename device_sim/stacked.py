@@ -34,27 +34,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.config import TrainConfig
-from common.noise import randomize
 from device_sim.pool import LocalTask
-from device_sim.trainer import TrainResult
-from models.batching import IGNORE, batches, count_targets, split_long
+from device_sim.trainer import TrainResult, before_upload, local_batches
+from models.batching import IGNORE, count_targets
 from models.checkpoint import check_state, expected_shapes
 from models.config import ModelConfig
 from models.precision import autocast, resolve_device, resolve_precision
 
 Batch = tuple[Tensor, Tensor]  # inputs [B, T], targets [B, T] (IGNORE past each sentence)
-
-
-def phone_batches(sentences: list[list[int]], config: TrainConfig, seed: int) -> list[Batch]:
-    """Every batch one phone trains on, all epochs in order: the batches train_local draws for
-    the same seed (its generator's permutation per epoch)."""
-    seqs = split_long(sentences, config.max_len)
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Batch] = []
-    for _ in range(config.epochs):
-        order = torch.randperm(len(seqs), generator=gen).tolist()
-        out.extend(batches(seqs, config.batch_size, order))
-    return out
 
 
 def stack_step(step: list[Batch | None], rows: int = 1, width: int = 1) -> tuple[Tensor, Tensor]:
@@ -295,7 +282,7 @@ def train_stacked(
     check_state(global_state, model_config)
     stack.reset(global_state, config.lr)
     torch.manual_seed(tasks[0][1])  # dropout masks: one generator for the stack
-    plans = [phone_batches(s, config, seed) for s, seed in tasks]
+    plans = [list(local_batches(s, config, seed)) for s, seed in tasks]
     steps = max((len(p) for p in plans), default=0)
     total_loss, total_tokens = torch.zeros(P, device=dev), torch.zeros(P, dtype=torch.long)
     for s in range(steps):
@@ -385,10 +372,7 @@ class StackedTrainer:
                     first.model_config, global_state, shards, first.train, first.device, stack
                 )
                 for t, result in zip(group, trained, strict=True):
-                    if t.beta > 0:  # the phone's randomization, as device_sim.trainer.phone_round
-                        gen = torch.Generator().manual_seed(t.seed + 1)
-                        result.state = randomize(result.state, t.beta, t.sigma, gen)
-                    done[t.device_id] = result
+                    done[t.device_id] = before_upload(result, t.seed, t.beta, t.sigma)
         return {t.device_id: done[t.device_id] for t in tasks}
 
     def stream(

@@ -7,6 +7,7 @@ simulator, so both paths produce the same weights for the same seed.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,21 @@ class TrainResult:
     train_loss: float  # mean loss per token over all local epochs
     seconds: float
     precision: Resolved = "fp32"  # what config.precision resolved to on the training device
+
+
+def local_batches(
+    sentences: list[list[int]], config: TrainConfig, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Every (inputs, targets) batch a phone trains on, all epochs in order: each epoch a
+    permutation of its sentences drawn from `seed` (train_local's and the stacked backend's)."""
+    if config.batching == "columns":
+        seqs, make_batches = sentences, column_batches
+    else:
+        seqs, make_batches = split_long(sentences, config.max_len), batches
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(config.epochs):
+        order = torch.randperm(len(seqs), generator=gen).tolist()
+        yield from make_batches(seqs, config.batch_size, order)
 
 
 def train_local(
@@ -56,28 +72,21 @@ def train_local(
     fused = dev.type in FUSED_SGD_DEVICES
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, fused=fused)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    if config.batching == "columns":
-        seqs, make_batches = sentences, column_batches
-    else:
-        seqs, make_batches = split_long(sentences, config.max_len), batches
-    gen = torch.Generator().manual_seed(seed)
     total_loss, total_tokens = torch.zeros((), device=dev), 0
-    for _ in range(config.epochs):
-        order = torch.randperm(len(seqs), generator=gen).tolist()
-        for inputs, targets in make_batches(seqs, config.batch_size, order):
-            keep = targets != IGNORE  # on the CPU, as the count: no device sync
-            n = int(keep.sum())
-            targets = targets[keep].to(dev)
-            with autocast(precision, dev):
-                logits = model.logits_at(inputs.to(dev), keep)  # the padding skipped
-            loss_sum = loss_fn(logits.float(), targets)  # the loss in fp32 (a no-op under fp32)
-            opt.zero_grad(set_to_none=True)
-            (loss_sum / n).backward()
-            if config.clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), config.clip)
-            opt.step()
-            total_loss += loss_sum.detach()
-            total_tokens += n
+    for inputs, targets in local_batches(sentences, config, seed):
+        keep = targets != IGNORE  # on the CPU, as the count: no device sync
+        n = int(keep.sum())
+        targets = targets[keep].to(dev)
+        with autocast(precision, dev):
+            logits = model.logits_at(inputs.to(dev), keep)  # the padding skipped
+        loss_sum = loss_fn(logits.float(), targets)  # the loss in fp32 (a no-op under fp32)
+        opt.zero_grad(set_to_none=True)
+        (loss_sum / n).backward()
+        if config.clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+        opt.step()
+        total_loss += loss_sum.detach()
+        total_tokens += n
     state = {k: v.cpu() for k, v in model_state(model).items()}
     return TrainResult(
         state=state,
@@ -102,6 +111,13 @@ def phone_round(
     beta * N(0, sigma^2) to its weights before upload (when beta > 0). Every transport calls
     this, so the same task seed gives the same upload in-process and over HTTP."""
     result = train_local(model_config, global_state, sentences, config, seed, device)
+    return before_upload(result, seed, beta, sigma)
+
+
+def before_upload(result: TrainResult, seed: int, beta: float, sigma: float) -> TrainResult:
+    """`result` with the seed papers' randomization beta * N(0, sigma^2) added to its weights
+    (when beta > 0), drawn from the task's seed + 1: the same noise on every transport and
+    backend."""
     if beta > 0:
         result.state = randomize(result.state, beta, sigma, torch.Generator().manual_seed(seed + 1))
     return result

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from cli import app
 from common.config import TrainConfig
 from device_sim.pool import LocalTask
-from device_sim.stacked import Stack, StackedTrainer, phone_batches, train_stacked
-from device_sim.trainer import phone_round, train_local
+from device_sim.stacked import Stack, StackedTrainer, train_stacked
+from device_sim.trainer import local_batches, phone_round, train_local
 from models.checkpoint import build_model, model_state
 from models.config import ModelConfig
 from models.tokenizers import WordTokenizer
@@ -136,7 +136,7 @@ def test_a_step_with_every_phone_done_moves_nothing(static):
     train = TrainConfig(batch_size=4, lr=0.5, precision="fp32")
     stack = Stack(cfg, train, 2, torch.device("cpu"), static)
     stack.reset(initial(cfg), train.lr)
-    first = phone_batches(SEQS, train, seed=0)[0]
+    first = next(local_batches(SEQS, train, seed=0))
     stack.step([first, first])  # momentum is no longer zero
     before = [{k: v.detach().clone() for k, v in d.items()} for d in (stack.w, stack.momentum)]
     losses, n = stack.step([None, None])
