@@ -41,7 +41,7 @@ from bench.runs import (
     device_label,
     run_fedkey,
     twins,
-    without_out,
+    what_it_computes,
 )
 from bench.spread import round_spreads
 from server.storage import prune_checkpoints
@@ -237,7 +237,8 @@ def superseded(preset: Preset, runs: list[dict]) -> list[str]:
         if spec is not None:
             data = Path(words[words.index("--data") + 1]).parent
             out = Path(words[words.index("--out") + 1])
-            if shlex.join(command(spec, preset, data, out)) == r["command"]:
+            now = shlex.join(command(spec, preset, data, out))
+            if what_it_computes(now) == what_it_computes(r["command"]):  # where it ran aside
                 continue
         stale.append(r["id"])
     return stale
@@ -284,7 +285,7 @@ def run_bench(
             raise FileNotFoundError(f"no dataset {', '.join(missing)} under {data_root}")
         if dry_run:
             print("\n".join(shlex.join(argv(s)) for s in specs))
-        pending = bench.pending(specs, lambda s: (s.id, argv(s)))
+        pending = bench.pending(specs, lambda s: (s.id, argv(s)), same=what_it_computes)
         done = twins(r for r in bench.read() if r.get("preset") == preset.name)
         return [s for s in pending if not adopt(s, done, dry_run)]
 
@@ -292,7 +293,7 @@ def run_bench(
         """Whether a done run of the preset computed `spec` already (its command but for --out:
         bench.runs.twins); unless `dry_run`, recorded from it, not run again."""
         cmd = shlex.join(argv(spec))
-        twin = done.get(tuple(without_out(cmd)))
+        twin = done.get(what_it_computes(cmd))
         if twin is not None and not dry_run:
             bench.add(reused(dict(twin), spec, cmd), bench_command)
             tqdm.write(f"{spec.id}: the same command as {twin['id']} but for --out; recorded "

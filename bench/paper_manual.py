@@ -19,12 +19,10 @@ from bench.paper import _finite
 from bench.paper_tables import _f
 from bench.presets import Preset
 from bench.report import markdown_table
+from bench.runs import PLACE_FLAGS  # where or how a run ran: left out of "what differs"
 
 #: A ranking preset and the hand-made runs in its results folder (what results.md reports).
 Manual = tuple[Preset, list[dict]]
-
-#: Flags that say where or how a run ran, not what it computed: left out of "what differs".
-PLACE_FLAGS = ("--out", "--workers", "--backend", "--device", "--eval-device", "--keep-checkpoints")
 
 
 def flags_of(cmd: str) -> dict[str, str]:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import fcntl
 import json
 import shlex
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 from bench.paper_suites import lr_choices
 from bench.presets import PRESETS
+from bench.runs import without_options
 from common.files import atomic_write
 
 T = TypeVar("T")
@@ -26,17 +27,7 @@ HOW = {"--jobs": 1, "--hours": 1, "--advance": 0, "--no-advance": 0}
 
 def what_it_runs(command: str) -> str:
     """The bench command line without the options of HOW."""
-    words, kept = shlex.split(command), []
-    skip = 0
-    for word in words:
-        name = word.split("=", 1)[0]
-        if skip:
-            skip -= 1
-        elif name in HOW:
-            skip = HOW[name] if "=" not in word else 0
-        else:
-            kept.append(word)
-    return shlex.join(kept)
+    return shlex.join(without_options(command, HOW))
 
 
 class Bench:
@@ -64,19 +55,24 @@ class Bench:
         return {"lr_choices": {}, **json.loads(self.path.read_text())}
 
     def pending(
-        self, items: Iterable[T], run: Callable[[T], tuple[str, list[str]]], dry_run: bool = False
+        self,
+        items: Iterable[T],
+        run: Callable[[T], tuple[str, list[str]]],
+        dry_run: bool = False,
+        same: Callable[[str], Hashable] = str,
     ) -> list[T]:
         """The items whose run (``run(item)``: its id and command line) is not in results.json
-        with the same command: an interrupted bench resumes. With ``dry_run``, print every
+        with the same command (``same(command)`` equal: bench paper leaves out where a run ran,
+        bench.runs.what_it_computes): an interrupted bench resumes. With ``dry_run``, print every
         item's command line and return none."""
-        done = {(r["id"], r["command"]) for r in self.read()}  # results.json read once
+        done = {(r["id"], same(r["command"])) for r in self.read()}  # results.json read once
         todo = []
         for item in items:
             spec_id, argv = run(item)
             cmd = shlex.join(argv)
             if dry_run:
                 print(cmd)
-            elif (spec_id, cmd) not in done:
+            elif (spec_id, same(cmd)) not in done:
                 todo.append(item)
         return todo
 

@@ -50,12 +50,13 @@ def best_so_far(run_dir: Path) -> list[float]:
 
 
 def can_resume(run_dir: Path, line: str) -> bool:
-    """Whether RUN_DIR holds an interrupted run of the command `line` (its command.txt) with a
-    checkpoint to continue after."""
+    """Whether RUN_DIR holds an interrupted run of the command `line` (its command.txt, where it
+    ran aside: :func:`what_it_computes`) with a checkpoint to continue after: a run begun with
+    trainer processes may go on as one stacked model."""
     marker = run_dir / "command.txt"
     return (
         marker.is_file()
-        and marker.read_text().strip() == line
+        and what_it_computes(marker.read_text().strip()) == what_it_computes(line)
         and any((run_dir / "checkpoints").glob("round_*.safetensors"))
     )
 
@@ -69,23 +70,43 @@ def run_seconds(result: Mapping) -> float:
     return float(result["wall_seconds"]) + float(result.get("earlier_seconds") or 0.0)
 
 
-def without_out(line: str) -> list[str]:
-    """A run's command line without its `--out FOLDER`: what it computes, not where it writes."""
-    words = shlex.split(line)
-    if "--out" in words:
-        at = words.index("--out")
-        del words[at : at + 2]
-    return words
+#: Options that say where or how a run ran, not what it computes (each takes one value): its
+#: folder, its trainer processes or backend, its device, how many checkpoints it keeps. The
+#: backends give the same weights (bit for bit, or to float rounding on the stacked one:
+#: tests/device_sim/test_stacked.py), so a run done one way is done for a bench that would now
+#: run it another.
+PLACE_FLAGS = ("--out", "--workers", "--backend", "--device", "--eval-device", "--keep-checkpoints")
+
+
+def without_options(line: str, options: Mapping[str, int]) -> list[str]:
+    """The words of a command line without the `options` (name -> how many values follow it;
+    none follow a `--name=value`)."""
+    kept: list[str] = []
+    skip = 0
+    for word in shlex.split(line):
+        name = word.split("=", 1)[0]
+        if skip:
+            skip -= 1
+        elif name in options:
+            skip = options[name] if "=" not in word else 0
+        else:
+            kept.append(word)
+    return kept
+
+
+def what_it_computes(line: str) -> tuple[str, ...]:
+    """A run's command line without the options of PLACE_FLAGS."""
+    return tuple(without_options(line, dict.fromkeys(PLACE_FLAGS, 1)))
 
 
 def twins(runs: Iterable[Mapping]) -> dict[tuple[str, ...], Mapping]:
-    """The done runs by their command line without --out (:func:`without_out`; the first of
+    """The done runs by what their command lines compute (:func:`what_it_computes`; the first of
     several): a run to be whose command is one of these has the same seed, data, flags and code
     path, so the same weights round for round. On the gpu preset the sweep's whole 50-round runs
     at C 0.1 are the ranking's runs at the values it chose."""
     index: dict[tuple[str, ...], Mapping] = {}
     for r in runs:
-        index.setdefault(tuple(without_out(r.get("command", ""))), r)
+        index.setdefault(what_it_computes(r.get("command", "")), r)
     return index
 
 

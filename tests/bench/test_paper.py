@@ -53,7 +53,8 @@ def test_gpu_preset_is_the_seeds_protocol():
         return words[words.index(name) + 1]
 
     assert words[1] == "simulate"  # resumable; the HTTP path's weights bit for bit
-    assert flag("--workers") == "4"
+    # a round's phones as one stacked model, one process a run (CUDA graphs on a GPU)
+    assert flag("--backend") == "stacked" and "--workers" not in words
     assert flag("--rounds") == "50" and flag("--local-epochs") == "5"
     assert flag("--lr") == "0.01" and flag("--momentum") == "0.5"
     assert "--max-train-tokens" not in words and "--max-eval-sentences" not in words
@@ -445,7 +446,7 @@ def test_a_run_whose_command_a_done_run_ran_but_for_out_is_recorded_from_it_not_
     sums or the bench's pace, and is not run again: a GPU's scarce hours go to runs not done."""
     import bench.paper as paper
     from bench.paper_spec import command_flag
-    from bench.runs import run_seconds, without_out
+    from bench.runs import run_seconds, what_it_computes
 
     best_val = {"0.01": 577.6, "0.1": 259.7, "1": 286.3}  # the first 50-round sweep on an H200
     ran: list[str] = []
@@ -472,10 +473,50 @@ def test_a_run_whose_command_a_done_run_ran_but_for_out_is_recorded_from_it_not_
     assert rank["command"] != twin["command"] and rank["command"].endswith(
         "--out " + str(tmp_path / "runs" / "gpu" / "rank-ptb-fedavg-c0.1")
         + " --fraction 0.1 --strategy fedavg --bound off")  # fmt: skip
-    assert without_out(rank["command"]) == without_out(twin["command"])
+    assert what_it_computes(rank["command"]) == what_it_computes(twin["command"])
     assert run_seconds(rank) == 0.0 and run_seconds(twin) == 1100.0
     report = (tmp_path / "out" / "gpu" / "results.json").read_text()
     assert json.loads(report)["lr_choices"]["gpu"]["ptb"]["client_lr"] == 0.1
 
     paper.run_bench(*args, only=only)  # again: everything is done
     assert len(ran) == 3 and len(Bench(tmp_path / "out" / "gpu").read()) == 4
+
+
+def test_runs_done_with_trainer_processes_stay_done_when_the_preset_stacks_the_phones(
+    tmp_path, monkeypatch
+):
+    """The gpu preset's first runs went with 4 trainer processes a run (`--workers 4`); it now
+    trains a round's phones as one stacked model (`--backend stacked`). Where a run ran is not
+    what it computes: those runs stay done (not run again, not superseded), while a run whose
+    computation differs (another lr) is run."""
+    import bench.paper as paper
+    from bench.paper_spec import command_flag
+
+    best_val = {"0.01": 577.6, "0.1": 259.7, "1": 286.3}  # the grid's middle: no run added
+    ran: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        ran.append(spec.id)
+        done = _finished(spec, preset, data_root, runs_dir)
+        val = best_val.get(command_flag(done["command"], "--lr"), 900.0)
+        return {**done, **spec.fields(), "best_val_ppl": val, "test_ppl": val - 10,
+                "wall_seconds": 1100.0}  # fmt: skip
+
+    _smoke_data(tmp_path, monkeypatch, fake_run)
+    args = ("gpu", ["sweep"], tmp_path, tmp_path / "out", tmp_path / "runs")
+    only = ["sweep-ptb-fedavg-client-lr-*"]
+    paper.run_bench(*args, only=only)
+    assert len(ran) == 3
+    results = tmp_path / "out" / "gpu" / "results.json"
+    data = json.loads(results.read_text())
+    assert all("--backend stacked" in r["command"] for r in data["runs"])
+    for r in data["runs"]:  # as the first GPU session ran them
+        r["command"] = r["command"].replace("--backend stacked", "--workers 4")
+    data["runs"][0]["command"] = data["runs"][0]["command"].replace("--lr ", "--lr 9")  # another lr
+    results.write_text(json.dumps(data))
+
+    paper.run_bench(*args, only=only)
+    assert ran[3:] == [data["runs"][0]["id"]]  # only the run that computed something else
+    runs = Bench(tmp_path / "out" / "gpu").read()
+    assert paper.superseded(PRESETS["gpu"], runs) == []
+    assert sum("--workers 4" in r["command"] for r in runs) == 2

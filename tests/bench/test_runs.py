@@ -128,3 +128,23 @@ def test_best_so_far_is_the_best_finite_validation_after_the_initial_model(tmp_p
             {"round": 4, "val_ppl": 260.0}]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert best_so_far(tmp_path) == [250.5, 3]
+
+
+def test_where_a_run_ran_is_not_what_it_computes(tmp_path):
+    """A run begun with trainer processes (`--workers 4`) continues as one stacked model on
+    another device: its folder, processes, backend, device and kept checkpoints aside, the
+    command is the same; any other flag makes it another run."""
+    from bench.runs import can_resume, what_it_computes
+
+    base = "fedkey simulate --data d --rounds 50 --lr 1"
+    begun = f"{base} --workers 4 --out runs/a --keep-checkpoints 2"
+    now = f"{base} --backend stacked --device=cuda --out=runs/b --eval-device cpu"
+    assert what_it_computes(begun) == what_it_computes(now) == tuple(base.split())
+    assert what_it_computes(f"{base} --seed 1") != what_it_computes(base)
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "command.txt").write_text(begun + "\n")
+    assert not can_resume(tmp_path, now)  # no checkpoint to continue after yet
+    (tmp_path / "checkpoints" / "round_0007.safetensors").write_bytes(b"")
+    assert can_resume(tmp_path, now)
+    assert not can_resume(tmp_path, now.replace("--lr 1", "--lr 3"))
