@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
@@ -340,19 +341,26 @@ class StackedTrainer:
 
     workers = 1
 
+    #: Stacks kept from round to round, the least recently used dropped first: a round may train
+    #: two groups (the backdoor attack's phones train longer than the honest ones), each its own.
+    KEPT = 2
+
     def __init__(self, static: bool | None = None) -> None:
         self._lock = threading.Lock()  # one stack at a time (torch's global seed)
         self.static = static
-        self._stack: tuple[tuple, Stack] | None = None  # the last round's, kept for the next
+        self._stacks: OrderedDict[tuple, Stack] = OrderedDict()  # kept for the next rounds
 
     def _stack_for(self, t: LocalTask, phones: int) -> Stack:
         dev = resolve_device(t.device)
         key = (repr(t.model_config), repr(replace(t.train, lr=0.0)), phones, str(dev))
-        if self._stack is None or self._stack[0] != key:
-            self._stack = None  # its device memory first
-            static = dev.type == "cuda" if self.static is None else self.static
-            self._stack = (key, Stack(t.model_config, t.train, phones, dev, static))
-        return self._stack[1]
+        if key in self._stacks:
+            self._stacks.move_to_end(key)
+            return self._stacks[key]
+        while len(self._stacks) >= self.KEPT:
+            self._stacks.popitem(last=False)  # its device memory before the new stack's
+        static = dev.type == "cuda" if self.static is None else self.static
+        self._stacks[key] = Stack(t.model_config, t.train, phones, dev, static)
+        return self._stacks[key]
 
     def run(
         self, tasks: list[LocalTask], global_state: dict[str, Tensor]
@@ -392,4 +400,4 @@ class StackedTrainer:
         return self.run([task], global_state)[task.device_id]
 
     def close(self) -> None:
-        self._stack = None
+        self._stacks.clear()

@@ -106,22 +106,30 @@ def test_the_backend_randomizes_each_upload_as_the_phone_does():
             torch.testing.assert_close(got[t.device_id].state[k], want.state[k], rtol=0, atol=1e-6)
 
 
-def test_a_stack_kept_for_the_next_round_starts_it_afresh():
-    """The backend keeps its stack (on a GPU, its captured steps) from round to round: the next
-    round, from other weights at another lr, trains as a new stack would (momentum reset)."""
+def test_stacks_kept_for_the_next_round_start_it_afresh():
+    """The backend keeps its stacks (on a GPU, their captured steps) from round to round, one
+    per training config of a round (the backdoor attack's phones train longer than the honest
+    ones): the next round, from other weights at another lr, trains as new stacks would
+    (momentum reset), and builds none."""
     cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
     train = TrainConfig(epochs=1, batch_size=4, lr=0.5, precision="fp32")
     backend = StackedTrainer(static=True)
 
     def tasks(train):
-        return [LocalTask(f"p{i}", s, seed, cfg, train, device="cpu") for i, (s, seed) in
-                enumerate(SHARDS)]  # fmt: skip
+        honest = [LocalTask(f"p{i}", s, seed, cfg, train, device="cpu") for i, (s, seed) in
+                  enumerate(SHARDS[:2])]  # fmt: skip
+        shard, seed = SHARDS[2]
+        return [
+            *honest,
+            LocalTask("attacker", shard, seed, cfg, replace(train, epochs=2), device="cpu"),
+        ]
 
     first = backend.run(tasks(train), initial(cfg))
-    kept = backend._stack
+    kept = list(backend._stacks.values())
+    assert len(kept) == 2
     later = replace(train, lr=0.2)  # --lr-decay: each round its own lr
     again = backend.run(tasks(later), first["p0"].state)
-    assert backend._stack is kept  # the same stack (on a GPU: no new capture)
+    assert all(a is b for a, b in zip(backend._stacks.values(), kept, strict=True))
     fresh = StackedTrainer(static=False).run(tasks(later), first["p0"].state)
     for d, result in again.items():
         for k, v in result.state.items():
