@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -220,6 +221,18 @@ def select(
     return sorted(specs, key=key)  # stable: the suites' order inside a dataset
 
 
+def placed(preset: Preset, backend: str | None) -> Preset:
+    """`preset` with its simulate runs trained on `backend` (device_sim.backends; None: as the
+    preset says): `stacked` trains a round's phones as one stacked model, so a GPU lent for a
+    session can take a cpu preset's costliest runs (FedSGD trains every phone every round).
+    Where a run ran is not what it computes (bench.runs.what_it_computes): the runs are the
+    preset's, done whichever way they ran, and each records its device."""
+    if backend is None or backend == (preset.backend or "local"):
+        return preset
+    # the preset's --workers are the local backend's; another backend takes none
+    return replace(preset, backend=None if backend == "local" else backend, workers=None)
+
+
 def superseded(preset: Preset, runs: list[dict]) -> list[str]:
     """The ids of the preset's ranking-suite runs in `runs` whose command is not the one the
     preset makes for that id now (its protocol or the sweep's choice changed since they ran):
@@ -260,16 +273,18 @@ def run_bench(
     jobs: int = 1,
     hours: float | None = None,
     advance: bool = True,
+    backend: str | None = None,
 ) -> list[dict]:
     """Run every selected spec not yet in OUT/<folder>/results.json, `jobs` at a time, then
     write the report. The specs are rebuilt after every run: the sweep's choices open the
     ranking suites' runs. With `hours`, only the runs expected to end within that many hours
     from now are started (bench.paper_budget), and a run still going then is stopped; the
     others are listed at the end. With `advance`, the slots that none of them fits go to the
-    runs that resume: stopped at the limit, the next bench continues them."""
+    runs that resume: stopped at the limit, the next bench continues them. `backend`: where
+    the runs train in place of the preset's (:func:`placed`)."""
     from tqdm import tqdm
 
-    preset = PRESETS[preset_name]
+    preset = placed(PRESETS[preset_name], backend)
     bench = Bench(out / preset.results_folder)
     run_root = runs_dir / preset.results_folder  # cpu-8round: its old runs/bench/cpu/<id>
 

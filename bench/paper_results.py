@@ -19,10 +19,10 @@ from common.files import atomic_write
 
 T = TypeVar("T")
 
-#: Options that say how a bench ran, not what it ran (with how many values each): the bench
+#: Options that say how or where a bench ran, not what it ran (with how many values each): the bench
 #: command that results.json records leaves them out, so a bench continued over several
 #: sessions with other --hours is one line, not one per session.
-HOW = {"--jobs": 1, "--hours": 1, "--advance": 0, "--no-advance": 0}
+HOW = {"--jobs": 1, "--hours": 1, "--advance": 0, "--no-advance": 0, "--backend": 1}
 
 
 def what_it_runs(command: str) -> str:

@@ -16,6 +16,7 @@ from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
 from cli.errors import UserError
+from device_sim.backends import BACKENDS, Backend
 
 
 def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
@@ -81,7 +82,7 @@ def bench_paper(
     preset: PaperPreset = typer.Option(
         PaperPreset("cpu"),
         "--preset",
-        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; 4 trainer processes a run on the GPU, resumable); cpu-8round: the old 8-round cut (its runs are the report's appendix); smoke: minutes, for a first look.",
+        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; a round's phones as one stacked model on the GPU, resumable); cpu-8round: the old 8-round cut (its runs are the report's appendix); smoke: minutes, for a first look.",
     ),
     suite: list[PaperSuite] = typer.Option(
         [PaperSuite("sweep"), PaperSuite("rank")],
@@ -123,6 +124,11 @@ def bench_paper(
         "--advance/--no-advance",
         help="With --hours: when no run left fits in the time left, start the runs that resume (simulate, train-central) anyway; stopped at the end with their checkpoints, the next bench continues them.",
     ),
+    backend: Backend | None = typer.Option(
+        None,
+        "--backend",
+        help=f"Where the simulate runs' phones train, in place of the preset's ({', '.join(BACKENDS)}): stacked takes a round's phones at once as one stacked model, so a GPU can take a cpu preset's costliest runs (FedSGD, AdaFL). Where a run ran is not what it computes: a run done one way is done for the other, and records its device.",
+    ),
 ) -> None:
     """The seed papers' experiments through fedkey's own commands; a run already in results.json
     with the same command is not run again, so an interrupted bench resumes where it stopped."""
@@ -145,6 +151,7 @@ def bench_paper(
             jobs=jobs,
             hours=hours,
             advance=advance,
+            backend=backend,
         )
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         raise UserError(str(e)) from None

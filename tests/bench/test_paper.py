@@ -520,3 +520,39 @@ def test_runs_done_with_trainer_processes_stay_done_when_the_preset_stacks_the_p
     runs = Bench(tmp_path / "out" / "gpu").read()
     assert paper.superseded(PRESETS["gpu"], runs) == []
     assert sum("--workers 4" in r["command"] for r in runs) == 2
+
+
+def test_a_bench_may_train_a_presets_runs_on_another_backend(tmp_path, monkeypatch):
+    """`fedkey bench paper --preset cpu --backend stacked` (a GPU lent for a session takes the
+    cpu preset's costliest runs): its simulate runs go with --backend stacked in place of the
+    preset's --workers 0, the runs done on the CPU stay done, and results.json records the
+    bench command once, whichever backend a session used."""
+    import bench.paper as paper
+    from bench.paper_spec import command_flag
+
+    best_val = {"0.3": 420.0, "1": 380.0, "3": 400.0}  # the grid's middle: no run added
+    ran: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        done = _finished(spec, preset, data_root, runs_dir)
+        ran.append(done["command"])
+        val = best_val[command_flag(done["command"], "--lr")]
+        return {**done, **spec.fields(), "best_val_ppl": val, "test_ppl": val - 10}
+
+    _smoke_data(tmp_path, monkeypatch, fake_run)
+    args = ("cpu", ["sweep"], tmp_path, tmp_path / "out", tmp_path / "runs")
+    line = "fedkey bench paper --preset cpu --suite sweep"
+    cpu = ["sweep-ptb-fedavg-client-lr-0-3-c0.1", "sweep-ptb-fedavg-client-lr-1-c0.1"]
+    paper.run_bench(*args, only=cpu, bench_command=line)
+    assert len(ran) == 2 and all("--workers 0" in c for c in ran)
+
+    paper.run_bench(*args, only=["sweep-ptb-fedavg-client-lr-*"], backend="stacked",
+                    bench_command=line + " --backend stacked")  # fmt: skip
+    assert len(ran) == 3  # only the run not done yet
+    assert "--backend stacked" in ran[2] and "--workers" not in ran[2]
+    assert command_flag(ran[2], "--lr") == "3"
+    bench = Bench(tmp_path / "out" / "cpu")
+    assert bench.commands() == [line]
+    assert paper.superseded(PRESETS["cpu"], bench.read()) == []
+    # the preset's own backend named: the preset as it is
+    assert paper.placed(PRESETS["cpu"], "local") is PRESETS["cpu"]
