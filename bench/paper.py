@@ -25,8 +25,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 
 from bench.paper_budget import Pace, duration, units
