@@ -123,6 +123,42 @@ class Bench:
                 data["lr_choices"] = {**data["lr_choices"], preset.name: lr_choices(runs, preset)}
         return runs
 
+    def merge(self, path: Path) -> tuple[list[str], list[str]]:
+        """Take in the results.json at `path` of the same bench run on another machine (a GPU
+        lent for a session): its runs that this one lacks (by preset and id), its bench command
+        lines, and its notes of runs begun there and not done here (the note with more rounds
+        winning); the sweep's choices are recomputed. -> ("preset/id" of the runs taken, of
+        those this one has and keeps). A begun run goes on where its checkpoints are: its
+        folder stays on the machine that ran it."""
+        try:
+            theirs = json.loads(path.read_text())
+            runs, lines = list(theirs["runs"]), list(theirs.get("bench_commands", []))
+            notes = dict(theirs.get("begun", {}))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a bench's results.json ({e})") from None
+        taken: list[str] = []
+        kept: list[str] = []
+        with self._updating() as data:
+            have = {f"{r.get('preset')}/{r['id']}" for r in data["runs"]}
+            for r in runs:
+                name = f"{r.get('preset')}/{r['id']}"
+                (kept if name in have else taken).append(name)
+                if name not in have:
+                    data["runs"].append(r)
+            data["bench_commands"] += [x for x in lines if x not in data["bench_commands"]]
+            done = have | set(taken)
+            begun = {**data.get("begun", {})}
+            for name, note in notes.items():
+                if name not in begun or note[0] > begun[name][0]:
+                    begun[name] = note
+            data["begun"] = {k: v for k, v in begun.items() if k not in done}
+            swept = {r.get("preset") for r in runs if r.get("suite") == "sweep"
+                     and f"{r.get('preset')}/{r['id']}" in taken}  # fmt: skip
+            for name in sorted(swept & set(PRESETS)):
+                choices = lr_choices(data["runs"], PRESETS[name])
+                data["lr_choices"] = {**data["lr_choices"], name: choices}
+        return taken, kept
+
     def lr_choices(self) -> dict[str, dict[str, dict[str, float]]]:
         """preset -> dataset -> {knob: the value the sweep chose}."""
         return self._data()["lr_choices"]

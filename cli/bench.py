@@ -159,6 +159,40 @@ def bench_paper(
         signal.signal(signal.SIGTERM, before)
 
 
+@bench_app.command("merge")
+def bench_merge(
+    other: Path = typer.Argument(
+        ...,
+        help="results.json of the same bench run on another machine (a GPU lent for a session).",
+    ),
+    into: Path = typer.Option(
+        Path("bench/results/cpu"),
+        "--into",
+        help="The results folder to take it into (its results.json; results.md rebuilt).",
+    ),
+) -> None:
+    """Take another machine's `fedkey bench paper` results into this one's: the runs this one
+    lacks, the bench command lines, the notes of runs begun there; results.md is rebuilt. A begun
+    run goes on where its folder is (copy runs/bench/<preset>/<id> along to go on here)."""
+    from bench.paper import write
+    from bench.paper_results import Bench
+
+    if not other.is_file():
+        raise UserError(f"{other}: no such file; give the other machine's results.json")
+    try:
+        taken, kept = Bench(into).merge(other)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(
+        f"took {len(taken)} runs into {into / 'results.json'}"
+        + (f": {', '.join(taken)}" if taken else "")
+    )
+    if kept:
+        print(f"kept {len(kept)} runs this one has already, as they were: {', '.join(kept)}")
+    write(into)
+    print(into / "results.md")
+
+
 @bench_app.command("attacks")
 def bench_attacks(
     out: Path = typer.Option(
