@@ -128,8 +128,8 @@ class Bench:
         lent for a session): its runs that this one lacks (by preset and id), its bench command
         lines, and its notes of runs begun there and not done here (the note with more rounds
         winning); the sweep's choices are recomputed. -> ("preset/id" of the runs taken, of
-        those this one has and keeps). A begun run goes on where its checkpoints are: its
-        folder stays on the machine that ran it."""
+        those this one has too, recorded otherwise there, and keeps as they are here). A begun
+        run goes on where its checkpoints are: its folder stays on the machine that ran it."""
         try:
             theirs = json.loads(path.read_text())
             runs, lines = list(theirs["runs"]), list(theirs.get("bench_commands", []))
@@ -139,14 +139,16 @@ class Bench:
         taken: list[str] = []
         kept: list[str] = []
         with self._updating() as data:
-            have = {f"{r.get('preset')}/{r['id']}" for r in data["runs"]}
+            have = {f"{r.get('preset')}/{r['id']}": r for r in data["runs"]}
             for r in runs:
                 name = f"{r.get('preset')}/{r['id']}"
-                (kept if name in have else taken).append(name)
                 if name not in have:
+                    taken.append(name)
                     data["runs"].append(r)
+                elif have[name] != r:
+                    kept.append(name)
             data["bench_commands"] += [x for x in lines if x not in data["bench_commands"]]
-            done = have | set(taken)
+            done = set(have) | set(taken)
             begun = {**data.get("begun", {})}
             for name, note in notes.items():
                 if name not in begun or note[0] > begun[name][0]:

@@ -188,7 +188,8 @@ def bench_merge(
         + (f": {', '.join(taken)}" if taken else "")
     )
     if kept:
-        print(f"kept {len(kept)} runs this one has already, as they were: {', '.join(kept)}")
+        print(f"kept {len(kept)} runs as they are here, which it records otherwise: "
+              f"{', '.join(kept)}")  # fmt: skip
     write(into)
     print(into / "results.md")
 
