@@ -305,14 +305,15 @@ def run_bench(
         return [s for s in pending if not adopt(s, done, dry_run)]
 
     def adopt(spec: RunSpec, done: dict, dry_run: bool) -> bool:
-        """Whether a done run of the preset computed `spec` already (its command but for --out:
-        bench.runs.twins); unless `dry_run`, recorded from it, not run again."""
+        """Whether a done run of the preset computed `spec` already (its command but for its
+        --out and where it ran: bench.runs.twins); unless `dry_run`, recorded from it, not run
+        again."""
         cmd = shlex.join(argv(spec))
         twin = done.get(what_it_computes(cmd))
         if twin is not None and not dry_run:
             bench.add(reused(dict(twin), spec, cmd), bench_command)
-            tqdm.write(f"{spec.id}: the same command as {twin['id']} but for --out; recorded "
-                       f"from it, not run again")  # fmt: skip
+            tqdm.write(f"{spec.id}: the same command as {twin['id']} but for --out (and where it "
+                       f"ran); recorded from it, not run again")  # fmt: skip
         return twin is not None
 
     def pace() -> Pace:

@@ -19,9 +19,9 @@ from common.files import atomic_write
 
 T = TypeVar("T")
 
-#: Options that say how or where a bench ran, not what it ran (with how many values each): the bench
-#: command that results.json records leaves them out, so a bench continued over several
-#: sessions with other --hours is one line, not one per session.
+#: Options that say how or where a bench ran, not what it ran (with how many values each): the
+#: bench command that results.json records leaves them out, so a bench continued over several
+#: sessions with other --hours (or on a GPU, --backend stacked) is one line, not one per session.
 HOW = {"--jobs": 1, "--hours": 1, "--advance": 0, "--no-advance": 0, "--backend": 1}
 
 
@@ -132,16 +132,19 @@ class Bench:
         run goes on where its checkpoints are: its folder stays on the machine that ran it."""
         try:
             theirs = json.loads(path.read_text())
-            runs, lines = list(theirs["runs"]), list(theirs.get("bench_commands", []))
-            notes = dict(theirs.get("begun", {}))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            runs = [dict(r) for r in theirs["runs"]]
+            names = [f"{r.get('preset')}/{r['id']}" for r in runs]
+            lines = [str(line) for line in theirs.get("bench_commands", [])]
+            notes = {str(k): list(v) for k, v in theirs.get("begun", {}).items()}
+            if not all(v and isinstance(v[0], int) for v in notes.values()):
+                raise ValueError("a note of a begun run without its rounds")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a bench's results.json ({e})") from None
         taken: list[str] = []
         kept: list[str] = []
         with self._updating() as data:
             have = {f"{r.get('preset')}/{r['id']}": r for r in data["runs"]}
-            for r in runs:
-                name = f"{r.get('preset')}/{r['id']}"
+            for name, r in zip(names, runs, strict=True):
                 if name not in have:
                     taken.append(name)
                     data["runs"].append(r)
@@ -154,11 +157,11 @@ class Bench:
                 if name not in begun or note[0] > begun[name][0]:
                     begun[name] = note
             data["begun"] = {k: v for k, v in begun.items() if k not in done}
-            swept = {r.get("preset") for r in runs if r.get("suite") == "sweep"
-                     and f"{r.get('preset')}/{r['id']}" in taken}  # fmt: skip
-            for name in sorted(swept & set(PRESETS)):
-                choices = lr_choices(data["runs"], PRESETS[name])
-                data["lr_choices"] = {**data["lr_choices"], name: choices}
+            swept = {str(r.get("preset")) for name, r in zip(names, runs, strict=True)
+                     if r.get("suite") == "sweep" and name in taken}  # fmt: skip
+            for preset in sorted(swept & set(PRESETS)):
+                choices = lr_choices(data["runs"], PRESETS[preset])
+                data["lr_choices"] = {**data["lr_choices"], preset: choices}
         return taken, kept
 
     def lr_choices(self) -> dict[str, dict[str, dict[str, float]]]:

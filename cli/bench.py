@@ -174,7 +174,7 @@ def bench_merge(
     """Take another machine's `fedkey bench paper` results into this one's: the runs this one
     lacks, the bench command lines, the notes of runs begun there; results.md is rebuilt. A begun
     run goes on where its folder is (copy runs/bench/<preset>/<id> along to go on here)."""
-    from bench.paper import write
+    from bench.paper import write_fresh
     from bench.paper_results import Bench
 
     if not other.is_file():
@@ -190,7 +190,9 @@ def bench_merge(
     if kept:
         print(f"kept {len(kept)} runs as they are here, which it records otherwise: "
               f"{', '.join(kept)}")  # fmt: skip
-    write(into)
+    unwritten = write_fresh(into)
+    if unwritten:
+        raise UserError(unwritten)
     print(into / "results.md")
 
 

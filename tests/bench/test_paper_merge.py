@@ -53,7 +53,7 @@ def test_bench_merge_takes_a_gpu_sessions_runs_and_rebuilds_the_report(tmp_path,
         return {**done, **spec.fields(), "best_val_ppl": lr, "test_ppl": lr - 10}
 
     _smoke_data(tmp_path, monkeypatch, fake_run)
-    monkeypatch.setattr(paper, "write", lambda folder: [])  # the report's own tests draw it
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)  # its own tests draw it
     here, there = tmp_path / "here", tmp_path / "there"
     lrs = ["sweep-ptb-fedavg-client-lr-0-3-c0.1", "sweep-ptb-fedavg-client-lr-1-c0.1",
            "sweep-ptb-fedavg-client-lr-3-c0.1"]  # fmt: skip
@@ -65,10 +65,13 @@ def test_bench_merge_takes_a_gpu_sessions_runs_and_rebuilds_the_report(tmp_path,
     for bad, why in [(tmp_path / "none.json", "no such file"), (tmp_path, "no such file")]:
         res = CliRunner().invoke(app, ["bench", "merge", str(bad), "--into", str(here / "cpu")])
         assert res.exit_code == 1 and why in res.stderr and len(res.stderr.splitlines()) == 1
-    (tmp_path / "torn.json").write_text('{"runs": [')  # a copy cut short
-    res = CliRunner().invoke(app, ["bench", "merge", str(tmp_path / "torn.json"), "--into",
-                                   str(here / "cpu")])  # fmt: skip
-    assert res.exit_code == 1 and "not a bench's results.json" in res.stderr
+    for odd in ['{"runs": [', '{"runs": [{"preset": "cpu"}]}', '{"runs": 3}', "[]",
+                '{"runs": [], "begun": {"cpu/x": "round 3"}}']:  # fmt: skip
+        (tmp_path / "odd.json").write_text(odd)  # a copy cut short, a run without its id, ...
+        res = CliRunner().invoke(app, ["bench", "merge", str(tmp_path / "odd.json"), "--into",
+                                       str(here / "cpu")])  # fmt: skip
+        assert res.exit_code == 1 and "not a bench's results.json" in res.stderr, (odd, res)
+        assert len(res.stderr.splitlines()) == 1
     assert (here / "cpu" / "results.json").read_text() == before
 
     res = CliRunner().invoke(app, ["bench", "merge", str(there / "cpu" / "results.json"),
