@@ -443,12 +443,14 @@ def _appendix(name: str, old: list[dict]) -> list[str]:
 
 
 def detail_table(runs: list[dict]) -> str:
+    """Every run's numbers, what it cost and where it ran (a bench's runs may come from several
+    machines: `fedkey bench paper --backend stacked` on a GPU, `fedkey bench merge`)."""
     header = ["preset", "run", "test ppl", "best val ppl", "best round", "final test ppl",
-              "top-1", "top-3", "KSR", "updates", "uplink MB", "wall s"]  # fmt: skip
+              "top-1", "top-3", "KSR", "updates", "uplink MB", "wall s", "device"]  # fmt: skip
     rows = [[r.get("preset", "-"), r["id"], _f(r["test_ppl"]), _f(r["best_val_ppl"]),
              r["best_round"], _f(r["final_test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"),
              _f(r["ksr"], ".3f"), r["updates"], _mb(r["uplink_bytes"]),
-             _f(run_seconds(r), ".0f")] for r in runs]  # fmt: skip
+             _f(run_seconds(r), ".0f"), r.get("device", "-")] for r in runs]  # fmt: skip
     return markdown_table(header, rows)
 
 

@@ -258,3 +258,19 @@ def test_a_diverged_runs_curve_does_not_stop_the_report(tmp_path):
                             [3, math.inf, math.inf]]}  # fmt: skip
     path = plot_curves([ok, gone], tmp_path, "sweep.png", "WikiText-2, sweep", split="val")
     assert path is not None and path.stat().st_size > 0
+
+
+def test_every_run_says_where_it_ran():
+    """A bench's runs may come from several machines (`bench paper --backend stacked` on a GPU,
+    then `bench merge`): the list of every run names each one's device, and the header all."""
+    from bench.paper_report import detail_table
+
+    runs = ranking_runs()
+    runs[4] = {**runs[4], "device": "cuda (NVIDIA H100 80GB HBM3)"}
+    rows = detail_table(runs).splitlines()
+    assert rows[0].split("|")[-2].strip() == "device"
+    fedavg = next(r for r in rows if "rank-ptb-fedavg-c0.1 " in r)
+    assert fedavg.split("|")[-2].strip() == "cuda (NVIDIA H100 80GB HBM3)"
+    assert sum(r.split("|")[-2].strip() == "cpu" for r in rows) == len(runs) - 1
+    header = markdown(runs, [], {}, {})
+    assert "- Devices: cpu, cuda (NVIDIA H100 80GB HBM3)" in header
