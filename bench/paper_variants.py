@@ -1,8 +1,9 @@
 """Rank rows run again with one change, against issue 18's targets (the decay and dropout suites'
 sections of `fedkey bench paper`'s report).
 
-A variant suite (bench.paper_suites: decay_suite, dropout_suite) runs some PTB rows of the rank
-suite again with one flag added, the centralized model among them. Each row here sets its run
+A variant suite (bench.paper_suites: decay_suite, dropout_suite, confirm_suite) runs some PTB
+rows of the rank suite again with one change (a flag added, or an lr the sweep chose set one step
+lower), the centralized model among them. Each row here sets its run
 beside the rank run it repeats, and holds the federated rows against the centralized model with
 the same change: the target compares like with like. Written from results.json's objects alone
 (no torch), as the rest of the report.
@@ -18,10 +19,13 @@ from bench.paper_suites import (
     DROPOUT,
     ROUND_DECAY,
     _score,
+    confirm_suite,
     decay_suite,
     dropout_suite,
     every_knob_chosen,
     lr_choices,
+    rank_suite,
+    sweep_epochs,
 )
 from bench.paper_tables import Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
@@ -34,18 +38,30 @@ class Variant:
 
     suite: str
     runs: Callable[..., list[RunSpec]]  # (preset, results, choices) -> its specs
-    flag: str  # the flag it adds; its value is the table's `column`
+    flag: str  # the flag it adds or changes; its value is the table's `column` ("-": none)
     column: str  # "lr decay"
     before: str  # the rank runs, as the change is not made: "constant lr"
     after: str  # the suite's runs: "lr decayed"
     heading: str  # the report's section heading, before "(preset `cpu`)"
     about: Callable[[Preset], str]  # the section's paragraph
     units: tuple[str, str] = ("", "")  # after a value: a federated run's, a centralized one's
+    # a row kept only once all of its runs are done (confirm: its first run is the rank run, so
+    # until the other ends nothing is checked yet)
+    whole: bool = False
 
     def value(self, spec: RunSpec) -> str:
-        """The spec's value of the flag, with its unit."""
+        """The spec's value of the flag, with its unit ("-" where the spec has no such flag)."""
+        if self.flag not in spec.args:
+            return "-"
         unit = self.units[spec.kind == "central"]
         return spec.args[spec.args.index(self.flag) + 1] + unit
+
+    def label(self, spec: RunSpec) -> str:
+        """What sets a run apart from the suite's other run of its row (a tagged one's): its
+        value of the flag where it has one, else its lr."""
+        if self.flag in spec.args and self.value(spec) != "-":
+            return f"{self.column} {self.value(spec)}"
+        return f"lr {spec.lr:g}"
 
 
 def _about_decay(preset: Preset) -> str:
@@ -76,6 +92,23 @@ def _about_dropout(preset: Preset) -> str:
     )
 
 
+def _about_confirm(preset: Preset) -> str:
+    epochs = sweep_epochs(preset)
+    return (
+        f"The sweep chooses each learning rate by runs of {preset.sweep_rounds} of a rank run's "
+        f"{preset.rounds} rounds (the centralized model's: {epochs} of its "
+        f"{preset.central_epochs_for(0.1)} epochs): it ranks them by early progress, which "
+        "favours the larger. The confirm suite runs these "
+        f"PTB rows of the rank suite at C 0.1 for all {preset.rounds} rounds again one step of "
+        "the grid lower (FedAvg's and the centralized model's lr; FedAvgM's and FedAdam's "
+        "server lr, at the client lr chosen with it); the row at the sweep's value is the rank "
+        "run itself. The better of the two on validation is kept (test perplexity is never read "
+        "for it). vs centralized, lr checked at full length: the federated rows against the "
+        'kept centralized model (the targets table\'s "lr checked at full length" row, from the '
+        "kept runs)."
+    )
+
+
 VARIANTS = {
     "decay": Variant(
         "decay", decay_suite, "--lr-decay", "lr decay", "constant lr", "lr decayed",
@@ -85,6 +118,11 @@ VARIANTS = {
     "dropout": Variant(
         "dropout", dropout_suite, "--dropout", "dropout", "no dropout", "dropout",
         f"Dropout {DROPOUT:g} against overfitting", _about_dropout,
+    ),
+    "confirm": Variant(
+        "confirm", confirm_suite, "--server-lr", "server lr", "sweep's choice",
+        "lr checked at full length", "The sweep's learning rates checked at full length",
+        _about_confirm, whole=True,
     ),
 }  # fmt: skip
 
@@ -99,17 +137,24 @@ def variant_pairs(
     # the sweep's choices where made (a dropout run's lr is in its id), placeholders elsewhere
     chosen = lr_choices(mine, preset)
     choices = {ds: {**every, **chosen.get(ds, {})} for ds, every in every_knob_chosen().items()}
-    return [(s, by_id.get(replace(s, suite="rank", tag="").id), by_id.get(s.id))
-            for s in v.runs(preset, mine, choices)]  # fmt: skip
+    rank = set(rank_suite(preset, mine, choices=choices))
+    out = []
+    for s in v.runs(preset, mine, choices):
+        unchanged = by_id.get(replace(s, suite="rank", tag="").id)
+        # a run that is the rank run itself (confirm's row at the sweep's value) is that run,
+        # before the bench records it under its own id too
+        twin = unchanged if replace(s, suite="rank") in rank else None
+        out.append((s, unchanged, by_id.get(s.id) or twin))
+    return out
 
 
 def variant_kept(
     v: Variant, preset: Preset, runs: list[dict], pairs: list | None = None
 ) -> dict[str, dict]:
     """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
-    row at more than one lr (dropout), the one with the lowest best validation perplexity once
-    all of them are done, and until then the one at the rank run's own lr; test perplexity is
-    never read. `pairs`: variant_pairs' answer, where the caller has it."""
+    row at more than one lr (dropout, confirm), the one with the lowest best validation
+    perplexity once all of them are done, and until then the one at the rank run's own lr (none
+    for a `whole` variant); test perplexity is never read. `pairs`: variant_pairs' answer, where the caller has it."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
     for spec, _, run in pairs if pairs is not None else variant_pairs(v, preset, runs):
         rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
@@ -118,7 +163,7 @@ def variant_kept(
         done = [run for _, run in tries if run is not None]
         if done and len(done) == len(tries):
             kept[rank_id] = min(done, key=_score)  # the sweep's score: best validation
-        elif tries[0][1] is not None:
+        elif tries[0][1] is not None and not v.whole:
             kept[rank_id] = tries[0][1]
     return kept
 
@@ -190,6 +235,10 @@ def variant_curves(v: Variant, preset: Preset, runs: list[dict]) -> list[dict]:
         if unchanged and unchanged["id"] not in seen:
             seen.add(unchanged["id"])
             out.append({**unchanged, "method": f"{unchanged['method']}, {v.before}"})
-        at = f", lr {spec.lr:g}" if spec.tag else ""
+        if unchanged is not None and (
+            run is unchanged or run.get("same_run_as") == unchanged["id"]
+        ):
+            continue  # the rank run itself (confirm's row at the sweep's lr): drawn once, above
+        at = f", {v.label(spec)}" if spec.tag else ""
         out.append({**run, "method": f"{run['method']}, {v.after}{at}"})
     return out

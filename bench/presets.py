@@ -115,7 +115,7 @@ PRESETS = {
         "in-process (`fedkey simulate`), which gives the HTTP path's weights bit for bit "
         "(tests/test_e2e_http.py). Days of background runs on 2 cores; the bench resumes.",
         # the column-measure evidence: cpu-8round's code suite
-        suites=("sweep", "rank", "noniid", "seeds", "decay", "dropout"),
+        suites=("sweep", "rank", "noniid", "seeds", "decay", "dropout", "confirm"),
         fractions=(0.1,),
         sweep_rounds=10,
         client_lrs=(0.3, 1.0, 3.0),

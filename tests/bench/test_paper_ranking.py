@@ -11,14 +11,17 @@ from typer.testing import CliRunner
 from bench.paper import LATE, Bench, command, run_bench, select
 from bench.paper_suites import (
     BOUNDED_FEDATT,
+    CONFIRMED,
     KNOBS,
     MAX_EXTENSIONS,
     TASKS,
     choose,
     choose_joint,
+    lower_lr,
     lr_choices,
     next_lr,
     planned,
+    suite_runs,
 )
 from bench.presets import PRESETS
 from cli import app
@@ -364,14 +367,54 @@ def test_the_dropout_suite_adds_dropout_to_the_rank_rows_at_their_lr_and_the_nex
     assert next_lr(PRESETS["gpu"], 0.1) == 1.0
 
 
+def test_the_confirm_suite_runs_each_chosen_lr_one_grid_step_lower_beside_the_rank_run():
+    """Each confirm row is its rank run (the same command but for --out: recorded from it, not
+    run again) and the same command one grid step below the lr the sweep chose: --lr for FedAvg
+    and the centralized model, --server-lr for FedAvgM and FedAdam at their own client lr;
+    nothing else changes, and only PTB's rows at C 0.1."""
+    for name in ("cpu", "gpu"):
+        p = PRESETS[name]
+        results = decided(name)
+        rank = {(s.method, s.fraction): s for s in select(p, ["rank"], results)
+                if s.dataset == "ptb"}  # fmt: skip
+        confirm = suite_runs("confirm", p, results)
+        central = next(m for (m, c), r in rank.items() if r.kind == "central" and c == 0.1)
+        assert sorted(s.method for s in confirm) == sorted(
+            ["FedAvg", "FedAvgM", "FedAdam", central] * 2
+        )
+        for spec in confirm:
+            base = rank[spec.method, 0.1]
+            twin = command(base, p, Path("d"), Path("o"))
+            words = command(spec, p, Path("d"), Path("o"))
+            assert spec.fraction == 0.1 and spec.id.startswith("confirm-ptb-")
+            if not spec.tag:  # the rank run itself
+                assert words == twin and spec.id == base.id.replace("rank-", "confirm-", 1)
+                continue
+            knob = "--server-lr" if spec.method in ("FedAvgM", "FedAdam") else "--lr"
+            at = words.index(knob)
+            was, now = float(twin[at + 1]), float(words[at + 1])
+            assert (
+                now
+                == lower_lr(getattr(p, KNOBS[CONFIRMED.get(spec.method, "central_lr")].grid), was)
+                < was
+            )
+            assert words[:at] + words[at + 2 :] == twin[:at] + twin[at + 2 :]
+            assert spec.id.endswith(f"-c0.1-{spec.tag}") and spec.tag.endswith(f"lr{now:g}")
+    # one step of the grid's ratio below, on the grid or past its bottom (half-decades)
+    assert [lower_lr((0.3, 1.0, 3.0), v) for v in (3.0, 1.0, 0.3)] == [1.0, 0.3, 0.1]
+    assert lower_lr((0.003, 0.01, 0.03), 0.1) == 0.03
+
+
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
     # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
-    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs
-    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 6}
+    # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
+    # PTB's FedAvg, FedAvgM, FedAdam and centralized model at their lr and one step below
+    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 6,
+                    "confirm": 8}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 

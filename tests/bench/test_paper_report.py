@@ -64,8 +64,8 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 155 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
-        "decay 0 of 3, dropout 0 of 6;" in md
+        "**7 of 163 runs done** (sweep 2 of 90, rank 4 of 26, noniid 1 of 24, seeds 0 of 6, "
+        "decay 0 of 3, dropout 0 of 6, confirm 0 of 8;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
@@ -103,7 +103,7 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 155 runs done**" in md and "seeds 2 of 6" in md
+    assert "**9 of 163 runs done**" in md and "seeds 2 of 6" in md
 
 
 def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
@@ -172,6 +172,56 @@ def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation
     assert target.startswith("| cpu, dropout | PTB | FedAvg | 150.00 | 125.00 | no (+20.0%) |")
     md = markdown(runs, [], {}, {})
     assert "## Dropout 0.5 against overfitting (preset `cpu`)" in md and "dropout 4 of 6" in md
+
+
+def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
+    """Each confirm row sets the rank run (the sweep's lr, standing for its twin before the bench
+    records it) beside the run one grid step lower; nothing is kept, and the targets table has no
+    row for it, until both are done; then the better on VALIDATION is kept, the centralized
+    reference too, and the targets row follows the kept runs."""
+    from bench.paper_variants import VARIANTS, variant_curves, variant_table
+    from bench.presets import PRESETS
+
+    v, p = VARIANTS["confirm"], PRESETS["cpu"]
+
+    def with_val(r, val):
+        return {**r, "best_val_ppl": val}
+
+    runs = ranking_runs() + [
+        run("rank", "ptb", "FedAvgM", 0.1, [1000, 140, 130], top1=0.23),
+        run("confirm", "ptb", "FedAvg", 0.1, [1000, 170, 155], tag="lr0.3"),
+    ]
+    rows = variant_table(v, p, runs).splitlines()
+    assert rows[0].startswith("| method | C | server lr | lr | test ppl, sweep's choice | test "
+                              "ppl, lr checked at full length | change |")  # fmt: skip
+    # the sweep chose lr 1 (ranking_runs' sweep): FedAvg's twin and its run at 0.3 (done,
+    # better on validation: 156 against 161, kept); the centralized model at 0.3 not run yet
+    assert [r.split(" | ")[:5] for r in rows[2:6]] == [
+        [f"| {CENTRAL}", "-", "-", "1", "150.00"], [f"| {CENTRAL}", "-", "-", "0.3", "150.00"],
+        ["| FedAvg", "0.1", "-", "1", "160.00"], ["| FedAvg", "0.1", "-", "0.3", "160.00"],
+    ]  # fmt: skip
+    assert rows[2].endswith("| 1 / 1 |  |") and "not run yet" in rows[3]
+    assert rows[4].endswith("| 2 / 2 |  |") and rows[5].endswith("| 2 / 2 | yes |")
+    # the centralized run at 0.3 is not done: no reference yet
+    targets = [line for line in targets_table(runs).splitlines() if "lr checked" in line]
+    assert targets == [
+        "| cpu, lr checked at full length | PTB | FedAvg | 155.00 | - | - (-) | 0.200 (FedAvg) | "
+        "0.160 | yes (1.25x) |"
+    ]
+    runs.append(with_val(run("confirm", "ptb", CENTRAL, 0.1, [1000, 120], kind="central",
+                             tag="lr0.3"), 200))  # fmt: skip
+    targets = [line for line in targets_table(runs).splitlines() if "lr checked" in line]
+    # the centralized model at 0.3 is worse on validation (200 against 151): its rank run at 1
+    # (test 150) is the reference, though 0.3's test is better; FedAvg at 0.3: 155, +3.3%
+    assert targets == [
+        "| cpu, lr checked at full length | PTB | FedAvg | 155.00 | 150.00 | yes (+3.3%) | "
+        "0.200 (FedAvg) | 0.160 | yes (1.25x) |"
+    ]
+    # the curves: the rank runs once each, the runs one step lower labelled by their lr
+    labels = [r["method"] for r in variant_curves(v, p, runs)]
+    assert labels == [f"{CENTRAL}, sweep's choice", f"{CENTRAL}, lr checked at full length, "
+                      "lr 0.3", "FedAvg, sweep's choice", "FedAvg, lr checked at full length, "
+                      "lr 0.3", "FedAvgM, sweep's choice"]  # fmt: skip
 
 
 def test_the_rank_table_marks_what_chance_alone_could_explain():
