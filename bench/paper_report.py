@@ -138,7 +138,8 @@ def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
         # a variant suite's runs: those the report keeps (one per row, chosen on validation)
         kept = variant_kept(VARIANTS[suite], PRESETS[preset], runs) if suite in VARIANTS else {}
         of = kept.values() if suite in VARIANTS else runs
-        fed = [r for r in of if r.get("preset") == preset and (suite in VARIANTS or r["suite"] == suite)
+        fed = [r for r in of if r.get("preset") == preset
+               and (suite in VARIANTS or r["suite"] == suite)  # a kept run may be a rank run
                and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
         if not fed:
             continue

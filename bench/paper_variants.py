@@ -1,11 +1,11 @@
-"""Rank rows run again with one change, against issue 18's targets (the decay and dropout suites'
-sections of `fedkey bench paper`'s report).
+"""Rank rows run again with one change, against issue 18's targets (the decay, dropout and
+confirm suites' sections of `fedkey bench paper`'s report).
 
 A variant suite (bench.paper_suites: decay_suite, dropout_suite, confirm_suite) runs some PTB
 rows of the rank suite again with one change (a flag added, or an lr the sweep chose set one step
-lower), the centralized model among them. Each row here sets its run
-beside the rank run it repeats, and holds the federated rows against the centralized model with
-the same change: the target compares like with like. Written from results.json's objects alone
+lower), the centralized model among them. Each row here sets its run beside the rank run it
+repeats, and holds the federated rows against the centralized model with the same change: the
+target compares like with like. Written from results.json's objects alone
 (no torch), as the rest of the report.
 """
 
@@ -59,7 +59,7 @@ class Variant:
     def label(self, spec: RunSpec) -> str:
         """What sets a run apart from the suite's other run of its row (a tagged one's): its
         value of the flag where it has one, else its lr."""
-        if self.flag in spec.args and self.value(spec) != "-":
+        if self.value(spec) != "-":
             return f"{self.column} {self.value(spec)}"
         return f"lr {spec.lr:g}"
 
@@ -154,7 +154,8 @@ def variant_kept(
     """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
     row at more than one lr (dropout, confirm), the one with the lowest best validation
     perplexity once all of them are done, and until then the one at the rank run's own lr (none
-    for a `whole` variant); test perplexity is never read. `pairs`: variant_pairs' answer, where the caller has it."""
+    for a `whole` variant); test perplexity is never read. `pairs`: variant_pairs' answer, where
+    the caller has it."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
     for spec, _, run in pairs if pairs is not None else variant_pairs(v, preset, runs):
         rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
