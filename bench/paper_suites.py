@@ -21,8 +21,8 @@ Ranking suites (presets `cpu` and `gpu`, issue 18):
           centralized model among them, with the local lr decayed to about a tenth by the end.
   dropout the same rows at C 0.1 with dropout 0.5, at their lr and the next larger (the gpu
           target: at E 5 the model overfits).
-  confirm the sweep's short runs checked at full length: rank rows of PTB at C 0.1 whose lr the
-          sweep chose, again at the next smaller value of it (short runs favour large lrs).
+  confirm the sweep's short runs checked at full length: rank rows at C 0.1 whose lr the sweep
+          chose, again at the next smaller value of it (short runs favour large lrs).
 Old suites (preset `cpu-8round`, and any preset that names them): paper, privacy, beyond, lr,
 full, code, in bench.paper_old_suites with the seed papers' published numbers; `code` is the
 evidence about the seed papers' column measure.
@@ -491,12 +491,12 @@ def dropout_suite(
 #: The confirm suite: a sweep run lasts a fifth of a rank run (10 rounds of 50; the centralized
 #: model's 1 epoch of 5), so it ranks lrs by early progress, which favours the larger (63 of the
 #: cpu sweep's 123 runs were still improving at their last round; on PTB FedAdam's choice led
-#: FedAvgM's at round 10, 264 to 364, and ended 19% above it, flat from round 30). These rank
-#: rows of PTB at C 0.1 and its centralized model run again one step of the knob's grid below the
-#: lr the sweep chose (FedAvgM's and FedAdam's: the server lr, at the client lr chosen with it);
-#: the row at the chosen value is the rank run itself (recorded from it, not run again). The
-#: report keeps the better on validation. Not larger: the one such run made by hand lost
-#: (FedAvgM at server lr 3: test 324 against 142; bench/results/cpu/manual/).
+#: FedAvgM's at round 10, 264 to 364, and ended 19% above it, flat from round 30; one step lower
+#: it ended 4% below). These rank rows at C 0.1 and the centralized models, on both datasets, run
+#: again one step of the knob's grid below the lr the sweep chose (FedAvgM's and FedAdam's: the
+#: server lr, at the client lr chosen with it); the row at the chosen value is the rank run itself
+#: (recorded from it, not run again). The report keeps the better on validation. Not larger: the
+#: one such run by hand lost (FedAvgM at server lr 3: test 324 against 142; cpu/manual/).
 CONFIRMED = {"FedAvg": "client_lr", "FedAvgM": "momentum_server_lr", "FedAdam": "adam_server_lr"}
 
 
@@ -509,11 +509,11 @@ def lower_lr(grid: tuple[float, ...], value: float) -> float:
 def confirm_suite(
     preset: Preset, results: list[dict], choices: dict | None = None
 ) -> list[RunSpec]:
-    """The rank suite's PTB rows of CONFIRMED and its centralized model at C 0.1: each as the
+    """The rank suite's rows of CONFIRMED and its centralized models at C 0.1: each as the
     rank run (its twin, recorded from it) and at lower_lr of its chosen lr (tagged
     "lr<value>", or "server-lr<value>" for a server optimizer's)."""
     runs = []
-    for s in rank_suite(preset, results, ("ptb",), choices):
+    for s in rank_suite(preset, results, DATASETS, choices):
         if s.fraction != SWEEP_FRACTION or (s.kind != "central" and s.method not in CONFIRMED):
             continue
         knob = KNOBS["central_lr" if s.kind == "central" else CONFIRMED[s.method]]

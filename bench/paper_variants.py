@@ -27,7 +27,7 @@ from bench.paper_suites import (
     rank_suite,
     sweep_epochs,
 )
-from bench.paper_tables import Begun, _c, _f, _pct, _where, _x
+from bench.paper_tables import NAMES, Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -98,8 +98,8 @@ def _about_confirm(preset: Preset) -> str:
         f"The sweep chooses each learning rate by runs of {preset.sweep_rounds} of a rank run's "
         f"{preset.rounds} rounds (the centralized model's: {epochs} of its "
         f"{preset.central_epochs_for(0.1)} epochs): it ranks them by early progress, which "
-        "favours the larger. The confirm suite runs these "
-        f"PTB rows of the rank suite at C 0.1 for all {preset.rounds} rounds again one step of "
+        "favours the larger. The confirm suite runs these rows of the rank suite at C 0.1, "
+        f"on each dataset, for all {preset.rounds} rounds again one step of "
         "the grid lower (FedAvg's and the centralized model's lr; FedAvgM's and FedAdam's "
         "server lr, at the client lr chosen with it); the row at the sweep's value is the rank "
         "run itself. The better of the two on validation is kept (test perplexity is never read "
@@ -211,6 +211,9 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
             _f(run.get("top3"), ".3f"), _f(run.get("ksr"), ".3f"), _f(run.get("best_val_ppl")),
             f"{run['best_round']} / {run['rounds']}", "yes" if id(run) in kept else "",
         ])  # fmt: skip
+    if len({s.dataset for s, _, _ in pairs}) > 1:  # a suite on several datasets says whose row
+        header = ["dataset", *header]
+        rows = [[NAMES[s.dataset], *row] for (s, _, _), row in zip(pairs, rows, strict=True)]
     return markdown_table(header, rows) if rows else ""
 
 

@@ -371,22 +371,23 @@ def test_the_confirm_suite_runs_each_chosen_lr_one_grid_step_lower_beside_the_ra
     """Each confirm row is its rank run (the same command but for --out: recorded from it, not
     run again) and the same command one grid step below the lr the sweep chose: --lr for FedAvg
     and the centralized model, --server-lr for FedAvgM and FedAdam at their own client lr;
-    nothing else changes, and only PTB's rows at C 0.1."""
+    nothing else changes, and only the rows at C 0.1, on both datasets."""
     for name in ("cpu", "gpu"):
         p = PRESETS[name]
         results = decided(name)
-        rank = {(s.method, s.fraction): s for s in select(p, ["rank"], results)
-                if s.dataset == "ptb"}  # fmt: skip
+        rank = {(s.dataset, s.method, s.fraction): s for s in select(p, ["rank"], results)}
         confirm = suite_runs("confirm", p, results)
-        central = next(m for (m, c), r in rank.items() if r.kind == "central" and c == 0.1)
-        assert sorted(s.method for s in confirm) == sorted(
-            ["FedAvg", "FedAvgM", "FedAdam", central] * 2
+        central = next(m for (_, m, c), r in rank.items() if r.kind == "central" and c == 0.1)
+        assert sorted((s.dataset, s.method) for s in confirm) == sorted(
+            (ds, m)
+            for ds in ("ptb", "wikitext-2")
+            for m in ("FedAvg", "FedAvgM", "FedAdam", central) * 2
         )
         for spec in confirm:
-            base = rank[spec.method, 0.1]
+            base = rank[spec.dataset, spec.method, 0.1]
             twin = command(base, p, Path("d"), Path("o"))
             words = command(spec, p, Path("d"), Path("o"))
-            assert spec.fraction == 0.1 and spec.id.startswith("confirm-ptb-")
+            assert spec.fraction == 0.1 and spec.id.startswith(f"confirm-{spec.dataset}-")
             if not spec.tag:  # the rank run itself
                 assert words == twin and spec.id == base.id.replace("rank-", "confirm-", 1)
                 continue
@@ -412,9 +413,10 @@ def test_progress_counts_every_planned_run():
     # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
     # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
-    # PTB's FedAvg, FedAvgM, FedAdam and centralized model at their lr and one step below
+    # and on both datasets FedAvg, FedAvgM, FedAdam and the centralized model at their lr and one
+    # step below
     assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 6,
-                    "confirm": 8}  # fmt: skip
+                    "confirm": 16}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 
