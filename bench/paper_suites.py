@@ -488,15 +488,11 @@ def dropout_suite(
     return runs
 
 
-#: The confirm suite: a sweep run lasts a fifth of a rank run (10 rounds of 50; the centralized
-#: model's 1 epoch of 5), so it ranks lrs by early progress, which favours the larger (63 of the
-#: cpu sweep's 123 runs were still improving at their last round; on PTB FedAdam's choice led
-#: FedAvgM's at round 10, 264 to 364, and ended 19% above it, flat from round 30; one step lower
-#: it ended 4% below). These rank rows at C 0.1 and the centralized models, on both datasets, run
-#: again one step of the knob's grid below the lr the sweep chose (FedAvgM's and FedAdam's: the
-#: server lr, at the client lr chosen with it); the row at the chosen value is the rank run itself
-#: (recorded from it, not run again). The report keeps the better on validation. Not larger: the
-#: one such run by hand lost (FedAvgM at server lr 3: test 324 against 142; cpu/manual/).
+#: The confirm suite: a sweep run lasts a fifth of a rank run, so it ranks lrs by early progress,
+#: which favours the larger (63 of the cpu sweep's 123 runs were still improving at their end;
+#: PTB's FedAdam choice led FedAvgM's at round 10, 264 to 364, and ended 19% above it; one step
+#: lower, 4% below). Not larger: the one such run by hand lost (FedAvgM at server lr 3: test 324
+#: against 142). The server lr for FedAvgM and FedAdam, at the client lr chosen with it.
 CONFIRMED = {"FedAvg": "client_lr", "FedAvgM": "momentum_server_lr", "FedAdam": "adam_server_lr"}
 
 
@@ -510,23 +506,29 @@ def confirm_suite(
     preset: Preset, results: list[dict], choices: dict | None = None
 ) -> list[RunSpec]:
     """The rank suite's rows of CONFIRMED and its centralized models at C 0.1: each as the
-    rank run (its twin, recorded from it) and at lower_lr of its chosen lr (tagged
-    "lr<value>", or "server-lr<value>" for a server optimizer's)."""
-    runs = []
+    rank run (its twin, recorded from it) and at lower_lr of its chosen lr (tagged "lr<value>",
+    or "server-lr<value>" for a server optimizer's); where that one ends better on validation,
+    one step lower again, as the sweep extends a grid (MAX_EXTENSIONS steps at most)."""
+    runs, done = [], {r["id"]: r for r in results}  # the rank runs among them
     for s in rank_suite(preset, results, DATASETS, choices):
         if s.fraction != SWEEP_FRACTION or (s.kind != "central" and s.method not in CONFIRMED):
             continue
         knob = KNOBS["central_lr" if s.kind == "central" else CONFIRMED[s.method]]
         again = replace(s, suite="confirm")
         runs.append(again)
-        if knob.flag == "--lr":
-            down = lower_lr(getattr(preset, knob.grid), s.lr or preset.lr)
-            runs.append(replace(again, lr=down, tag=f"lr{down:g}"))
-        else:
-            at = s.args.index(knob.flag) + 1
-            down = lower_lr(getattr(preset, knob.grid), float(s.args[at]))
-            args = (*s.args[:at], f"{down:g}", *s.args[at + 1 :])
-            runs.append(replace(again, args=args, tag=f"server-lr{down:g}"))
+        at = s.args.index(knob.flag) + 1 if knob.flag in s.args else 0  # a server lr's place
+        value, above = float(s.args[at]) if at else (s.lr or preset.lr), done.get(s.id)
+        for _ in range(MAX_EXTENSIONS):
+            value = lower_lr(getattr(preset, knob.grid), value)
+            if at:
+                args = (*s.args[:at], f"{value:g}", *s.args[at + 1 :])
+                runs.append(replace(again, args=args, tag=f"server-lr{value:g}"))
+            else:
+                runs.append(replace(again, lr=value, tag=f"lr{value:g}"))
+            below = done.get(runs[-1].id)
+            if above is None or below is None or _score(below) >= _score(above):
+                break
+            above = below
     return runs
 
 

@@ -406,6 +406,39 @@ def test_the_confirm_suite_runs_each_chosen_lr_one_grid_step_lower_beside_the_ra
     assert lower_lr((0.003, 0.01, 0.03), 0.1) == 0.03
 
 
+def test_a_lower_lr_that_wins_at_full_length_asks_for_one_step_lower_twice_at_most():
+    """As the sweep extends a grid past an edge, the confirm suite goes one step lower again
+    where the lower run ends better on VALIDATION than the one above it (twice at most)."""
+    p = PRESETS["cpu"]
+    results = decided("cpu")  # FedAdam's server lr chosen: 0.01
+
+    def runs_of(res):
+        return [
+            s for s in suite_runs("confirm", p, res) if s.dataset == "ptb" and s.method == "FedAdam"
+        ]
+
+    def scored(spec, val, test=100.0):
+        return {
+            **spec.fields(),
+            "id": spec.id,
+            "preset": "cpu",
+            "best_val_ppl": val,
+            "test_ppl": test,
+        }
+
+    rank = next(s for s in select(p, ["rank"], results) if s.id == "rank-ptb-fedadam-c0.1")
+    twin, low = runs_of(results)
+    assert (twin.tag, low.tag) == ("", "server-lr0.003")
+    assert [s.tag for s in runs_of(results + [scored(rank, 150), scored(low, 160, test=1)])] == [
+        "",
+        "server-lr0.003",
+    ]  # worse on validation (its better test is never read): no step further
+    better = results + [scored(rank, 150), scored(low, 140)]
+    lower = runs_of(better)[-1]
+    assert lower.tag == "server-lr0.001" and len(runs_of(better)) == 3
+    assert len(runs_of(better + [scored(lower, 130)])) == 3  # MAX_EXTENSIONS steps at most
+
+
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])

@@ -176,9 +176,9 @@ def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation
 
 def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
     """Each confirm row sets the rank run (the sweep's lr, standing for its twin before the bench
-    records it) beside the run one grid step lower; nothing is kept, and the targets table has no
-    row for it, until both are done; then the better on VALIDATION is kept, the centralized
-    reference too, and the targets row follows the kept runs."""
+    records it) beside the runs one grid step lower (a second step where the first won); nothing
+    of a row is kept until all of its runs are done; then the best on VALIDATION is kept, the
+    centralized reference too, and the targets row follows the kept runs."""
     from bench.paper_variants import VARIANTS, variant_curves, variant_table
     from bench.presets import PRESETS
 
@@ -190,22 +190,26 @@ def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
     runs = ranking_runs() + [
         run("rank", "ptb", "FedAvgM", 0.1, [1000, 140, 130], top1=0.23),
         run("confirm", "ptb", "FedAvg", 0.1, [1000, 170, 155], tag="lr0.3"),
+        run("confirm", "ptb", "FedAvg", 0.1, [1000, 175, 165], tag="lr0.1"),  # 0.3 won: one more
     ]
     rows = variant_table(v, p, runs).splitlines()
     assert rows[0].startswith("| dataset | method | C | server lr | lr | test ppl, sweep's choice "
                               "| test ppl, lr checked at full length | change |")  # fmt: skip
-    # the sweep chose lr 1 (ranking_runs' sweep): FedAvg's twin and its run at 0.3 (done,
-    # better on validation: 156 against 161, kept); the centralized model at 0.3 not run yet
-    assert [r.split(" | ")[:6] for r in rows[2:6]] == [
+    # the sweep chose lr 1 (ranking_runs' sweep): FedAvg's twin, its run at 0.3 (better on
+    # validation: 156 against 161) and so at 0.1 (166: worse, the last), 0.3 kept; the
+    # centralized model at 0.3 not run yet
+    assert [r.split(" | ")[:6] for r in rows[2:7]] == [
         ["| PTB", CENTRAL, "-", "-", "1", "150.00"],
         ["| PTB", CENTRAL, "-", "-", "0.3", "150.00"],
         ["| PTB", "FedAvg", "0.1", "-", "1", "160.00"],
         ["| PTB", "FedAvg", "0.1", "-", "0.3", "160.00"],
+        ["| PTB", "FedAvg", "0.1", "-", "0.1", "160.00"],
     ]  # fmt: skip
     # WikiText-2's rows: no sweep there, so none of its runs yet
-    assert all(r.startswith("| WikiText-2 |") for r in rows[10:])
+    assert all(r.startswith("| WikiText-2 |") for r in rows[11:])
     assert rows[2].endswith("| 1 / 1 |  |") and "not run yet" in rows[3]
     assert rows[4].endswith("| 2 / 2 |  |") and rows[5].endswith("| 2 / 2 | yes |")
+    assert rows[6].endswith("| 2 / 2 |  |")
     # the centralized run at 0.3 is not done: no reference yet
     targets = [line for line in targets_table(runs).splitlines() if "lr checked" in line]
     assert targets == [
@@ -225,7 +229,8 @@ def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
     labels = [r["method"] for r in variant_curves(v, p, runs)]
     assert labels == [f"{CENTRAL}, sweep's choice", f"{CENTRAL}, lr checked at full length, "
                       "lr 0.3", "FedAvg, sweep's choice", "FedAvg, lr checked at full length, "
-                      "lr 0.3", "FedAvgM, sweep's choice"]  # fmt: skip
+                      "lr 0.3", "FedAvg, lr checked at full length, lr 0.1",
+                      "FedAvgM, sweep's choice"]  # fmt: skip
 
 
 def test_the_rank_table_marks_what_chance_alone_could_explain():
