@@ -102,8 +102,9 @@ def _about_confirm(preset: Preset) -> str:
         f"on each dataset, for all {preset.rounds} rounds again one step of "
         "the grid lower (FedAvg's and the centralized model's lr; FedAvgM's and FedAdam's "
         "server lr, at the client lr chosen with it); the row at the sweep's value is the rank "
-        "run itself. The better of the two on validation is kept (test perplexity is never read "
-        "for it). vs centralized, lr checked at full length: the federated rows against the "
+        "run itself, and where the lower one ends better on validation, one step lower again "
+        "(twice at most). The best on validation is kept (test perplexity is never read for "
+        "it). vs centralized, lr checked at full length: the federated rows against the "
         'kept centralized model (the targets table\'s "lr checked at full length" row, from the '
         "kept runs)."
     )
