@@ -45,8 +45,8 @@ class Variant:
     heading: str  # the report's section heading, before "(preset `cpu`)"
     about: Callable[[Preset], str]  # the section's paragraph
     units: tuple[str, str] = ("", "")  # after a value: a federated run's, a centralized one's
-    # a row kept only once all of its runs are done (confirm: its first run is the rank run, so
-    # until the other ends nothing is checked yet)
+    # a row kept only once a run besides its first is done (confirm: its first run is the rank
+    # run, so until another ends nothing is checked yet)
     whole: bool = False
 
     def value(self, spec: RunSpec) -> str:
@@ -154,9 +154,9 @@ def variant_kept(
 ) -> dict[str, dict]:
     """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
     row at more than one lr (dropout, confirm), the one with the lowest best validation
-    perplexity once all of them are done, and until then the one at the rank run's own lr (none
-    for a `whole` variant); test perplexity is never read. `pairs`: variant_pairs' answer, where
-    the caller has it."""
+    perplexity once all of them are done, and until then the one at the rank run's own lr (a
+    `whole` variant: the best of those done once one besides the rank run is); test perplexity
+    is never read. `pairs`: variant_pairs' answer, where the caller has it."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
     for spec, _, run in pairs if pairs is not None else variant_pairs(v, preset, runs):
         rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
@@ -165,6 +165,8 @@ def variant_kept(
         done = [run for _, run in tries if run is not None]
         if done and len(done) == len(tries):
             kept[rank_id] = min(done, key=_score)  # the sweep's score: best validation
+        elif v.whole and len(done) > 1:  # checked so far: a step further lower still to run
+            kept[rank_id] = min(done, key=_score)
         elif tries[0][1] is not None and not v.whole:
             kept[rank_id] = tries[0][1]
     return kept
