@@ -1,12 +1,12 @@
 """Rank rows run again with one change, against issue 18's targets (the decay, dropout and
 confirm suites' sections of `fedkey bench paper`'s report).
 
-A variant suite (bench.paper_suites: decay_suite, dropout_suite, confirm_suite) runs some PTB
-rows of the rank suite again with one change (a flag added, or an lr the sweep chose set one step
-lower), the centralized model among them. Each row here sets its run beside the rank run it
-repeats, and holds the federated rows against the centralized model with the same change: the
-target compares like with like. Written from results.json's objects alone
-(no torch), as the rest of the report.
+A variant suite (bench.paper_suites: decay_suite, dropout_suite, confirm_suite) runs some rows
+of the rank suite (PTB's; confirm's on both datasets) again with one change (a flag added, or an
+lr the sweep chose set one step lower), the centralized model among them. Each row here sets its
+run beside the rank run it repeats, and holds the federated rows against the centralized model
+with the same change: the target compares like with like. Written from results.json's objects
+alone (no torch), as the rest of the report.
 """
 
 from __future__ import annotations
