@@ -29,7 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-from bench.paper_budget import Pace, duration, units
+from bench.paper_budget import Pace, cores, duration, units
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, seed_number
 from bench.paper_results import Bench
 from bench.paper_spec import DATASETS, RunSpec
@@ -318,7 +318,7 @@ def run_bench(
 
     def pace() -> Pace:
         mine = [r for r in bench.read() if r.get("preset") == preset.name]
-        return Pace(mine, data_root, device_label())
+        return Pace(mine, data_root, device_label(), crowd=max(jobs, 1) / cores())
 
     def expected(spec: RunSpec, pace: Pace) -> float | None:
         """The run's expected seconds (bench.paper_budget; None: nothing to judge it by)."""

@@ -19,6 +19,12 @@ judged by its own runs only. A resumed run counts with the time of all its attem
 (bench.runs.run_seconds), or not at all when an earlier one was not timed; a run that can resume
 here counts only its rounds still to do.
 
+A run on a CPU counts by its CPU seconds (bench.runs.run_cpu_seconds) where it recorded them,
+else by its wall time: a run's wall time grows with whatever else shared the cores (a PTB run took
+2.7 h beside three others on 2 cores, under 1 h beside one), its CPU time hardly does. So the pace is that
+of a run with a core of its own, and a bench running more runs at once than there are cores
+(`crowd`, jobs per core) expects each to take that much longer.
+
 When no run left fits in the time left, the bench uses its free slots to advance the runs that
 can resume (bench.paper.run_bench's `advance`), if one round of theirs fits: stopped at the limit,
 they keep their checkpoints, and the next bench continues them. So runs longer than any one
@@ -27,12 +33,13 @@ session (FedSGD: every phone every round) still finish, over several.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
 from bench.paper_spec import command_flag
-from bench.runs import can_resume, rounds_done, run_seconds
+from bench.runs import can_resume, rounds_done, run_cpu_seconds, run_seconds
 
 #: About how many bytes of training text one word of PTB or WikiText-2 takes (5.5 and 5.2).
 BYTES_PER_WORD = 5.5
@@ -108,12 +115,22 @@ def units(cmd: str) -> float:
     return _flag(cmd, ("--epochs",) if central else ("--rounds", "-R"), 0)
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (a container's or taskset's share, not the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class Pace:
     """Seconds a run will take, from the preset's finished runs (results.json objects, in the
-    order they finished) on `device` (bench.runs.device_label; None: on any)."""
+    order they finished) on `device` (bench.runs.device_label; None: on any), when `crowd` runs
+    share each core (the bench's jobs per core, 1 at most one each)."""
 
-    def __init__(self, runs: Iterable[dict], data_root: Path, device: str | None = None):
-        self.data_root = data_root
+    def __init__(
+        self, runs: Iterable[dict], data_root: Path, device: str | None = None, crowd: float = 1.0
+    ):
+        self.data_root, self.crowd = data_root, max(1.0, crowd)
         # (verb, dataset) -> per run: (seconds per pass, and split, where the run records its
         # rounds' own seconds: (seconds per pass, seconds of evaluation per round)), per byte
         # of training text (the demo corpus: per pass, per round)
@@ -127,15 +144,19 @@ class Pace:
                 continue
             if device is not None and r.get("device") != device:
                 continue
+            cpu = run_cpu_seconds(r) if str(r.get("device", "")).startswith("cpu") else None
+            # a core's time: the rounds' own seconds (train_seconds, wall) in the same share
+            took = wall if not cpu else cpu
             scale = 1.0 if r["dataset"] == "demo" else train_bytes(data_root, r["dataset"], cmd)
             if not scale:
                 continue
             train = r.get("train_seconds")
             split = None
             if train is not None and n > 0 and train <= wall:
-                split = (train / (work * scale), (wall - train) / (n * scale))
+                train *= took / wall
+                split = (train / (work * scale), (took - train) / (n * scale))
             self.rates.setdefault((cmd.split()[1], r["dataset"]), []).append(
-                (wall / (work * scale), split)
+                (took / (work * scale), split)
             )
 
     def seconds(self, dataset: str, cmd: str, run_dir: Path | None = None) -> float | None:
@@ -152,10 +173,10 @@ class Pace:
         left = 1.0 - (done_share(run_dir, cmd) if run_dir is not None else 0.0)
         splits = [split for _, split in rates if split is not None]
         if len(splits) < len(rates):
-            return statistics.median(rate for rate, _ in rates) * work * scale * left
+            return statistics.median(rate for rate, _ in rates) * work * scale * left * self.crowd
         per_pass = statistics.median(t for t, _ in splits)
         per_round = statistics.median(e for _, e in splits)
-        return (per_pass * work + per_round * units(cmd)) * scale * left
+        return (per_pass * work + per_round * units(cmd)) * scale * left * self.crowd
 
     def _recent(self, verb: str, dataset: str) -> list[tuple[float, tuple[float, float] | None]]:
         """The latest RECENT runs of `verb` on `dataset`; none there, every one of `verb` on the

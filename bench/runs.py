@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -30,6 +31,9 @@ class Stopped(Exception):
 
 #: Seconds that the earlier, stopped attempts at a run's command took (bench provenance).
 SPENT = "seconds.txt"
+#: CPU seconds of those attempts (their processes and the trainer processes they waited for);
+#: absent while an attempt runs, so a bench killed during one leaves the total unknown.
+CPU_SPENT = "cpu_seconds.txt"
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -68,6 +72,19 @@ def run_seconds(result: Mapping) -> float:
     if result.get("same_run_as"):
         return 0.0
     return float(result["wall_seconds"]) + float(result.get("earlier_seconds") or 0.0)
+
+
+def run_cpu_seconds(result: Mapping) -> float | None:
+    """A run's CPU seconds over all its attempts (None: not known, for a run from before the
+    bench recorded them, or one an attempt of which was cut short without a figure). Unlike its
+    wall time, it does not grow when other processes share the cores: bench.paper_budget judges
+    the runs to be by it."""
+    if result.get("same_run_as"):
+        return 0.0
+    if result.get("cpu_seconds") is None:
+        return None
+    earlier = result.get("earlier_cpu_seconds", 0.0) if result.get("resumed") else 0.0
+    return None if earlier is None else float(result["cpu_seconds"]) + float(earlier)
 
 
 #: Options that say where or how a run ran, not what it computes (each takes one value): its
@@ -157,7 +174,9 @@ def run_fedkey(
     `stop` (asked every 2 s: the bench's time limit is reached, or the bench is interrupted):
     once it says True the run is stopped and Stopped is raised; a resumable one continues from
     its last checkpoint the next time. RUN_DIR/seconds.txt keeps the time of the attempts so
-    far, so that a run done over several benches reports all of it (`earlier_seconds`)."""
+    far, so that a run done over several benches reports all of it (`earlier_seconds`); CPU_SPENT
+    keeps their CPU seconds (`cpu_seconds`, `earlier_cpu_seconds`: the child's and those of the
+    trainer processes it waited for, from wait4)."""
     from bench.perf import _git
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -174,6 +193,10 @@ def run_fedkey(
     marker.write_text(line + "\n")
     spent = run_dir / SPENT
     earlier = _seconds(spent) if resume else 0.0
+    cpu_spent = run_dir / CPU_SPENT
+    earlier_cpu = _seconds(cpu_spent) if resume else 0.0
+    cpu_spent.unlink(missing_ok=True)  # unknown until this attempt's child is reaped
+    cpu = 0.0
     start = time.perf_counter()
     with (run_dir / "log.txt").open("a" if resume else "w") as log:
         child = subprocess.Popen(
@@ -189,21 +212,36 @@ def run_fedkey(
                 # exact (repr): an attempt stopped at once may take under 1 ms
                 atomic_write(spent, f"{earlier + noted - start!r}\n")
 
+        def reaped(block: bool) -> bool:
+            """Whether the child has ended; once it has, its exit code and CPU seconds (wait4's,
+            which Popen.wait does not give) are kept."""
+            nonlocal cpu
+            if child.returncode is not None:
+                return True
+            pid, status, usage = os.wait4(child.pid, 0 if block else os.WNOHANG)
+            if pid == 0:
+                return False
+            child.returncode = os.waitstatus_to_exitcode(status)
+            cpu = usage.ru_utime + usage.ru_stime
+            return True
+
         try:
-            while child.poll() is None and not (stop is not None and stop()):
-                try:
-                    child.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    pass
+            while not reaped(block=False) and not (stop is not None and stop()):
+                for _ in range(40):  # 2 s, or less once the child ends (as Popen.wait polls)
+                    if reaped(block=False):
+                        break
+                    time.sleep(0.05)
                 if on_round is not None:
                     on_round(rounds_done(run_dir))
                 if time.perf_counter() - noted > 30.0:
                     note()
         finally:
-            if child.poll() is None:  # interrupted or out of time: stop it and its training pool
+            if child.returncode is None:  # interrupted or out of time: stop it and its pool
                 child.terminate()
-                child.wait()
+                reaped(block=True)
             note()
+            if earlier_cpu is not None:
+                atomic_write(cpu_spent, f"{earlier_cpu + cpu!r}\n")
     if stop is not None and child.returncode < 0 and stop():
         raise Stopped(run_id, rounds_done(run_dir))
     wall = time.perf_counter() - start
@@ -215,6 +253,8 @@ def run_fedkey(
         "resumed": resume,
         # the attempts before this one (None: not timed, from before the bench recorded it)
         **({"earlier_seconds": earlier and round(earlier, 1)} if resume else {}),
+        "cpu_seconds": round(cpu, 1),  # this attempt's, as wall_seconds
+        **({"earlier_cpu_seconds": earlier_cpu and round(earlier_cpu, 1)} if resume else {}),
         "command": line,
         "git_commit": commit,
         "git_dirty": dirty,

@@ -91,6 +91,29 @@ def test_evaluation_is_charged_per_round_where_the_runs_split_their_time(data_ro
     assert split.seconds("wikitext-2", wiki) == pytest.approx(2 * (50 * 650.0 + 50 * 35.0))
 
 
+def test_a_cpu_run_counts_by_its_cpu_time_so_a_crowded_machine_misjudges_nothing(data_root):
+    """The same one-pass run done twice: alone (600 s wall, 590 s CPU) and beside three others on
+    2 cores (1,200 s wall, 600 s CPU). Judged by CPU time, a run takes about 600 s with a core of
+    its own, and twice that when the bench runs two per core; a run that did not record its CPU
+    time, and a GPU's, count by their wall time."""
+    ptb = str(data_root / "ptb")
+    one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", data=ptb)
+    cpu = "cpu (AMD EPYC, 2 cores)"
+    runs = [_finished("ptb", one_pass, 600.0, cpu_seconds=590.0, device=cpu),
+            _finished("ptb", one_pass, 1200.0, cpu_seconds=600.0, device=cpu),
+            _finished("ptb", one_pass, 1200.0, device=cpu)]  # fmt: skip
+    assert Pace(runs, data_root, cpu).seconds("ptb", one_pass) == pytest.approx(600.0)
+    assert Pace(runs, data_root, cpu, crowd=2.0).seconds("ptb", one_pass) == pytest.approx(1200.0)
+    assert Pace(runs, data_root, cpu, crowd=0.5).seconds("ptb", one_pass) == pytest.approx(600.0)
+    # the split of a run's time into training and evaluation keeps its shares of the CPU time
+    split = Pace([_finished("ptb", one_pass, 2000.0, train_seconds=1300.0, cpu_seconds=1000.0,
+                            device=cpu)], data_root, cpu)  # fmt: skip
+    assert split.step_seconds("ptb", one_pass) == pytest.approx(100.0)  # 65 + 35 a round
+    gpu = "cuda (NVIDIA H200)"
+    on_gpu = [_finished("ptb", one_pass, 600.0, cpu_seconds=300.0, device=gpu)]
+    assert Pace(on_gpu, data_root, gpu).seconds("ptb", one_pass) == pytest.approx(600.0)
+
+
 def test_the_latest_runs_set_the_pace_so_a_faster_trainer_shows_at_once(data_root):
     ptb = str(data_root / "ptb")
     one_pass = _cmd("simulate", "--rounds", "10", "--fraction", "0.1", data=ptb)

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from bench.runs import Stopped, run_fedkey, run_seconds
+from bench.runs import Stopped, run_cpu_seconds, run_fedkey, run_seconds
 
 
 def _interrupt(run_dir, last: int) -> None:
@@ -56,18 +56,44 @@ def test_a_run_stopped_at_the_time_limit_goes_on_next_time_and_counts_every_atte
     run_fedkey("central", cmd, run_dir, resumable=True)
     _interrupt(run_dir, 2)  # an earlier attempt's epoch 1 ...
     (run_dir / "seconds.txt").write_text("100.0\n")  # ... took 100 s
+    (run_dir / "cpu_seconds.txt").write_text("90.0\n")  # ... of which 90 s on a core
 
     with pytest.raises(Stopped) as stop:  # the limit has passed: stopped at once
         run_fedkey("central", cmd, run_dir, resumable=True, stop=lambda: True)
     assert stop.value.rounds == 1  # what it leaves to go on from
     spent = float((run_dir / "seconds.txt").read_text())
     assert spent > 100.0  # this attempt's time added
+    cpu_spent = float((run_dir / "cpu_seconds.txt").read_text())
+    assert cpu_spent >= 90.0  # and its CPU time (stopped at once: maybe none)
 
     rows, last = run_fedkey("central", cmd, run_dir, resumable=True, stop=lambda: False)
     assert last["resumed"] is True and [r["round"] for r in rows] == [0, 1, 2]
     assert "resumed after epoch 1 of 2" in (run_dir / "log.txt").read_text()
     assert last["earlier_seconds"] == pytest.approx(spent, abs=0.05)
     assert run_seconds(last) == pytest.approx(spent + last["wall_seconds"], abs=0.05)
+    # the child's CPU time, from wait4: starting Python and torch and an epoch take some
+    assert last["cpu_seconds"] > 0.5
+    assert last["earlier_cpu_seconds"] == pytest.approx(cpu_spent, abs=0.05)
+    assert run_cpu_seconds(last) == pytest.approx(cpu_spent + last["cpu_seconds"], abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_after_an_attempt_of_unknown_cpu_time_has_none(tmp_path):
+    """A bench killed outright during an attempt leaves no CPU figure for it (cpu_seconds.txt is
+    removed while an attempt runs): the run's CPU total is unknown, not too small, and
+    bench.paper_budget judges by its wall time instead."""
+    run_dir = tmp_path / "central"
+    cmd = ["fedkey", "train-central", "--data", "demo", "--clients", "10"]
+    cmd += ["--max-train-tokens", "5000", "--max-eval-sentences", "40", "--ksr-sentences", "0"]
+    cmd += ["--epochs", "2", "--out", str(run_dir)]
+    _, first = run_fedkey("central", cmd, run_dir, resumable=True)
+    assert run_cpu_seconds(first) == first["cpu_seconds"] > 0.5
+    _interrupt(run_dir, 2)
+    (run_dir / "cpu_seconds.txt").unlink()  # what a killed bench's attempt leaves
+    _, last = run_fedkey("central", cmd, run_dir, resumable=True)
+    assert last["resumed"] is True and last["earlier_cpu_seconds"] is None
+    assert run_cpu_seconds(last) is None
+    assert not (run_dir / "cpu_seconds.txt").exists()  # still unknown for a later attempt
 
 
 def _processes_in(run_dir) -> list[int]:
