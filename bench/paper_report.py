@@ -56,6 +56,7 @@ from bench.paper_tables import (
 )
 from bench.paper_variants import (
     VARIANTS,
+    checked_note,
     kept_central,
     variant_curves,
     variant_kept,
@@ -291,6 +292,8 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
             wait = _waiting(preset, runs, "rank", ds, rank, begun)
             chance = seed_notes(preset, runs, ds)
             out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait, chance), ""]
+            checked = checked_note(preset, runs, ds)
+            out += [checked, ""] if checked else []
         out += ["test ppl: test perplexity of the model with the best validation perplexity over "
                 "the rounds, the end-of-sentence prediction counted; top-1 / top-3: next-word "
                 "accuracy on the test set; KSR: keystroke savings on the first "

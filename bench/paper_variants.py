@@ -249,3 +249,37 @@ def variant_curves(v: Variant, preset: Preset, runs: list[dict]) -> list[dict]:
         at = f", {v.label(spec)}" if spec.tag else ""
         out.append({**run, "method": f"{run['method']}, {v.after}{at}"})
     return out
+
+
+def checked_note(preset: Preset, runs: list[dict], dataset: str) -> str:
+    """A line under the rank table of `dataset`: which of its rows the confirm suite has checked
+    at full length, and where the sweep's lr gave way to a lower one on validation, that run's
+    test perplexity against the kept centralized model ("" while none is checked). The rank
+    table itself keeps the sweep's choices: every method there chose its lr alike."""
+    v = VARIANTS["confirm"]
+    if v.suite not in preset.suites:
+        return ""
+    pairs = [p for p in variant_pairs(v, preset, runs) if p[0].dataset == dataset]
+    kept = variant_kept(v, preset, runs, pairs)
+    if not kept:
+        return ""
+    first: dict[str, tuple[RunSpec, dict | None]] = {}  # a row's run at the sweep's value
+    for s, _, run in pairs:
+        first.setdefault(replace(s, suite="rank", tag="").id, (s, run))
+    spec_of = {id(run): s for s, _, run in pairs if run is not None}
+    central = kept_central(kept, dataset)
+    held, moved = [], []
+    for rank_id, run in kept.items():
+        name = "the centralized model" if run["kind"] == "central" else run["method"]
+        if run is first[rank_id][1]:  # the rank run's own lr won
+            held.append(name)
+            continue
+        vs = ""
+        if run["kind"] == "federated" and central is not None:
+            vs = f", {_pct(run['test_ppl'], central['test_ppl'])} from the centralized model"
+        before = v.label(first[rank_id][0])
+        moved.append(f"{name}'s {before} gave way to {v.label(spec_of[id(run)])} (test "
+                     f"{_f(run['test_ppl'])}{vs})")  # fmt: skip
+    said = "; ".join(moved + ([f"{', '.join(held)}: the sweep's choice held"] if held else []))
+    return (f"Checked at full length (\"{v.heading}\" below, kept on validation): {said}. "
+            "The table keeps the sweep's choices, made alike for every method.")  # fmt: skip
