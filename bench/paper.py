@@ -410,9 +410,14 @@ def run_bench(
     stopped: dict[str, int | None] = {}  # run id -> rounds kept (None: none), of those stopped
     failed: dict[str, str] = {}  # run id -> why, of the runs that failed (the others go on)
 
+    def computes(spec: RunSpec) -> tuple[str, ...]:
+        return what_it_computes(shlex.join(argv(spec)))
+
     def to_start(slots: int) -> list[RunSpec]:
         """The next runs for `slots` free slots: those that fit in the time left, in order; then
-        the ones that resume (those already begun first) if `advance`."""
+        the ones that resume (those already begun first) if `advance`. A run that computes what
+        one going (or chosen before it) does waits: once that one is done, it is recorded from
+        it (`adopt`: confirm's row at the sweep's lr is its rank run, under another id)."""
         if slots <= 0 or time_left() <= 0:
             return []
         busy = {s.id for s in running.values()} | stopped.keys() | failed.keys()
@@ -421,7 +426,12 @@ def run_bench(
         fits = [s for s in free if too_long(s, paced) is None]
         ahead = [s for s in free if s not in fits and can_advance(s, paced)]
         ahead.sort(key=lambda s: not started(s))
-        return (fits + ahead)[:slots]
+        going, chosen = {computes(s) for s in running.values()}, []
+        for spec in fits + ahead:
+            if len(chosen) < slots and computes(spec) not in going:
+                going.add(computes(spec))
+                chosen.append(spec)
+        return chosen
 
     def settle(spec: RunSpec, future: Future) -> None:
         """Record a finished run in results.json, or why it did not finish."""

@@ -482,6 +482,32 @@ def test_a_run_whose_command_a_done_run_ran_but_for_out_is_recorded_from_it_not_
     assert len(ran) == 3 and len(Bench(tmp_path / "out" / "gpu").read()) == 4
 
 
+def test_two_runs_that_compute_the_same_never_run_at_once_and_one_is_recorded_from_the_other(
+    tmp_path, monkeypatch
+):
+    """The confirm suite's row at the sweep's lr is the rank run under another id: with two free
+    slots the bench runs it once (not an hour twice over on two cores), and records the other
+    from it when it ends."""
+    import bench.paper as paper
+
+    ran: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        ran.append(spec.id)
+        done = _finished(spec, preset, data_root, runs_dir)
+        val = 200.0 if spec.lr == 3 else 300.0  # the sweep chooses lr 3, inside its grid
+        return {**done, **spec.fields(), "best_val_ppl": val, "test_ppl": val - 10}
+
+    _smoke_data(tmp_path, monkeypatch, fake_run)
+    args = ("cpu", ["sweep", "rank", "confirm"], tmp_path, tmp_path / "out", tmp_path / "runs")
+    paper.run_bench(*args, only=["sweep-ptb-fedavg-client-lr-*"], jobs=2)
+    ran.clear()
+    paper.run_bench(*args, only=["rank-ptb-fedavg-c0.1", "confirm-ptb-fedavg-c0.1"], jobs=2)
+    assert ran == ["rank-ptb-fedavg-c0.1"]
+    runs = {r["id"]: r for r in Bench(tmp_path / "out" / "cpu").read()}
+    assert runs["confirm-ptb-fedavg-c0.1"]["same_run_as"] == "rank-ptb-fedavg-c0.1"
+
+
 def test_runs_done_with_trainer_processes_stay_done_when_the_preset_stacks_the_phones(
     tmp_path, monkeypatch
 ):
