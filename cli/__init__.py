@@ -9,6 +9,7 @@
     fedkey demo           all of it on the demo corpus (what `make demo` runs)
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
     fedkey info           what a checkpoint holds
+    fedkey evaluate       a checkpoint scored on held-out text, beside what its run recorded
     fedkey bench          the benchmarks (perf, paper)
     fedkey audit canary   a planted secret's exposure, without and with DP (memorization)
 
@@ -19,8 +20,8 @@ FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 The package: options.py (the shared option tables; those of malicious phones in attack_options.py,
 of the training backend in backend_options.py), errors.py (every failure as one line),
 federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
-keyboard, info), demo.py, bench.py. Nothing here imports torch until a command runs, so --help
-is quick.
+keyboard, info, evaluate), demo.py, bench.py. Nothing here imports torch until a command runs, so
+--help is quick.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ app.command()(checkpoints.export)
 app.command()(checkpoints.keyboard)
 app.command()(demo.demo)
 app.command()(checkpoints.info)
+app.command()(checkpoints.evaluate)
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(audit.audit_app, name="audit")
 

@@ -1,5 +1,5 @@
 """What is done with a trained model: export a checkpoint to ONNX, serve the web keyboard from
-an export, show what a checkpoint holds."""
+an export, show what a checkpoint holds, score it on held-out text."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from cli.errors import UserError, check_can_listen
-from cli.options import check_url
+from cli.options import DATA, FEDERATION, TRAIN, check_url, with_options
 
 
 def not_a_checkpoint(path: Path, e: Exception) -> UserError:
@@ -104,3 +104,78 @@ def info(
     summary["tokenizer"] = {"kind": tok.kind, "vocab_size": tok.vocab_size}
     summary["parameters"] = num_parameters(model)
     typer.echo(json.dumps(summary, indent=2))
+
+
+#: What `fedkey evaluate` scores, in the order of a run's metrics rows (models.metrics.held_out_scores).
+SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
+          "top1": "top-1 (test)", "top3": "top-3 (test)", "ksr": "keystroke savings"}  # fmt: skip
+#: Relative difference under which a score agrees with the one the run recorded: bf16 sums
+#: differ in their last digits from one build of torch to another.
+AGREE = 1e-3
+
+
+def _agrees(now: float | None, then: float | None) -> bool:
+    return now is None or then is None or abs(now - then) <= AGREE * max(abs(then), 1e-12)
+
+
+@with_options(
+    {k: DATA[k] for k in ("data", "paper_protocol", "max_eval_sentences", "seed")},
+    {"ksr_sentences": FEDERATION["ksr_sentences"], "precision": TRAIN["precision"]},
+)
+def evaluate(
+    checkpoint: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="A .safetensors checkpoint (a run's round_N)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as one JSON object."),
+    **opts,
+) -> None:
+    """Score a checkpoint on held-out text as every round of a run does: validation and test perplexity, top-1/top-3, keystroke savings; set beside what the run recorded for it."""
+    from safetensors import SafetensorError
+
+    from corpora.loaders import load_corpus, slice_corpus
+    from models.checkpoint import load_checkpoint
+    from models.metrics import held_out_scores
+    from models.precision import resolve_precision
+
+    try:
+        model, tokenizer, meta = load_checkpoint(checkpoint)
+    except SafetensorError as e:
+        raise not_a_checkpoint(checkpoint, e) from None
+    corpus = load_corpus(opts["data"], paper_protocol=opts["paper_protocol"], seed=opts["seed"])
+    corpus = slice_corpus(corpus, None, opts["max_eval_sentences"] or None)  # 0: whole, as a run
+    if not corpus.valid or not corpus.test:
+        raise UserError(f"--data {opts['data']}: no validation or test sentences to score")
+    precision = resolve_precision(opts["precision"], "cpu")
+    scores = held_out_scores(model, tokenizer, corpus.valid, corpus.test, precision=precision,
+                             ksr_sentences=opts["ksr_sentences"])  # fmt: skip
+    then = {k: v for k, v in meta.get("metrics", {}).items() if k in SCORES}
+    agree = all(_agrees(scores[k], then.get(k)) for k in SCORES)
+    if as_json:
+        typer.echo(json.dumps({**scores, "recorded": then or None, "agrees": agree if then else
+                               None, "precision": precision}))  # fmt: skip
+        return
+    _print_scores(checkpoint, meta, scores, then, precision, len(corpus.valid), len(corpus.test))
+    if not then:
+        return
+    recorded = meta.get("metrics", {}).get("eval_precision", "?")
+    typer.echo(f"the same as the run recorded at round {meta.get('round')}" if agree else
+               f"not what the run recorded at round {meta.get('round')}: score the run's own "
+               "held-out text (its --data, --paper-protocol, --max-eval-sentences and "
+               f"--ksr-sentences; a bench run's are in its command.txt) at its precision "
+               f"({recorded})")  # fmt: skip
+
+
+def _print_scores(checkpoint: Path, meta: dict, scores: dict, then: dict, precision: str,
+                  valid: int, test: int) -> None:  # fmt: skip
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{checkpoint.name} (round {meta.get('round')}, {meta.get('strategy')}): "
+                  f"{valid} validation and {test} test sentences, {precision}")  # fmt: skip
+    for col in ("measure", "now", *(["recorded"] if then else [])):
+        table.add_column(col, justify="left" if col == "measure" else "right")
+    for key, name in SCORES.items():
+        digits = ".2f" if key.endswith("ppl") else ".3f"
+        cells = [scores[key], *([then.get(key)] if then else [])]
+        table.add_row(name, *("-" if v is None else format(v, digits) for v in cells))
+    Console().print(table)

@@ -105,6 +105,34 @@ def evaluate(
     }
 
 
+def held_out_scores(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    valid: list[str],
+    test: list[str],
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+    precision: Precision = "fp32",
+    ksr_sentences: int = 0,
+) -> dict[str, float | None]:
+    """What every round of a run records of its global model (server.engine), and what `fedkey
+    evaluate` scores a checkpoint by: validation perplexity (read for the best round, so no
+    accuracy), test perplexity, top-1/top-3 on the test set, and keystroke savings on its first
+    `ksr_sentences` sentences (None: off, or a SentencePiece vocabulary)."""
+    val = evaluate(model, tokenizer, valid, batch_size, device, precision, accuracy=False)
+    test_scores = evaluate(model, tokenizer, test, batch_size, device, precision)
+    ksr = None
+    if isinstance(tokenizer, WordTokenizer) and ksr_sentences > 0:
+        ksr = keystroke_savings(model, tokenizer, test[:ksr_sentences], precision=precision)
+    return {
+        "val_ppl": val["ppl"],
+        "test_ppl": test_scores["ppl"],
+        "top1": test_scores["top1"],
+        "top3": test_scores["top3"],
+        "ksr": ksr,
+    }
+
+
 @torch.no_grad()
 def column_perplexity(
     model: LanguageModel,

@@ -33,7 +33,6 @@ from models.checkpoint import (
     save_checkpoint,
 )
 from models.config import ModelConfig
-from models.metrics import evaluate
 from models.model import LanguageModel
 from models.precision import resolve_device, resolve_precision
 from models.tokenizers import Tokenizer
@@ -146,28 +145,15 @@ class Federation:
 
     def evaluate(self, state: dict[str, torch.Tensor]) -> dict:
         """Validation and test perplexity, top-1/top-3 and keystroke savings of `state`."""
-        from models.metrics import column_perplexity, keystroke_savings
-        from models.tokenizers import WordTokenizer
+        from models.metrics import column_perplexity, held_out_scores
 
         device = self.eval_device
         model = build_model(self.model_config, state).to(device)
-        batch, precision = self.config.eval_batch_size, self.eval_precision
-        # Only the test set's top-1/top-3 are reported: the validation set is read for its
-        # perplexity (the best round, the sweep's choices).
-        val = evaluate(model, self.tokenizer, self.valid, batch, device, precision, accuracy=False)
-        test = evaluate(model, self.tokenizer, self.test, batch, device, precision)
-        ksr = None
-        if isinstance(self.tokenizer, WordTokenizer) and self.config.ksr_sentences > 0:
-            ksr = keystroke_savings(
-                model, self.tokenizer, self.test[: self.config.ksr_sentences], precision=precision
-            )
-        scores = {
-            "val_ppl": val["ppl"],
-            "test_ppl": test["ppl"],
-            "top1": test["top1"],
-            "top3": test["top3"],
-            "ksr": ksr,
-        }
+        precision = self.eval_precision
+        scores: dict = held_out_scores(
+            model, self.tokenizer, self.valid, self.test, self.config.eval_batch_size, device,
+            precision, self.config.ksr_sentences,
+        )  # fmt: skip
         if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
             for key, text in (("col_val_ppl", self.valid), ("col_test_ppl", self.test)):
                 scores[key] = column_perplexity(

@@ -42,8 +42,8 @@ def test_help_of_every_command_imports_no_torch():
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    # the app, its 10 commands, the bench group and its 6 commands, the audit group and its 1
-    assert int(out.stdout.split()[-1]) == 20
+    # the app, its 11 commands, the bench group and its 6 commands, the audit group and its 1
+    assert int(out.stdout.split()[-1]) == 21
 
 
 def test_python_dash_m_cli_is_the_fedkey_command():
