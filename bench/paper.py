@@ -426,7 +426,8 @@ def run_bench(
         fits = [s for s in free if too_long(s, paced) is None]
         ahead = [s for s in free if s not in fits and can_advance(s, paced)]
         ahead.sort(key=lambda s: not started(s))
-        going, chosen = {computes(s) for s in running.values()}, []
+        going = {computes(s) for s in running.values()}
+        chosen: list[RunSpec] = []
         for spec in fits + ahead:
             if len(chosen) < slots and computes(spec) not in going:
                 going.add(computes(spec))
