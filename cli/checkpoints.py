@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from cli.errors import UserError, check_can_listen
-from cli.options import DATA, FEDERATION, TRAIN, check_url, with_options
+from cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, with_options
 
 
 def not_a_checkpoint(path: Path, e: Exception) -> UserError:
@@ -121,6 +121,7 @@ def _agrees(now: float | None, then: float | None) -> bool:
 @with_options(
     {k: DATA[k] for k in ("data", "paper_protocol", "max_eval_sentences", "seed")},
     {"ksr_sentences": FEDERATION["ksr_sentences"], "precision": TRAIN["precision"]},
+    {"device": PHONES["device"]},
 )
 def evaluate(
     checkpoint: Path = typer.Argument(
@@ -130,12 +131,13 @@ def evaluate(
     **opts,
 ) -> None:
     """Score a checkpoint on held-out text as every round of a run does: validation and test perplexity, top-1/top-3, keystroke savings; set beside what the run recorded for it."""
+    from rich.console import Console
     from safetensors import SafetensorError
 
     from corpora.loaders import load_corpus, slice_corpus
     from models.checkpoint import load_checkpoint
     from models.metrics import held_out_scores
-    from models.precision import resolve_precision
+    from models.precision import resolve_device, resolve_precision
 
     try:
         model, tokenizer, meta = load_checkpoint(checkpoint)
@@ -145,14 +147,26 @@ def evaluate(
     corpus = slice_corpus(corpus, None, opts["max_eval_sentences"] or None)  # 0: whole, as a run
     if not corpus.valid or not corpus.test:
         raise UserError(f"--data {opts['data']}: no validation or test sentences to score")
-    precision = resolve_precision(opts["precision"], "cpu")
-    scores = held_out_scores(model, tokenizer, corpus.valid, corpus.test, precision=precision,
-                             ksr_sentences=opts["ksr_sentences"])  # fmt: skip
+    device = resolve_device(opts["device"])
+    precision = resolve_precision(opts["precision"], device)
+    with Console(stderr=True).status(
+        f"scoring {len(corpus.valid)} validation and "
+        f"{len(corpus.test)} test sentences ({precision}, {device})"
+    ):
+        scores = held_out_scores(
+            model,
+            tokenizer,
+            corpus.valid,
+            corpus.test,
+            device=device,
+            precision=precision,
+            ksr_sentences=opts["ksr_sentences"],
+        )
     then = {k: v for k, v in meta.get("metrics", {}).items() if k in SCORES}
     agree = all(_agrees(scores[k], then.get(k)) for k in SCORES)
     if as_json:
         typer.echo(json.dumps({**scores, "recorded": then or None, "agrees": agree if then else
-                               None, "precision": precision}))  # fmt: skip
+                               None, "precision": precision, "device": str(device)}))  # fmt: skip
         return
     _print_scores(checkpoint, meta, scores, then, precision, len(corpus.valid), len(corpus.test))
     if not then:
