@@ -106,18 +106,6 @@ def info(
     typer.echo(json.dumps(summary, indent=2))
 
 
-#: What `fedkey evaluate` scores, in the order of a run's metrics rows (models.metrics.held_out_scores).
-SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
-          "top1": "top-1 (test)", "top3": "top-3 (test)", "ksr": "keystroke savings"}  # fmt: skip
-#: Relative difference under which a score agrees with the one the run recorded: bf16 sums
-#: differ in their last digits from one build of torch to another.
-AGREE = 1e-3
-
-
-def _agrees(now: float | None, then: float | None) -> bool:
-    return now is None or then is None or abs(now - then) <= AGREE * max(abs(then), 1e-12)
-
-
 @with_options(
     {k: DATA[k] for k in ("data", "paper_protocol", "max_eval_sentences", "seed")},
     {"ksr_sentences": FEDERATION["ksr_sentences"], "precision": TRAIN["precision"]},
@@ -134,62 +122,40 @@ def evaluate(
     from rich.console import Console
     from safetensors import SafetensorError
 
-    from corpora.loaders import load_corpus, slice_corpus
-    from models.checkpoint import load_checkpoint
-    from models.metrics import held_out_scores
-    from models.precision import resolve_device, resolve_precision
+    from runners.rescore import rescore
 
+    keys = ("data", "paper_protocol", "max_eval_sentences", "seed", "ksr_sentences", "device",
+            "precision")  # fmt: skip
     try:
-        model, tokenizer, meta = load_checkpoint(checkpoint)
+        with Console(stderr=True).status(f"scoring {checkpoint.name} on {opts['data']}"):
+            r = rescore(checkpoint, **{k: opts[k] for k in keys})
     except SafetensorError as e:
         raise not_a_checkpoint(checkpoint, e) from None
-    corpus = load_corpus(opts["data"], paper_protocol=opts["paper_protocol"], seed=opts["seed"])
-    corpus = slice_corpus(corpus, None, opts["max_eval_sentences"] or None)  # 0: whole, as a run
-    if not corpus.valid or not corpus.test:
-        raise UserError(f"--data {opts['data']}: no validation or test sentences to score")
-    device = resolve_device(opts["device"])
-    precision = resolve_precision(opts["precision"], device)
-    with Console(stderr=True).status(
-        f"scoring {len(corpus.valid)} validation and "
-        f"{len(corpus.test)} test sentences ({precision}, {device})"
-    ):
-        scores = held_out_scores(
-            model,
-            tokenizer,
-            corpus.valid,
-            corpus.test,
-            device=device,
-            precision=precision,
-            ksr_sentences=opts["ksr_sentences"],
-        )
-    then = {k: v for k, v in meta.get("metrics", {}).items() if k in SCORES}
-    agree = all(_agrees(scores[k], then.get(k)) for k in SCORES)
     if as_json:
-        typer.echo(json.dumps({**scores, "recorded": then or None, "agrees": agree if then else
-                               None, "precision": precision, "device": str(device)}))  # fmt: skip
+        typer.echo(json.dumps({**r.scores, "recorded": r.recorded or None, "agrees": r.agrees,
+                               "precision": r.precision, "device": r.device}))  # fmt: skip
         return
-    _print_scores(checkpoint, meta, scores, then, precision, len(corpus.valid), len(corpus.test))
-    if not then:
+    _print_scores(checkpoint, r)
+    if r.agrees is None:
         return
-    recorded = meta.get("metrics", {}).get("eval_precision", "?")
-    typer.echo(f"the same as the run recorded at round {meta.get('round')}" if agree else
-               f"not what the run recorded at round {meta.get('round')}: score the run's own "
-               "held-out text (its --data, --paper-protocol, --max-eval-sentences and "
-               f"--ksr-sentences; a bench run's are in its command.txt) at its precision "
-               f"({recorded})")  # fmt: skip
+    typer.echo(f"the same as the run recorded at round {r.round}" if r.agrees else
+               f"not what the run recorded at round {r.round}: score the run's own held-out "
+               "text (its --data, --paper-protocol, --max-eval-sentences and --ksr-sentences; a "
+               f"bench run's are in its command.txt) at its precision ({r.recorded_precision})")  # fmt: skip
 
 
-def _print_scores(checkpoint: Path, meta: dict, scores: dict, then: dict, precision: str,
-                  valid: int, test: int) -> None:  # fmt: skip
+def _print_scores(checkpoint: Path, r) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{checkpoint.name} (round {meta.get('round')}, {meta.get('strategy')}): "
-                  f"{valid} validation and {test} test sentences, {precision}")  # fmt: skip
-    for col in ("measure", "now", *(["recorded"] if then else [])):
+    from runners.rescore import SCORES
+
+    table = Table(title=f"{checkpoint.name} (round {r.round}, {r.strategy}): {r.sentences[0]} "
+                  f"validation and {r.sentences[1]} test sentences, {r.precision}")  # fmt: skip
+    for col in ("measure", "now", *(["recorded"] if r.recorded else [])):
         table.add_column(col, justify="left" if col == "measure" else "right")
     for key, name in SCORES.items():
         digits = ".2f" if key.endswith("ppl") else ".3f"
-        cells = [scores[key], *([then.get(key)] if then else [])]
+        cells = [r.scores.get(key), *([r.recorded.get(key)] if r.recorded else [])]
         table.add_row(name, *("-" if v is None else format(v, digits) for v in cells))
     Console().print(table)

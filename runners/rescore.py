@@ -1,0 +1,85 @@
+"""A checkpoint scored again on held-out text, as every round of a run scores its global model
+(models.metrics.held_out_scores, server.engine), and set beside what the run recorded for that
+round in the checkpoint: `fedkey evaluate`, and bench.paper_verify for a results table's rows.
+
+The run's held-out text is its corpus (`--data`, `--paper-protocol`, `--seed` for the demo) cut to
+its `--max-eval-sentences`, keystroke savings on its first `--ksr-sentences` test sentences; the
+same text, precision and code give the same figures to the last digit on one machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.config import Precision
+
+#: What a round records of its model and a rescoring compares, in a metrics row's order.
+SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
+          "top1": "top-1 (test)", "top3": "top-3 (test)", "ksr": "keystroke savings"}  # fmt: skip
+#: Relative difference under which a score agrees with the recorded one (bf16 sums may differ in
+#: their last digits from one build of torch or one CPU to another).
+AGREE = 1e-3
+
+
+def agrees(now: float | None, then: float | None) -> bool:
+    """Whether two figures of one score agree (a figure missing on either side: nothing to
+    compare, so no disagreement)."""
+    return now is None or then is None or abs(now - then) <= AGREE * max(abs(then), 1e-12)
+
+
+@dataclass
+class Rescored:
+    """One checkpoint's scores now, and those its run recorded for its round ({}: none)."""
+
+    scores: dict[str, float | None]
+    recorded: dict[str, float | None]
+    round: int | None
+    strategy: str | None
+    recorded_precision: str | None  # the precision the run evaluated in
+    precision: str
+    device: str
+    sentences: tuple[int, int]  # validation, test
+    differ: list[str] = field(default_factory=list)  # the scores that do not agree
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether every score agrees with the recorded one (None: nothing recorded)."""
+        return not self.differ if self.recorded else None
+
+
+def rescore(
+    checkpoint: Path,
+    data: str,
+    paper_protocol: bool = False,
+    max_eval_sentences: int | None = None,
+    seed: int = 0,
+    ksr_sentences: int = 100,
+    device: str = "auto",
+    precision: Precision = "auto",
+) -> Rescored:
+    """Score `checkpoint` on the held-out text of `data` cut as a run cuts it (0 or None: all of
+    it). Raises safetensors' SafetensorError for a file that is no checkpoint, FileNotFoundError
+    or ValueError for a corpus that is not there, ValueError for one with nothing held out."""
+    from corpora.loaders import load_corpus, slice_corpus
+    from models.checkpoint import load_checkpoint
+    from models.metrics import held_out_scores
+    from models.precision import resolve_device, resolve_precision
+
+    model, tokenizer, meta = load_checkpoint(checkpoint)
+    corpus = load_corpus(data, paper_protocol=paper_protocol, seed=seed)
+    corpus = slice_corpus(corpus, None, max_eval_sentences or None)
+    if not corpus.valid or not corpus.test:
+        raise ValueError(f"{data}: no validation or test sentences to score")
+    where = resolve_device(device)
+    resolved = resolve_precision(precision, where)
+    scores = held_out_scores(model, tokenizer, corpus.valid, corpus.test, device=where,
+                             precision=resolved, ksr_sentences=ksr_sentences)  # fmt: skip
+    row = meta.get("metrics") or {}
+    recorded = {k: row[k] for k in SCORES if k in row}
+    return Rescored(
+        scores=scores, recorded=recorded, round=meta.get("round"), strategy=meta.get("strategy"),
+        recorded_precision=row.get("eval_precision"), precision=resolved, device=str(where),
+        sentences=(len(corpus.valid), len(corpus.test)),
+        differ=[k for k in SCORES if not agrees(scores.get(k), recorded.get(k))],
+    )  # fmt: skip
