@@ -20,10 +20,10 @@ judged by its own runs only. A resumed run counts with the time of all its attem
 here counts only its rounds still to do.
 
 A run on a CPU counts by its CPU seconds (bench.runs.run_cpu_seconds) where it recorded them,
-else by its wall time: a run's wall time grows with whatever else shared the cores (a PTB run took
-2.7 h beside three others on 2 cores, under 1 h beside one), its CPU time hardly does. So the pace is that
-of a run with a core of its own, and a bench running more runs at once than there are cores
-(`crowd`, jobs per core) expects each to take that much longer.
+else by its wall time: a run's wall time grows with whatever else shared the cores (a PTB run
+took 2.7 h beside three others on 2 cores, under 1 h beside one), its CPU time hardly does. So
+the pace is that of a run with a core of its own, and a bench running more runs at once than
+there are cores (`crowd`, jobs per core) expects each to take that much longer.
 
 When no run left fits in the time left, the bench uses its free slots to advance the runs that
 can resume (bench.paper.run_bench's `advance`), if one round of theirs fits: stopped at the limit,

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from cli.errors import UserError, check_can_listen
 from cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, with_options
+
+if TYPE_CHECKING:
+    from runners.rescore import Rescored
 
 
 def not_a_checkpoint(path: Path, e: Exception) -> UserError:
@@ -144,7 +148,7 @@ def evaluate(
                f"bench run's are in its command.txt) at its precision ({r.recorded_precision})")  # fmt: skip
 
 
-def _print_scores(checkpoint: Path, r) -> None:
+def _print_scores(checkpoint: Path, r: Rescored) -> None:
     from rich.console import Console
     from rich.table import Table
 
