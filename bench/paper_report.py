@@ -482,6 +482,11 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
             for p in presets
         )
         + ".",
+        "- Check a figure from the model kept for it (a finished run keeps its best and last "
+        "rounds' checkpoints under runs/, on the machine that ran it): `fedkey evaluate "
+        "runs/bench/<preset>/<run>/checkpoints/round_<best round>.safetensors` with the run's "
+        "--data, --paper-protocol and --max-eval-sentences; `python -m bench.paper_verify "
+        "bench/results/<preset>` does it for every run with its checkpoint there.",
         f"- Git commits: {', '.join(commits)}",
         f"- Devices: {', '.join(devices)}",
     ]
@@ -526,7 +531,7 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
         for suite, labelled, what in (
             ("seeds", seed_curves(PRESETS[name], runs), "seed to seed"),
             *((v.suite, variant_curves(v, PRESETS[name], runs), f"{v.after} against {v.before}")
-              for v in VARIANTS.values()),
+              for v in VARIANTS.values() if v.suite in PRESETS[name].suites),
         ):  # fmt: skip
             for ds in NAMES:
                 sel = [r for r in labelled if r["dataset"] == ds]

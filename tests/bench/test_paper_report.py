@@ -322,6 +322,18 @@ def test_report_is_rebuilt_from_results_json(tmp_path):
     assert "![curves_cpu_rank_ptb](curves_cpu_rank_ptb.png)" in md
 
 
+def test_a_preset_without_a_variant_suite_gets_no_figure_of_it(tmp_path):
+    """The gpu preset runs no confirm suite: its rank runs (which the confirm suite would set at
+    the sweep's value) draw no "lr checked at full length" figure."""
+    bench = Bench(tmp_path)
+    for r in ranking_runs():
+        bench.add({**r, "preset": "gpu"} if r["preset"] == "cpu" else r, "fedkey bench paper")
+    write_report(bench.read(), tmp_path, bench.commands(), bench.lr_choices())
+    assert (tmp_path / "curves_gpu_rank_ptb.png").is_file()
+    assert not list(tmp_path.glob("curves_gpu_confirm_*.png"))
+    assert not list(tmp_path.glob("curves_gpu_decay_*.png"))
+
+
 def test_a_diverged_runs_curve_does_not_stop_the_report(tmp_path):
     """A sweep run at too high a server lr went to 1e283 and then inf: its curve is cut at the
     ceiling instead of stretching the log axis past what matplotlib can label."""
