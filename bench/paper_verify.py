@@ -98,8 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with tqdm(total=len(runs), desc="scoring kept checkpoints", unit="run") as bar:
         rows = verify(runs, args.runs_dir / args.folder.name, bar)
+    from bench.runs import device_label
+
     header = ["run", "best round", "val ppl", "test ppl", "val ppl, scored again",
               "test ppl, scored again", "agrees"]  # fmt: skip
+    print(f"# {args.folder}: its runs scored again from their kept checkpoints\n\n"
+          f"`python -m bench.paper_verify {' '.join(argv if argv is not None else sys.argv[1:])}`"
+          f", on {device_label()}; `agrees`: every score the checkpoint recorded for its round, "
+          "and results.json's validation and test perplexity, within 0.1%.\n")  # fmt: skip
     print(markdown_table(header, rows))
     checked = [r for r in rows if r[-1] != "no checkpoint here"]
     good = sum(r[-1] == "yes" for r in checked)

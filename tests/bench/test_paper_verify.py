@@ -51,3 +51,21 @@ def test_the_held_out_text_is_read_from_the_recorded_command():
     short = "fedkey train-central --data demo --max-eval-sentences 40 --out runs/y"
     assert held_out_flags(short) == {"data": "demo", "paper_protocol": False,
                                      "max_eval_sentences": 40, "ksr_sentences": 100, "seed": 0}  # fmt: skip
+
+
+def test_the_command_fails_when_a_figure_does_not_come_back(tmp_path, capsys):
+    """`python -m bench.paper_verify FOLDER`: exit 0 when every run with a checkpoint here gives
+    its figures again, 1 when one does not (a check to run after a bench)."""
+    from bench.paper_results import Bench
+    from bench.paper_verify import main
+
+    run, runs = _run(tmp_path)  # runs/<id>: RUNS_DIR/<folder name>/<id> with RUNS_DIR = tmp_path
+    folder = tmp_path / "runs"
+    Bench(folder).add(run, "fedkey bench paper")
+    assert main([str(folder), "--runs-dir", str(tmp_path)]) == 0
+    assert "1 of 1 runs with a checkpoint here give their recorded figures again" in (
+        capsys.readouterr().out
+    )
+    Bench(folder).add({**run, "best_val_ppl": run["best_val_ppl"] * 0.9}, "fedkey bench paper")
+    assert main([str(folder), "--runs-dir", str(tmp_path)]) == 1
+    assert "no: val_ppl of results.json" in capsys.readouterr().out
