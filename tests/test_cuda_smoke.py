@@ -6,7 +6,7 @@ float32 weights on the CPU (what the server's checks expect) that agree with the
 evaluator scores a model on the GPU as on the CPU; several phones train on one GPU at once (the
 pool's processes share it, or one stacked model holds a round's phones: --backend stacked); and
 `fedkey simulate` and `fedkey run` with `--device cuda` run end to end, the server evaluating on
-the GPU.
+the GPU, and `fedkey evaluate --device cuda` scores the kept model as the run did.
 """
 
 from __future__ import annotations
@@ -170,3 +170,10 @@ def test_a_federation_trains_and_evaluates_on_the_gpu_end_to_end(tmp_path, verb)
     assert last["eval_precision"] == want  # --precision auto on this GPU
     if verb == "simulate":  # `run` leaves "auto" to each phone: the row has no one precision
         assert last["train_precision"] == want
+        # `fedkey evaluate --device cuda` scores the kept model on the GPU as the run did
+        ckpt = out / "checkpoints" / "round_0002.safetensors"
+        again = CliRunner().invoke(app, ["evaluate", str(ckpt), "--data", "demo", "--device",
+                                         "cuda", "--json"])  # fmt: skip
+        assert again.exit_code == 0, again.output
+        scores = json.loads(again.output.strip().splitlines()[-1])
+        assert scores["device"].startswith("cuda") and scores["agrees"] is True, scores
