@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tqdm import tqdm
 
+    from bench.runs import device_label
+
     torch.set_num_threads(1)
     suites = set(args.suite or ["rank"])
     runs = [r for r in Bench(args.folder).read()
@@ -98,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with tqdm(total=len(runs), desc="scoring kept checkpoints", unit="run") as bar:
         rows = verify(runs, args.runs_dir / args.folder.name, bar)
-    from bench.runs import device_label
-
     header = ["run", "best round", "val ppl", "test ppl", "val ppl, scored again",
               "test ppl, scored again", "agrees"]  # fmt: skip
     print(f"# {args.folder}: its runs scored again from their kept checkpoints\n\n"

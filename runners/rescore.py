@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import Precision
+from server.config import FederationConfig
 
 #: What a round records of its model and a rescoring compares, in a metrics row's order.
 SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
@@ -54,7 +55,7 @@ def rescore(
     paper_protocol: bool = False,
     max_eval_sentences: int | None = None,
     seed: int = 0,
-    ksr_sentences: int = 100,
+    ksr_sentences: int = FederationConfig.ksr_sentences,
     device: str = "auto",
     precision: Precision = "auto",
 ) -> Rescored:
