@@ -292,6 +292,16 @@ def run_bench(
         """The spec's fedkey command line, its folder under this preset's runs."""
         return command(spec, preset, data_root, run_root / spec.id)
 
+    def computes(spec: RunSpec) -> tuple[str, ...]:
+        """What the spec's run computes (its command but for where it runs: its twins')."""
+        return what_it_computes(shlex.join(argv(spec)))
+
+    def firsts(specs: list[RunSpec]) -> dict[str, str]:
+        """Spec id -> the id of the spec before it in `specs` that computes the same (its twin:
+        recorded from that run once it ends, never run itself)."""
+        first: dict[tuple[str, ...], str] = {}
+        return {s.id: first.setdefault(computes(s), s.id) for s in specs}
+
     def todo_now(dry_run: bool = False) -> list[RunSpec]:
         """The selected runs not done yet (`dry_run`: every selected command line printed)."""
         specs = select(preset, suites, bench.read(), only)
@@ -326,7 +336,8 @@ def run_bench(
 
     if dry_run:
         todo, judged = todo_now(dry_run=True), pace()  # every command line, done or not
-        needs = [expected(s, judged) for s in todo]
+        twin_of = firsts(todo)
+        needs = [expected(s, judged) for s in todo if twin_of[s.id] == s.id]
         known = [x for x in needs if x is not None]
         # The pace is per device: runs done elsewhere (a lent GPU's) judge nothing here.
         elsewhere = sorted({r.get("device") or "?" for r in bench.read() if r.get("preset")
@@ -410,9 +421,6 @@ def run_bench(
     stopped: dict[str, int | None] = {}  # run id -> rounds kept (None: none), of those stopped
     failed: dict[str, str] = {}  # run id -> why, of the runs that failed (the others go on)
 
-    def computes(spec: RunSpec) -> tuple[str, ...]:
-        return what_it_computes(shlex.join(argv(spec)))
-
     def to_start(slots: int) -> list[RunSpec]:
         """The next runs for `slots` free slots: those that fit in the time left, in order; then
         the ones that resume (those already begun first) if `advance`. A run that computes what
@@ -481,7 +489,11 @@ def run_bench(
         final = pace()
         print(f"{len(todo)} runs left for want of time ({duration(max(time_left(), 0.0))} left "
               f"of --hours {hours:g}); run the bench again to go on:")  # fmt: skip
+        twin_of = firsts(todo)
         for spec in todo:
+            if twin_of[spec.id] != spec.id:
+                print(f"  {spec.id} (the same run as {twin_of[spec.id]}: recorded from it)")
+                continue
             need = expected(spec, final)
             begun = (f", stopped after round {stopped[spec.id]}: the next bench continues it"
                      if stopped.get(spec.id) is not None else "")  # fmt: skip

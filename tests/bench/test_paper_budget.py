@@ -349,3 +349,39 @@ def test_a_run_noted_begun_whose_checkpoints_are_not_here_is_said_to_start_again
     assert (f"1 runs noted as begun have no checkpoint under {runs / 'smoke'} (a run's folder "
             f"stays on the machine that ran it): they start again from their first round: "
             f"{gone}\n") in printed  # fmt: skip
+
+
+def test_a_run_left_whose_twin_is_left_too_is_listed_as_recorded_from_it(
+    data_root, monkeypatch, capsys
+):
+    """The cpu preset's confirm row at the sweep's lr is its rank run: when the limit stops the
+    rank run, the list of runs left names the confirm row as the same run, not as hours more."""
+    clock = Clock()
+    monkeypatch.setattr(paper, "time", clock)
+    ran: list[str] = []
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        ran.append(spec.id)
+        if spec.suite == "sweep":  # the sweep chooses FedAvg's client lr 3
+            cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
+            val = 200.0 if spec.lr == 3 else 300.0
+            return {"id": spec.id, **spec.fields(), "preset": preset.name, "command": cmd,
+                    "best_val_ppl": val, "test_ppl": val, "best_round": 1,
+                    "wall_seconds": 0.0}  # fmt: skip
+        clock.run_until_stopped(stop, spec.id, 1)
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
+    args = ("cpu", ["sweep", "rank", "confirm"], data_root, data_root / "out", data_root / "runs")
+    paper.run_bench(*args, only=["sweep-ptb-fedavg-client-lr-*"], jobs=2)
+    ran.clear()
+    capsys.readouterr()
+    paper.run_bench(*args, only=["rank-ptb-fedavg-c0.1", "confirm-ptb-fedavg-c0.1"], jobs=2,
+                    hours=0.1)  # fmt: skip
+    assert ran == ["rank-ptb-fedavg-c0.1"]
+    printed = capsys.readouterr().out
+    assert "2 runs left for want of time" in printed
+    assert "  rank-ptb-fedavg-c0.1 (about ? to run, stopped after round 1" in printed
+    assert "  confirm-ptb-fedavg-c0.1 (the same run as rank-ptb-fedavg-c0.1: recorded from it)" in (
+        printed
+    )
