@@ -157,19 +157,26 @@ def variant_kept(
     perplexity once all of them are done, and until then the one at the rank run's own lr (a
     `whole` variant: the best of those done once one besides the rank run is); test perplexity
     is never read. `pairs`: variant_pairs' answer, where the caller has it."""
-    rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
-    for spec, _, run in pairs if pairs is not None else variant_pairs(v, preset, runs):
-        rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
     kept = {}
-    for rank_id, tries in rows.items():
+    for rank_id, tries in variant_rows(
+        pairs if pairs is not None else variant_pairs(v, preset, runs)
+    ).items():
         done = [run for _, run in tries if run is not None]
-        if done and len(done) == len(tries):
+        # all done; or, for a whole variant, checked so far (a step further lower still to run)
+        if done and (len(done) == len(tries) or (v.whole and len(done) > 1)):
             kept[rank_id] = min(done, key=_score)  # the sweep's score: best validation
-        elif v.whole and len(done) > 1:  # checked so far: a step further lower still to run
-            kept[rank_id] = min(done, key=_score)
         elif tries[0][1] is not None and not v.whole:
             kept[rank_id] = tries[0][1]
     return kept
+
+
+def variant_rows(pairs: list) -> dict[str, list[tuple[RunSpec, dict | None]]]:
+    """variant_pairs' answer by row: rank run id -> its (spec, run) pairs in the suite's order
+    (the first at the rank run's own value)."""
+    rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
+    for spec, _, run in pairs:
+        rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
+    return rows
 
 
 def kept_central(kept: Mapping[str, dict], dataset: str) -> dict | None:
@@ -263,22 +270,20 @@ def checked_note(preset: Preset, runs: list[dict], dataset: str) -> str:
     kept = variant_kept(v, preset, runs, pairs)
     if not kept:
         return ""
-    first: dict[str, tuple[RunSpec, dict | None]] = {}  # a row's run at the sweep's value
-    for s, _, run in pairs:
-        first.setdefault(replace(s, suite="rank", tag="").id, (s, run))
-    spec_of = {id(run): s for s, _, run in pairs if run is not None}
+    rows = variant_rows(pairs)
     central = kept_central(kept, dataset)
     held, moved = [], []
     for rank_id, run in kept.items():
         name = "the centralized model" if run["kind"] == "central" else run["method"]
-        if run is first[rank_id][1]:  # the rank run's own lr won
+        (first, at_sweep), *_ = rows[rank_id]  # the row's run at the sweep's value
+        if run is at_sweep:  # the rank run's own lr won
             held.append(name)
             continue
         vs = ""
         if run["kind"] == "federated" and central is not None:
             vs = f", {_pct(run['test_ppl'], central['test_ppl'])} from the centralized model"
-        before = v.label(first[rank_id][0])
-        moved.append(f"{name}'s {before} gave way to {v.label(spec_of[id(run)])} (test "
+        spec = next(s for s, r in rows[rank_id] if r is run)
+        moved.append(f"{name}'s {v.label(first)} gave way to {v.label(spec)} (test "
                      f"{_f(run['test_ppl'])}{vs})")  # fmt: skip
     said = "; ".join(moved + ([f"{', '.join(held)}: the sweep's choice held"] if held else []))
     return (f"Checked at full length (\"{v.heading}\" below, kept on validation): {said}. "
