@@ -29,6 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
+from bench.attopt_step import step_scales, update_norms
 from bench.paper_budget import Pace, cores, duration, units
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, seed_number
 from bench.paper_results import Bench
@@ -129,6 +130,8 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "epsilon": rows[-1].get("epsilon"),
         "curve": [[r["round"], r["val_ppl"], r["test_ppl"]] for r in rows],
         "weight_spread": round_spreads(rows) if spec.kind == "federated" else [],
+        "update_norms": update_norms(rows),  # bench.attopt_step: FedAttOpt's reach against them
+        "step_scale": step_scales(rows),
         **(
             {
                 "col_test_ppl": best["col_test_ppl"],

@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
 from bench.paper_manual import Manual, best_at_protocol, manual_runs, manual_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
@@ -490,7 +491,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         f"- Git commits: {', '.join(commits)}",
         f"- Devices: {', '.join(devices)}",
     ]
-    out += ranking_sections(runs, plots, begun, manual)
+    out += ranking_sections(runs, plots, begun, manual) + step_section(runs, plots.get("step"))
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
         for v in VARIANTS.values():
@@ -516,7 +517,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
 
 
 def draw(runs: list[dict], out: Path) -> dict[str, Path]:
-    """Every figure: kind:key -> path (kinds: curve, spread, code, old)."""
+    """Every figure: kind:key -> path (kinds: curve, spread, code, old; and step)."""
     plots: dict[str, Path | None] = {}
     for name in _presets(runs):
         mine = [r for r in runs if r.get("preset") == name]
@@ -552,6 +553,7 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
         plots[f"spread:{name}"] = plot_spread(
             sel, out, f"spread_{name}.png", f"the server's weights per round ({name})"
         )
+    plots["step"] = plot_steps(runs, out, "attopt_step.png")
     for ds in DATASET_NAMES:
         sel = [r for r in runs if r["suite"] == "code" and r["dataset"] == ds]
         title = f"{DATASET_NAMES[ds]}, as the seed papers' code ran (column perplexity)"

@@ -38,6 +38,7 @@ __all__ = [
     "OnlineSoftmaxSum",
     "WeightedAverage",
     "fedatt",
+    "attopt_step_scale",
     "fedattopt",
     "fedattopt_gradient",
     "fedavg",
@@ -495,6 +496,26 @@ def fedattopt_gradient(
     for state in client_states:
         acc.add(state)
     return acc.gradient()
+
+
+def attopt_step_scale(
+    epsilon: float, distances: Iterable[float], distance_floor: float = 0.0
+) -> float:
+    """How far one FedAttOpt step moves against FedAvg's (1): ``epsilon * sum_k 1 / d_k^2``.
+
+    In the terms of :class:`AttOptGradient`, ``theta_{t+1} = theta + sum_k c_k u_k`` with
+    ``c_k = epsilon * (1/d_k^2 - 1/sqrt(n) + m a_k / sqrt(n))``; since ``sum_k a_k = 1`` the
+    attention terms cancel in the sum, leaving ``sum_k c_k = epsilon * sum_k 1/d_k^2`` (``d_k`` at
+    least ``distance_floor``; a phone at distance 0 adds nothing). FedAvg's weights sum to 1 (a
+    weighted mean of the phones' models); 2 goes as far again past it; 0.01 barely moves. The
+    scale goes as ``1 / d^2``: the step size epsilon suits one size of update only.
+    """
+    total = 0.0
+    for d in distances:
+        d_eff = max(float(d), distance_floor)
+        if d_eff > 0:
+            total += 1.0 / (d_eff * d_eff)
+    return epsilon * total
 
 
 def fedattopt(

@@ -16,6 +16,7 @@ from server.strategies.aggregate import (
     LayerwiseAttention,
     StateDict,
     WeightedAverage,
+    attopt_step_scale,
     floating_keys,
     num_parameters,
 )
@@ -180,7 +181,8 @@ class FedAttOpt(Strategy):
     epsilon: server step size. The FedAttOpt paper gives no value; the default 1.2 is the authors'
     published FedAtt default (FedAtt's code and Plato's). Note the step is not scale-free: the distance term moves theta
     towards each theta_k by the fraction ``epsilon / d_k^2`` of the way, so epsilon should be tuned
-    to the typical squared update norm of the model at hand (the info's ``"distance"``).
+    to the typical squared update norm of the model at hand (the info's ``"distance"``); the
+    info's ``"step_scale"`` says how far a round went against FedAvg's 1 (aggregate.attopt_step_scale).
     """
 
     name = "fedattopt"
@@ -217,6 +219,10 @@ class FedAttOpt(Strategy):
             "epsilon": self.epsilon,
             "attention": {str(t): a for t, a in acc.attention()},
             "distance": {str(t): d for t, _, d in acc.records},
+            # against FedAvg's 1: the step's reach this round (moves as 1 / d_k^2)
+            "step_scale": attopt_step_scale(
+                self.epsilon, (d for _, _, d in acc.records), acc.distance_floor
+            ),
             "loss": loss if math.isfinite(loss) else None,
             "grad_norm": grad_norm,
             "zero_distance": acc.zero_distance,

@@ -9,6 +9,7 @@ from server.strategies.aggregate import (
     AttOptGradient,
     LayerwiseAttention,
     OnlineSoftmaxSum,
+    attopt_step_scale,
     fedatt,
     fedattopt,
     fedattopt_gradient,
@@ -144,6 +145,31 @@ def test_fedattopt_by_hand():
     for st in states:
         acc.add(st)
     assert acc.loss() == pytest.approx(py_attopt_loss(theta, clients), abs=1e-9)
+
+
+@pytest.mark.parametrize("floor", [0.0, 1.5])
+def test_attopt_step_scale_is_the_steps_total_weight(floor):
+    """theta' - theta = sum_k c_k u_k: with the phones' deltas on disjoint coordinates each c_k can
+    be read off, and their sum is the scale the server reports (FedAvg's is 1)."""
+    gen = torch.Generator().manual_seed(3)
+    theta = torch.randn(6, generator=gen, dtype=torch.float64)
+    deltas = []
+    for k, size in enumerate((0.5, 1.0, 4.0)):  # d_k: one below the floor, others above
+        u = torch.zeros(6, dtype=torch.float64)
+        u[2 * k : 2 * k + 2] = torch.randn(2, generator=gen, dtype=torch.float64)
+        deltas.append(u * size / u.norm())
+    glob = {"w": theta}
+    acc = AttOptGradient(glob, distance_floor=floor)
+    for u in deltas:
+        acc.add({"w": theta + u})
+    eps = 0.7
+    moved = acc.result(eps)["w"] - theta
+    weights = [float(moved @ u / (u @ u)) for u in deltas]
+    scale = attopt_step_scale(eps, [float(u.norm()) for u in deltas], floor)
+    assert sum(weights) == pytest.approx(scale, rel=1e-9)
+    d_eff = [max(size, floor) for size in (0.5, 1.0, 4.0)]
+    assert scale == pytest.approx(eps * sum(1 / d**2 for d in d_eff))
+    assert attopt_step_scale(eps, [0.0, 2.0]) == pytest.approx(eps / 4)  # at the server: no term
 
 
 def py_js_softmax(x, y):

@@ -286,3 +286,6 @@ def test_strategy_results_match_pure_functions(make_states):
     assert info["distance"]["d0"] == pytest.approx(model_distance(glob, clients[0]))
     assert sum(info["attention"].values()) == pytest.approx(1.0)
     assert math.isfinite(info["loss"])
+    # the step's reach against FedAvg's 1: epsilon * sum_k 1 / d_k^2 of this round's distances
+    d = [model_distance(glob, c) for c in clients]
+    assert info["step_scale"] == pytest.approx(0.01 * sum(1 / x**2 for x in d))
