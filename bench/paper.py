@@ -451,15 +451,16 @@ def run_bench(
             result = future.result()
         except Stopped as halt:
             cmd = argv(spec)
+            why = "" if interrupted.is_set() else " at the time limit"
             if not resumable(cmd):  # an n-gram: minutes, and nothing kept
                 stopped[spec.id] = None
-                bar.write(f"{spec.id}: stopped at the time limit; the next bench starts it again")
+                bar.write(f"{spec.id}: stopped{why}; the next bench starts it again")
                 return
             stopped[spec.id] = halt.rounds
             bench.stopped(preset.name, spec.id, halt.rounds, int(units(shlex.join(cmd))),
                           best_so_far(run_root / spec.id))  # fmt: skip
-            bar.write(f"{spec.id}: stopped at the time limit after round {halt.rounds}; the "
-                      f"next bench continues it")  # fmt: skip
+            bar.write(f"{spec.id}: stopped{why} after round {halt.rounds}; the next bench "
+                      f"continues it")  # fmt: skip
             return
         except RuntimeError as error:  # a days-long bench goes on with the other runs
             failed[spec.id] = str(error).splitlines()[0]
@@ -485,6 +486,8 @@ def run_bench(
                 bar.refresh()
         except BaseException:
             interrupted.set()  # the runs going stop within 2 s, their checkpoints kept
+            for future in wait(running).done:  # each noted as begun (or done), as at a limit
+                settle(running.pop(future), future)
             raise
     bar.close()
     todo = [s for s in todo if s.id not in failed]

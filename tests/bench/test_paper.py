@@ -399,7 +399,8 @@ def test_a_report_that_cannot_be_written_is_one_error_and_results_json_keeps_the
 def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monkeypatch):
     """Ctrl-C, or a kill (SIGTERM, which cli.bench makes the same), while a run goes on in
     another slot: the bench stops it (its child is terminated, its checkpoints kept) before it
-    ends, so no child goes on writing its folder with nobody to record it."""
+    ends, so no child goes on writing its folder with nobody to record it, and notes how far it
+    got (the report's "begun" row)."""
     import bench.paper as paper
 
     ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"]
@@ -424,6 +425,9 @@ def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monk
         paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids, jobs=2)  # fmt: skip
     assert ended == [ids[1]]  # stopped, and over, when run_bench returned
+    # and noted as begun, with the rounds it did, as a run stopped at a time limit is
+    begun = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["begun"]
+    assert begun[f"smoke/{ids[1]}"][0] == 3
 
 
 def test_a_bench_continued_with_other_jobs_or_hours_is_recorded_as_one_command(tmp_path):
