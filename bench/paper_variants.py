@@ -207,7 +207,10 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
         fed = spec.kind == "federated"
         lr = "-" if spec.lr is None else f"{spec.lr:g}"
         if run is None:
-            where = _where(begun.get(f"{preset.name}/{spec.id}"), spec.kind)
+            state = begun.get(f"{preset.name}/{spec.id}")
+            if state is None and v.whole and not spec.tag:  # the rank run is this row's run
+                state = begun.get(f"{preset.name}/{replace(spec, suite='rank').id}")
+            where = _where(state, spec.kind)
             rows.append([spec.method, _c(spec.fraction) if fed else "-", v.value(spec), lr,
                          _f(was), where, *[""] * (len(header) - 6)])  # fmt: skip
             continue

@@ -174,6 +174,19 @@ def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation
     assert "## Dropout 0.5 against overfitting (preset `cpu`)" in md and "dropout 4 of 6" in md
 
 
+def test_a_confirm_row_at_the_sweeps_value_shows_its_rank_run_begun():
+    """The confirm row at the sweep's value is the rank run itself: while that one is begun, the
+    row says how far it got (not "not run yet"); its run one step lower is its own."""
+    from bench.paper_variants import VARIANTS, variant_table
+    from bench.presets import PRESETS
+
+    begun = {"cpu/rank-ptb-fedavgm-c0.1": [12, 50, 141.5, 12]}
+    rows = variant_table(VARIANTS["confirm"], PRESETS["cpu"], ranking_runs(), begun).splitlines()
+    fedavgm = [r for r in rows if r.startswith("| PTB | FedAvgM |")]
+    assert "| begun: round 12 of 50 (best val ppl so far 141.50, round 12) |" in fedavgm[0]
+    assert all("not run yet" in r for r in fedavgm[1:]) and len(fedavgm) == 2
+
+
 def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
     """Each confirm row sets the rank run (the sweep's lr, standing for its twin before the bench
     records it) beside the runs one grid step lower (a second step where the first won); nothing
