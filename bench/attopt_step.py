@@ -119,12 +119,14 @@ def step_section(runs: list[dict], plot: Path | None = None) -> list[str]:
            "`step_scale`). Call it the reach: FedAvg's is 1 (a weighted mean of the phones' "
            "models), 2 goes as far again past it. It goes as 1 / d^2, so a step size that reaches "
            "as far as FedAvg for one size of update reaches (d / d')^2 as far for updates of "
-           "size d'. The sweep chooses epsilon from its first rounds.", "", step_table(attopt), ""]  # fmt: skip
+           "size d'. The sweep chooses epsilon from its first rounds.", "", step_table(attopt),
+           ""]  # fmt: skip
     shrink = shrink_table(mine, attopt)
     if shrink:
-        out += ["The other runs of the same suite and dataset at the same client lr: how far their phones' "
-                "updates shrank as they trained (the median norm from each round's info), and the "
-                "epsilon that gives FedAvg's reach (d^2 / m) at each end.", "", shrink, ""]  # fmt: skip
+        out += ["The other runs of the same suite and dataset at the same client lr: how far "
+                "their phones' updates shrank as they trained (the median norm from each round's "
+                "info), and the epsilon that gives FedAvg's reach (d^2 / m) at each end.", "",
+                shrink, ""]  # fmt: skip
     return out + ([f"![{plot.stem}]({plot.name})"] if plot else [])
 
 

@@ -10,42 +10,26 @@ from bench.paper_spec import RunSpec
 
 
 def test_the_reach_is_read_from_the_info_or_computed_for_older_rows():
+    older = {"mode": "fedattopt", "epsilon": 50.0, "distance": {"a": 10.0, "b": 5.0}}
     rows = [
         {"round": 0, "info": {}},
-        {
-            "round": 1,
-            "info": {
-                "mode": "fedattopt",
-                "epsilon": 50.0,
-                "step_scale": 0.75,
-                "distance": {"a": 1.0},
-            },
-        },  # fmt: skip
-        # written before the strategy recorded it: epsilon * sum_k 1 / d_k^2
-        {
-            "round": 2,
-            "info": {"mode": "fedattopt", "epsilon": 50.0, "distance": {"a": 10.0, "b": 5.0}},
-        },  # fmt: skip
+        {"round": 1, "info": {**older, "step_scale": 0.75}},
+        {"round": 2, "info": older},  # written before the strategy recorded it: from d_k
         {"round": 3, "info": {"mode": "fedavg", "weights": {"a": 1.0}}},
     ]
     assert step_scales(rows) == [[1, 0.75], [2, pytest.approx(50 * (1 / 100 + 1 / 25))]]
 
 
 def test_update_norms_come_from_each_rounds_clip_info_and_reach_the_summary():
+    info = {
+        "mode": "fedattopt",
+        "epsilon": 8.0,
+        "distance": {"a": 2.0},
+        "clip": {"median_norm": 2.0},
+    }
     rows = [
         {"round": 0, "val_ppl": 100.0, "test_ppl": 100.0, "info": {}},
-        {
-            "round": 1,
-            "val_ppl": 90.0,
-            "test_ppl": 91.0,
-            "aggregated": ["a"],
-            "info": {
-                "mode": "fedattopt",
-                "epsilon": 8.0,
-                "distance": {"a": 2.0},
-                "clip": {"median_norm": 2.0},
-            },
-        },  # fmt: skip
+        {"round": 1, "val_ppl": 90.0, "test_ppl": 91.0, "aggregated": ["a"], "info": info},
     ]
     assert update_norms(rows) == [[1, 2.0]]
     summary = summarize(rows, RunSpec("rank", "ptb", "FedAttOpt", 0.1))
