@@ -219,6 +219,15 @@ FEDERATION = {
         float | None,
         opt("epsilon", "--epsilon", help="Server step size of fedatt / fedattopt (default 1.2)."),
     ),
+    "max_reach": (
+        float | None,
+        opt(
+            "max_reach",
+            "--max-reach",
+            help="fedattopt: cap a round's step at this many times FedAvg's (1: never past the "
+            "phones' mean; default: the paper's step, whose reach grows as updates shrink).",
+        ),
+    ),
     "norm": (Norm, opt("norm", "--norm", help="fedatt distance: l2 (flattened) or spectral.")),
     "eta": (float, opt("eta", "--eta", help="fedmed step size (1 = weighted average).")),
     "epsilon_med": (

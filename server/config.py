@@ -209,6 +209,11 @@ def dp_problem(
             "AdaFL selection scores phones by their private updates without noise, so its "
             "choices are not covered by the DP analysis: use uniform selection (drop --adafl)"
         )
+    if params.get("max_reach") is not None:
+        return (
+            "--max-reach scales FedAttOpt's step by the private updates' norms, which its "
+            "sensitivity bound does not cover: drop --max-reach under DP"
+        )
     if strategy == "fedmed":
         if float(params.get("beta", 1.0)) < 1.0:
             return (

@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     # -- federation ----------------------------------------------------------------------------
     strategy: StrategyName = _FEDERATION.strategy
     epsilon: float | None = None  # fedatt / fedattopt server step (strategy default 1.2)
+    # fedattopt: a round's reach at most this many times FedAvg's (None: the paper's step)
+    max_reach: float | None = Field(None, gt=0)
     norm: Norm = "l2"  # fedatt distance
     eta: float = 1.0  # fedmed step
     epsilon_med: float = 0.1  # fedmed mediation threshold
@@ -201,6 +203,8 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.bound == "fixed" and self.bound_norm is None:
             raise ValueError("--bound fixed needs --bound-norm S")
+        if self.max_reach is not None and self.strategy != "fedattopt":
+            raise ValueError("--max-reach caps FedAttOpt's step: use it with --strategy fedattopt")
         problem = dp_problem(
             self.strategy, self.privacy_config(), self.influence_config(), self.strategy_params()
         )
@@ -262,6 +266,8 @@ class Settings(BaseSettings):
         params: dict = {}
         if self.strategy in ("fedatt", "fedattopt") and self.epsilon is not None:
             params["epsilon"] = self.epsilon
+        if self.strategy == "fedattopt" and self.max_reach is not None:
+            params["max_reach"] = self.max_reach
         if self.strategy == "fedatt":
             params["norm"] = self.norm
         if self.strategy == "fedmed":

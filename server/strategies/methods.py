@@ -182,21 +182,33 @@ class FedAttOpt(Strategy):
     published FedAtt default (FedAtt's code and Plato's). Note the step is not scale-free: the distance term moves theta
     towards each theta_k by the fraction ``epsilon / d_k^2`` of the way, so epsilon should be tuned
     to the typical squared update norm of the model at hand (the info's ``"distance"``); the
-    info's ``"step_scale"`` says how far a round went against FedAvg's 1 (aggregate.attopt_step_scale).
+    info's ``"step_scale"`` says how far a round went against FedAvg's 1
+    (aggregate.attopt_step_scale). max_reach: at most that far (None: the paper's step).
     """
 
     name = "fedattopt"
 
     def __init__(
-        self, *, epsilon: float = 1.2, distance_floor: float = 0.25, **selection: Any
+        self,
+        *,
+        epsilon: float = 1.2,
+        distance_floor: float = 0.25,
+        max_reach: float | None = None,
+        **selection: Any,
     ) -> None:
         super().__init__(**selection)
         self.epsilon = _positive("epsilon", epsilon)
         # Under a clip S, distances below distance_floor * S count as that (bounded influence).
         self.distance_floor = _positive("distance_floor", distance_floor)
+        # fedkey's guard, not the paper's: a round whose reach (aggregate.attopt_step_scale)
+        # would pass max_reach x FedAvg's steps that far instead (epsilon scaled down for it).
+        # The reach grows as 1 / d^2 while the phones' updates shrink with training: at a fixed
+        # epsilon one round can throw the model to a perplexity of 1e60 (bench.attopt_step).
+        self.max_reach = None if max_reach is None else _positive("max_reach", max_reach)
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "epsilon": self.epsilon, "distance_floor": self.distance_floor}
+        return {**super().config(), "epsilon": self.epsilon, "distance_floor": self.distance_floor,
+                "max_reach": self.max_reach}  # fmt: skip
 
     def _aggregate(
         self,
@@ -210,7 +222,11 @@ class FedAttOpt(Strategy):
             acc.add(u.state, tag=u.device_id)
         grad = acc.gradient()
         grad_norm = math.sqrt(sum(float(g.square().sum()) for g in grad.values()))
-        new = acc.result(self.epsilon)
+        reach = attopt_step_scale(self.epsilon, (d for _, _, d in acc.records), floor)
+        step = self.epsilon
+        if self.max_reach is not None and reach > self.max_reach:
+            step = self.epsilon * self.max_reach / reach
+        new = acc.result(step)
         loss = acc.loss()
         info: Info = {
             "strategy": self.name,
@@ -219,10 +235,10 @@ class FedAttOpt(Strategy):
             "epsilon": self.epsilon,
             "attention": {str(t): a for t, a in acc.attention()},
             "distance": {str(t): d for t, _, d in acc.records},
-            # against FedAvg's 1: the step's reach this round (moves as 1 / d_k^2)
-            "step_scale": attopt_step_scale(
-                self.epsilon, (d for _, _, d in acc.records), acc.distance_floor
-            ),
+            # against FedAvg's 1: the step's reach this round (moves as 1 / d_k^2), and where
+            # max_reach cut it, the paper's step's
+            "step_scale": reach * step / self.epsilon,
+            **({"capped_from": reach} if step < self.epsilon else {}),
             "loss": loss if math.isfinite(loss) else None,
             "grad_norm": grad_norm,
             "zero_distance": acc.zero_distance,

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from bench.paper import LATE, Bench, command, run_bench, select
 from bench.paper_suites import (
     BOUNDED_FEDATT,
+    CAPPED_FEDATTOPT,
     CONFIRMED,
     KNOBS,
     MAX_EXTENSIONS,
@@ -250,14 +251,18 @@ def test_attentive_methods_run_at_their_own_chosen_server_step():
     rank = [s for s in select(p, ["rank", "noniid"], results) if s.kind == "federated"]
     steps = {s.method: flag(command(s, p, Path("d"), Path("o")), "--epsilon")
              for s in rank if "--epsilon" in s.args}  # fmt: skip
-    assert steps == {"FedAtt": "0.3", "AdaFL + FedAtt": "0.3", "FedAttOpt": "100"}
+    assert steps == {"FedAtt": "0.3", "AdaFL + FedAtt": "0.3", "FedAttOpt": "100",
+                     CAPPED_FEDATTOPT: "100"}  # fmt: skip
+    # the capped row is FedAttOpt at the same step, its reach cut to FedAvg's
+    capped = next(s for s in rank if s.method == CAPPED_FEDATTOPT)
+    assert flag(command(capped, p, Path("d"), Path("o")), "--max-reach") == "1"
     adafl = next(s for s in rank if s.method == "AdaFL + FedAtt")
     words = command(adafl, p, Path("d"), Path("o"))
     assert flag(words, "--strategy") == "fedatt" and "--adafl" in words
     undecided = [r for r in results if not r["group"].startswith("fedatt")]
     waiting = {s.method for s in select(p, ["rank"], undecided) if s.kind == "federated"}
     assert "FedAvg" in waiting and "FedMed" in waiting and "FedAvgM" in waiting
-    assert not waiting & {"FedAtt", "FedAttOpt", "AdaFL + FedAtt"}
+    assert not waiting & {"FedAtt", "FedAttOpt", CAPPED_FEDATTOPT, "AdaFL + FedAtt"}
 
 
 def test_rank_waits_for_the_sweep_and_says_so(tmp_path):
@@ -279,7 +284,8 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
     assert {s.dataset for s in fed} == {"wikitext-2", "demo"}
     for ds, partition, clients in (("wikitext-2", "articles", "100"), ("demo", "user", "22")):
         mine = [s for s in fed if s.dataset == ds]
-        assert PAPERS_TABLE | {"FedAvgM", "FedAdam", BOUNDED_FEDATT} == {s.method for s in mine}
+        fedkeys = {BOUNDED_FEDATT, CAPPED_FEDATTOPT}
+        assert PAPERS_TABLE | {"FedAvgM", "FedAdam"} | fedkeys == {s.method for s in mine}
         for spec in mine:
             words = command(spec, p, Path("d"), Path("o"))
             assert flag(words, "--partition") == partition and flag(words, "--clients") == clients
@@ -443,12 +449,12 @@ def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
-    # (11 methods + ngram + central); WikiText-2 by article (11) and the demo (11 + ngram +
+    # (12 methods + ngram + central); WikiText-2 by article (12) and the demo (12 + ngram +
     # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
     # and on both datasets FedAvg, FedAvgM, FedAdam and the centralized model at their lr and one
     # step below
-    assert plan == {"sweep": 90, "rank": 26, "noniid": 24, "seeds": 6, "decay": 3, "dropout": 6,
+    assert plan == {"sweep": 90, "rank": 28, "noniid": 26, "seeds": 6, "decay": 3, "dropout": 6,
                     "confirm": 16}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
@@ -478,7 +484,7 @@ def test_a_run_whose_command_the_preset_no_longer_makes_is_superseded_not_done()
     runs = [*results, fedavg, old]
     assert superseded(p, runs) == ["rank-ptb-fedatt-c0.1"]
     line = progress(p, runs)
-    assert "rank 1 of 26" in line and "1 runs are superseded" in line
+    assert "rank 1 of 28" in line and "1 runs are superseded" in line
     assert "`rank-ptb-fedatt-c0.1`" in line
     assert superseded(p, [*results, fedavg]) == []
 

@@ -309,6 +309,8 @@ def test_dp_does_not_filter_by_default_and_refuses_an_explicit_cut():
     assert dp_problem("fedatt", dp, InfluenceConfig(), {}) is None
     assert "--outlier-z 0" in dp_problem("fedatt", dp, InfluenceConfig(outlier_z=3.5), {})
     assert dp_problem("fedatt", dp, InfluenceConfig(outlier_z=0), {}) is None
+    # FedAttOpt's reach cap scales its step by the updates' norms: outside the sensitivity bound
+    assert "drop --max-reach" in dp_problem("fedattopt", dp, InfluenceConfig(), {"max_reach": 1.0})
     assert InfluenceConfig(mode="off", outlier_z=3.5).outlier_z_for(dp=False) == 0.0
     with pytest.raises(ValueError, match="outlier filter"):
         InfluenceConfig(outlier_z=-1)

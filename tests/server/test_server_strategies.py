@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from server.strategies import STRATEGIES, ClientUpdate, Strategy, get_strategy
-from server.strategies.aggregate import fedatt, fedmed_adaptive, model_distance
+from server.strategies.aggregate import fedatt, fedattopt, fedmed_adaptive, model_distance
 from server.strategies.selection import AdaFLSelector, cohort_size, top_k_lowest
 
 
@@ -263,6 +263,24 @@ def test_every_strategy_runs_on_a_generator(name, make_states):
     empty, info = s.aggregate(glob, iter([]))
     assert info["num_updates"] == 0
     torch.testing.assert_close(empty["emb.weight"], glob["emb.weight"])
+
+
+def test_fedattopt_max_reach_steps_no_further_than_asked(make_states):
+    """--max-reach: a round whose reach (epsilon * sum_k 1/d_k^2, FedAvg's = 1) would pass the cap
+    takes the paper's step scaled down to it; a round below the cap is the paper's step."""
+    glob, clients = make_states(3, seed=6)
+    ups = updates_from(clients)
+    eps = 4.0 / sum(1 / model_distance(glob, c) ** 2 for c in clients)  # reach 4
+    out, info = get_strategy("fedattopt", epsilon=eps, max_reach=1.0).aggregate(glob, ups)
+    for k, v in fedattopt(glob, clients, epsilon=eps / 4).items():
+        torch.testing.assert_close(out[k], v)
+    assert info["step_scale"] == pytest.approx(1.0) and info["capped_from"] == pytest.approx(4.0)
+    out, info = get_strategy("fedattopt", epsilon=eps, max_reach=5.0).aggregate(glob, ups)
+    for k, v in fedattopt(glob, clients, epsilon=eps).items():
+        torch.testing.assert_close(out[k], v)
+    assert info["step_scale"] == pytest.approx(4.0) and "capped_from" not in info
+    with pytest.raises(ValueError, match="max_reach"):
+        get_strategy("fedattopt", max_reach=0.0)
 
 
 def test_strategy_results_match_pure_functions(make_states):

@@ -54,3 +54,12 @@ def test_strategy_options_are_the_strategy_defaults(clean_env, name):
 
     params = Settings(strategy=name).strategy_params()
     assert get_strategy(name, **params).config() == get_strategy(name).config()
+
+
+def test_max_reach_is_fedattopts_and_reaches_its_strategy(clean_env):
+    from server.strategies import get_strategy
+
+    params = Settings(strategy="fedattopt", epsilon=100.0, max_reach=1.0).strategy_params()
+    assert get_strategy("fedattopt", **params).max_reach == 1.0
+    with pytest.raises(ValueError, match="use it with --strategy fedattopt"):
+        Settings(strategy="fedatt", max_reach=1.0)
