@@ -20,7 +20,6 @@ from pathlib import Path
 from bench.paper_spec import command_flag
 from bench.paper_tables import NAMES, _f
 from bench.report import markdown_table
-from server.strategies.aggregate import attopt_step_scale
 
 #: Past this reach the report counts a round as overshooting (twice FedAvg's step).
 FAR = 2.0
@@ -30,6 +29,9 @@ def step_scales(rows: list[dict]) -> list[list[float]]:
     """[[round, scale], ...] of a FedAttOpt run's metrics rows: the info's ``step_scale``, or, for
     rows written before the strategy recorded it, the same from its ``distance`` and ``epsilon``
     (those runs had no distance floor: no bounded FedAttOpt ran before)."""
+    # here, not at the top: server.strategies imports torch, which `fedkey --help` must not load
+    from server.strategies.aggregate import attopt_step_scale
+
     out = []
     for row in rows:
         info = row.get("info") or {}
