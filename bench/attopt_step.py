@@ -26,9 +26,10 @@ FAR = 2.0
 
 
 def step_scales(rows: list[dict]) -> list[list[float]]:
-    """[[round, scale], ...] of a FedAttOpt run's metrics rows: the info's ``step_scale``, or, for
-    rows written before the strategy recorded it, the same from its ``distance`` and ``epsilon``
-    (those runs had no distance floor: no bounded FedAttOpt ran before)."""
+    """[[round, scale, the paper's step's scale], ...] of a FedAttOpt run's metrics rows: the
+    info's ``step_scale`` and, where --max-reach cut it, ``capped_from`` (else the same); for rows
+    written before the strategy recorded it, the scale from its ``distance`` and ``epsilon`` (those
+    runs had no distance floor and no cap: no bounded or capped FedAttOpt ran before)."""
     # here, not at the top: server.strategies imports torch, which `fedkey --help` must not load
     from server.strategies.aggregate import attopt_step_scale
 
@@ -41,7 +42,7 @@ def step_scales(rows: list[dict]) -> list[list[float]]:
         if scale is None and isinstance(info.get("distance"), Mapping):
             scale = attopt_step_scale(float(info["epsilon"]), info["distance"].values())
         if scale is not None:
-            out.append([row["round"], float(scale)])
+            out.append([row["round"], float(scale), float(info.get("capped_from", scale))])
     return out
 
 
@@ -67,22 +68,24 @@ def step_table(runs: list[dict]) -> str:
     rounds past FAR, the median validation perplexity after those rounds and after the others."""
     header = ["run", "epsilon", "rounds", "reach: round 1", "median", "largest",
               f"rounds past {FAR:g}x", "val ppl after those: median", "after the others: median",
-              "best val ppl (round)"]  # fmt: skip
+              "best val ppl (round)", "the paper's step's reach: median", "largest"]  # fmt: skip
     rows = []
     for r in runs:
         scales = r.get("step_scale") or []
         if not scales:
             continue
         val = {int(c[0]): c[1] for c in r.get("curve") or [] if c[1] is not None}
-        far = [val[int(k)] for k, s in scales if s > FAR and int(k) in val]
-        near = [val[int(k)] for k, s in scales if s <= FAR and int(k) in val]
-        values = [s for _, s in scales]
+        far = [val[int(k)] for k, s, *_ in scales if s > FAR and int(k) in val]
+        near = [val[int(k)] for k, s, *_ in scales if s <= FAR and int(k) in val]
+        values = [s[1] for s in scales]
+        asked = [s[-1] for s in scales]  # where --max-reach cut the step, what it cut it from
         rows.append([f"`{r['id']}`", command_flag(r["command"], "--epsilon"), len(scales),
                      _f(values[0], ".2f"), _f(statistics.median(values), ".2f"),
                      _f(max(values), ".2f"), len(far),
                      _f(statistics.median(far), ".3g") if far else "-",
                      _f(statistics.median(near), ".3g") if near else "-",
-                     f"{_f(r['best_val_ppl'])} ({r['best_round']})"])  # fmt: skip
+                     f"{_f(r['best_val_ppl'])} ({r['best_round']})",
+                     _f(statistics.median(asked), ".2f"), _f(max(asked), ".2f")])  # fmt: skip
     return markdown_table(header, rows) if rows else ""
 
 
@@ -121,8 +124,9 @@ def step_section(runs: list[dict], plot: Path | None = None) -> list[str]:
            "`step_scale`). Call it the reach: FedAvg's is 1 (a weighted mean of the phones' "
            "models), 2 goes as far again past it. It goes as 1 / d^2, so a step size that reaches "
            "as far as FedAvg for one size of update reaches (d / d')^2 as far for updates of "
-           "size d'. The sweep chooses epsilon from its first rounds.", "", step_table(attopt),
-           ""]  # fmt: skip
+           "size d'. The sweep chooses epsilon from its first rounds. fedkey's --max-reach R "
+           "cuts a round's step to reach R where the paper's would go further; the last two "
+           "columns say how far the paper's would have gone.", "", step_table(attopt), ""]  # fmt: skip
     shrink = shrink_table(mine, attopt)
     if shrink:
         out += ["The other runs of the same suite and dataset at the same client lr: how far "
@@ -148,8 +152,11 @@ def plot_steps(runs: list[dict], out: Path, name: str) -> Path | None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 5.5), sharex=True)
     for i, r in enumerate(runs):
         colour = f"C{i % 10}"
-        top.plot([s[0] for s in r["step_scale"]], [s[1] for s in r["step_scale"]], "o-",
-                 ms=3, color=colour, label=r["id"])  # fmt: skip
+        rounds = [s[0] for s in r["step_scale"]]
+        top.plot(rounds, [s[1] for s in r["step_scale"]], "o-", ms=3, color=colour, label=r["id"])
+        if any(s[-1] != s[1] for s in r["step_scale"]):  # cut by --max-reach: from what
+            top.plot(rounds, [s[-1] for s in r["step_scale"]], "--", color=colour, lw=0.8,
+                     label=f"{r['id']}: the paper's step")  # fmt: skip
         curve = [c for c in r["curve"] if c[0] > 0 and c[1] is not None]
         bottom.plot([c[0] for c in curve], [c[1] for c in curve], "o-", ms=3, color=colour)
     top.axhline(1.0, color="grey", lw=0.8, ls="--")

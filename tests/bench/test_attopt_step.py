@@ -13,11 +13,12 @@ def test_the_reach_is_read_from_the_info_or_computed_for_older_rows():
     older = {"mode": "fedattopt", "epsilon": 50.0, "distance": {"a": 10.0, "b": 5.0}}
     rows = [
         {"round": 0, "info": {}},
-        {"round": 1, "info": {**older, "step_scale": 0.75}},
+        {"round": 1, "info": {**older, "step_scale": 0.75, "capped_from": 3.0}},  # cut to 0.75
         {"round": 2, "info": older},  # written before the strategy recorded it: from d_k
         {"round": 3, "info": {"mode": "fedavg", "weights": {"a": 1.0}}},
     ]
-    assert step_scales(rows) == [[1, 0.75], [2, pytest.approx(50 * (1 / 100 + 1 / 25))]]
+    reach = pytest.approx(50 * (1 / 100 + 1 / 25))
+    assert step_scales(rows) == [[1, 0.75, 3.0], [2, reach, reach]]
 
 
 def test_update_norms_come_from_each_rounds_clip_info_and_reach_the_summary():
@@ -33,7 +34,7 @@ def test_update_norms_come_from_each_rounds_clip_info_and_reach_the_summary():
     ]
     assert update_norms(rows) == [[1, 2.0]]
     summary = summarize(rows, RunSpec("rank", "ptb", "FedAttOpt", 0.1))
-    assert summary["update_norms"] == [[1, 2.0]] and summary["step_scale"] == [[1, 2.0]]
+    assert summary["update_norms"] == [[1, 2.0]] and summary["step_scale"] == [[1, 2.0, 2.0]]
 
 
 def _run(rid, lr, **extra):
@@ -43,7 +44,8 @@ def _run(rid, lr, **extra):
 
 
 def test_the_section_counts_far_rounds_and_gives_the_epsilon_for_fedavgs_reach():
-    attopt = _run("rank-wikitext-2-fedattopt-c0.1", 3, step_scale=[[1, 0.5], [2, 3.0], [3, 1.0]],
+    scales = [[1, 0.5, 0.5], [2, 3.0, 3.0], [3, 1.0, 7.0]]  # round 3 cut from 7 to 1
+    attopt = _run("rank-wikitext-2-fedattopt-c0.1", 3, step_scale=scales,
                   curve=[[0, 100.0, 100.0], [1, 80.0, 81.0], [2, 1e9, 1e9], [3, 90.0, 91.0]])  # fmt: skip
     attopt["command"] += " --epsilon 1000"
     same_lr = _run("rank-wikitext-2-fedatt-c0.1", 3, update_norms=[[1, 100.0], [50, 20.0]])
@@ -51,8 +53,8 @@ def test_the_section_counts_far_rounds_and_gives_the_epsilon_for_fedavgs_reach()
     text = "\n".join(step_section([attopt, same_lr, other_lr]))
     # reach 0.5 / median 1.0 / largest 3.0; one round past 2x, after it 1e9, after the others 85
     assert (
-        "| `rank-wikitext-2-fedattopt-c0.1` | 1000 | 3 | 0.50 | 1.00 | 3.00 | 1 | 1e+09 | 85 |"
-        in text
+        "| `rank-wikitext-2-fedattopt-c0.1` | 1000 | 3 | 0.50 | 1.00 | 3.00 | 1 | 1e+09 | 85 | "
+        "80.00 (1) | 3.00 | 7.00 |" in text
     )
     # d^2 / m with m = 10 phones a round: 100^2 / 10 at round 1, 20^2 / 10 at the last
     assert "| `rank-wikitext-2-fedatt-c0.1` | 3 | 100.0 | 20.0 | 1000 | 40 |" in text
