@@ -56,13 +56,6 @@ def update_norms(rows: list[dict]) -> list[list[float]]:
     return out
 
 
-def _phones(run: dict) -> int:
-    """Phones a round aggregates (C x phones), 1 at least."""
-    clients = command_flag(run["command"], "--clients")
-    fraction = run.get("fraction") or 1.0
-    return max(1, round(int(clients) * fraction)) if clients != "-" else 1
-
-
 def step_table(runs: list[dict]) -> str:
     """Per FedAttOpt run with scales: epsilon, the scale at round 1, its median and largest, the
     rounds past FAR, the median validation perplexity after those rounds and after the others."""
@@ -96,14 +89,16 @@ def shrink_table(runs: list[dict], of: list[dict]) -> str:
     header = ["dataset", "run", "client lr", "update norm: round 1", "last round",
               "epsilon for FedAvg's reach: round 1", "last round"]  # fmt: skip
     rows = []
-    for ref in of:
-        lr = command_flag(ref["command"], "--lr")
+    # each (suite, dataset, client lr) once, however many FedAttOpt runs share it
+    for suite, dataset, lr in dict.fromkeys(
+        (ref["suite"], ref["dataset"], command_flag(ref["command"], "--lr")) for ref in of
+    ):
         for r in runs:
             norms = r.get("update_norms") or []
-            if (r["dataset"] != ref["dataset"] or r["suite"] != ref["suite"] or len(norms) < 2
+            if (r["dataset"] != dataset or r["suite"] != suite or len(norms) < 2
                     or r.get("step_scale") or command_flag(r["command"], "--lr") != lr):  # fmt: skip
                 continue
-            m = _phones(r)
+            m = max(1.0, r["updates"] / r["rounds"])  # phones a round, as the run recorded them
             first, last = norms[0][1], norms[-1][1]
             rows.append([NAMES.get(r["dataset"], r["dataset"]), f"`{r['id']}`", lr,
                          _f(first, ".1f"), _f(last, ".1f"), _f(first**2 / m, ".0f"),

@@ -442,9 +442,10 @@ class AttOptGradient:
         """Final ``a_k`` per client, in insertion order."""
         return [(tag, self.softmax.weight_of(s)) for tag, s, _ in self.records]
 
-    def result(self, epsilon: float) -> StateDict:
-        """``theta_{t+1} = theta_t - epsilon * grad L'``, in the global dtypes."""
-        grad = self.gradient()
+    def result(self, epsilon: float, grad: Mapping[str, Tensor] | None = None) -> StateDict:
+        """``theta_{t+1} = theta_t - epsilon * grad L'``, in the global dtypes (``grad``: this
+        accumulator's :meth:`gradient`, where the caller has it already)."""
+        grad = self.gradient() if grad is None else grad
         new = {
             k: self.global_state[k].detach().to(ACC_DTYPE) - epsilon * grad[k] for k in self.keys
         }

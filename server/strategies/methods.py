@@ -226,7 +226,7 @@ class FedAttOpt(Strategy):
         step = self.epsilon
         if self.max_reach is not None and reach > self.max_reach:
             step = self.epsilon * self.max_reach / reach
-        new = acc.result(step)
+        new = acc.result(step, grad)
         loss = acc.loss()
         info: Info = {
             "strategy": self.name,

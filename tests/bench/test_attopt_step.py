@@ -39,7 +39,7 @@ def test_update_norms_come_from_each_rounds_clip_info_and_reach_the_summary():
 
 def _run(rid, lr, **extra):
     return {"id": rid, "suite": "rank", "dataset": "wikitext-2", "kind": "federated",
-            "fraction": 0.1, "best_val_ppl": 80.0, "best_round": 1,
+            "fraction": 0.1, "best_val_ppl": 80.0, "best_round": 1, "updates": 500, "rounds": 50,
             "command": f"fedkey simulate --clients 100 --lr {lr} --fraction 0.1", **extra}  # fmt: skip
 
 
@@ -58,5 +58,8 @@ def test_the_section_counts_far_rounds_and_gives_the_epsilon_for_fedavgs_reach()
     )
     # d^2 / m with m = 10 phones a round: 100^2 / 10 at round 1, 20^2 / 10 at the last
     assert "| `rank-wikitext-2-fedatt-c0.1` | 3 | 100.0 | 20.0 | 1000 | 40 |" in text
+    # a second FedAttOpt run of the same suite, dataset and lr: the runs beside them listed once
+    capped = {**attopt, "id": "rank-wikitext-2-fedattopt-capped-c0.1"}
+    assert "\n".join(step_section([attopt, capped, same_lr])).count("fedatt-c0.1` | 3 |") == 1
     assert "fedavgm" not in text  # another client lr: not the same updates
     assert step_section([same_lr, other_lr]) == []  # no FedAttOpt run with its reach: no section
