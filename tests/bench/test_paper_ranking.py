@@ -304,7 +304,7 @@ def test_the_seeds_suite_runs_rank_rows_again_changing_nothing_but_the_seed():
     seeds = select(p, ["seeds"], results)
     central = next(m for m, r in rank.items() if r.kind == "central")
     assert {(s.method, s.seed) for s in seeds} == {
-        (m, k) for m in ("FedAvg", "FedAvgM", central) for k in (1, 2)
+        (m, k) for m in ("FedAvg", "FedAvgM", CAPPED_FEDATTOPT, central) for k in (1, 2)
     }
     assert len({s.id for s in seeds} | set(s.id for s in rank.values())) == len(seeds) + len(rank)
     for spec in seeds:
@@ -450,11 +450,11 @@ def test_progress_counts_every_planned_run():
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (12 methods + ngram + central); WikiText-2 by article (12) and the demo (12 + ngram +
-    # central); PTB's FedAvg, FedAvgM and centralized model at 2 more seeds
+    # central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model at 2 more seeds
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
     # and on both datasets FedAvg, FedAvgM, FedAdam and the centralized model at their lr and one
     # step below
-    assert plan == {"sweep": 90, "rank": 28, "noniid": 26, "seeds": 6, "decay": 3, "dropout": 6,
+    assert plan == {"sweep": 90, "rank": 28, "noniid": 26, "seeds": 8, "decay": 3, "dropout": 6,
                     "confirm": 16}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip

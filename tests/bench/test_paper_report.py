@@ -64,7 +64,7 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 175 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 26, seeds 0 of 6, "
+        "**7 of 177 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 26, seeds 0 of 8, "
         "decay 0 of 3, dropout 0 of 6, confirm 0 of 16;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
@@ -103,7 +103,7 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 175 runs done**" in md and "seeds 2 of 6" in md
+    assert "**9 of 177 runs done**" in md and "seeds 2 of 8" in md
 
 
 def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
