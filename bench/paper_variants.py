@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from bench.paper_spec import RunSpec
 from bench.paper_suites import (
@@ -128,11 +129,17 @@ VARIANTS = {
 }  # fmt: skip
 
 
-def variant_pairs(
-    v: Variant, preset: Preset, runs: list[dict]
-) -> list[tuple[RunSpec, dict | None, dict | None]]:
-    """Per run the variant suite plans for `preset`, in its order: (its spec, the rank run it
-    repeats without the change, its own run), None for a run not done."""
+class VariantRun(NamedTuple):
+    """One run a variant suite plans, and the runs it is read against."""
+
+    spec: RunSpec
+    unchanged: dict | None  # the rank run it repeats without the change; None: not done
+    run: dict | None  # its own run; None: not done
+    runs_as: str  # the id its run goes by: the rank run's where it is that run, else its own
+
+
+def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantRun]:
+    """Per run the variant suite plans for `preset`, in its order, a VariantRun."""
     mine = [r for r in runs if r.get("preset") == preset.name]
     by_id = {r["id"]: r for r in mine}
     # the sweep's choices where made (a dropout run's lr is in its id), placeholders elsewhere
@@ -144,13 +151,15 @@ def variant_pairs(
         unchanged = by_id.get(replace(s, suite="rank", tag="").id)
         # a run that is the rank run itself (confirm's row at the sweep's value) is that run,
         # before the bench records it under its own id too
-        twin = unchanged if replace(s, suite="rank") in rank else None
-        out.append((s, unchanged, by_id.get(s.id) or twin))
+        is_rank = replace(s, suite="rank") in rank
+        twin = unchanged if is_rank else None
+        runs_as = replace(s, suite="rank").id if is_rank else s.id
+        out.append(VariantRun(s, unchanged, by_id.get(s.id) or twin, runs_as))
     return out
 
 
 def variant_kept(
-    v: Variant, preset: Preset, runs: list[dict], pairs: list | None = None
+    v: Variant, preset: Preset, runs: list[dict], pairs: list[VariantRun] | None = None
 ) -> dict[str, dict]:
     """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
     row at more than one lr (dropout, confirm), the one with the lowest best validation
@@ -170,11 +179,11 @@ def variant_kept(
     return kept
 
 
-def variant_rows(pairs: list) -> dict[str, list[tuple[RunSpec, dict | None]]]:
+def variant_rows(pairs: list[VariantRun]) -> dict[str, list[tuple[RunSpec, dict | None]]]:
     """variant_pairs' answer by row: rank run id -> its (spec, run) pairs in the suite's order
     (the first at the rank run's own value)."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
-    for spec, _, run in pairs:
+    for spec, _, run, _ in pairs:
         rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
     return rows
 
@@ -198,18 +207,17 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
     pairs = variant_pairs(v, preset, runs)
     kept_runs = variant_kept(v, preset, runs, pairs)
     kept = {id(run) for run in kept_runs.values()}
-    central = {ds: kept_central(kept_runs, ds) for ds in {s.dataset for s, _, _ in pairs}}
+    central = {ds: kept_central(kept_runs, ds) for ds in {p.spec.dataset for p in pairs}}
     ngram_top1 = {r["dataset"]: r["top1"] for r in runs if r.get("preset") == preset.name
                   and r["suite"] == "rank" and r["kind"] == "ngram"}  # fmt: skip
     rows = []
-    for spec, unchanged, run in pairs:
+    for spec, unchanged, run, runs_as in pairs:
         was = unchanged["test_ppl"] if unchanged else None
         fed = spec.kind == "federated"
         lr = "-" if spec.lr is None else f"{spec.lr:g}"
         if run is None:
-            state = begun.get(f"{preset.name}/{spec.id}")
-            if state is None and v.whole and not spec.tag:  # the rank run is this row's run
-                state = begun.get(f"{preset.name}/{replace(spec, suite='rank').id}")
+            # the rank run's progress, where it is this row's run (confirm's at the sweep's lr)
+            state = begun.get(f"{preset.name}/{spec.id}") or begun.get(f"{preset.name}/{runs_as}")
             where = _where(state, spec.kind)
             rows.append([spec.method, _c(spec.fraction) if fed else "-", v.value(spec), lr,
                          _f(was), where, *[""] * (len(header) - 6)])  # fmt: skip
@@ -224,9 +232,9 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
             _f(run.get("top3"), ".3f"), _f(run.get("ksr"), ".3f"), _f(run.get("best_val_ppl")),
             f"{run['best_round']} / {run['rounds']}", "yes" if id(run) in kept else "",
         ])  # fmt: skip
-    if len({s.dataset for s, _, _ in pairs}) > 1:  # a suite on several datasets says whose row
+    if len({p.spec.dataset for p in pairs}) > 1:  # a suite on several datasets says whose row
         header = ["dataset", *header]
-        rows = [[NAMES[s.dataset], *row] for (s, _, _), row in zip(pairs, rows, strict=True)]
+        rows = [[NAMES[p.spec.dataset], *row] for p, row in zip(pairs, rows, strict=True)]
     return markdown_table(header, rows) if rows else ""
 
 
@@ -246,7 +254,7 @@ def variant_section(
 def variant_curves(v: Variant, preset: Preset, runs: list[dict]) -> list[dict]:
     """The variant suite's runs and the rank runs they repeat, labelled, for one figure."""
     out, seen = [], set()
-    for spec, unchanged, run in variant_pairs(v, preset, runs):
+    for spec, unchanged, run, _ in variant_pairs(v, preset, runs):
         if run is None:
             continue
         if unchanged and unchanged["id"] not in seen:
@@ -269,7 +277,7 @@ def checked_note(preset: Preset, runs: list[dict], dataset: str) -> str:
     v = VARIANTS["confirm"]
     if v.suite not in preset.suites:
         return ""
-    pairs = [p for p in variant_pairs(v, preset, runs) if p[0].dataset == dataset]
+    pairs = [p for p in variant_pairs(v, preset, runs) if p.spec.dataset == dataset]
     kept = variant_kept(v, preset, runs, pairs)
     if not kept:
         return ""
