@@ -173,7 +173,8 @@ def simulate(
             disable=not progress,
             unit="round",
         )
-        bar.set_postfix(test_ppl=f"{rows[0]['test_ppl']:.1f}")
+        last = rows[-1]  # round 0's, or the round a resumed run continues from
+        bar.set_postfix({k: f"{last[k]:.1f}" for k in ("test_ppl", "val_ppl") if k in last})
         for _ in bar:
             if federation.budget_spent:
                 bar.write(

@@ -124,8 +124,10 @@ def test_keep_checkpoints_leaves_the_latest_rounds_and_the_best_and_still_resume
         }
 
     assert kept() == files(3, rows[-1]["best_round"])
-    rows, _ = simulate(out, *base, "--rounds", "4", "--resume")  # from what was kept
+    rows, output = simulate(out, *base, "--rounds", "4", "--resume")  # from what was kept
     assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
+    # the progress bar opens at the round it continues from, not the initial model's figures
+    assert f"test_ppl={rows[3]['test_ppl']:.1f}, val_ppl={rows[3]['val_ppl']:.1f}" in output
     assert kept() == files(4, rows[-1]["best_round"])
 
 
