@@ -28,14 +28,8 @@ from bench.paper import superseded
 from bench.paper_manual import Manual, best_at_protocol, manual_runs, manual_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
-from bench.paper_suites import (
-    KNOBS,
-    TASK_OF,
-    every_knob_chosen,
-    planned,
-    sweep_epochs,
-    sweep_suite,
-)
+from bench.paper_suites import planned
+from bench.paper_sweep import KNOBS, TASK_OF, every_knob_chosen, sweep_epochs, sweep_suite
 from bench.paper_tables import (
     DATASET_NAMES,
     NAMES,

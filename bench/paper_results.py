@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from bench.paper_suites import lr_choices
+from bench.paper_sweep import lr_choices
 from bench.presets import PRESETS
 from bench.runs import without_options
 from common.files import atomic_write

@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from bench.paper_suites import OTHER_SEEDS, every_knob_chosen, seeds_suite
+from bench.paper_suites import OTHER_SEEDS, seeds_suite
+from bench.paper_sweep import every_knob_chosen
 from bench.paper_tables import DATASET_NAMES, Begun, _c, _f, _where
 from bench.presets import Preset
 from bench.report import markdown_table

@@ -19,15 +19,12 @@ from bench.paper_spec import RunSpec
 from bench.paper_suites import (
     DROPOUT,
     ROUND_DECAY,
-    _score,
     confirm_suite,
     decay_suite,
     dropout_suite,
-    every_knob_chosen,
-    lr_choices,
     rank_suite,
-    sweep_epochs,
 )
+from bench.paper_sweep import _score, every_knob_chosen, lr_choices, sweep_epochs
 from bench.paper_tables import NAMES, Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
 from bench.report import markdown_table

@@ -6,7 +6,7 @@ import json
 from typer.testing import CliRunner
 
 from bench.paper_results import Bench
-from bench.paper_suites import lr_choices
+from bench.paper_sweep import lr_choices
 from bench.presets import PRESETS
 from cli import app
 from tests.bench.test_paper import _finished, _smoke_data

@@ -13,17 +13,12 @@ from bench.paper_suites import (
     BOUNDED_FEDATT,
     CAPPED_FEDATTOPT,
     CONFIRMED,
-    KNOBS,
-    MAX_EXTENSIONS,
-    TASKS,
-    choose,
-    choose_joint,
     lower_lr,
-    lr_choices,
     next_lr,
     planned,
     suite_runs,
 )
+from bench.paper_sweep import KNOBS, MAX_EXTENSIONS, TASKS, choose, choose_joint, lr_choices
 from bench.presets import PRESETS
 from cli import app
 
