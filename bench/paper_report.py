@@ -147,9 +147,12 @@ def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
         cp = central["test_ppl"] if central else None
         nt = ngram["top1"] if ngram else None
         ppl_ok = "-" if cp is None else _yes(best["test_ppl"] <= (1 + WITHIN_CENTRAL) * cp)
+        # a variant's centralized model not done yet (its run with the change, or the lower
+        # lr the confirm suite checks, not done): say so rather than a bare "-"
+        central_cell = _f(cp) if cp is not None or suite not in VARIANTS else "not done yet"
         top_ok = "-" if not nt or top["top1"] is None else _yes(top["top1"] >= TOP1_VS_NGRAM * nt)
         label = f"{preset}, {VARIANTS[suite].after}" if suite in VARIANTS else preset
-        rows.append([label, _name(ds), best["method"], _f(best["test_ppl"]), _f(cp),
+        rows.append([label, _name(ds), best["method"], _f(best["test_ppl"]), central_cell,
                      f"{ppl_ok} ({_pct(best['test_ppl'], cp)})", f"{_f(top['top1'], '.3f')} "
                      f"({top['method']})", _f(nt, ".3f"), f"{top_ok} ({_x(top['top1'], nt)})"])  # fmt: skip
     if not rows:

@@ -230,8 +230,8 @@ def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
     # the centralized run at 0.3 is not done: no reference yet
     targets = [line for line in targets_table(runs).splitlines() if "lr checked" in line]
     assert targets == [
-        "| cpu, lr checked at full length | PTB | FedAvg | 155.00 | - | - (-) | 0.200 (FedAvg) | "
-        "0.160 | yes (1.25x) |"
+        "| cpu, lr checked at full length | PTB | FedAvg | 155.00 | not done yet | - (-) | "
+        "0.200 (FedAvg) | 0.160 | yes (1.25x) |"
     ]
     runs.append(with_val(run("confirm", "ptb", CENTRAL, 0.1, [1000, 120], kind="central",
                              tag="lr0.3"), 200))  # fmt: skip
