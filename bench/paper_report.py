@@ -322,6 +322,8 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
             central, ngram = (x and _marked(x, stale_of[name]) for x in references(runs, name, ds))
             wait = _waiting(preset, runs, "noniid", ds, mine, begun)
             out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
+            checked = checked_note(preset, runs, ds, "noniid")
+            out += [checked, ""] if checked else []
         spread = spread_table([r for r in runs if r.get("preset") == name
                                and r["suite"] in ("rank", "noniid")])  # fmt: skip
         out += ["### Does attention do anything where phones differ? The server's weights per "

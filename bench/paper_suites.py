@@ -133,13 +133,17 @@ def rank_suite(
     return runs
 
 
+#: The noniid suite's tasks: (dataset, --partition, phones).
+NONIID = (("wikitext-2", "articles", 100), ("demo", "user", DEMO_OWNERS))
+
+
 def noniid_suite(preset: Preset, results: list[dict], choices: dict | None = None) -> list[RunSpec]:
     """The ranking methods at C 0.1 on phones that differ: WikiText-2 by article (100 phones of
     whole articles) and the demo corpus by owner (22 phones); the demo's own n-gram and
     centralized model (WikiText-2's are the rank suite's: the same text)."""
     runs: list[RunSpec] = []
     choices = lr_choices(results, preset) if choices is None else choices
-    for ds, partition, clients in (("wikitext-2", "articles", 100), ("demo", "user", DEMO_OWNERS)):
+    for ds, partition, clients in NONIID:
         choice = choices.get(TASK_OF[ds].dataset, {})
         if ds == "demo":
             runs.append(RunSpec("noniid", ds, "Kneser-Ney 3-gram", None, kind="ngram",
@@ -257,6 +261,17 @@ def dropout_suite(
 #: FedAtt's step (a smaller one moves the model less of FedAvg's way), nor FedAttOpt's: its reach
 #: goes as 1 / d^2 of the update norm d, which falls ~8x in a run (bench.attopt_step).
 CONFIRMED = {"FedAvg": "client_lr", "FedAvgM": "momentum_server_lr", "FedAdam": "adam_server_lr"}
+#: The noniid suite's datasets whose rows the confirm suite checks too: the demo corpus by owner,
+#: where the sweep's FedAvgM ran well for its 10 rounds and diverged after 16 of 50 (a run there
+#: takes minutes; WikiText-2 by article takes 1.5 h a run and uses the IID sweep's choices).
+CONFIRMED_NONIID = ("demo",)
+
+
+def source_suite(spec: RunSpec) -> str:
+    """The suite whose run a variant suite's spec repeats: the rank suite's for its datasets as
+    IID phones hold them, else the noniid suite's (the demo corpus's centralized model among
+    them: it trains on every phone's text, so its spec names no partition)."""
+    return "rank" if spec.dataset in DATASETS and spec.partition == "iid" else "noniid"
 
 
 def lower_lr(grid: tuple[float, ...], value: float) -> float:
@@ -268,12 +283,15 @@ def lower_lr(grid: tuple[float, ...], value: float) -> float:
 def confirm_suite(
     preset: Preset, results: list[dict], choices: dict | None = None
 ) -> list[RunSpec]:
-    """The rank suite's rows of CONFIRMED and its centralized models at C 0.1: each as the
-    rank run (its twin, recorded from it) and at lower_lr of its chosen lr (tagged "lr<value>",
-    or "server-lr<value>" for a server optimizer's); where that one ends better on validation,
-    one step lower again, as the sweep extends a grid (MAX_EXTENSIONS steps at most)."""
-    runs, done = [], {r["id"]: r for r in results}  # the rank runs among them
-    for s in rank_suite(preset, results, DATASETS, choices):
+    """The rows of CONFIRMED and the centralized models at C 0.1 of the rank suite, and of the
+    noniid suite on CONFIRMED_NONIID: each as that suite's run (its twin, recorded from it) and
+    at lower_lr of its chosen lr (tagged "lr<value>", or "server-lr<value>" for a server
+    optimizer's); where that one ends better on validation, one step lower again, as the sweep
+    extends a grid (MAX_EXTENSIONS steps at most)."""
+    runs, done = [], {r["id"]: r for r in results}  # the rank and noniid runs among them
+    noniid = [s for s in noniid_suite(preset, results, choices)
+              if s.dataset in CONFIRMED_NONIID and "noniid" in preset.suites]  # fmt: skip
+    for s in rank_suite(preset, results, DATASETS, choices) + noniid:
         if s.fraction != SWEEP_FRACTION or (s.kind != "central" and s.method not in CONFIRMED):
             continue
         knob = KNOBS["central_lr" if s.kind == "central" else CONFIRMED[s.method]]

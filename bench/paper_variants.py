@@ -2,9 +2,9 @@
 confirm suites' sections of `fedkey bench paper`'s report).
 
 A variant suite (bench.paper_suites: decay_suite, dropout_suite, confirm_suite) runs some rows
-of the rank suite (PTB's; confirm's on both datasets) again with one change (a flag added, or an
-lr the sweep chose set one step lower), the centralized model among them. Each row here sets its
-run beside the rank run it repeats, and holds the federated rows against the centralized model
+of the rank suite (PTB's; confirm's on both datasets, and the noniid suite's on the demo corpus)
+again with one change (a flag added, or an lr the sweep chose set one step lower), the
+centralized model among them. Each row here sets its run beside the run it repeats, and holds the federated rows against the centralized model
 with the same change: the target compares like with like. Written from results.json's objects
 alone (no torch), as the rest of the report.
 """
@@ -18,14 +18,17 @@ from typing import NamedTuple
 from bench.paper_spec import RunSpec
 from bench.paper_suites import (
     DROPOUT,
+    NONIID,
     ROUND_DECAY,
     confirm_suite,
     decay_suite,
     dropout_suite,
+    noniid_suite,
     rank_suite,
+    source_suite,
 )
 from bench.paper_sweep import _score, every_knob_chosen, lr_choices, sweep_epochs
-from bench.paper_tables import NAMES, Begun, _c, _f, _pct, _where, _x
+from bench.paper_tables import NAMES, PARTITIONS, Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -97,10 +100,11 @@ def _about_confirm(preset: Preset) -> str:
         f"{preset.rounds} rounds (the centralized model's: {epochs} of its "
         f"{preset.central_epochs_for(0.1)} epochs): it ranks them by early progress, which "
         "favours the larger. The confirm suite runs these rows of the rank suite at C 0.1, "
-        f"on each dataset, for all {preset.rounds} rounds again one step of "
+        "on each dataset, and of the noniid suite on the demo corpus by owner (where FedAvgM "
+        f"diverged after its sweep's rounds), for all {preset.rounds} rounds again one step of "
         "the grid lower (FedAvg's and the centralized model's lr; FedAvgM's and FedAdam's "
         "server lr, at the client lr chosen with it); the row at the sweep's value is the rank "
-        "run itself, and where the lower one ends better on validation, one step lower again "
+        "(noniid) run itself, and where the lower one ends better on validation, one step lower again "
         "(twice at most). The best on validation is kept (test perplexity is never read for "
         "it). vs centralized, lr checked at full length: the federated rows against the "
         'kept centralized model (the targets table\'s "lr checked at full length" row, from the '
@@ -132,7 +136,9 @@ class VariantRun(NamedTuple):
     spec: RunSpec
     unchanged: dict | None  # the rank run it repeats without the change; None: not done
     run: dict | None  # its own run; None: not done
-    runs_as: str  # the id its run goes by: the rank run's where it is that run, else its own
+    runs_as: (
+        str  # the id its run goes by: the rank (noniid) run's where it is that run, else its own
+    )
 
 
 def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantRun]:
@@ -142,15 +148,15 @@ def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantR
     # the sweep's choices where made (a dropout run's lr is in its id), placeholders elsewhere
     chosen = lr_choices(mine, preset)
     choices = {ds: {**every, **chosen.get(ds, {})} for ds, every in every_knob_chosen().items()}
-    rank = set(rank_suite(preset, mine, choices=choices))
+    repeated = {*rank_suite(preset, mine, choices=choices), *noniid_suite(preset, mine, choices)}
     out = []
     for s in v.runs(preset, mine, choices):
-        unchanged = by_id.get(replace(s, suite="rank", tag="").id)
-        # a run that is the rank run itself (confirm's row at the sweep's value) is that run,
-        # before the bench records it under its own id too
-        is_rank = replace(s, suite="rank") in rank
-        twin = unchanged if is_rank else None
-        runs_as = replace(s, suite="rank").id if is_rank else s.id
+        unchanged = by_id.get(replace(s, suite=source_suite(s), tag="").id)
+        # a run that is the rank (noniid) run itself (confirm's row at the sweep's value) is that
+        # run, before the bench records it under its own id too
+        same = replace(s, suite=source_suite(s))
+        twin = unchanged if same in repeated else None
+        runs_as = same.id if same in repeated else s.id
         out.append(VariantRun(s, unchanged, by_id.get(s.id) or twin, runs_as))
     return out
 
@@ -158,8 +164,8 @@ def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantR
 def variant_kept(
     v: Variant, preset: Preset, runs: list[dict], pairs: list[VariantRun] | None = None
 ) -> dict[str, dict]:
-    """Rank run id -> the variant's run of that row that the report keeps: where the suite runs a
-    row at more than one lr (dropout, confirm), the one with the lowest best validation
+    """Repeated run id (a rank run's, or a noniid run's) -> the variant's run of that row that
+    the report keeps: where the suite runs a row at more than one lr (dropout, confirm), the one with the lowest best validation
     perplexity once all of them are done, and until then the one at the rank run's own lr (a
     `whole` variant: the best of those done once one besides the rank run is); test perplexity
     is never read. `pairs`: variant_pairs' answer, where the caller has it."""
@@ -177,11 +183,11 @@ def variant_kept(
 
 
 def variant_rows(pairs: list[VariantRun]) -> dict[str, list[tuple[RunSpec, dict | None]]]:
-    """variant_pairs' answer by row: rank run id -> its (spec, run) pairs in the suite's order
+    """variant_pairs' answer by row: repeated run id -> its (spec, run) pairs in the suite's order
     (the first at the rank run's own value)."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
     for spec, _, run, _ in pairs:
-        rows.setdefault(replace(spec, suite="rank", tag="").id, []).append((spec, run))
+        rows.setdefault(replace(spec, suite=source_suite(spec), tag="").id, []).append((spec, run))
     return rows
 
 
@@ -206,7 +212,7 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
     kept = {id(run) for run in kept_runs.values()}
     central = {ds: kept_central(kept_runs, ds) for ds in {p.spec.dataset for p in pairs}}
     ngram_top1 = {r["dataset"]: r["top1"] for r in runs if r.get("preset") == preset.name
-                  and r["suite"] == "rank" and r["kind"] == "ngram"}  # fmt: skip
+                  and r["suite"] in ("rank", "noniid") and r["kind"] == "ngram"}  # fmt: skip
     rows = []
     for spec, unchanged, run, runs_as in pairs:
         was = unchanged["test_ppl"] if unchanged else None
@@ -231,8 +237,16 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
         ])  # fmt: skip
     if len({p.spec.dataset for p in pairs}) > 1:  # a suite on several datasets says whose row
         header = ["dataset", *header]
-        rows = [[NAMES[p.spec.dataset], *row] for p, row in zip(pairs, rows, strict=True)]
+        rows = [[_dataset(p.spec), *row] for p, row in zip(pairs, rows, strict=True)]
     return markdown_table(header, rows) if rows else ""
+
+
+def _dataset(spec: RunSpec) -> str:
+    """The dataset cell of a spec's row, with how its phones hold it where they differ."""
+    if source_suite(spec) == "rank":
+        return NAMES[spec.dataset]
+    partition = next(p for ds, p, _ in NONIID if ds == spec.dataset)
+    return f"{NAMES[spec.dataset]} ({PARTITIONS[partition]})"
 
 
 def variant_section(
@@ -266,15 +280,16 @@ def variant_curves(v: Variant, preset: Preset, runs: list[dict]) -> list[dict]:
     return out
 
 
-def checked_note(preset: Preset, runs: list[dict], dataset: str) -> str:
-    """A line under the rank table of `dataset`: which of its rows the confirm suite has checked
-    at full length, and where the sweep's lr gave way to a lower one on validation, that run's
+def checked_note(preset: Preset, runs: list[dict], dataset: str, suite: str = "rank") -> str:
+    """A line under the `suite` table (rank or noniid) of `dataset`: which of its rows the
+    confirm suite has checked at full length, and where the sweep's lr gave way to a lower one on validation, that run's
     test perplexity against the kept centralized model ("" while none is checked). The rank
     table itself keeps the sweep's choices: every method there chose its lr alike."""
     v = VARIANTS["confirm"]
     if v.suite not in preset.suites:
         return ""
-    pairs = [p for p in variant_pairs(v, preset, runs) if p.spec.dataset == dataset]
+    pairs = [p for p in variant_pairs(v, preset, runs)
+             if p.spec.dataset == dataset and source_suite(p.spec) == suite]  # fmt: skip
     kept = variant_kept(v, preset, runs, pairs)
     if not kept:
         return ""

@@ -372,25 +372,32 @@ def test_the_confirm_suite_runs_each_chosen_lr_one_grid_step_lower_beside_the_ra
     """Each confirm row is its rank run (the same command but for --out: recorded from it, not
     run again) and the same command one grid step below the lr the sweep chose: --lr for FedAvg
     and the centralized model, --server-lr for FedAvgM and FedAdam at their own client lr;
-    nothing else changes, and only the rows at C 0.1, on both datasets."""
+    nothing else changes, and only the rows at C 0.1, on both datasets, and the noniid suite's
+    on the demo corpus by owner (the same, from its noniid run)."""
     for name in ("cpu", "gpu"):
         p = PRESETS[name]
         results = decided(name)
-        rank = {(s.dataset, s.method, s.fraction): s for s in select(p, ["rank"], results)}
+        repeated = {(s.dataset, s.method, s.fraction): s
+                    for s in select(p, ["rank", "noniid"], results)
+                    if s.partition == "iid" or s.dataset == "demo"}  # fmt: skip
         confirm = suite_runs("confirm", p, results)
-        central = next(m for (_, m, c), r in rank.items() if r.kind == "central" and c == 0.1)
+        central = next(m for (ds, m, c), r in repeated.items()
+                       if r.kind == "central" and c == 0.1 and ds == "ptb")  # fmt: skip
+        demo_central = next(m for (ds, m, _), r in repeated.items()
+                            if r.kind == "central" and ds == "demo")  # fmt: skip
         assert sorted((s.dataset, s.method) for s in confirm) == sorted(
-            (ds, m)
-            for ds in ("ptb", "wikitext-2")
-            for m in ("FedAvg", "FedAvgM", "FedAdam", central) * 2
-        )
+            [(ds, m) for ds in ("ptb", "wikitext-2")
+             for m in ("FedAvg", "FedAvgM", "FedAdam", central) * 2]
+            + [("demo", m) for m in ("FedAvg", "FedAvgM", "FedAdam", demo_central) * 2]
+        )  # fmt: skip
         for spec in confirm:
-            base = rank[spec.dataset, spec.method, 0.1]
+            base = repeated[spec.dataset, spec.method, 0.1]
             twin = command(base, p, Path("d"), Path("o"))
             words = command(spec, p, Path("d"), Path("o"))
             assert spec.fraction == 0.1 and spec.id.startswith(f"confirm-{spec.dataset}-")
-            if not spec.tag:  # the rank run itself
-                assert words == twin and spec.id == base.id.replace("rank-", "confirm-", 1)
+            assert (spec.partition, spec.clients) == (base.partition, base.clients)
+            if not spec.tag:  # the rank (noniid) run itself
+                assert words == twin and spec.id == base.id.replace(f"{base.suite}-", "confirm-", 1)
                 continue
             knob = "--server-lr" if spec.method in ("FedAvgM", "FedAdam") else "--lr"
             at = words.index(knob)
@@ -447,10 +454,10 @@ def test_progress_counts_every_planned_run():
     # (12 methods + ngram + central); WikiText-2 by article (12) and the demo (12 + ngram +
     # central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model at 2 more seeds
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
-    # and on both datasets FedAvg, FedAvgM, FedAdam and the centralized model at their lr and one
-    # step below
+    # and on both datasets and the demo by owner FedAvg, FedAvgM, FedAdam and the centralized
+    # model at their lr and one step below
     assert plan == {"sweep": 90, "rank": 28, "noniid": 26, "seeds": 8, "decay": 3, "dropout": 6,
-                    "confirm": 16}  # fmt: skip
+                    "confirm": 24}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip
 

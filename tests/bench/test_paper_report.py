@@ -64,8 +64,8 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 177 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 26, seeds 0 of 8, "
-        "decay 0 of 3, dropout 0 of 6, confirm 0 of 16;" in md
+        "**7 of 185 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 26, seeds 0 of 8, "
+        "decay 0 of 3, dropout 0 of 6, confirm 0 of 24;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
     assert f"**{CENTRAL}**" in first and "**Kneser-Ney 3-gram**" in first
@@ -103,7 +103,37 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 177 runs done**" in md and "seeds 2 of 8" in md
+    assert "**9 of 185 runs done**" in md and "seeds 2 of 8" in md
+
+
+def test_the_confirm_suite_checks_the_demo_by_owner_against_its_noniid_runs():
+    """On the demo corpus by owner the confirm rows repeat the noniid suite's runs: the row at
+    the sweep's server lr is the noniid run itself, the lower one beside it; the note under the
+    noniid demo table says which lr validation kept; the targets table (IID phones) and the
+    rank tables' notes leave the demo out."""
+    from bench.paper_variants import VARIANTS, checked_note, variant_table
+    from bench.presets import PRESETS
+
+    v, p = VARIANTS["confirm"], PRESETS["cpu"]
+    runs = ranking_runs() + [
+        # the sweep's server lr (1, a placeholder here) diverged after round 1: best val 301
+        run("noniid", "demo", "FedAvgM", 0.1, [1000, 300, 900], partition="user"),
+        run("confirm", "demo", "FedAvgM", 0.1, [1000, 200, 20], partition="user",
+            tag="server-lr0.3"),
+    ]  # fmt: skip
+    rows = [r.split(" | ") for r in variant_table(v, p, runs).splitlines() if "| FedAvgM |" in r]
+    demo = [r for r in rows if r[0] == "| demo corpus (one phone per owner)"]
+    # server lr 1 (the noniid run, test 300), 0.3 (test 20, kept), 0.1 asked for: 0.3 won
+    assert [r[3] for r in demo] == ["1", "0.3", "0.1"]
+    assert demo[0][5:7] == ["300.00", "300.00"] and demo[1][5:7] == ["300.00", "20.00"]
+    assert demo[1][-1] == "yes |" and "not run yet" in demo[2][6]
+    note = checked_note(p, runs, "demo", "noniid")
+    assert "FedAvgM's server lr 1 gave way to server lr 0.3 (test 20.00)" in note
+    assert "demo" not in checked_note(p, runs, "ptb") and not checked_note(p, runs, "demo")
+    assert "demo" not in targets_table(runs)
+    md = markdown(runs, [], {}, {}, {})
+    noniid = md.index("## Non-IID phones")
+    assert md.index(note) > md.index("### demo corpus", noniid)
 
 
 def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
@@ -222,8 +252,10 @@ def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
         ["| PTB", "FedAvg", "0.1", "-", "0.3", "160.00"],
         ["| PTB", "FedAvg", "0.1", "-", "0.1", "160.00"],
     ]  # fmt: skip
-    # WikiText-2's rows: no sweep there, so none of its runs yet
-    assert all(r.startswith("| WikiText-2 |") for r in rows[11:])
+    # WikiText-2's rows, then the demo's by owner: no sweep there, so none of their runs yet
+    assert [r.split(" | ")[0] for r in rows[11:]] == ["| WikiText-2"] * 8 + [
+        "| demo corpus (one phone per owner)"
+    ] * 8 and all("not run yet" in r for r in rows[10:])
     assert rows[2].endswith("| 1 / 1 |  |") and "not run yet" in rows[3]
     assert rows[4].endswith("| 2 / 2 |  |") and rows[5].endswith("| 2 / 2 | yes |")
     assert rows[6].endswith("| 2 / 2 |  |")
