@@ -267,6 +267,14 @@ FEDERATION = {
         float,
         opt("server_momentum", "--server-momentum", help="FedAvgM momentum / FedAdam beta1."),
     ),
+    "server_lr_decay": (
+        float,
+        opt(
+            "server_lr_decay",
+            "--server-lr-decay",
+            help="Server lr schedule: round r steps with server lr * decay^(r-1) (1 = constant).",
+        ),
+    ),
     "lr_decay": (
         float,
         opt(

@@ -49,6 +49,7 @@ class ServerOptConfig:
     momentum: float = 0.9  # FedAvgM's beta; Adam's beta1
     beta2: float = 0.99  # Adam
     tau: float = 1e-3  # Adam's adaptivity (Reddi et al.'s epsilon)
+    lr_decay: float = 1.0  # round r steps with lr * lr_decay ** (r - 1)
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:

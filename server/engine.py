@@ -229,7 +229,7 @@ class Federation:
         snapshot = json.loads(json.dumps(self.server_state()))  # a deep copy
         try:
             new_state, info = self._aggregate(plan, updates)
-            new_state, opt_buffers = self.server_opt.step(self.global_state, new_state)
+            new_state, opt_buffers = self.server_opt.step(self.global_state, new_state, plan.round)
             return self._record(
                 plan.round,
                 new_state,

@@ -59,14 +59,19 @@ class ServerOptimizer:
     def active(self) -> bool:
         return self.config.name != "none"
 
+    def lr_at(self, round: int) -> float:
+        """The step size of round `round` (1-based): lr * lr_decay^(round - 1). A function of
+        the round alone, so a resumed run steps as one never stopped."""
+        return self.config.lr * self.config.lr_decay ** (round - 1)
+
     def step(
-        self, global_state: Mapping[str, Tensor], aggregate: Mapping[str, Tensor]
+        self, global_state: Mapping[str, Tensor], aggregate: Mapping[str, Tensor], round: int = 1
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """(next global state, next buffers). Pure: nothing is kept until :meth:`commit`, so a
-        round that fails after this leaves the optimizer as it was."""
+        """(next global state, next buffers) after round `round`. Pure: nothing is kept until
+        :meth:`commit`, so a round that fails after this leaves the optimizer as it was."""
         if not self.active:
             return dict(aggregate), self.buffers
-        c, new, bufs = self.config, {}, {}
+        c, new, bufs, lr = self.config, {}, {}, self.lr_at(round)
         for key, theta_t in global_state.items():
             if not theta_t.is_floating_point():
                 new[key] = aggregate[key]
@@ -75,12 +80,12 @@ class ServerOptimizer:
             delta = aggregate[key].double() - theta
             if c.name == "momentum":
                 out, bufs[f"m.{key}"] = momentum_step(
-                    theta, delta, self.buffers.get(f"m.{key}"), c.lr, c.momentum
+                    theta, delta, self.buffers.get(f"m.{key}"), lr, c.momentum
                 )
             else:
                 out, bufs[f"m.{key}"], bufs[f"v.{key}"] = adam_step(
                     theta, delta, self.buffers.get(f"m.{key}"), self.buffers.get(f"v.{key}"),
-                    c.lr, c.momentum, c.beta2, c.tau,
+                    lr, c.momentum, c.beta2, c.tau,
                 )  # fmt: skip
             new[key] = out.to(theta_t.dtype)
         return new, bufs

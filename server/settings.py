@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     server_opt: ServerOptName = _SERVER_OPT.name
     server_lr: float = Field(_SERVER_OPT.lr, gt=0)
     server_momentum: float = Field(_SERVER_OPT.momentum, ge=0, lt=1)  # FedAvgM beta / Adam beta1
+    # round r's server lr = server_lr * server_lr_decay ** (r - 1)
+    server_lr_decay: float = Field(_SERVER_OPT.lr_decay, gt=0, le=1)
     # round r's local lr = lr * lr_decay ** (r - 1)
     lr_decay: float = Field(_FEDERATION.lr_decay, gt=0, le=1)
     # keystroke savings measured on N test sentences
@@ -205,6 +207,11 @@ class Settings(BaseSettings):
             raise ValueError("--bound fixed needs --bound-norm S")
         if self.max_reach is not None and self.strategy != "fedattopt":
             raise ValueError("--max-reach caps FedAttOpt's step: use it with --strategy fedattopt")
+        if self.server_lr_decay != 1.0 and self.server_opt == "none":
+            raise ValueError(
+                "--server-lr-decay schedules a server optimizer's step: add --server-opt "
+                "momentum or adam"
+            )
         problem = dp_problem(
             self.strategy, self.privacy_config(), self.influence_config(), self.strategy_params()
         )
@@ -322,7 +329,10 @@ class Settings(BaseSettings):
             privacy=self.privacy_config(),
             influence=self.influence_config(),
             server_opt=ServerOptConfig(
-                self.server_opt, lr=self.server_lr, momentum=self.server_momentum
+                self.server_opt,
+                lr=self.server_lr,
+                momentum=self.server_momentum,
+                lr_decay=self.server_lr_decay,
             ),
             lr_decay=self.lr_decay,
             ksr_sentences=self.ksr_sentences,

@@ -131,11 +131,28 @@ def test_keep_checkpoints_leaves_the_latest_rounds_and_the_best_and_still_resume
     assert kept() == files(4, rows[-1]["best_round"])
 
 
+def test_a_server_lr_decay_leaves_round_1_alone_and_changes_round_2(tmp_path):
+    """The engine hands the server optimizer its round: with --server-lr-decay 0.5, round 1
+    steps at the server lr as a constant schedule does (the same weights), round 2 at half of
+    it (other weights)."""
+    base = ["--data", "demo", "--clients", "6", "--max-train-tokens", "3000", "--workers", "0",
+            "--max-eval-sentences", "20", "--ksr-sentences", "0", "--local-epochs", "1",
+            "--rounds", "2", "--server-opt", "momentum", "--server-momentum", "0"]  # fmt: skip
+    simulate(tmp_path / "constant", *base)
+    simulate(tmp_path / "decayed", *base, "--server-lr-decay", "0.5")
+
+    def same(r: int) -> bool:
+        a, b = weights(tmp_path / "constant", r), weights(tmp_path / "decayed", r)
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    assert same(1) and not same(2)
+
+
 @pytest.mark.slow
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     """A run killed during round 3, after writing checkpoint 2 but not its metrics row, resumes
-    to the same weights and selections (AdaFL scores and server momentum included) as a run
-    never interrupted."""
+    to the same weights and selections (AdaFL scores and server momentum included, and both lr
+    schedules: round 3 steps at its own local and server lr) as a run never interrupted."""
     base = [
         "--data",
         "demo",
@@ -146,6 +163,8 @@ def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
         "--adafl",
         "--server-opt",
         "momentum",
+        "--server-lr-decay",
+        "0.8",
         "--lr-decay",
         "0.9",
         "--workers",

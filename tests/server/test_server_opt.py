@@ -51,3 +51,18 @@ def test_step_keeps_nothing_until_commit():
 def test_unknown_optimizer_is_refused():
     with pytest.raises(ValueError, match="unknown server optimizer"):
         ServerOptConfig("sgd")
+
+
+def test_a_server_lr_decay_steps_round_r_at_lr_times_decay_to_the_r_minus_1():
+    """--server-lr-decay d: round r steps with server lr * d^(r-1), read from the round number
+    alone (a resumed run needs nothing else); d = 1 is the constant lr."""
+    g, agg = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
+    opt = ServerOptimizer(ServerOptConfig("momentum", lr=2.0, momentum=0.0, lr_decay=0.5))
+    assert [opt.lr_at(r) for r in (1, 2, 3)] == [2.0, 1.0, 0.5]
+    for r, lr in ((1, 2.0), (3, 0.5)):
+        new, _ = opt.step(g, agg, r)  # momentum 0: theta + lr * Delta
+        assert torch.allclose(new["w"], torch.full((2,), lr))
+    adam = ServerOptimizer(ServerOptConfig("adam", lr=0.1, lr_decay=0.5))
+    constant = ServerOptimizer(ServerOptConfig("adam", lr=0.025))
+    assert torch.allclose(adam.step(g, agg, 3)[0]["w"], constant.step(g, agg, 3)[0]["w"])
+    assert ServerOptimizer(ServerOptConfig("adam", lr=0.1)).lr_at(50) == 0.1

@@ -63,3 +63,12 @@ def test_max_reach_is_fedattopts_and_reaches_its_strategy(clean_env):
     assert get_strategy("fedattopt", **params).max_reach == 1.0
     with pytest.raises(ValueError, match="use it with --strategy fedattopt"):
         Settings(strategy="fedatt", max_reach=1.0)
+
+
+def test_server_lr_decay_reaches_the_server_optimizer_and_needs_one(clean_env):
+    config = Settings(server_opt="adam", server_lr=0.1, server_lr_decay=0.97).federation_config()
+    assert (config.server_opt.lr, config.server_opt.lr_decay) == (0.1, 0.97)
+    with pytest.raises(ValueError, match="add --server-opt momentum or adam"):
+        Settings(server_lr_decay=0.97)
+    with pytest.raises(ValueError):
+        Settings(server_opt="adam", server_lr_decay=1.5)  # a schedule that grows: refused
