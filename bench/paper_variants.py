@@ -4,8 +4,9 @@ confirm suites' sections of `fedkey bench paper`'s report).
 A variant suite (bench.paper_suites: decay_suite, dropout_suite, confirm_suite) runs some rows
 of the rank suite (PTB's; confirm's on both datasets, and the noniid suite's on the demo corpus)
 again with one change (a flag added, or an lr the sweep chose set one step lower), the
-centralized model among them. Each row here sets its run beside the run it repeats, and holds the federated rows against the centralized model
-with the same change: the target compares like with like. Written from results.json's objects
+centralized model among them. Each row here sets its run beside the run it repeats, and holds
+the federated rows against the centralized model with the same change: the target compares like
+with like. Written from results.json's objects
 alone (no torch), as the rest of the report.
 """
 
@@ -104,8 +105,8 @@ def _about_confirm(preset: Preset) -> str:
         f"diverged after its sweep's rounds), for all {preset.rounds} rounds again one step of "
         "the grid lower (FedAvg's and the centralized model's lr; FedAvgM's and FedAdam's "
         "server lr, at the client lr chosen with it); the row at the sweep's value is the rank "
-        "(noniid) run itself, and where the lower one ends better on validation, one step lower again "
-        "(twice at most). The best on validation is kept (test perplexity is never read for "
+        "(noniid) run itself, and where the lower one ends better on validation, one step lower "
+        "again (twice at most). The best on validation is kept (test perplexity is never read for "
         "it). vs centralized, lr checked at full length: the federated rows against the "
         'kept centralized model (the targets table\'s "lr checked at full length" row, from the '
         "kept runs)."
@@ -134,11 +135,10 @@ class VariantRun(NamedTuple):
     """One run a variant suite plans, and the runs it is read against."""
 
     spec: RunSpec
-    unchanged: dict | None  # the rank run it repeats without the change; None: not done
+    unchanged: dict | None  # the rank (noniid) run it repeats unchanged; None: not done
     run: dict | None  # its own run; None: not done
-    runs_as: (
-        str  # the id its run goes by: the rank (noniid) run's where it is that run, else its own
-    )
+    # the id its run goes by: the rank (noniid) run's where it is that run, else its own
+    runs_as: str
 
 
 def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantRun]:
@@ -165,10 +165,11 @@ def variant_kept(
     v: Variant, preset: Preset, runs: list[dict], pairs: list[VariantRun] | None = None
 ) -> dict[str, dict]:
     """Repeated run id (a rank run's, or a noniid run's) -> the variant's run of that row that
-    the report keeps: where the suite runs a row at more than one lr (dropout, confirm), the one with the lowest best validation
-    perplexity once all of them are done, and until then the one at the rank run's own lr (a
-    `whole` variant: the best of those done once one besides the rank run is); test perplexity
-    is never read. `pairs`: variant_pairs' answer, where the caller has it."""
+    the report keeps: where the suite runs a row at more than one lr (dropout, confirm), the one
+    with the lowest best validation perplexity once all of them are done, and until then the one
+    at the repeated run's own lr (a `whole` variant: the best of those done once one besides the
+    repeated run is); test perplexity is never read. `pairs`: variant_pairs' answer, where the
+    caller has it."""
     kept = {}
     for rank_id, tries in variant_rows(
         pairs if pairs is not None else variant_pairs(v, preset, runs)
@@ -219,7 +220,7 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
         fed = spec.kind == "federated"
         lr = "-" if spec.lr is None else f"{spec.lr:g}"
         if run is None:
-            # the rank run's progress, where it is this row's run (confirm's at the sweep's lr)
+            # the repeated run's progress, where it is this row's run (confirm's at the sweep's lr)
             state = begun.get(f"{preset.name}/{spec.id}") or begun.get(f"{preset.name}/{runs_as}")
             where = _where(state, spec.kind)
             rows.append([spec.method, _c(spec.fraction) if fed else "-", v.value(spec), lr,
@@ -282,9 +283,9 @@ def variant_curves(v: Variant, preset: Preset, runs: list[dict]) -> list[dict]:
 
 def checked_note(preset: Preset, runs: list[dict], dataset: str, suite: str = "rank") -> str:
     """A line under the `suite` table (rank or noniid) of `dataset`: which of its rows the
-    confirm suite has checked at full length, and where the sweep's lr gave way to a lower one on validation, that run's
-    test perplexity against the kept centralized model ("" while none is checked). The rank
-    table itself keeps the sweep's choices: every method there chose its lr alike."""
+    confirm suite has checked at full length, and where the sweep's lr gave way to a lower one on
+    validation, that run's test perplexity against the kept centralized model ("" while none is
+    checked). The table itself keeps the sweep's choices: every method there chose its lr alike."""
     v = VARIANTS["confirm"]
     if v.suite not in preset.suites:
         return ""
