@@ -17,7 +17,8 @@ Ranking suites (presets `cpu` and `gpu`, issue 18):
   dropout the same rows at C 0.1 with dropout 0.5, at their lr and the next larger (the gpu
           target: at E 5 the model overfits).
   confirm the sweep's short runs checked at full length: rank rows at C 0.1 whose lr the sweep
-          chose, again at the next smaller value of it (short runs favour large lrs).
+          chose (and the demo corpus's noniid rows), again at the next smaller value of it
+          (short runs favour large lrs).
 Old suites (preset `cpu-8round`, and any preset that names them): paper, privacy, beyond, lr,
 full, code, in bench.paper_old_suites with the seed papers' published numbers; `code` is the
 evidence about the seed papers' column measure.
