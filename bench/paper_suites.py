@@ -47,7 +47,7 @@ from bench.paper_sweep import (
     TASK_OF,
     TASKS,
     _score,
-    every_knob_chosen,
+    choices_so_far,
     grid_step,
     half_decade,
     lr_choices,
@@ -316,10 +316,11 @@ def confirm_suite(
 
 def planned(preset: Preset, results: list[dict]) -> dict[str, int]:
     """Ranking suite -> the runs it makes in all, as far as known now: the sweep's grids (with
-    the edge extensions asked for so far; one not yet asked for adds a run), and the rank and
-    noniid suites as they will be once every knob is chosen."""
+    the edge extensions asked for so far; one not yet asked for adds a run), and the other
+    suites as they will be once every knob is chosen, at the choices made so far (the confirm
+    suite's steps lower where a run at full length asked for them)."""
     mine = [r for r in results if r.get("preset") == preset.name]
-    every = every_knob_chosen()
+    every = choices_so_far(mine, preset)
     out: dict[str, int] = {}
     for suite in PLANNED:
         if suite not in preset.suites:

@@ -272,6 +272,14 @@ def _joint_runs(
     return [sweep_spec(preset, task, knob, v, lr, fedavg_lr) for lr, v in sorted({*todo, *tried})]
 
 
+def choices_so_far(results: list[dict], preset: Preset) -> dict[str, dict[str, float]]:
+    """The sweep's choices where it has made them, every_knob_chosen's placeholders elsewhere: a
+    suite's whole plan with the ids of the runs it has already made (the confirm suite's steps
+    lower follow from those runs' scores)."""
+    chosen = lr_choices(results, preset)
+    return {ds: {**every, **chosen.get(ds, {})} for ds, every in every_knob_chosen().items()}
+
+
 def every_knob_chosen() -> dict[str, dict[str, float]]:
     """Choices as if the sweep had decided every knob on every task: the ranking suites' whole
     plan, to count and name its runs (the values are placeholders)."""

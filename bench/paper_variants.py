@@ -28,7 +28,7 @@ from bench.paper_suites import (
     rank_suite,
     source_suite,
 )
-from bench.paper_sweep import _score, every_knob_chosen, lr_choices, sweep_epochs
+from bench.paper_sweep import _score, choices_so_far, sweep_epochs
 from bench.paper_tables import NAMES, PARTITIONS, Begun, _c, _f, _pct, _where, _x
 from bench.presets import Preset
 from bench.report import markdown_table
@@ -146,8 +146,7 @@ def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantR
     mine = [r for r in runs if r.get("preset") == preset.name]
     by_id = {r["id"]: r for r in mine}
     # the sweep's choices where made (a dropout run's lr is in its id), placeholders elsewhere
-    chosen = lr_choices(mine, preset)
-    choices = {ds: {**every, **chosen.get(ds, {})} for ds, every in every_knob_chosen().items()}
+    choices = choices_so_far(mine, preset)
     repeated = {*rank_suite(preset, mine, choices=choices), *noniid_suite(preset, mine, choices)}
     out = []
     for s in v.runs(preset, mine, choices):

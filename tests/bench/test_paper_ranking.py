@@ -444,6 +444,8 @@ def test_a_lower_lr_that_wins_at_full_length_asks_for_one_step_lower_twice_at_mo
     better = results + [scored(rank, 150), scored(low, 140)]
     lower = runs_of(better)[-1]
     assert lower.tag == "server-lr0.001" and len(runs_of(better)) == 3
+    # and "N of M runs done" counts it: the plan grows by the step asked for
+    assert planned(p, better)["confirm"] == planned(p, results)["confirm"] + 1
     assert len(runs_of(better + [scored(lower, 130)])) == 3  # MAX_EXTENSIONS steps at most
 
 
