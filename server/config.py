@@ -42,6 +42,13 @@ DEFAULT_OUTLIER_Z = 3.5
 MEAN_STRATEGIES: tuple[StrategyName, ...] = ("fedsgd", "fedavg")
 
 
+def scheduled_lr(lr: float, decay: float, round: int) -> float:
+    """Round `round`'s (1-based) step size under an exponential schedule: lr * decay^(round - 1).
+    The local lr (FederationConfig.lr_decay) and the server lr (ServerOptConfig.lr_decay) follow
+    it; a function of the round alone, so a resumed run steps as one never stopped."""
+    return lr * decay ** (round - 1)
+
+
 @dataclass
 class ServerOptConfig:
     name: ServerOptName = "none"

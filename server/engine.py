@@ -37,7 +37,7 @@ from models.model import LanguageModel
 from models.precision import resolve_device, resolve_precision
 from models.tokenizers import Tokenizer
 from server import privacy
-from server.config import FederationConfig, dp_problem
+from server.config import FederationConfig, dp_problem, scheduled_lr
 from server.influence import BoundedRound, bound_round, scale_deltas
 from server.server_opt import ServerOptimizer
 from server.storage import RunStorage, prune_checkpoints
@@ -190,7 +190,7 @@ class Federation:
         if epochs is not None:
             train = replace(train, epochs=epochs)
         if self.config.lr_decay != 1.0:
-            train = replace(train, lr=train.lr * self.config.lr_decay ** (r - 1))
+            train = replace(train, lr=scheduled_lr(train.lr, self.config.lr_decay, r))
         return RoundPlan(
             round=r,
             cohort=cohort,

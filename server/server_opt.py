@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from server.config import ServerOptConfig
+from server.config import ServerOptConfig, scheduled_lr
 
 
 def momentum_step(
@@ -60,9 +60,8 @@ class ServerOptimizer:
         return self.config.name != "none"
 
     def lr_at(self, round: int) -> float:
-        """The step size of round `round` (1-based): lr * lr_decay^(round - 1). A function of
-        the round alone, so a resumed run steps as one never stopped."""
-        return self.config.lr * self.config.lr_decay ** (round - 1)
+        """The step size of round `round` (1-based), on the schedule of config.scheduled_lr."""
+        return scheduled_lr(self.config.lr, self.config.lr_decay, round)
 
     def step(
         self, global_state: Mapping[str, Tensor], aggregate: Mapping[str, Tensor], round: int = 1
