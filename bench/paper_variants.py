@@ -141,6 +141,11 @@ class VariantRun(NamedTuple):
     runs_as: str
 
 
+def _row_id(spec: RunSpec) -> str:
+    """The id of the rank (noniid) run a variant spec's row repeats: its row's key."""
+    return replace(spec, suite=source_suite(spec), tag="").id
+
+
 def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantRun]:
     """Per run the variant suite plans for `preset`, in its order, a VariantRun."""
     mine = [r for r in runs if r.get("preset") == preset.name]
@@ -150,7 +155,7 @@ def variant_pairs(v: Variant, preset: Preset, runs: list[dict]) -> list[VariantR
     repeated = {*rank_suite(preset, mine, choices=choices), *noniid_suite(preset, mine, choices)}
     out = []
     for s in v.runs(preset, mine, choices):
-        unchanged = by_id.get(replace(s, suite=source_suite(s), tag="").id)
+        unchanged = by_id.get(_row_id(s))
         # a run that is the rank (noniid) run itself (confirm's row at the sweep's value) is that
         # run, before the bench records it under its own id too
         same = replace(s, suite=source_suite(s))
@@ -187,7 +192,7 @@ def variant_rows(pairs: list[VariantRun]) -> dict[str, list[tuple[RunSpec, dict 
     (the first at the rank run's own value)."""
     rows: dict[str, list[tuple[RunSpec, dict | None]]] = {}
     for spec, _, run, _ in pairs:
-        rows.setdefault(replace(spec, suite=source_suite(spec), tag="").id, []).append((spec, run))
+        rows.setdefault(_row_id(spec), []).append((spec, run))
     return rows
 
 
