@@ -60,7 +60,7 @@ from bench.paper_variants import (
 from bench.presets import PRESETS, Preset
 from bench.report import markdown_table
 from bench.runs import run_seconds
-from bench.spread import plot_spread, spread_table
+from bench.spread import plot_spread, spread_section
 
 RANKING = ("sweep", "rank", "noniid")
 #: Issue 18's targets: the best federated method at C 0.1 within 10% of the centralized model
@@ -311,12 +311,14 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
         noniid = [r for r in runs if r.get("preset") == name and r["suite"] == "noniid"]
         if "noniid" not in preset.suites:
             continue
-        out += ["", f"## Non-IID phones: preset `{name}`, C 0.1", "",
+        out += ["", f"## Non-IID phones: preset `{name}`, C 0.1; the demo by owner at C 1 too",
+                "",
                 "WikiText-2 with whole articles per phone (`--partition articles`: its 600 "
                 "training articles dealt at random, 6 per phone, unequal sizes; the same text as "
                 "the rank suite, whose centralized model and 3-gram are the reference rows) and "
-                "the demo corpus with one phone per owner (`--partition user`, 22 phones, 2 a "
-                "round at C 0.1).", ""]  # fmt: skip
+                "the demo corpus with one phone per owner (`--partition user`, 22 phones: 2 a "
+                "round at C 0.1, every one at C 1, where each method weighs the same phones and "
+                "sampling is out of the comparison; the lrs chosen at C 0.1).", ""]  # fmt: skip
         for ds in ("wikitext-2", "demo"):
             mine = [_marked(r, stale_of[name]) for r in noniid if r["dataset"] == ds]
             central, ngram = (x and _marked(x, stale_of[name]) for x in references(runs, name, ds))
@@ -324,13 +326,8 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
             out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
             checked = checked_note(preset, runs, ds, "noniid")
             out += [checked, ""] if checked else []
-        spread = spread_table([r for r in runs if r.get("preset") == name
+        out += spread_section([r for r in runs if r.get("preset") == name
                                and r["suite"] in ("rank", "noniid")])  # fmt: skip
-        out += ["### Does attention do anything where phones differ? The server's weights per "
-                "round", "", "From each round's per-phone weights in the metrics rows (bench.spread):"
-                " FedAtt's and FedMed's attention (averaged over layers), FedAttOpt's, and FedAvg's"
-                " n_k / n for comparison. Evenness = entropy / ln m: 1 when every phone weighs the "
-                "same.", "", spread or "No federated run with weights is done yet."]  # fmt: skip
         out += [
             f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith(f"spread:{name}")
         ]

@@ -134,32 +134,41 @@ def rank_suite(
     return runs
 
 
-#: The noniid suite's tasks: (dataset, --partition, phones).
-NONIID = (("wikitext-2", "articles", 100), ("demo", "user", DEMO_OWNERS))
+#: The noniid suite's tasks: (dataset, --partition, phones, fractions). The demo corpus by owner
+#: runs at C 1 too: at C 0.1 a round holds 2 of its 22 phones, so the sampling decides more than
+#: the aggregation does (AdaFL and FedSGD, which take more phones a round, led every C 0.1 row).
+#: At C 1 every method weighs the same 22 phones each round, and attention has them to tell apart.
+NONIID = (("wikitext-2", "articles", 100, (0.1,)), ("demo", "user", DEMO_OWNERS, (0.1, 1.0)))
 
 
 def noniid_suite(preset: Preset, results: list[dict], choices: dict | None = None) -> list[RunSpec]:
-    """The ranking methods at C 0.1 on phones that differ: WikiText-2 by article (100 phones of
-    whole articles) and the demo corpus by owner (22 phones); the demo's own n-gram and
-    centralized model (WikiText-2's are the rank suite's: the same text)."""
+    """The ranking methods on phones that differ, at each of the task's fractions: WikiText-2 by
+    article (100 phones of whole articles, C 0.1) and the demo corpus by owner (22 phones, C 0.1
+    and 1); the demo's own n-gram and centralized model per C (WikiText-2's are the rank
+    suite's: the same text). Every method keeps the lrs the sweep chose at C 0.1 (as the rank
+    suite's C 0.5 rows do)."""
     runs: list[RunSpec] = []
     choices = lr_choices(results, preset) if choices is None else choices
-    for ds, partition, clients in NONIID:
+    for ds, partition, clients, fractions in NONIID:
         choice = choices.get(TASK_OF[ds].dataset, {})
         if ds == "demo":
             runs.append(RunSpec("noniid", ds, "Kneser-Ney 3-gram", None, kind="ngram",
                                 full_train=True, full_eval=True, clients=clients))  # fmt: skip
-            if "central_lr" in choice:
-                epochs = preset.central_epochs_for(0.1)
-                runs.append(RunSpec("noniid", ds, f"centralized, {epochs} epochs", 0.1,
+            for c in fractions if "central_lr" in choice else ():
+                epochs = preset.central_epochs_for(c)
+                runs.append(RunSpec("noniid", ds, f"centralized, {epochs} epochs", c,
                                     ("--epochs", str(epochs)), kind="central", full_train=True,
                                     full_eval=True, lr=choice["central_lr"], clients=clients))  # fmt: skip
         if "client_lr" not in choice:
             continue
-        for method, frac, flags, lr in _methods(0.1, choice):
-            runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,
-                                full_eval=True, lr=lr, partition=partition,
-                                clients=clients))  # fmt: skip
+        seen = set()
+        for c in fractions:
+            for method, frac, flags, lr in _methods(c, choice):
+                if (method, frac) not in seen:  # AdaFL and FedSGD bring their own C: once
+                    seen.add((method, frac))
+                    runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,
+                                        full_eval=True, lr=lr, partition=partition,
+                                        clients=clients))  # fmt: skip
     return runs
 
 

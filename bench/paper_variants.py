@@ -250,7 +250,7 @@ def _dataset(spec: RunSpec) -> str:
     """The dataset cell of a spec's row, with how its phones hold it where they differ."""
     if source_suite(spec) == "rank":
         return NAMES[spec.dataset]
-    partition = next(p for ds, p, _ in NONIID if ds == spec.dataset)
+    partition = next(task[1] for task in NONIID if task[0] == spec.dataset)
     return f"{NAMES[spec.dataset]} ({PARTITIONS[partition]})"
 
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.paper_tables import NAMES, PARTITIONS, _f
+from bench.paper_tables import NAMES, PARTITIONS, _c, _f
 from bench.report import markdown_table
 
 #: The info keys that hold per-phone weights, the attentive ones first.
@@ -60,7 +60,7 @@ def round_spreads(rows: list[dict]) -> list[dict]:
 def spread_table(runs: list[dict]) -> str:
     """Per run with weights: the spread of the server's per-phone weights over its rounds: the
     mean largest and smallest weight, the mean evenness (entropy / ln m), first and last round."""
-    header = ["dataset", "phones", "method", "weights", "rounds", "m", "mean max", "mean min",
+    header = ["dataset", "phones", "method", "C", "weights", "rounds", "m", "mean max", "mean min",
               "mean entropy", "evenness: mean", "round 1", "last round"]  # fmt: skip
     rows = []
     for r in runs:
@@ -69,13 +69,23 @@ def spread_table(runs: list[dict]) -> str:
             continue
         n = len(sp)
         rows.append([NAMES.get(r["dataset"], r["dataset"]), PARTITIONS.get(r.get("partition", "iid"), "-"),
-                     r["method"], sp[0]["source"], n, _f(sum(s["m"] for s in sp) / n, ".1f"),
+                     r["method"], _c(r.get("fraction")), sp[0]["source"], n, _f(sum(s["m"] for s in sp) / n, ".1f"),
                      _f(sum(s["max"] for s in sp) / n, ".3f"),
                      _f(sum(s["min"] for s in sp) / n, ".3f"),
                      _f(sum(s["entropy"] for s in sp) / n, ".3f"),
                      _f(sum(s["evenness"] for s in sp) / n, ".4f"), _f(sp[0]["evenness"], ".4f"),
                      _f(sp[-1]["evenness"], ".4f")])  # fmt: skip
     return markdown_table(header, rows) if rows else ""
+
+
+def spread_section(runs: list[dict]) -> list[str]:
+    """The report's section on the server's weights: its heading, what it shows, the table."""
+    return ["### Does attention do anything where phones differ? The server's weights per round",
+            "", "From each round's per-phone weights in the metrics rows (bench.spread): FedAtt's "
+            "and FedMed's attention (averaged over layers), FedAttOpt's, and FedAvg's n_k / n for "
+            "comparison. Evenness = entropy / ln m: 1 when every phone weighs the same; m: the "
+            "phones a round (2 of the demo's 22 at C 0.1, all of them at C 1).", "",
+            spread_table(runs) or "No federated run with weights is done yet."]  # fmt: skip
 
 
 def plot_spread(runs: list[dict], out: Path, name: str, title: str) -> Path | None:

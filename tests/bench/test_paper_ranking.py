@@ -290,6 +290,30 @@ def test_noniid_runs_the_same_methods_on_articles_and_owners():
     assert all(flag(w, "--data") == "demo" for w in demo)
 
 
+def test_the_demo_by_owner_runs_every_method_at_c_1_too_at_the_lrs_chosen_at_c_0_1():
+    """At C 0.1 a round of the demo by owner holds 2 of its 22 phones; at C 1 every method
+    weighs all 22 each round, against a centralized model of as many examples (50 epochs), at
+    the same lrs and server steps as at C 0.1 (FedAttOpt's step scaled by 0.1 / C: it sums a
+    term per phone). WikiText-2 by article stays at C 0.1 (hours a run)."""
+    p = PRESETS["cpu"]
+    specs = select(p, ["noniid"], decided("cpu"))
+    at = {(s.dataset, s.method, s.fraction): s for s in specs}
+    one = {m for d, m, c in at if d == "demo" and c == 1.0}
+    tenth = {m for d, m, c in at if d == "demo" and c == 0.1}
+    assert one == tenth - {"centralized, 5 epochs"} | {"FedSGD", "centralized, 50 epochs"}
+    assert not {m for d, m, c in at if d == "wikitext-2" and c == 1.0} - {"FedSGD"}
+    central = command(at["demo", "centralized, 50 epochs", 1.0], p, Path("d"), Path("o"))
+    assert flag(central, "--epochs") == "50"
+    for method in tenth - {"centralized, 5 epochs"}:
+        low, high = (command(at["demo", method, c], p, Path("d"), Path("o")) for c in (0.1, 1.0))
+        assert flag(high, "--fraction") == "1" and flag(high, "--lr") == flag(low, "--lr")
+        for knob in ("--server-lr", "--epsilon"):
+            if knob in low and method != "FedAttOpt" and "FedAttOpt" not in method:
+                assert flag(high, knob) == flag(low, knob)
+            elif knob in low:
+                assert float(flag(high, knob)) == pytest.approx(float(flag(low, knob)) / 10)
+
+
 def test_the_seeds_suite_runs_rank_rows_again_changing_nothing_but_the_seed():
     """Each seeds run is its rank run's command at another --seed (and its own folder), so the
     two differ by chance alone; the rank runs themselves stay seed 0 and stay done."""
@@ -454,11 +478,11 @@ def test_progress_counts_every_planned_run():
     plan = planned(p, [])
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (12 methods + ngram + central); WikiText-2 by article (12) and the demo (12 + ngram +
-    # central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model at 2 more seeds
+    # central, and at C 1 the 9 methods with a C of their own choosing + a 50-epoch central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model at 2 more seeds
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
     # and on both datasets and the demo by owner FedAvg, FedAvgM, FedAdam and the centralized
     # model at their lr and one step below
-    assert plan == {"sweep": 90, "rank": 28, "noniid": 26, "seeds": 8, "decay": 3, "dropout": 6,
+    assert plan == {"sweep": 90, "rank": 28, "noniid": 36, "seeds": 8, "decay": 3, "dropout": 6,
                     "confirm": 24}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip

@@ -64,7 +64,7 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 185 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 26, seeds 0 of 8, "
+        "**7 of 195 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 36, seeds 0 of 8, "
         "decay 0 of 3, dropout 0 of 6, confirm 0 of 24;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
@@ -103,7 +103,7 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 185 runs done**" in md and "seeds 2 of 8" in md
+    assert "**9 of 195 runs done**" in md and "seeds 2 of 8" in md
 
 
 def test_the_confirm_suite_checks_the_demo_by_owner_against_its_noniid_runs():
@@ -352,7 +352,7 @@ def test_attention_spread_is_reported_per_run():
     section = md.split("### Does attention do anything")[1].split("\n## ")[0]
     line = next(x for x in section.splitlines() if "100 phones of whole articles" in x)
     # two rounds of max 0.9, min 0.1: entropy 0.325, evenness H / ln 2 = 0.469
-    assert "| FedAtt | attention_mean | 2 | 2.0 | 0.900 | 0.100 | 0.325 | 0.4690 |" in line
+    assert "| FedAtt | 0.1 | attention_mean | 2 | 2.0 | 0.900 | 0.100 | 0.325 | 0.4690 |" in line
 
 
 def test_report_is_rebuilt_from_results_json(tmp_path):
