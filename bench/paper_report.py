@@ -17,7 +17,6 @@ without running anything: `python -m bench.paper_report bench/results/cpu`.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from bench.paper_tables import (
     Begun,
     _c,
     _f,
+    _key,
     _mb,
     _pct,
     _where,
@@ -95,10 +95,12 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
     `chance` (bench.paper_seeds.seed_notes), where given, adds its cells by run id."""
     header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
               "KSR", "best round / rounds", *(["seed to seed"] if chance else [])]  # fmt: skip
-    # A run at C 0.5 (the gpu preset) is held against the centralized model of as many examples
-    # as C 0.5 where there is one; every other run against `central`.
-    same = {r["fraction"]: r["test_ppl"] for r in runs if r["kind"] == "central"}
-    cp = central["test_ppl"] if central else None
+    # A run is held against the centralized model of as many examples as its C (C 0.5: the gpu
+    # preset's); one without (FedSGD's C 1, AdaFL's rising C) against `central`, named: it saw
+    # fewer examples than the run.
+    same = {r["fraction"]: r["test_ppl"] for r in [*runs, *filter(None, [central])]
+            if r["kind"] == "central"}  # fmt: skip
+    cp, cc = (central["test_ppl"], central["fraction"]) if central else (None, None)
     nt = ngram["top1"] if ngram else None
     rows = []
     fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
@@ -108,17 +110,15 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
         ref = r["kind"] != "federated"
         label = f"**{r['method']}**" if ref else r["method"]
         rounds = "-" if r["kind"] == "ngram" else f"{r['best_round']} / {r['rounds']}"
+        fewer = r["kind"] == "federated" and r["fraction"] not in same and cc is not None
         base = same.get(r["fraction"], cp) if r["kind"] == "federated" else cp
+        vs = _pct(r["test_ppl"], base) + (f" vs C {cc:g}'s" if fewer else "")
         rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
-                     _f(r["test_ppl"]), _pct(r["test_ppl"], base), _f(r["top1"], ".3f"),
+                     _f(r["test_ppl"]), vs, _f(r["top1"], ".3f"),
                      _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds,
                      *([chance.get(r["id"], "-")] if chance else [])])  # fmt: skip
     rows += [[m, _c(c) if c else "-", where, *[""] * (len(header) - 3)] for m, c, where in waiting]
     return markdown_table(header, rows)
-
-
-def _key(v) -> float:
-    return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
 def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
@@ -297,6 +297,7 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
                 "accuracy on the test set; KSR: keystroke savings on the first "
                 f"{preset.ksr_sentences} test sentences. vs centralized: against the "
                 "centralized model that saw as many examples (rounds x C x E epochs); "
+                "\"vs C 0.1's\": where none was run, against C 0.1's, which saw fewer; "
                 "top-1 vs 3-gram: against the Kneser-Ney 3-gram on the same test text. Every row "
                 "is one run at seed 0, ordered by it; seed to seed (\"Seed to seed\" below): a "
                 "row rerun at other seeds, its test perplexity's mean and sample sd over them; "

@@ -31,6 +31,11 @@ def _f(v, spec=".2f") -> str:
     return format(v, spec)
 
 
+def _key(v) -> float:
+    """A perplexity to sort by: a missing or infinite one last."""
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
+
+
 def _c(fraction) -> str:
     return "0.1->0.5 (AdaFL)" if fraction is None else f"{fraction:g}"
 

@@ -330,6 +330,19 @@ def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
         and "| FedAvg | 0.1 | 160.00 | +6.7% |" in table
     )
     assert "| **centralized, 125 epochs** | - | 120.00 | -20.0% |" in table
+    # FedSGD (C 1) and AdaFL (its C rising) saw more examples than any centralized model run:
+    # held against C 0.1's, and the cell says so; once a C 1 one is run, against that
+    sgd = run("rank", "ptb", "FedSGD", 1.0, [1000, 140])
+    ada = run("rank", "ptb", "AdaFL + FedAvg", None, [1000, 165])
+    table = lm_table([sgd, ada, *runs[4:6]], central, ngram)
+    assert "| FedSGD | 1 | 140.00 | -6.7% vs C 0.1's |" in table
+    assert "| AdaFL + FedAvg | 0.1->0.5 (AdaFL) | 165.00 | +10.0% vs C 0.1's |" in table
+    assert "| FedAvg | 0.1 | 160.00 | +6.7% |" in table
+    c1 = run("rank", "ptb", "centralized, 50 epochs", 1.0, [1000, 125], kind="central")
+    assert "| FedSGD | 1 | 140.00 | +12.0% |" in lm_table([c1, sgd], central, ngram)
+    # a noniid table's reference is the rank suite's centralized model: its C counts as run
+    fed = run("noniid", "wikitext-2", "FedAvg", 0.1, [1000, 180], partition="articles")
+    assert "| FedAvg | 0.1 | 180.00 | +20.0% |" in lm_table([fed], central, ngram)
 
 
 def test_targets_say_where_we_stand():
