@@ -34,7 +34,6 @@ from bench.paper_tables import (
     NAMES,
     PARTITIONS,
     Begun,
-    _c,
     _f,
     _key,
     _mb,
@@ -43,6 +42,7 @@ from bench.paper_tables import (
     _x,
     beyond_table,
     code_table,
+    lm_table,
     lr_table,
     old_targets_table,
     paper_table,
@@ -84,41 +84,6 @@ def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None
     central.sort(key=lambda r: (r["fraction"] != 0.1, r["fraction"] or 0))
     ngram = [r for r in mine if r["kind"] == "ngram"]
     return (central[0] if central else None), (ngram[0] if ngram else None)
-
-
-def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
-             waiting: Sequence[tuple[str, float | None, str]] = (),
-             chance: Mapping[str, str] | None = None) -> str:  # fmt: skip
-    """One row per method: test perplexity and the keyboard metrics, against the centralized
-    model and the n-gram; the reference rows first, then the federated runs best first, then the
-    runs not done yet (`waiting`: (method, C of a federated run or None, where it stands)).
-    `chance` (bench.paper_seeds.seed_notes), where given, adds its cells by run id."""
-    header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
-              "KSR", "best round / rounds", *(["seed to seed"] if chance else [])]  # fmt: skip
-    # A run is held against the centralized model of as many examples as its C (C 0.5: the gpu
-    # preset's); one without (FedSGD's C 1, AdaFL's rising C) against `central`, named: it saw
-    # fewer examples than the run.
-    same = {r["fraction"]: r["test_ppl"] for r in [*runs, *filter(None, [central])]
-            if r["kind"] == "central"}  # fmt: skip
-    cp, cc = (central["test_ppl"], central["fraction"]) if central else (None, None)
-    nt = ngram["top1"] if ngram else None
-    rows = []
-    fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
-    # by id: a superseded run comes here as a relabelled copy (_marked), the reference too
-    others = [r for r in runs if r["kind"] == "central" and r["id"] != (central or {}).get("id")]
-    for r in [x for x in (central, ngram) if x] + others + fed:
-        ref = r["kind"] != "federated"
-        label = f"**{r['method']}**" if ref else r["method"]
-        rounds = "-" if r["kind"] == "ngram" else f"{r['best_round']} / {r['rounds']}"
-        fewer = r["kind"] == "federated" and r["fraction"] not in same and cc is not None
-        base = same.get(r["fraction"], cp) if r["kind"] == "federated" else cp
-        vs = _pct(r["test_ppl"], base) + (f" vs C {cc:g}'s" if fewer else "")
-        rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
-                     _f(r["test_ppl"]), vs, _f(r["top1"], ".3f"),
-                     _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds,
-                     *([chance.get(r["id"], "-")] if chance else [])])  # fmt: skip
-    rows += [[m, _c(c) if c else "-", where, *[""] * (len(header) - 3)] for m, c, where in waiting]
-    return markdown_table(header, rows)
 
 
 def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:

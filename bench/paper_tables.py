@@ -1,6 +1,7 @@
-"""The tables of `fedkey bench paper`'s report that the old suites feed (the seed papers' table at
-the cpu-8round cut, privacy, beyond, lr, full, and the code suite's column-measure evidence), the
-formatting helpers every table shares, and the perplexity curves.
+"""The tables of `fedkey bench paper`'s report: the language-model table of every ranking section
+(lm_table), those the old suites feed (the seed papers' table at the cpu-8round cut, privacy,
+beyond, lr, full, and the code suite's column-measure evidence), the formatting helpers every
+table shares, and the perplexity curves.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything.
@@ -83,6 +84,52 @@ def _mb(n) -> str:
 def _diverged(r: dict) -> bool:
     """No round beat the initial model on validation: the reported model is the untrained one."""
     return r["kind"] == "federated" and r["best_round"] == 0
+
+
+def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
+             waiting: Sequence[tuple[str, float | None, str]] = (),
+             chance: Mapping[str, str] | None = None) -> str:  # fmt: skip
+    """One row per method: test perplexity and the keyboard metrics, against the centralized
+    model and the n-gram; the reference rows first, then the federated runs held against them,
+    best first; each other centralized model (another C's) followed by its C's runs likewise;
+    then the runs not done yet (`waiting`: (method, C of a federated run or None, where it
+    stands)).
+    `chance` (bench.paper_seeds.seed_notes), where given, adds its cells by run id."""
+    header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
+              "KSR", "best round / rounds", *(["seed to seed"] if chance else [])]  # fmt: skip
+    # A run is held against the centralized model of as many examples as its C (C 0.5: the gpu
+    # preset's); one without (FedSGD's C 1, AdaFL's rising C) against `central`, named: it saw
+    # fewer examples than the run.
+    same = {r["fraction"]: r["test_ppl"] for r in [*runs, *filter(None, [central])]
+            if r["kind"] == "central"}  # fmt: skip
+    cp, cc = (central["test_ppl"], central["fraction"]) if central else (None, None)
+    nt = ngram["top1"] if ngram else None
+    # by id: a superseded run comes here as a relabelled copy (_marked), the reference too
+    others = [r for r in runs if r["kind"] == "central" and r["id"] != (central or {}).get("id")]
+    later = sorted({r["fraction"] for r in others} - {cc}, key=_key)  # other C's own models
+    fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
+
+    def at(c):  # the federated runs held against the centralized model of C c
+        return [r for r in fed if (r["fraction"] if r["fraction"] in later else cc) == c]
+
+    order = [*filter(None, [central, ngram]), *(r for r in others if r["fraction"] not in later)]
+    order += at(cc)
+    for c in later:
+        order += [r for r in others if r["fraction"] == c] + at(c)
+    rows = []
+    for r in order:
+        ref = r["kind"] != "federated"
+        label = f"**{r['method']}**" if ref else r["method"]
+        rounds = "-" if r["kind"] == "ngram" else f"{r['best_round']} / {r['rounds']}"
+        fewer = r["kind"] == "federated" and r["fraction"] not in same and cc is not None
+        base = same.get(r["fraction"], cp) if r["kind"] == "federated" else cp
+        vs = _pct(r["test_ppl"], base) + (f" vs C {cc:g}'s" if fewer else "")
+        rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
+                     _f(r["test_ppl"]), vs, _f(r["top1"], ".3f"),
+                     _x(r["top1"], nt), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f"), rounds,
+                     *([chance.get(r["id"], "-")] if chance else [])])  # fmt: skip
+    rows += [[m, _c(c) if c else "-", where, *[""] * (len(header) - 3)] for m, c, where in waiting]
+    return markdown_table(header, rows)
 
 
 def paper_table(runs: list[dict]) -> str:

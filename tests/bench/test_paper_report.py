@@ -6,8 +6,9 @@ the column-measure evidence, and the old 8-round cut last, as an appendix."""
 import math
 
 from bench.paper import Bench, summarize
-from bench.paper_report import lm_table, markdown, targets_table, write_report
+from bench.paper_report import markdown, targets_table, write_report
 from bench.paper_spec import RunSpec
+from bench.paper_tables import lm_table
 
 
 def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,
@@ -340,6 +341,12 @@ def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
     assert "| FedAvg | 0.1 | 160.00 | +6.7% |" in table
     c1 = run("rank", "ptb", "centralized, 50 epochs", 1.0, [1000, 125], kind="central")
     assert "| FedSGD | 1 | 140.00 | +12.0% |" in lm_table([c1, sgd], central, ngram)
+    # each centralized model heads the runs held against it, in blocks by C, best first in each
+    fed1 = run("rank", "ptb", "FedAvg", 1.0, [1000, 130])
+    table = lm_table([sgd, *runs[4:6], fed1, c1, ada], central, ngram)
+    methods = [line.split(" | ")[0][2:] for line in table.splitlines()[2:]]
+    assert methods == ["**" + CENTRAL + "**", "**Kneser-Ney 3-gram**", "FedAvg", "FedAtt",
+                       "AdaFL + FedAvg", "**centralized, 50 epochs**", "FedAvg", "FedSGD"]  # fmt: skip
     # a noniid table's reference is the rank suite's centralized model: its C counts as run
     fed = run("noniid", "wikitext-2", "FedAvg", 0.1, [1000, 180], partition="articles")
     assert "| FedAvg | 0.1 | 180.00 | +20.0% |" in lm_table([fed], central, ngram)
