@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.paper_tables import NAMES, PARTITIONS, _c, _f
+from bench.paper_tables import NAMES, PARTITIONS, _c, _f, _key
 from bench.report import markdown_table
 
 #: The info keys that hold per-phone weights, the attentive ones first.
@@ -63,7 +63,10 @@ def spread_table(runs: list[dict]) -> str:
     header = ["dataset", "phones", "method", "C", "weights", "rounds", "m", "mean max", "mean min",
               "mean entropy", "evenness: mean", "round 1", "last round"]  # fmt: skip
     rows = []
-    for r in runs:
+    # by text and partition, then C (AdaFL's rising C last), each in the order the runs ended
+    for r in sorted(
+        runs, key=lambda r: (r["dataset"], r.get("partition", "iid"), _key(r["fraction"]))
+    ):
         sp = r.get("weight_spread") or []
         if not sp:
             continue
