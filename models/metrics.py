@@ -11,12 +11,13 @@ float32 whatever it is.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypedDict
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from common.config import Precision
 from models.batching import IGNORE, batches, column_batches, seeded_order
@@ -49,6 +50,30 @@ def perplexity(mean_nll: float) -> float:
         return math.inf
 
 
+def token_log_probs(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+    precision: Precision = "fp32",
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Every predicted token of `sentences` (end of sentence included), a batch at a time: its
+    target ids [n] and the model's log-probabilities [n, vocab] (float32), on `device`. The
+    sentences come shortest first (less padding); what they sum to does not depend on it."""
+    model.eval()
+    model.to(device)
+    resolved = resolve_precision(precision, device)
+    seqs = [tokenizer.encode(s) for s in sentences]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    # At most SCORES scores a batch (see SCORES: larger blocks cost page faults at every batch).
+    for inputs, targets in batches(seqs, batch_size, order, max(1, SCORES // tokenizer.vocab_size)):
+        keep = targets != IGNORE
+        with torch.no_grad(), autocast(resolved, device):
+            logits = model.logits_at(inputs.to(device), keep)  # [predicted words, vocab]
+        yield targets[keep].to(device), F.log_softmax(logits.float(), dim=-1)
+
+
 @torch.no_grad()
 def evaluate(
     model: LanguageModel,
@@ -70,21 +95,11 @@ def evaluate(
     `accuracy=False` leaves it out (None): the top-3 search is about a quarter of the time, and
     a validation set is read for its perplexity only.
     """
-    model.eval()
-    model.to(device)
-    resolved = resolve_precision(precision, device)
-    seqs = [tokenizer.encode(s) for s in sentences]
-    # Sorting by length keeps padding low; the sum does not depend on the order.
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     nll, hits1, hits3, scored = 0.0, 0, 0, 0
     word_level = accuracy and isinstance(tokenizer, WordTokenizer)
-    # At most SCORES scores a batch (see SCORES: larger blocks cost page faults at every batch).
-    for inputs, targets in batches(seqs, batch_size, order, max(1, SCORES // tokenizer.vocab_size)):
-        keep = targets != IGNORE
-        targets = targets[keep].to(device)
-        with autocast(resolved, device):
-            logits = model.logits_at(inputs.to(device), keep)  # [predicted words, vocab]
-        logp = F.log_softmax(logits.float(), dim=-1)
+    for targets, logp in token_log_probs(
+        model, tokenizer, sentences, batch_size, device, precision
+    ):
         nll += float(F.nll_loss(logp, targets, reduction="sum"))
         if word_level:
             real = (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
