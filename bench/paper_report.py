@@ -41,6 +41,7 @@ from bench.paper_tables import (
     _where,
     _x,
     beyond_table,
+    by_central,
     code_table,
     lm_table,
     lr_table,
@@ -486,10 +487,11 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
         for suite in ("rank", "noniid"):
             for ds in NAMES:
                 sel = [r for r in mine if r["suite"] == suite and r["dataset"] == ds]
-                title = f"{_name(ds)}, {suite} ({name})"
-                plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
-                    sel, out, f"curves_{name}_{suite}_{ds}.png", title
-                )
+                for tag, part in by_central(sel).items():  # one figure per centralized model
+                    title = f"{_name(ds)}, {suite}{tag.replace('_c', ', C ')} ({name})"
+                    plots[f"curve:{name}:{suite}:{ds}{tag}"] = plot_curves(
+                        part, out, f"curves_{name}_{suite}_{ds}{tag}.png", title
+                    )
         # the seeds and variant suites: each run labelled beside the rank runs it repeats
         for suite, labelled, what in (
             ("seeds", seed_curves(PRESETS[name], runs), "seed to seed"),

@@ -132,6 +132,17 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
     return markdown_table(header, rows)
 
 
+def by_central(runs: list[dict]) -> dict[str, list[dict]]:
+    """A ranking figure's runs, one part per C that has its own centralized model ("": one part
+    where one C or none has): that model and the federated runs held against it, as lm_table
+    holds them (a run at a C without one, FedSGD's or AdaFL's, in the first C's part)."""
+    cs = sorted({r["fraction"] for r in runs if r["kind"] == "central"}, key=_key)
+    if len(cs) < 2:
+        return {"": runs}
+    home = {id(r): r["fraction"] if r["fraction"] in cs else cs[0] for r in runs}
+    return {f"_c{c:g}": [r for r in runs if home[id(r)] == c or r["kind"] == "ngram"] for c in cs}
+
+
 def paper_table(runs: list[dict]) -> str:
     """One row per (C, method): each dataset's test perplexity beside the seed papers' number."""
     keyed = {(r["method"], r["fraction"], r["dataset"]): r for r in runs}

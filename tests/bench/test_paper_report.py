@@ -8,7 +8,7 @@ import math
 from bench.paper import Bench, summarize
 from bench.paper_report import markdown, targets_table, write_report
 from bench.paper_spec import RunSpec
-from bench.paper_tables import lm_table
+from bench.paper_tables import by_central, lm_table
 
 
 def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,
@@ -347,6 +347,13 @@ def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
     methods = [line.split(" | ")[0][2:] for line in table.splitlines()[2:]]
     assert methods == ["**" + CENTRAL + "**", "**Kneser-Ney 3-gram**", "FedAvg", "FedAtt",
                        "AdaFL + FedAvg", "**centralized, 50 epochs**", "FedAvg", "FedSGD"]  # fmt: skip
+    # the curves split as the table does: one figure per centralized model
+    parts = by_central([central, ngram, c1, sgd, ada, *runs[4:6]])
+    assert {k: [r["method"] for r in v] for k, v in parts.items()} == {
+        "_c0.1": [CENTRAL, "Kneser-Ney 3-gram", "AdaFL + FedAvg", "FedAvg", "FedAtt"],
+        "_c1": ["Kneser-Ney 3-gram", "centralized, 50 epochs", "FedSGD"],
+    }
+    assert by_central([central, sgd, ada]) == {"": [central, sgd, ada]}
     # a noniid table's reference is the rank suite's centralized model: its C counts as run
     fed = run("noniid", "wikitext-2", "FedAvg", 0.1, [1000, 180], partition="articles")
     assert "| FedAvg | 0.1 | 180.00 | +20.0% |" in lm_table([fed], central, ngram)
