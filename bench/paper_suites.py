@@ -104,6 +104,17 @@ def _methods(
             for label, frac, knob, flags in methods if knob is None or knob in choice]  # fmt: skip
 
 
+def _methods_at(
+    fractions: tuple[float, ...], choice: dict[str, float]
+) -> list[tuple[str, float | None, tuple, float]]:
+    """_methods at each of `fractions`, a method with a C of its own (AdaFL's, FedSGD's) once."""
+    out: dict[tuple[str, float | None], tuple[str, float | None, tuple, float]] = {}
+    for c in fractions:
+        for method, frac, flags, lr in _methods(c, choice):
+            out.setdefault((method, frac), (method, frac, flags, lr))
+    return list(out.values())
+
+
 def rank_suite(
     preset: Preset, results: list[dict], datasets=DATASETS, choices: dict | None = None
 ) -> list[RunSpec]:
@@ -123,14 +134,9 @@ def rank_suite(
                                 full_train=True, full_eval=True, lr=choice["central_lr"]))  # fmt: skip
         if "client_lr" not in choice:
             continue
-        seen = set()
-        for c in preset.fractions:
-            for method, frac, flags, lr in _methods(c, choice):
-                key = (method, frac)
-                if key not in seen:
-                    seen.add(key)
-                    runs.append(RunSpec("rank", ds, method, frac, flags, full_train=True,
-                                        full_eval=True, lr=lr))  # fmt: skip
+        for method, frac, flags, lr in _methods_at(preset.fractions, choice):
+            runs.append(RunSpec("rank", ds, method, frac, flags, full_train=True,
+                                full_eval=True, lr=lr))  # fmt: skip
     return runs
 
 
@@ -161,14 +167,10 @@ def noniid_suite(preset: Preset, results: list[dict], choices: dict | None = Non
                                     full_eval=True, lr=choice["central_lr"], clients=clients))  # fmt: skip
         if "client_lr" not in choice:
             continue
-        seen = set()
-        for c in fractions:
-            for method, frac, flags, lr in _methods(c, choice):
-                if (method, frac) not in seen:  # AdaFL and FedSGD bring their own C: once
-                    seen.add((method, frac))
-                    runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,
-                                        full_eval=True, lr=lr, partition=partition,
-                                        clients=clients))  # fmt: skip
+        for method, frac, flags, lr in _methods_at(fractions, choice):
+            runs.append(RunSpec("noniid", ds, method, frac, flags, full_train=True,
+                                full_eval=True, lr=lr, partition=partition,
+                                clients=clients))  # fmt: skip
     return runs
 
 
