@@ -422,6 +422,9 @@ def detail_table(runs: list[dict]) -> str:
     return markdown_table(header, rows)
 
 
+SHOWN = 5  # at most this many bench commands or git commits are listed in results.md's header
+
+
 def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
              plots: Mapping[str, Path], begun: Begun | None = None,
              manual: Manual | None = None) -> str:  # fmt: skip
@@ -433,11 +436,15 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     out = ["# fedkey bench paper: which aggregation method trains the better keyboard model?", ""]
     for name in presets:
         out += [f"- Preset `{name}`: {PRESETS[name].note}"]
+    new = [c for c in bench_commands if not is_old(c)]
+    many = len(new) > SHOWN  # then the header names the first and the last; Commands has all
     out += [
         "- Produced by "
         + (
-            ", then ".join(f"`{c}`" for c in bench_commands if not is_old(c))
-            or "the old suites' commands (appendix)"
+            f"{len(new)} bench commands, the first `{new[0]}` and the last `{new[-1]}` (all of "
+            "them, in order, under Commands at the end)"
+            if many
+            else ", then ".join(f"`{c}`" for c in new) or "the old suites' commands (appendix)"
         )
         + "; every run's "
         "own command line is in results.json and at the end of this file. Rebuild this file: "
@@ -451,7 +458,11 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         "runs/bench/<preset>/<run>/checkpoints/round_<best round>.safetensors` with the run's "
         "--data, --paper-protocol and --max-eval-sentences; `python -m bench.paper_verify "
         "bench/results/<preset>` does it for every run with its checkpoint there.",
-        f"- Git commits: {', '.join(commits)}",
+        f"- Git commits: {', '.join(commits)}"
+        if len(commits) <= SHOWN
+        else f"- Git commits: {len(commits)}, {sum('dirty' in c for c in commits)} of them with "
+        "changes not committed (the run's commit and whether it was clean are in results.json; "
+        "every commit is under Commands at the end)",
         f"- Devices: {', '.join(devices)}",
     ]
     out += ranking_sections(runs, plots, begun, manual) + step_section(runs, plots.get("step"))
@@ -473,6 +484,11 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         out += ["", "### Curves of the old suites", ""]
         out += [f"![{p.stem}]({p.name})" for p in old_curves]
     out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
+    if many:
+        out += ["The bench commands, in order:", ""] + [f"1. `{c}`" for c in new] + [""]
+    if len(commits) > SHOWN:
+        out += [f"The runs' git commits: {', '.join(commits)}", ""]
+    out += ["Each run's own command:", ""] if many or len(commits) > SHOWN else []
     out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`"
             + (f" (the same run as `{r['same_run_as']}`: recorded from it, not run again)"
                if r.get("same_run_as") else "") for r in runs]  # fmt: skip

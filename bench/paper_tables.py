@@ -10,7 +10,7 @@ without running anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
@@ -86,6 +86,13 @@ def _diverged(r: dict) -> bool:
     return r["kind"] == "federated" and r["best_round"] == 0
 
 
+def held_at(run: dict, cs: Collection[float], default: float | None) -> float | None:
+    """The C whose centralized model `run` is held against: its own C where a centralized model
+    of that C is among `cs`, else `default` (the reference model's C; FedSGD's C 1 and AdaFL's
+    rising C saw more examples than any centralized model that was run)."""
+    return run["fraction"] if run["fraction"] in cs else default
+
+
 def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
              waiting: Sequence[tuple[str, float | None, str]] = (),
              chance: Mapping[str, str] | None = None) -> str:  # fmt: skip
@@ -98,8 +105,7 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
     header = ["method", "C", "test ppl", "vs centralized", "top-1", "top-1 vs 3-gram", "top-3",
               "KSR", "best round / rounds", *(["seed to seed"] if chance else [])]  # fmt: skip
     # A run is held against the centralized model of as many examples as its C (C 0.5: the gpu
-    # preset's); one without (FedSGD's C 1, AdaFL's rising C) against `central`, named: it saw
-    # fewer examples than the run.
+    # preset's); one without against `central`, named (held_at).
     same = {r["fraction"]: r["test_ppl"] for r in [*runs, *filter(None, [central])]
             if r["kind"] == "central"}  # fmt: skip
     cp, cc = (central["test_ppl"], central["fraction"]) if central else (None, None)
@@ -110,7 +116,7 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
     fed = sorted((r for r in runs if r["kind"] == "federated"), key=lambda r: _key(r["test_ppl"]))
 
     def at(c):  # the federated runs held against the centralized model of C c
-        return [r for r in fed if (r["fraction"] if r["fraction"] in later else cc) == c]
+        return [r for r in fed if held_at(r, later, cc) == c]
 
     order = [*filter(None, [central, ngram]), *(r for r in others if r["fraction"] not in later)]
     order += at(cc)
@@ -121,8 +127,9 @@ def lm_table(runs: list[dict], central: dict | None, ngram: dict | None,
         ref = r["kind"] != "federated"
         label = f"**{r['method']}**" if ref else r["method"]
         rounds = "-" if r["kind"] == "ngram" else f"{r['best_round']} / {r['rounds']}"
-        fewer = r["kind"] == "federated" and r["fraction"] not in same and cc is not None
-        base = same.get(r["fraction"], cp) if r["kind"] == "federated" else cp
+        home = held_at(r, same, cc) if r["kind"] == "federated" else cc
+        fewer = home != r["fraction"] and r["kind"] == "federated" and cc is not None
+        base = same.get(home, cp)
         vs = _pct(r["test_ppl"], base) + (f" vs C {cc:g}'s" if fewer else "")
         rows.append([label, _c(r["fraction"]) if r["kind"] == "federated" else "-",
                      _f(r["test_ppl"]), vs, _f(r["top1"], ".3f"),
@@ -139,8 +146,8 @@ def by_central(runs: list[dict]) -> dict[str, list[dict]]:
     cs = sorted({r["fraction"] for r in runs if r["kind"] == "central"}, key=_key)
     if len(cs) < 2:
         return {"": runs}
-    home = {id(r): r["fraction"] if r["fraction"] in cs else cs[0] for r in runs}
-    return {f"_c{c:g}": [r for r in runs if home[id(r)] == c or r["kind"] == "ngram"] for c in cs}
+    return {f"_c{c:g}": [r for r in runs if held_at(r, cs, cs[0]) == c or r["kind"] == "ngram"]
+            for c in cs}  # fmt: skip
 
 
 def paper_table(runs: list[dict]) -> str:

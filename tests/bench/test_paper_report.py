@@ -433,3 +433,25 @@ def test_every_run_says_where_it_ran():
     assert sum(r.split("|")[-2].strip() == "cpu" for r in rows) == len(runs) - 1
     header = markdown(runs, [], {}, {})
     assert "- Devices: cpu, cuda (NVIDIA H100 80GB HBM3)" in header
+
+
+def test_a_long_history_of_bench_commands_and_commits_is_counted_in_the_header_and_listed_last():
+    """Past five bench commands (or git commits) the header names how many, the first and the
+    last, and the Commands section lists every one in order; five or fewer stay in the header."""
+    cmds = [f"fedkey bench paper --preset cpu --hours {h}" for h in range(1, 8)]
+    runs = ranking_runs()
+    for i, r in enumerate(runs):
+        r["git_commit"], r["git_dirty"] = f"{i:010d}", i == 3
+    md = markdown(runs, cmds, {}, {})
+    head = md.split("\n## ")[0]
+    assert f"Produced by 7 bench commands, the first `{cmds[0]}` and the last `{cmds[-1]}`" in head
+    assert cmds[3] not in head
+    assert "- Git commits: 9, 1 of them with changes not committed" in head
+    listed = md.split("## Commands")[1]
+    assert [line for line in listed.splitlines() if line.startswith("1. ")] == [
+        f"1. `{c}`" for c in cmds
+    ]
+    assert "0000000003 (dirty)" in listed
+    short = markdown(ranking_runs(), cmds[:2], {}, {})
+    assert f"Produced by `{cmds[0]}`, then `{cmds[1]}`;" in short
+    assert "- Git commits: abcdef1234" in short and "The bench commands, in order" not in short
