@@ -290,7 +290,8 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
             mine = [_marked(r, stale_of[name]) for r in noniid if r["dataset"] == ds]
             central, ngram = (x and _marked(x, stale_of[name]) for x in references(runs, name, ds))
             wait = _waiting(preset, runs, "noniid", ds, mine, begun)
-            out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait), ""]
+            chance = seed_notes(preset, runs, ds, "noniid")
+            out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait, chance), ""]
             checked = checked_note(preset, runs, ds, "noniid")
             out += [checked, ""] if checked else []
         out += spread_section([r for r in runs if r.get("preset") == name

@@ -1,8 +1,9 @@
 """Seed to seed: how far a ranking row moves by chance alone (the seeds suite's section of
 `fedkey bench paper`'s report).
 
-The seeds suite (bench.paper_suites.seeds_suite) runs some rank rows again at other seeds; each
-row here is one rank run (seed 0) and its reruns, on the same text with the same learning rates.
+The seeds suite (bench.paper_suites.seeds_suite) runs some rank rows (and some of the noniid
+suite's) again at other seeds; each row here is one run at seed 0 and its reruns, with the same
+learning rates.
 A difference between two methods that is not larger than these spreads is no evidence that one
 is better. Written from results.json's objects alone (no torch), as the rest of the report.
 """
@@ -12,9 +13,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from bench.paper_suites import OTHER_SEEDS, seeds_suite
+from bench.paper_suites import OTHER_SEEDS, seeds_suite, source_suite
 from bench.paper_sweep import every_knob_chosen
-from bench.paper_tables import DATASET_NAMES, Begun, _c, _f, _where
+from bench.paper_tables import NAMES, PARTITIONS, Begun, _c, _f, _where
 from bench.presets import Preset
 from bench.report import markdown_table
 
@@ -31,33 +32,37 @@ def _row_key(r: dict) -> tuple:
 
 def seed_rows(preset: Preset, runs: list[dict]) -> list[tuple[dict[int, str], dict[int, dict]]]:
     """Per row the seeds suite plans for `preset`, in its order: (seed -> the id of its run, the
-    rank run's for seed 0; seed -> its run, those done)."""
+    rank or noniid run's it repeats for seed 0; seed -> its run, those done)."""
     mine = [r for r in runs if r.get("preset") == preset.name]
     ids: dict[tuple, dict[int, str]] = {}
     for s in seeds_suite(preset, mine, every_knob_chosen()):  # every row, chosen or not
         row = ids.setdefault((s.dataset, s.partition, s.method, s.fraction), {})
-        row[0], row[s.seed] = replace(s, suite="rank", seed=0).id, s.id
+        row[0], row[s.seed] = replace(s, suite=source_suite(s), seed=0).id, s.id
+    first = {row[0] for row in ids.values()}
     done: dict[tuple, dict[int, dict]] = {}
     for r in mine:
-        if r["suite"] == "seeds" or (r["suite"] == "rank" and _row_key(r) in ids):
+        if r["suite"] == "seeds" or r["id"] in first:
             done.setdefault(_row_key(r), {})[r.get("seed", 0)] = r
     return [(row, done.get(key, {})) for key, row in ids.items()]
 
 
-def seed_notes(preset: Preset, runs: list[dict], dataset: str) -> dict[str, str]:
-    """The rank table's "seed to seed" cells for `dataset`, by run id: a row done at several
-    seeds gets the mean and sample sd of its test perplexity over them; a row run once, the
-    rerun federated rows within `CHANCE_SD` sds of whose mean it lies (a difference from those
-    is no evidence). Empty where no row of the dataset is done at two seeds or more."""
+def seed_notes(
+    preset: Preset, runs: list[dict], dataset: str, suite: str = "rank"
+) -> dict[str, str]:
+    """The "seed to seed" cells of `suite`'s table for `dataset`, by run id: a row done at
+    several seeds gets the mean and sample sd of its test perplexity over them; a row run once,
+    the rerun federated rows within `CHANCE_SD` sds of whose mean it lies (a difference from
+    those is no evidence). Empty where no row of the table is done at two seeds or more."""
     seeded = [(ids[0], by_seed[0], [r["test_ppl"] for r in by_seed.values()])
               for ids, by_seed in seed_rows(preset, runs)
-              if len(by_seed) > 1 and 0 in by_seed and by_seed[0]["dataset"] == dataset]  # fmt: skip
+              if len(by_seed) > 1 and 0 in by_seed and by_seed[0]["dataset"] == dataset
+              and by_seed[0]["suite"] == suite]  # fmt: skip
     spread = {
         rid: (ref, statistics.fmean(p), statistics.stdev(p), len(p)) for rid, ref, p in seeded
     }
     notes = {rid: f"mean {_f(m)}, sd {_f(sd)} ({n} seeds)" for rid, (_, m, sd, n) in spread.items()}
     for r in runs:
-        if (notes and r.get("preset") == preset.name and r["suite"] == "rank"
+        if (notes and r.get("preset") == preset.name and r["suite"] == suite
                 and r["dataset"] == dataset and r["kind"] == "federated"
                 and r["id"] not in notes):  # fmt: skip
             near = [ref["method"] for ref, m, sd, _ in spread.values()
@@ -78,7 +83,9 @@ def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) ->
     done = [(ids, by_seed, next(iter(by_seed.values())),
              statistics.fmean(r["test_ppl"] for r in by_seed.values()))
             for ids, by_seed in seed_rows(preset, runs) if by_seed]  # fmt: skip
-    central = {ref["dataset"]: m for _, _, ref, m in done if ref["kind"] == "central"}
+    # each row against the centralized model of its text and C (the gpu preset has two for PTB)
+    central = {(ref["dataset"], ref["fraction"]): m for _, _, ref, m in done
+               if ref["kind"] == "central"}  # fmt: skip
     rows = []
     for ids, by_seed, ref, m in done:
         cells = []
@@ -88,9 +95,13 @@ def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) ->
         ppl = [by_seed[k]["test_ppl"] for k in ALL_SEEDS if k in by_seed]
         top1 = [by_seed[k]["top1"] for k in ALL_SEEDS if by_seed.get(k, {}).get("top1") is not None]
         many = len(ppl) > 1
-        base = central.get(ref["dataset"]) if ref["kind"] == "federated" else None
+        base = (
+            central.get((ref["dataset"], ref["fraction"])) if ref["kind"] == "federated" else None
+        )
+        text = NAMES.get(ref["dataset"], ref["dataset"])
+        phones = ref.get("partition", "iid")
         rows.append([
-            DATASET_NAMES.get(ref["dataset"], ref["dataset"]), ref["method"],
+            f"{text}, {PARTITIONS[phones]}" if phones != "iid" else text, ref["method"],
             _c(ref["fraction"]) if ref["kind"] == "federated" else "-", *cells, _f(m),
             _f(statistics.stdev(ppl)) if many else "-",
             f"{(max(ppl) - min(ppl)) / m * 100:.1f}%" if many else "-",
@@ -110,14 +121,17 @@ def seeds_section(preset: Preset, runs: list[dict], begun: Begun | None = None) 
     seeds = ", ".join(str(k) for k in OTHER_SEEDS)
     return [
         "", f"## Seed to seed: how far a row moves by chance (preset `{preset.name}`)", "",
-        f"The seeds suite runs these rank rows again at seeds {seeds} (the rank runs are seed 0):"
-        " the same text and learning rates; the seed deals the data to the phones, draws the "
-        "initial weights and picks each round's phones. A difference between two rows of the "
+        f"The seeds suite runs these rows of the ranking and non-IID tables again at seeds "
+        f"{seeds} (those tables' runs are seed 0): the same learning rates; the seed deals the "
+        "data to the phones, draws the initial weights and picks each round's phones. On the "
+        "demo corpus it also draws which of each owner's messages are held out for validation "
+        "and test, so its rows move with their test text too (each seed's centralized model "
+        "is trained and tested on that seed's split). A difference between two rows of the "
         "ranking that is not well beyond a row's range here is no evidence that one method is "
         "better. sd: the sample standard deviation over the seeds done; mean vs centralized "
-        "mean: the issue's 10% target held against the means. Seed 0 is the rank run, from an "
-        "earlier commit than the reruns when the code changed between them (results.json's "
-        "git_commit).", "",
+        "mean: the issue's 10% target held against the means. Seed 0 is the table's own run, "
+        "from an earlier commit than the reruns when the code changed between them "
+        "(results.json's git_commit).", "",
         table or "No run of the seeds suite's rows is done yet.",
     ]  # fmt: skip
 

@@ -314,26 +314,33 @@ def test_the_demo_by_owner_runs_every_method_at_c_1_too_at_the_lrs_chosen_at_c_0
                 assert float(flag(high, knob)) == pytest.approx(float(flag(low, knob)) / 10)
 
 
-def test_the_seeds_suite_runs_rank_rows_again_changing_nothing_but_the_seed():
-    """Each seeds run is its rank run's command at another --seed (and its own folder), so the
-    two differ by chance alone; the rank runs themselves stay seed 0 and stay done."""
+def test_the_seeds_suite_runs_rows_again_changing_nothing_but_the_seed():
+    """Each seeds run is its rank (PTB) or noniid (the demo by owner at C 1) run's command at
+    another --seed (and its own folder), so the two differ by chance alone; the runs they
+    repeat stay seed 0 and stay done."""
     p = PRESETS["cpu"]
     results = decided("cpu")
-    rank = {s.method: s for s in select(p, ["rank"], results) if s.dataset == "ptb"}
+    first = {(s.dataset, s.method, s.fraction): s for s in select(p, ["rank", "noniid"], results)
+             if s.dataset == "ptb" or (s.dataset == "demo" and s.fraction == 1.0)}  # fmt: skip
     seeds = select(p, ["seeds"], results)
-    central = next(m for m, r in rank.items() if r.kind == "central")
-    assert {(s.method, s.seed) for s in seeds} == {
-        (m, k) for m in ("FedAvg", "FedAvgM", CAPPED_FEDATTOPT, central) for k in (1, 2)
-    }
-    assert len({s.id for s in seeds} | set(s.id for s in rank.values())) == len(seeds) + len(rank)
+    central = {d: m for d, m, _ in first if first[d, m, _].kind == "central"}
+    assert {(s.dataset, s.method, s.fraction, s.seed) for s in seeds} == {
+        (d, m, c, k)
+        for d, c, methods in (("ptb", 0.1, ("FedAvg", "FedAvgM", CAPPED_FEDATTOPT)),
+                              ("demo", 1.0, ("FedAvg", "FedAvgM", "FedAdam")))
+        for m in (*methods, central[d])
+        for k in (1, 2)
+    }  # fmt: skip
+    assert {s.partition for s in seeds if s.dataset == "demo" and s.kind != "central"} == {"user"}
+    assert len({s.id for s in seeds} | {s.id for s in first.values()}) == len(seeds) + len(first)
     for spec in seeds:
-        twin = command(rank[spec.method], p, Path("d"), Path("o"))
+        twin = command(first[spec.dataset, spec.method, spec.fraction], p, Path("d"), Path("o"))
         words = command(spec, p, Path("d"), Path("o"))
         assert flag(twin, "--seed") == "0" and flag(words, "--seed") == str(spec.seed)
         assert words.count("--seed") == 1
         at = words.index("--seed")
         assert words[:at] + words[at + 2 :] == twin[:at] + twin[at + 2 :]
-        assert spec.id.endswith(f"-seed{spec.seed}") and spec.dataset == "ptb"
+        assert spec.id.endswith(f"-seed{spec.seed}")
 
 
 def test_the_decay_suite_adds_an_lr_decay_alike_per_example_seen_and_nothing_else():
@@ -479,11 +486,12 @@ def test_progress_counts_every_planned_run():
     # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
     # (12 methods + ngram + central); WikiText-2 by article (12) and the demo (12 + ngram +
     # central; at C 1 the 9 methods without a C of their own, FedSGD's and AdaFL's, and a
-    # 50-epoch central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model at 2 more seeds
+    # 50-epoch central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model, and the
+    # demo by owner's at C 1 FedAvg, FedAvgM, FedAdam and centralized model, at 2 more seeds;
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
     # and on both datasets and the demo by owner FedAvg, FedAvgM, FedAdam and the centralized
     # model at their lr and one step below
-    assert plan == {"sweep": 90, "rank": 28, "noniid": 36, "seeds": 8, "decay": 3, "dropout": 6,
+    assert plan == {"sweep": 90, "rank": 28, "noniid": 36, "seeds": 16, "decay": 3, "dropout": 6,
                     "confirm": 24}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip

@@ -65,7 +65,7 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 195 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 36, seeds 0 of 8, "
+        "**7 of 203 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 36, seeds 0 of 16, "
         "decay 0 of 3, dropout 0 of 6, confirm 0 of 24;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
@@ -104,7 +104,7 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 195 runs done**" in md and "seeds 2 of 8" in md
+    assert "**9 of 203 runs done**" in md and "seeds 2 of 16" in md
 
 
 def test_the_confirm_suite_checks_the_demo_by_owner_against_its_noniid_runs():
@@ -315,6 +315,37 @@ def test_the_rank_table_marks_what_chance_alone_could_explain():
     assert "| best round / rounds |\n" in wt2
 
 
+def test_the_demo_by_owner_at_c1_is_seeded_against_its_own_centralized_model():
+    """The demo's C 1 rows rerun at other seeds: the seeds table names the phones and holds the
+    row against the mean of the centralized model of its C (50 epochs), not C 0.1's; the
+    non-IID table gets the seed-to-seed cells, and its C 0.1 rows stay unseeded."""
+    from bench.paper_seeds import seeds_table
+    from bench.presets import PRESETS
+
+    c1, c01 = "centralized, 50 epochs", "centralized, 5 epochs"
+    runs = ranking_runs() + [
+        run("noniid", "demo", c01, 0.1, [100, 4.7], kind="central"),
+        run("noniid", "demo", c1, 1.0, [100, 4.0], kind="central"),
+        run("seeds", "demo", c1, 1.0, [100, 6.0], kind="central", seed=1),
+        run("noniid", "demo", "FedAvgM", 1.0, [100, 4.8], partition="user"),
+        run("seeds", "demo", "FedAvgM", 1.0, [100, 5.2], partition="user", seed=1),
+        run("noniid", "demo", "FedAvg", 0.1, [100, 11.0], partition="user"),
+    ]
+    table = seeds_table(PRESETS["cpu"], runs).splitlines()[2:]
+    rows = {line.split(" | ")[1]: line for line in table}
+    # FedAvgM's mean 5.0 against the 50-epoch model's mean 5.0 (4.0 and 6.0), not 4.7
+    assert rows["FedAvgM"].startswith("| demo corpus, one phone per owner | FedAvgM | 1 | 4.80 |")
+    assert "| 5.00 | 0.28 | 8.0% | +0.0% |" in rows["FedAvgM"]
+    assert rows[c1].startswith(f"| demo corpus | {c1} | - | 4.00 | 6.00 |")
+    demo = markdown(runs, [], {}, {}).split("## Non-IID phones")[1].split("### demo corpus")[1]
+    demo = demo.split("\n#")[0]
+    cell = {(line.split(" | ")[0][2:], line.split(" | ")[1]): line.split(" | ")[-1]
+            for line in demo.splitlines()[4:]}  # fmt: skip
+    assert cell["FedAvgM", "1"] == "mean 5.00, sd 0.28 (2 seeds) |"
+    assert cell[f"**{c1}**", "-"] == "mean 5.00, sd 1.41 (2 seeds) |"
+    assert cell["FedAvg", "0.1"] == "- |"  # 11.0: far from FedAvgM's 5.0
+
+
 def test_method_rows_are_held_against_the_ceiling_and_the_ngram():
     runs = ranking_runs()
     central, ngram = runs[2], runs[3]
@@ -455,3 +486,22 @@ def test_a_long_history_of_bench_commands_and_commits_is_counted_in_the_header_a
     short = markdown(ranking_runs(), cmds[:2], {}, {})
     assert f"Produced by `{cmds[0]}`, then `{cmds[1]}`;" in short
     assert "- Git commits: abcdef1234" in short and "The bench commands, in order" not in short
+
+
+def test_a_seeded_row_is_held_against_the_centralized_model_of_its_own_c():
+    """The gpu preset seeds PTB at C 0.1 and 0.5, each with its own centralized model: a C 0.5
+    row's "mean vs centralized mean" is against the 125-epoch model, not the 25-epoch one."""
+    from bench.paper_seeds import seeds_table
+    from bench.presets import PRESETS
+
+    c01 = "centralized, 25 epochs (as many examples as C 0.1)"
+    c05 = "centralized, 125 epochs (as many examples as C 0.5)"
+    runs = [
+        run("rank", "ptb", c01, 0.1, [1000, 100], kind="central", preset="gpu"),
+        run("rank", "ptb", c05, 0.5, [1000, 80], kind="central", preset="gpu"),
+        run("rank", "ptb", "FedAvg", 0.1, [1000, 110], preset="gpu"),
+        run("rank", "ptb", "FedAvg", 0.5, [1000, 88], preset="gpu"),
+    ]
+    table = seeds_table(PRESETS["gpu"], runs).splitlines()[2:]
+    rows = {(line.split(" | ")[1], line.split(" | ")[2]): line for line in table}
+    assert "| +10.0% |" in rows["FedAvg", "0.1"] and "| +10.0% |" in rows["FedAvg", "0.5"]
