@@ -188,7 +188,9 @@ SEEDED = ("FedAvg", "FedAvgM", CAPPED_FEDATTOPT)
 #: holds beyond chance. There the seed also draws which of each owner's messages are held out
 #: (corpora.loaders.split_user_messages), so a row moves with its test text as well; each seed's
 #: centralized model is trained and tested on that seed's split.
-SEEDED_NONIID = {("demo", 1.0): ("FedAvg", "FedAvgM", "FedAdam")}
+SEEDED_NONIID: dict[tuple[str, float | None], tuple[str, ...]] = {
+    ("demo", 1.0): ("FedAvg", "FedAvgM", "FedAdam")
+}
 OTHER_SEEDS = (1, 2)
 
 
