@@ -74,17 +74,20 @@ def seed_notes(
 def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) -> str:
     """One row per rank row the seeds suite repeats: its test perplexity at each seed (a run not
     done: where it stands), their mean, sample standard deviation and range, the mean against
-    the centralized model's mean over its seeds, and top-1's mean and sd."""
+    the centralized model's mean over its seeds and each seed's run against that seed's
+    centralized model (paired: on the demo corpus the seed draws the test text too), and
+    top-1's mean and sd."""
     begun = begun or {}
     header = ["dataset", "method", "C", *(f"test ppl, seed {k}" for k in ALL_SEEDS), "mean",
-              "sd", "range (% of mean)", "mean vs centralized mean", "top-1: mean", "top-1: sd",
+              "sd", "range (% of mean)", "mean vs centralized mean",
+              "vs centralized, same seed (by seed)", "top-1: mean", "top-1: sd",
               "best round, by seed"]  # fmt: skip
     # (run ids, runs done by seed, one of them to name the row by, their mean test perplexity)
     done = [(ids, by_seed, next(iter(by_seed.values())),
              statistics.fmean(r["test_ppl"] for r in by_seed.values()))
             for ids, by_seed in seed_rows(preset, runs) if by_seed]  # fmt: skip
     # each row against the centralized model of its text and C (the gpu preset has two for PTB)
-    central = {(ref["dataset"], ref["fraction"]): m for _, _, ref, m in done
+    central = {(ref["dataset"], ref["fraction"]): (m, by_seed) for _, by_seed, ref, m in done
                if ref["kind"] == "central"}  # fmt: skip
     rows = []
     for ids, by_seed, ref, m in done:
@@ -95,9 +98,10 @@ def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) ->
         ppl = [by_seed[k]["test_ppl"] for k in ALL_SEEDS if k in by_seed]
         top1 = [by_seed[k]["top1"] for k in ALL_SEEDS if by_seed.get(k, {}).get("top1") is not None]
         many = len(ppl) > 1
-        base = (
-            central.get((ref["dataset"], ref["fraction"])) if ref["kind"] == "federated" else None
-        )
+        base, twins = (central.get((ref["dataset"], ref["fraction"]), (None, {}))
+                       if ref["kind"] == "federated" else (None, {}))  # fmt: skip
+        paired = [f"{(by_seed[k]['test_ppl'] / twins[k]['test_ppl'] - 1) * 100:+.1f}%"
+                  if k in by_seed and k in twins else "-" for k in ALL_SEEDS]  # fmt: skip
         text = NAMES.get(ref["dataset"], ref["dataset"])
         phones = ref.get("partition", "iid")
         rows.append([
@@ -106,6 +110,7 @@ def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) ->
             _f(statistics.stdev(ppl)) if many else "-",
             f"{(max(ppl) - min(ppl)) / m * 100:.1f}%" if many else "-",
             f"{(m / base - 1) * 100:+.1f}%" if base else "-",
+            " / ".join(paired) if twins else "-",
             _f(statistics.fmean(top1), ".4f") if top1 else "-",
             _f(statistics.stdev(top1), ".4f") if len(top1) > 1 else "-",
             " / ".join(str(by_seed[k]["best_round"]) if k in by_seed else "-" for k in ALL_SEEDS),
@@ -129,7 +134,9 @@ def seeds_section(preset: Preset, runs: list[dict], begun: Begun | None = None) 
         "is trained and tested on that seed's split). A difference between two rows of the "
         "ranking that is not well beyond a row's range here is no evidence that one method is "
         "better. sd: the sample standard deviation over the seeds done; mean vs centralized "
-        "mean: the issue's 10% target held against the means. Seed 0 is the table's own run, "
+        "mean: the issue's 10% target held against the means; vs centralized, same seed: each "
+        "seed's run against that seed's centralized model (the pairs the demo corpus needs, "
+        "where the test text moves with the seed). Seed 0 is the table's own run, "
         "from an earlier commit than the reruns when the code changed between them "
         "(results.json's git_commit).", "",
         table or "No run of the seeds suite's rows is done yet.",

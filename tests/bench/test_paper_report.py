@@ -97,11 +97,12 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     rows = table.splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == [CENTRAL, "FedAvg", "FedAvgM"]
     # rank FedAvg (seed 0) 160, seed 1 170: mean 165, sd 7.07, range 10 / 165
-    # against the centralized model's mean (150, one seed so far): +10.0%
+    # against the centralized model's mean (150, one seed so far): +10.0%; seed 0's own: +6.7%
     assert rows[1] == ("| PTB | FedAvg | 0.1 | 160.00 | 170.00 | begun: round 3 of 50 | 165.00 | "
-                       "7.07 | 6.1% | +10.0% | 0.2300 | 0.0141 | 2 / 2 / - |")  # fmt: skip
-    assert "| - | 150.00 | not run yet | not run yet | 150.00 | - | - | - | 0.2500 | - |" in rows[0]
-    assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | 0.2400 |" in rows[2]
+                       "7.07 | 6.1% | +10.0% | +6.7% / - / - | 0.2300 | 0.0141 | 2 / 2 / - |")  # fmt: skip
+    assert "| - | 150.00 | not run yet | not run yet | 150.00 | - | - | - | - | 0.2500 |" in rows[0]
+    # paired: seed 0's 160 against the centralized model's seed 0 (150); FedAvgM has no pair yet
+    assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | - / - / - |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
     assert "**9 of 203 runs done**" in md and "seeds 2 of 16" in md
@@ -335,7 +336,7 @@ def test_the_demo_by_owner_at_c1_is_seeded_against_its_own_centralized_model():
     rows = {line.split(" | ")[1]: line for line in table}
     # FedAvgM's mean 5.0 against the 50-epoch model's mean 5.0 (4.0 and 6.0), not 4.7
     assert rows["FedAvgM"].startswith("| demo corpus, one phone per owner | FedAvgM | 1 | 4.80 |")
-    assert "| 5.00 | 0.28 | 8.0% | +0.0% |" in rows["FedAvgM"]
+    assert "| 5.00 | 0.28 | 8.0% | +0.0% | +20.0% / -13.3% / - |" in rows["FedAvgM"]  # paired
     assert rows[c1].startswith(f"| demo corpus | {c1} | - | 4.00 | 6.00 |")
     demo = markdown(runs, [], {}, {}).split("## Non-IID phones")[1].split("### demo corpus")[1]
     demo = demo.split("\n#")[0]
