@@ -9,12 +9,19 @@ results.json: a row whose test perplexity comes back is one a reader can check f
 itself, and a row that does not names a fault between training, choosing the best round and
 keeping its checkpoint. The checkpoints stay on the machine that ran the runs (runs/ is not
 committed): a run without one here is listed as such, not failed.
+
+With `--record`, each check made here is kept in FOLDER/verified.json (the run's figures, those
+scored again, the verdict, the machine, the commit and the day), and a run whose checkpoint is
+not here shows the check an earlier machine made of it, if its figures are still those that were
+checked: so the table covers every machine's checks, not only this one's.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import fnmatch
+import json
 import sys
 from pathlib import Path
 
@@ -74,6 +81,46 @@ def verify(runs: list[dict], runs_dir: Path, progress=None) -> list[list[str]]:
     return rows
 
 
+#: Where `--record` keeps the checks, in the results folder beside results.json.
+RECORD = "verified.json"
+NOT_HERE = "no checkpoint here"
+
+
+def recorded(record: dict, run: dict) -> list[str] | None:
+    """An earlier machine's row for `run` from `record` (RECORD's object), its verdict naming
+    where and when; None if it has none or the run's figures changed since (a rerun)."""
+    from runners.rescore import agrees
+
+    then = record.get(run["id"])
+    if (
+        not then
+        or then["best_round"] != run["best_round"]
+        or not all(agrees(then[k], run[k]) for k in ("best_val_ppl", "test_ppl"))
+    ):
+        return None
+    return [run["id"], str(run["best_round"]), f"{run['best_val_ppl']:.2f}",
+            f"{run['test_ppl']:.2f}", f"{then['val_again']:.2f}", f"{then['test_again']:.2f}",
+            f"{then['agrees']} (on {then['device']}, {then['day']})"]  # fmt: skip
+
+
+def record_checks(path: Path, runs: list[dict], rows: list[list[str]], device: str) -> dict:
+    """Add this machine's checks (`rows`, verify's, of `runs`) to the record at `path`; returns
+    the record before them."""
+    from bench.perf import _git
+
+    before = json.loads(path.read_text())["runs"] if path.is_file() else {}
+    now = dict(before)
+    day, commit = datetime.date.today().isoformat(), _git("rev-parse", "HEAD")
+    for run, row in zip(runs, rows, strict=True):
+        if row[-1] != NOT_HERE:
+            now[run["id"]] = {"best_round": run["best_round"], "best_val_ppl": run["best_val_ppl"],
+                              "test_ppl": run["test_ppl"], "val_again": float(row[4]),
+                              "test_again": float(row[5]), "agrees": row[-1], "device": device,
+                              "day": day, "git_commit": commit}  # fmt: skip
+    path.write_text(json.dumps({"runs": dict(sorted(now.items()))}, indent=1) + "\n")
+    return before
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="A bench results folder (bench/results/cpu).")
@@ -83,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Only the runs of this suite (repeat; default: rank).")  # fmt: skip
     parser.add_argument("--only", action="append", default=None,
                         help="Only the run ids matching this glob (repeat).")  # fmt: skip
+    parser.add_argument("--record", action="store_true",
+                        help=f"Keep this machine's checks in FOLDER/{RECORD}, and show an earlier "
+                        "machine's check of a run whose checkpoint is not here.")  # fmt: skip
     args = parser.parse_args(argv)
     import torch
     from tqdm import tqdm
@@ -100,18 +150,28 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with tqdm(total=len(runs), desc="scoring kept checkpoints", unit="run") as bar:
         rows = verify(runs, args.runs_dir / args.folder.name, bar)
+    here = [row[-1] != NOT_HERE for row in rows]  # checked on this machine
+    if args.record:
+        earlier = record_checks(args.folder / RECORD, runs, rows, device_label())
+        rows = [(recorded(earlier, run) or row) if row[-1] == NOT_HERE else row
+                for run, row in zip(runs, rows, strict=True)]  # fmt: skip
     header = ["run", "best round", "val ppl", "test ppl", "val ppl, scored again",
               "test ppl, scored again", "agrees"]  # fmt: skip
     print(f"# {args.folder}: its runs scored again from their kept checkpoints\n\n"
           f"`python -m bench.paper_verify {' '.join(argv if argv is not None else sys.argv[1:])}`"
           f", on {device_label()}; `agrees`: every score the checkpoint recorded for its round, "
-          "and results.json's validation and test perplexity, within 0.1%.\n")  # fmt: skip
+          "and results.json's validation and test perplexity, within 0.1%"
+          + (f"; a run checked on an earlier machine (FOLDER/{RECORD}) names it" if args.record
+             else "") + ".\n")  # fmt: skip
     print(markdown_table(header, rows))
-    checked = [r for r in rows if r[-1] != "no checkpoint here"]
-    good = sum(r[-1] == "yes" for r in checked)
-    print(f"\n{good} of {len(checked)} runs with a checkpoint here give their recorded figures "
-          f"again ({len(rows) - len(checked)} without one)")  # fmt: skip
-    return 0 if good == len(checked) else 1
+    mine = [r for r, h in zip(rows, here, strict=True) if h]
+    before = [r for r, h in zip(rows, here, strict=True) if not h and r[-1] != NOT_HERE]
+    good = sum(r[-1] == "yes" for r in mine)
+    print(f"\n{good} of {len(mine)} runs with a checkpoint here give their recorded figures "
+          f"again ({len(rows) - len(mine)} without one"
+          + (f"; of those, {sum(r[-1].startswith('yes') for r in before)} of {len(before)} "
+             "checked on an earlier machine gave them" if args.record else "") + ")")  # fmt: skip
+    return 0 if good == len(mine) else 1
 
 
 if __name__ == "__main__":

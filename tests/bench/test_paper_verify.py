@@ -69,3 +69,34 @@ def test_the_command_fails_when_a_figure_does_not_come_back(tmp_path, capsys):
     Bench(folder).add({**run, "best_val_ppl": run["best_val_ppl"] * 0.9}, "fedkey bench paper")
     assert main([str(folder), "--runs-dir", str(tmp_path)]) == 1
     assert "no: val_ppl of results.json" in capsys.readouterr().out
+
+
+def test_record_keeps_each_machines_checks_for_the_next_machine(tmp_path, capsys):
+    """`--record`: a check made here goes into FOLDER/verified.json; on a machine without the
+    checkpoint the row shows that check, naming where and when it was made, while the run's
+    figures are still those checked (a rerun with other figures is not covered by it)."""
+    import shutil
+
+    from bench.paper_results import Bench
+    from bench.paper_verify import RECORD, main
+
+    run, runs = _run(tmp_path)
+    folder = tmp_path / "runs"
+    Bench(folder).add(run, "fedkey bench paper")
+    assert main([str(folder), "--runs-dir", str(tmp_path), "--record"]) == 0
+    capsys.readouterr()
+    kept = json.loads((folder / RECORD).read_text())["runs"][run["id"]]
+    assert kept["agrees"] == "yes" and kept["best_round"] == run["best_round"]
+    shutil.rmtree(runs / run["id"])  # another machine: the checkpoint is not here
+    assert main([str(folder), "--runs-dir", str(tmp_path), "--record"]) == 0
+    out = capsys.readouterr().out
+    assert f"| yes (on {kept['device']}, {kept['day']}) |" in out
+    assert "0 of 0 runs with a checkpoint here" in out
+    assert "(1 without one; of those, 1 of 1 checked on an earlier machine gave them)" in out
+    # without --record the record is not read; a rerun's new figures are not the checked ones
+    assert main([str(folder), "--runs-dir", str(tmp_path)]) == 0
+    assert "| no checkpoint here |" in capsys.readouterr().out
+    Bench(folder).add({**run, "test_ppl": run["test_ppl"] * 1.05}, "fedkey bench paper")
+    main([str(folder), "--runs-dir", str(tmp_path), "--record"])
+    assert "| no checkpoint here |" in capsys.readouterr().out
+    assert json.loads((folder / RECORD).read_text())["runs"][run["id"]] == kept  # kept as it was
