@@ -72,7 +72,7 @@ def seed_notes(
 
 
 def seeds_table(preset: Preset, runs: list[dict], begun: Begun | None = None) -> str:
-    """One row per rank row the seeds suite repeats: its test perplexity at each seed (a run not
+    """One row per row the seeds suite repeats: its test perplexity at each seed (a run not
     done: where it stands), their mean, sample standard deviation and range, the mean against
     the centralized model's mean over its seeds and each seed's run against that seed's
     centralized model (paired: on the demo corpus the seed draws the test text too), and
