@@ -347,9 +347,11 @@ def run_bench(
                             == preset.name and r.get("device") != device_label()})  # fmt: skip
         where = (f"; the pace is this machine's ({device_label()}), and runs done on "
                  f"{', '.join(elsewhere)} do not set it" if elsewhere and not known else "")  # fmt: skip
-        print(f"# {len(todo)} of them not done: about {duration(sum(known))} of run time at the "
-              f"pace of those done ({len(needs) - len(known)} with nothing to judge it by{where}); "
-              f"the ranking suites add runs as the sweep decides")  # fmt: skip
+        left = (f"about {duration(sum(known))} of run time at the pace of those done "
+                f"({len(needs) - len(known)} with nothing to judge it by{where})" if known
+                else f"no run time to tell: no run done judges them{where}")  # fmt: skip
+        print(f"# {len(todo)} of them not done: {left}; the ranking suites add runs as the sweep "
+              "decides")  # fmt: skip
         return bench.read()
     todo = todo_now()
     # The runs done before checkpoints were pruned at the end of a run: pruned now, those of the

@@ -273,9 +273,9 @@ def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
     paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs", only=ids,
                     dry_run=True)  # fmt: skip
     last = capsys.readouterr().out.splitlines()[3]
-    assert last.startswith("# 2 of them not done: about 0 min of run time at the pace of those done "
-                           "(2 with nothing to judge it by; the pace is this machine's (")  # fmt: skip
-    assert "), and runs done on cuda (NVIDIA H200) do not set it); the ranking" in last
+    assert last.startswith("# 2 of them not done: no run time to tell: no run done judges them; "
+                           "the pace is this machine's (")  # fmt: skip
+    assert "), and runs done on cuda (NVIDIA H200) do not set it; the ranking" in last
 
 
 def test_a_run_that_cannot_resume_is_not_noted_as_begun(data_root, monkeypatch, capsys):
