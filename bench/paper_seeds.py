@@ -144,6 +144,16 @@ def seeds_section(preset: Preset, runs: list[dict], begun: Begun | None = None) 
 
 
 def seed_curves(preset: Preset, runs: list[dict]) -> list[dict]:
-    """The runs of every seeds row, labelled with their seed, for one figure of curves."""
-    return [{**r, "method": f"{r['method']}, seed {k}"}
-            for _, by_seed in seed_rows(preset, runs) for k, r in sorted(by_seed.items())]  # fmt: skip
+    """The runs of every seeds row, labelled with their seed, for one figure of curves: a colour
+    per row, a line style per seed."""
+    styles = dict(zip(ALL_SEEDS, ("-", "--", ":"), strict=True))
+    out: list[dict] = []
+    colours: dict[str, int] = {}  # rows drawn so far per dataset (a figure per dataset)
+    for _, by_seed in seed_rows(preset, runs):
+        for k, r in sorted(by_seed.items()):
+            colour = colours.get(r["dataset"], 0)
+            out.append({**r, "method": f"{r['method']}, seed {k}", "line": (colour, styles[k])})
+        if by_seed:
+            ds = next(iter(by_seed.values()))["dataset"]
+            colours[ds] = colours.get(ds, 0) + 1
+    return out

@@ -360,7 +360,8 @@ def plot_curves(
 ) -> Path | None:
     """Test (or validation: ``split="val"``) perplexity per round, one line per run (log scale;
     points above CEILING left out); `curve` names the results.json field (col_curve: the seed
-    papers' column perplexity)."""
+    papers' column perplexity). A run may name its own line as "line": (colour index, line
+    style), as the seeds' figure does (a colour per row, a style per seed)."""
     at = 1 if split == "val" else 2
     runs = [dict(r, curve=r[curve]) for r in runs if len(r.get(curve, ())) > 1]
     if not runs:
@@ -374,7 +375,8 @@ def plot_curves(
     for i, r in enumerate(runs):
         x = [p[0] for p in r["curve"]]
         y = [p[at] if p[at] is not None and p[at] <= CEILING else math.nan for p in r["curve"]]
-        ax.plot(x, y, color=f"C{i % 10}", ls="-" if i < 10 else "--",
+        colour, ls = r.get("line", (i % 10, "-" if i < 10 else "--"))
+        ax.plot(x, y, color=f"C{colour % 10}", ls=ls,
                 label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("round (epoch for the centralized model)")

@@ -506,3 +506,16 @@ def test_a_seeded_row_is_held_against_the_centralized_model_of_its_own_c():
     table = seeds_table(PRESETS["gpu"], runs).splitlines()[2:]
     rows = {(line.split(" | ")[1], line.split(" | ")[2]): line for line in table}
     assert "| +10.0% |" in rows["FedAvg", "0.1"] and "| +10.0% |" in rows["FedAvg", "0.5"]
+
+
+def test_the_seed_curves_draw_a_colour_per_row_and_a_line_style_per_seed():
+    from bench.paper_seeds import seed_curves
+    from bench.presets import PRESETS
+
+    runs = ranking_runs() + [
+        run("seeds", "ptb", "FedAvg", 0.1, [1000, 170], seed=1),
+        run("seeds", "ptb", CENTRAL, 0.1, [1000, 152], kind="central", seed=2),
+    ]
+    lines = {(r["method"], r["line"]) for r in seed_curves(PRESETS["cpu"], runs)}
+    assert lines == {(f"{CENTRAL}, seed 0", (0, "-")), (f"{CENTRAL}, seed 2", (0, ":")),
+                     ("FedAvg, seed 0", (1, "-")), ("FedAvg, seed 1", (1, "--"))}  # fmt: skip
