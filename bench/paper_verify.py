@@ -103,12 +103,26 @@ def recorded(record: dict, run: dict) -> list[str] | None:
             f"{then['agrees']} (on {then['device']}, {then['day']})"]  # fmt: skip
 
 
-def record_checks(path: Path, runs: list[dict], rows: list[list[str]], device: str) -> dict:
-    """Add this machine's checks (`rows`, verify's, of `runs`) to the record at `path`; returns
-    the record before them."""
+def read_record(path: Path) -> dict:
+    """The checks kept at `path` by run id ({} where there is none yet); ValueError where the
+    file is not such a record."""
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text())["runs"]
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not a record of checks this command wrote ({e})") from e
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} is not a record of checks this command wrote")
+    return record
+
+
+def record_checks(path: Path, before: dict, runs: list[dict], rows: list[list[str]],
+                  device: str) -> None:  # fmt: skip
+    """Write to `path` the record `before` with this machine's checks (`rows`, verify's, of
+    `runs`) added."""
     from bench.perf import _git
 
-    before = json.loads(path.read_text())["runs"] if path.is_file() else {}
     now = dict(before)
     day, commit = datetime.date.today().isoformat(), _git("rev-parse", "HEAD")
     for run, row in zip(runs, rows, strict=True):
@@ -118,7 +132,6 @@ def record_checks(path: Path, runs: list[dict], rows: list[list[str]], device: s
                               "test_again": float(row[5]), "agrees": row[-1], "device": device,
                               "day": day, "git_commit": commit}  # fmt: skip
     path.write_text(json.dumps({"runs": dict(sorted(now.items()))}, indent=1) + "\n")
-    return before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,11 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"no finished run of {', '.join(sorted(suites))} in {args.folder}", file=sys.stderr)
         return 1
+    try:  # read before the scoring, so that a damaged record costs no time
+        earlier = read_record(args.folder / RECORD) if args.record else {}
+    except ValueError as e:
+        print(f"{e}: move it aside and run again", file=sys.stderr)
+        return 2
     with tqdm(total=len(runs), desc="scoring kept checkpoints", unit="run") as bar:
         rows = verify(runs, args.runs_dir / args.folder.name, bar)
     here = [row[-1] != NOT_HERE for row in rows]  # checked on this machine
     if args.record:
-        earlier = record_checks(args.folder / RECORD, runs, rows, device_label())
+        record_checks(args.folder / RECORD, earlier, runs, rows, device_label())
         rows = [(recorded(earlier, run) or row) if row[-1] == NOT_HERE else row
                 for run, row in zip(runs, rows, strict=True)]  # fmt: skip
     header = ["run", "best round", "val ppl", "test ppl", "val ppl, scored again",

@@ -100,3 +100,17 @@ def test_record_keeps_each_machines_checks_for_the_next_machine(tmp_path, capsys
     main([str(folder), "--runs-dir", str(tmp_path), "--record"])
     assert "| no checkpoint here |" in capsys.readouterr().out
     assert json.loads((folder / RECORD).read_text())["runs"][run["id"]] == kept  # kept as it was
+
+
+def test_a_damaged_record_is_named_in_one_line(tmp_path, capsys):
+    from bench.paper_results import Bench
+    from bench.paper_verify import RECORD, main
+
+    run, _ = _run(tmp_path)
+    folder = tmp_path / "runs"
+    Bench(folder).add(run, "fedkey bench paper")
+    (folder / RECORD).write_text("{not json")
+    assert main([str(folder), "--runs-dir", str(tmp_path), "--record"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("move it aside and run again")
+    assert (folder / RECORD).read_text() == "{not json"  # left as it was
