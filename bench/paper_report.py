@@ -438,7 +438,8 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     for name in presets:
         out += [f"- Preset `{name}`: {PRESETS[name].note}"]
     new = [c for c in bench_commands if not is_old(c)]
-    many = len(new) > SHOWN  # then the header names the first and the last; Commands has all
+    # past SHOWN, the header counts them (naming the first and last command); Commands lists all
+    many, hashes = len(new) > SHOWN, len(commits) > SHOWN
     out += [
         "- Produced by "
         + (
@@ -460,7 +461,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         "--data, --paper-protocol and --max-eval-sentences; `python -m bench.paper_verify "
         "bench/results/<preset>` does it for every run with its checkpoint there.",
         f"- Git commits: {', '.join(commits)}"
-        if len(commits) <= SHOWN
+        if not hashes
         else f"- Git commits: {len(commits)}, {sum('dirty' in c for c in commits)} of them with "
         "changes not committed (the run's commit and whether it was clean are in results.json; "
         "every commit is under Commands at the end)",
@@ -487,9 +488,9 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
     if many:
         out += ["The bench commands, in order:", ""] + [f"1. `{c}`" for c in new] + [""]
-    if len(commits) > SHOWN:
+    if hashes:
         out += [f"The runs' git commits: {', '.join(commits)}", ""]
-    out += ["Each run's own command:", ""] if many or len(commits) > SHOWN else []
+    out += ["Each run's own command:", ""] if many or hashes else []
     out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`"
             + (f" (the same run as `{r['same_run_as']}`: recorded from it, not run again)"
                if r.get("same_run_as") else "") for r in runs]  # fmt: skip

@@ -11,6 +11,7 @@ is better. Written from results.json's objects alone (no torch), as the rest of 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import replace
 
 from bench.paper_suites import OTHER_SEEDS, seeds_suite, source_suite
@@ -148,12 +149,10 @@ def seed_curves(preset: Preset, runs: list[dict]) -> list[dict]:
     per row, a line style per seed."""
     styles = dict(zip(ALL_SEEDS, ("-", "--", ":"), strict=True))
     out: list[dict] = []
-    colours: dict[str, int] = {}  # rows drawn so far per dataset (a figure per dataset)
+    drawn: Counter[str] = Counter()  # rows drawn so far per dataset (a figure per dataset)
     for _, by_seed in seed_rows(preset, runs):
         for k, r in sorted(by_seed.items()):
-            colour = colours.get(r["dataset"], 0)
-            out.append({**r, "method": f"{r['method']}, seed {k}", "line": (colour, styles[k])})
-        if by_seed:
-            ds = next(iter(by_seed.values()))["dataset"]
-            colours[ds] = colours.get(ds, 0) + 1
+            line = (drawn[r["dataset"]], styles[k])
+            out.append({**r, "method": f"{r['method']}, seed {k}", "line": line})
+        drawn.update({r["dataset"] for r in by_seed.values()})
     return out

@@ -29,6 +29,9 @@ from bench.paper_results import Bench
 from bench.paper_spec import command_flag
 from bench.report import markdown_table
 
+#: The verdict of a run whose checkpoint is not on this machine.
+NOT_HERE = "no checkpoint here"
+
 
 def checkpoint_of(run: dict, runs_dir: Path) -> Path:
     """The checkpoint of a run's best round in its folder under RUNS_DIR (a twin's: the run it was
@@ -67,7 +70,7 @@ def verify(runs: list[dict], runs_dir: Path, progress=None) -> list[list[str]]:
         cells = [run["id"], str(run["best_round"]), f"{run['best_val_ppl']:.2f}",
                  f"{run['test_ppl']:.2f}"]  # fmt: skip
         if not path.is_file():
-            rows.append([*cells, "-", "-", "no checkpoint here"])
+            rows.append([*cells, "-", "-", NOT_HERE])
         else:
             asked = (read_metadata(path).get("metrics") or {}).get("eval_precision", "auto")
             r = rescore(path, device="cpu", precision=asked, **held_out_flags(run["command"]))
@@ -83,12 +86,12 @@ def verify(runs: list[dict], runs_dir: Path, progress=None) -> list[list[str]]:
 
 #: Where `--record` keeps the checks, in the results folder beside results.json.
 RECORD = "verified.json"
-NOT_HERE = "no checkpoint here"
 
 
-def recorded(record: dict, run: dict) -> list[str] | None:
-    """An earlier machine's row for `run` from `record` (RECORD's object), its verdict naming
-    where and when; None if it has none or the run's figures changed since (a rerun)."""
+def recorded(record: dict, run: dict, row: list[str]) -> list[str]:
+    """`run`'s row (verify's, without a checkpoint here) with an earlier machine's check of it
+    from `record` (RECORD's object), its verdict naming where and when; the row as it was if
+    there is none or the run's figures changed since (a rerun)."""
     from runners.rescore import agrees
 
     then = record.get(run["id"])
@@ -97,9 +100,8 @@ def recorded(record: dict, run: dict) -> list[str] | None:
         or then["best_round"] != run["best_round"]
         or not all(agrees(then[k], run[k]) for k in ("best_val_ppl", "test_ppl"))
     ):
-        return None
-    return [run["id"], str(run["best_round"]), f"{run['best_val_ppl']:.2f}",
-            f"{run['test_ppl']:.2f}", f"{then['val_again']:.2f}", f"{then['test_again']:.2f}",
+        return row
+    return [*row[:4], f"{then['val_again']:.2f}", f"{then['test_again']:.2f}",
             f"{then['agrees']} (on {then['device']}, {then['day']})"]  # fmt: skip
 
 
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     here = [row[-1] != NOT_HERE for row in rows]  # checked on this machine
     if args.record:
         record_checks(args.folder / RECORD, earlier, runs, rows, device_label())
-        rows = [(recorded(earlier, run) or row) if row[-1] == NOT_HERE else row
+        rows = [recorded(earlier, run, row) if row[-1] == NOT_HERE else row
                 for run, row in zip(runs, rows, strict=True)]  # fmt: skip
     header = ["run", "best round", "val ppl", "test ppl", "val ppl, scored again",
               "test ppl, scored again", "agrees"]  # fmt: skip
