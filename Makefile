@@ -11,11 +11,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test test-fast lint imports format clean
 
-# pip >= 25.1 installs a PEP 735 dependency group (--group); setuptools >= 68 is the build
+# pip >= 25.1 installs a PEP 735 dependency group (--group); setuptools >= 77 (PEP 639 license metadata) is the build
 # backend pyproject.toml names, used from the venv (--no-build-isolation).
 $(STAMP): pyproject.toml constraints.txt keyboard_web/package-lock.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "pip>=25.1" "setuptools>=68"
+	$(PY) -m pip install -q "pip>=25.1" "setuptools>=77"
 	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e . --group dev
 	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --ignore-scripts --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: the keyboard's in-browser (wasm) mode will be unavailable"; fi
