@@ -9,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint imports format clean
+.PHONY: venv demo test test-fast lint imports format clean docs
 
 # pip >= 25.1 installs a PEP 735 dependency group (--group); setuptools >= 77 (PEP 639 license metadata) is the build
 # backend pyproject.toml names, used from the venv (--no-build-isolation).
@@ -43,6 +43,12 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or anchor,
+# a page left out of the nav, or a reference page (generated from the code by
+# tools/docs_reference.py) that no longer builds.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # Which top-level packages each top-level package imports (tools/import_graph.py).
 imports: venv
 	$(PY) tools/import_graph.py
@@ -52,4 +58,4 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache keyboard_web/node_modules
+	rm -rf $(VENV) runs site .pytest_cache .mypy_cache .ruff_cache keyboard_web/node_modules

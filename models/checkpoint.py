@@ -23,6 +23,23 @@ from models.tokenizers import Tokenizer, tokenizer_from_config
 
 FORMAT_VERSION = 1
 
+#: What the JSON object under the "fedkey" metadata key holds, key -> meaning (the checkpoint
+#: reference, docs/reference/checkpoint.md, is generated from it). checkpoint_bytes writes the
+#: first five; the round engine (server.engine) adds "metrics" and "server" through `extra`.
+METADATA: dict[str, str] = {
+    "format": f"The format's version ({FORMAT_VERSION}).",
+    "model": "The model config (models.config.ModelConfig): vocab_size, cell, emb_size, "
+    "hidden_size, num_layers, tied, dropout.",
+    "tokenizer": 'The tokenizer, so the checkpoint alone rebuilds it: {"kind": "word", "words": '
+    '[the vocabulary, by id]} or {"kind": "sentencepiece", "model": the model, base64}.',
+    "round": "The round whose global model this is (0: the initial model).",
+    "strategy": "The aggregation method (or the run's label) that produced it.",
+    "metrics": "The round's metrics row, as in metrics.jsonl.",
+    "server": "The server's memory for a restart: the strategy's per-phone scores and sample "
+    "counts, the privacy accountant, the best round so far. Only in the run's own files: the "
+    "model served by GET /v1/model leaves it out.",
+}
+
 
 class CheckpointError(ValueError):
     """A checkpoint or an uploaded state does not match the model it claims to be."""
