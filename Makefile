@@ -13,10 +13,11 @@ STAMP  := $(VENV)/.installed
 
 # pip >= 25.1 installs a PEP 735 dependency group (--group); setuptools >= 77 (PEP 639 license metadata) is the build
 # backend pyproject.toml names, used from the venv (--no-build-isolation).
-$(STAMP): pyproject.toml constraints.txt keyboard_web/package-lock.json
+$(STAMP): pyproject.toml experiments/pyproject.toml constraints.txt keyboard_web/package-lock.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "pip>=25.1" "setuptools>=77"
 	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e . --group dev
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e experiments
 	if command -v npm >/dev/null; then npm ci --prefix keyboard_web --ignore-scripts --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: the keyboard's in-browser (wasm) mode will be unavailable"; fi
 	touch $(STAMP)
@@ -28,12 +29,15 @@ venv: $(STAMP)
 demo: venv
 	$(VENV)/bin/fedkey demo --out runs/demo
 
+# The product's tests, then the research harness's (experiments/tests, its own pytest settings).
 test: venv
 	$(PY) -m pytest -q
+	cd experiments && ../$(PY) -m pytest -q
 
 # The tests that take at most a few seconds each (no @pytest.mark.slow).
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
+	cd experiments && ../$(PY) -m pytest -q -m "not slow"
 
 # Style, types (pyproject.toml [tool.mypy]: strict for models/ and server/strategies/) and the
 # layer contracts (pyproject.toml [tool.importlinter]).
@@ -41,6 +45,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	cd experiments && ../$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or anchor,

@@ -10,8 +10,9 @@
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
     fedkey info           what a checkpoint holds
     fedkey evaluate       a checkpoint scored on held-out text, beside what its run recorded
-    fedkey bench          the benchmarks (perf, paper)
     fedkey audit canary   a planted secret's exposure, without and with DP (memorization)
+
+The benchmarks are not part of the product: `fedkey-bench` (experiments/, installed beside it).
 
 Every subcommand has --help. The federation's options are defined once, from server.settings
 (their defaults are the Settings defaults); every one can also be set by an environment variable
@@ -20,7 +21,7 @@ FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 The package: options.py (the shared option tables; those of malicious phones in attack_options.py,
 of the training backend in backend_options.py), errors.py (every failure as one line),
 federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
-keyboard, info, evaluate), demo.py, bench.py. Nothing here imports torch until a command runs, so
+keyboard, info, evaluate), demo.py, audit.py. Nothing here imports torch until a command runs, so
 --help is quick.
 """
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import audit, bench, checkpoints, demo, federation
+from cli import audit, checkpoints, demo, federation
 from cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
@@ -52,7 +53,6 @@ app.command()(checkpoints.keyboard)
 app.command()(demo.demo)
 app.command()(checkpoints.info)
 app.command()(checkpoints.evaluate)
-app.add_typer(bench.bench_app, name="bench")
 app.add_typer(audit.audit_app, name="audit")
 
 

@@ -26,7 +26,7 @@ from runners.processes import (
 #: 20 --partition user --fraction 0.5 --local-epochs 2 --strategy fedatt --dp-clip 10
 #: --dp-noise-multiplier 0.005`) and epsilon grows by about 4e4 a round, which the keyboard's panel
 #: says as it is; noise that buys a meaningful epsilon needs thousands of phones per round
-#: (bench/results/privacy).
+#: (experiments/results/privacy).
 MISSION = ["--strategy", "fedatt", "--dp-clip", "10", "--dp-noise-multiplier", "0.005"]
 
 

@@ -90,7 +90,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except typer.TyperException as e:  # click's usage errors: a bad flag or value, a missing option
-        if type(e).__name__ == "NoArgsIsHelpError":  # `fedkey bench`: the help, as typer shows it
+        if type(e).__name__ == "NoArgsIsHelpError":  # `fedkey audit`: the help, as typer shows it
             raise
         message = _one_line(e.format_message()).replace("Value error, ", "").rstrip(".")
         ctx = getattr(e, "ctx", None)

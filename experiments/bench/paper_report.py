@@ -1,0 +1,584 @@
+"""The report of `fedkey-bench paper`: results.md and its PNG curves, leading with what a researcher
+asks (issue 18, item 5): under the ranking protocol, scored as a language model, which aggregation
+method trains the better keyboard model, and how close does it come to centralized training?
+
+Layout: the protocol and how many of its runs are done; per dataset, test perplexity (of the
+best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
+savings) of every method beside the centralized model that saw as many examples and the
+Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
+how far some rows move at other seeds (bench.paper_seeds); some rows again with one change, a
+learning-rate decay or dropout, against the targets (bench.paper_variants); the learning-rate
+sweep; the curves; the evidence about the seed papers' column measure; then the old 8-round cut
+as an appendix whose title says what it cannot do.
+
+Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
+without running anything: `python -m bench.paper_report experiments/results/cpu`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bench.attopt_step import plot_steps, step_section
+from bench.paper import superseded
+from bench.paper_manual import Manual, best_at_protocol, manual_runs, manual_section
+from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
+from bench.paper_spec import RunSpec, command_flag
+from bench.paper_suites import planned
+from bench.paper_sweep import KNOBS, TASK_OF, every_knob_chosen, sweep_epochs, sweep_suite
+from bench.paper_tables import (
+    DATASET_NAMES,
+    NAMES,
+    PARTITIONS,
+    Begun,
+    _f,
+    _key,
+    _mb,
+    _pct,
+    _where,
+    _x,
+    beyond_table,
+    by_central,
+    code_table,
+    lm_table,
+    lr_table,
+    old_targets_table,
+    paper_table,
+    plot_curves,
+    privacy_tables,
+)
+from bench.paper_variants import (
+    VARIANTS,
+    checked_note,
+    kept_central,
+    variant_curves,
+    variant_kept,
+    variant_section,
+)
+from bench.presets import PRESETS, Preset
+from bench.report import markdown_table
+from bench.runs import run_seconds
+from bench.spread import plot_spread, spread_section
+
+RANKING = ("sweep", "rank", "noniid")
+#: Issue 18's targets: the best federated method at C 0.1 within 10% of the centralized model
+#: that saw as many examples; top-1 at least 1.25x the Kneser-Ney 3-gram's (Gboard's CIFG
+#: against its n-gram, Hard et al. 2018: 16.4% vs 13.0%); gpu preset, PTB: test ppl <= 100.
+WITHIN_CENTRAL = 0.10
+TOP1_VS_NGRAM = 1.25
+GPU_PTB_PPL = 100.0
+
+
+def _name(ds: str) -> str:
+    return NAMES.get(ds, ds)
+
+
+def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None, dict | None]:
+    """(the centralized model at C 0.1, the Kneser-Ney 3-gram) of a preset on a dataset's text:
+    the rank suite's, or the noniid suite's for the demo corpus."""
+    mine = [r for r in runs if r.get("preset") == preset and r["dataset"] == dataset
+            and r["suite"] in ("rank", "noniid")]  # fmt: skip
+    central = [r for r in mine if r["kind"] == "central"]
+    central.sort(key=lambda r: (r["fraction"] != 0.1, r["fraction"] or 0))
+    ngram = [r for r in mine if r["kind"] == "ngram"]
+    return (central[0] if central else None), (ngram[0] if ngram else None)
+
+
+def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
+    """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand;
+    with a variant suite's runs (decay, dropout), a row of theirs against its centralized model
+    with the same change. `manual_best`: the best hand-made gpu-protocol run on PTB
+    (bench.paper_manual), named beside the gpu target."""
+    header = ["preset", "dataset", "best federated at C 0.1", "test ppl", "centralized",
+              "within 10%", "best federated top-1", "3-gram top-1", "top-1 >= 1.25x"]  # fmt: skip
+    rows = []
+    for preset, ds, suite in [(p, ds, s) for p in _presets(runs) for ds in DATASET_NAMES
+                              for s in ("rank", *VARIANTS)]:  # fmt: skip
+        # a variant suite's runs: those the report keeps (one per row, chosen on validation)
+        kept = variant_kept(VARIANTS[suite], PRESETS[preset], runs) if suite in VARIANTS else {}
+        of = kept.values() if suite in VARIANTS else runs
+        fed = [r for r in of if r.get("preset") == preset
+               and (suite in VARIANTS or r["suite"] == suite)  # a kept run may be a rank run
+               and r["dataset"] == ds and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
+        if not fed:
+            continue
+        central, ngram = references(runs, preset, ds)
+        if suite in VARIANTS:  # held against the centralized model with the same change
+            central = kept_central(kept, ds)
+        best = min(fed, key=lambda r: _key(r["test_ppl"]))
+        top = max(fed, key=lambda r: r["top1"] or 0)
+        cp = central["test_ppl"] if central else None
+        nt = ngram["top1"] if ngram else None
+        ppl_ok = "-" if cp is None else _yes(best["test_ppl"] <= (1 + WITHIN_CENTRAL) * cp)
+        # a variant's centralized model not done yet (its run with the change, or the lower
+        # lr the confirm suite checks, not done): say so rather than a bare "-"
+        central_cell = _f(cp) if cp is not None or suite not in VARIANTS else "not done yet"
+        top_ok = "-" if not nt or top["top1"] is None else _yes(top["top1"] >= TOP1_VS_NGRAM * nt)
+        label = f"{preset}, {VARIANTS[suite].after}" if suite in VARIANTS else preset
+        rows.append([label, _name(ds), best["method"], _f(best["test_ppl"]), central_cell,
+                     f"{ppl_ok} ({_pct(best['test_ppl'], cp)})", f"{_f(top['top1'], '.3f')} "
+                     f"({top['method']})", _f(nt, ".3f"), f"{top_ok} ({_x(top['top1'], nt)})"])  # fmt: skip
+    if not rows:
+        return "No ranking run at C 0.1 is done yet."
+    gpu = [r for r in runs if r.get("preset") == "gpu" and r["suite"] == "rank"
+           and r["dataset"] == "ptb" and r["kind"] == "federated" and r["fraction"] == 0.1]  # fmt: skip
+    note = f"\n\ngpu preset, PTB, C 0.1: target test ppl <= {GPU_PTB_PPL:g}; " + (
+        f"best {_f(min(_key(r['test_ppl']) for r in gpu))}"
+        if gpu
+        else "none in these results (a gpu bench writes its own results.md: experiments/results/gpu)"
+    )
+    if manual_best is not None:
+        note += (f"; outside the bench, at its protocol: {_f(manual_best['test_ppl'])} "
+                 f"(`{manual_best['name']}`: `{manual_best['what']}`, on {manual_best['device']}; "
+                 f"below)")  # fmt: skip
+    return markdown_table(header, rows) + note
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
+def _presets(runs: list[dict]) -> list[str]:
+    """The ranking presets present, in PRESETS' order."""
+    present = {r.get("preset") for r in runs if r["suite"] in RANKING}
+    return [p for p in PRESETS if p in present]
+
+
+def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]],
+                begun: Sequence[tuple[RunSpec, Sequence[float]]] = ()) -> str:  # fmt: skip
+    """Every sweep run: its knob, value and best validation perplexity; the chosen value marked.
+    `begun`: the sweep's runs stopped at a time limit, with where they stand (bench.paper_tables
+    Begun), each in its place among the others."""
+    header = ["dataset (phones)", "knob", "value", "client lr", "best val ppl", "best round",
+              "chosen"]  # fmt: skip
+    order = {k: i for i, k in enumerate(KNOBS)}
+    rows = []
+    for r in runs:
+        knob, value = r["group"].split("=")
+        choice = choices.get(r["dataset"], {})
+        client_lr = command_flag(r["command"], "--lr")
+        # a joint knob's choice is a pair: its value and the client lr it was best at
+        key = KNOBS[knob].client_key if knob in KNOBS else ""
+        chosen = float(value) == choice.get(knob) and (
+            not key or client_lr != "-" and float(client_lr) == choice.get(key)
+        )
+        rows.append((r["dataset"], knob, value, client_lr, _f(r["best_val_ppl"]),
+                     r["best_round"], "**chosen**" if chosen else ""))  # fmt: skip
+    for spec, at in begun:
+        knob, value = spec.group.split("=")
+        best = (_f(at[2]), at[3]) if len(at) >= 4 else ("-", "-")
+        rows.append((spec.dataset, knob, value, f"{spec.lr:g}" if spec.lr else "-", *best,
+                     _where(at[:2], spec.kind)))  # the best so far: its own columns  # fmt: skip
+    rows.sort(key=lambda row: (row[0], order.get(row[1], 9), float(row[2])))
+    return markdown_table(header, [[f"{_name(ds)} ({_phones(ds)})", knob.replace("_", " "), *rest]
+                                   for ds, knob, *rest in rows])  # fmt: skip
+
+
+def _phones(dataset: str) -> str:
+    """How a sweep's dataset is dealt to the phones (its task's partition)."""
+    task = TASK_OF.get(dataset)
+    return PARTITIONS.get(task.partition if task else "iid", "")
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch" + ("" if n == 1 else "s")
+
+
+def progress(preset: Preset, runs: list[dict], stale: Sequence[str] | None = None,
+             begun: Begun | None = None) -> str:  # fmt: skip
+    """ "N of M runs done" of a ranking preset, per suite; the superseded runs (bench.paper:
+    their command is not the preset's now; `stale` when already known) named and not counted;
+    how many more are `begun`."""
+    mine = [r for r in runs if r.get("preset") == preset.name]
+    stale = superseded(preset, runs) if stale is None else stale
+    plan = planned(preset, runs)
+    done = {s: sum(r["suite"] == s and r["id"] not in stale for r in mine) for s in plan}
+    total_done, total = sum(done.values()), sum(max(plan[s], done[s]) for s in plan)
+    parts = ", ".join(f"{s} {done[s]} of {max(plan[s], done[s])}" for s in plan)
+    hours = sum(run_seconds(r) for r in mine) / 3600
+    old = (f" {len(stale)} runs are superseded (their command is not the one the preset makes "
+           f"now: its protocol or a sweep choice changed since) and are not counted; their rows "
+           f"stay until they are run again: {', '.join(f'`{i}`' for i in stale)}."
+           if stale else "")  # fmt: skip
+    started = sum(k.startswith(f"{preset.name}/") for k in begun or {})
+    more = (f" {started} more begun: stopped at a time limit, the next bench continues them."
+            if started else "")  # fmt: skip
+    return (f"**{total_done} of {total} runs done** ({parts}; {hours:.1f} hours of run time so "
+            f"far).{more} The bench resumes where it stopped; a best value at the edge of a sweep "
+            f"grid adds a run.{old}")  # fmt: skip
+
+
+def _waiting(preset: Preset, runs: list[dict], suite: str, dataset: str, done: list[dict],
+             begun: Begun) -> list[tuple[str, float | None, str]]:  # fmt: skip
+    """(method, C of a federated run or None, where it stands: not run yet, or the rounds done
+    of one stopped at a time limit) of a suite's planned runs on a dataset that are not done."""
+    from bench.paper_suites import noniid_suite, rank_suite
+
+    every = every_knob_chosen()
+    mine = [r for r in runs if r.get("preset") == preset.name]
+    make = rank_suite if suite == "rank" else noniid_suite
+    specs = [s for s in make(preset, mine, choices=every) if s.dataset == dataset]
+    have = {r["id"] for r in done}
+    return [(s.method, s.fraction if s.kind == "federated" else None,
+             _where(begun.get(f"{preset.name}/{s.id}"), s.kind))
+            for s in specs if s.id not in have]  # fmt: skip
+
+
+def _marked(run: dict, stale: Sequence[str]) -> dict:
+    """A superseded run (its command not the preset's now) labelled so in the tables."""
+    if run["id"] not in stale:
+        return run
+    return {**run, "method": f"{run['method']} (superseded: run again with the current command)"}
+
+
+def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun | None = None,
+                     manual: Manual | None = None) -> list[str]:  # fmt: skip
+    """The ranking tables per preset and dataset; `begun` (bench.paper_results.Bench.begun): the runs
+    stopped at a time limit, shown with the rounds they have done; `manual`: a preset and the
+    hand-made runs at its folder (bench.paper_manual), in a section after the targets."""
+    begun = begun or {}
+    out = []
+    # each preset's superseded runs, found once: the progress line and both tables use them
+    stale_of = {name: superseded(PRESETS[name], runs) for name in _presets(runs)}
+    for name in _presets(runs):
+        preset = PRESETS[name]
+        mine = [r for r in runs if r.get("preset") == name]
+        stale = stale_of[name]
+        out += ["", f"## Language model and keyboard: preset `{name}`, "
+                f"{', '.join(f'C {c:g}' for c in preset.fractions)}, 100 IID phones", "",
+                progress(preset, runs, stale, begun), ""]  # fmt: skip
+        for ds in DATASET_NAMES:
+            rank = [_marked(r, stale) for r in mine if r["suite"] == "rank" and r["dataset"] == ds]
+            central, ngram = (x and _marked(x, stale) for x in references(runs, name, ds))
+            wait = _waiting(preset, runs, "rank", ds, rank, begun)
+            chance = seed_notes(preset, runs, ds)
+            out += [f"### {_name(ds)}", "", lm_table(rank, central, ngram, wait, chance), ""]
+            checked = checked_note(preset, runs, ds)
+            out += [checked, ""] if checked else []
+        out += ["test ppl: test perplexity of the model with the best validation perplexity over "
+                "the rounds, the end-of-sentence prediction counted; top-1 / top-3: next-word "
+                "accuracy on the test set; KSR: keystroke savings on the first "
+                f"{preset.ksr_sentences} test sentences. vs centralized: against the "
+                "centralized model that saw as many examples (rounds x C x E epochs); "
+                "\"vs C 0.1's\": where none was run, against C 0.1's, which saw fewer; "
+                "top-1 vs 3-gram: against the Kneser-Ney 3-gram on the same test text. Every row "
+                "is one run at seed 0, ordered by it; seed to seed (\"Seed to seed\" below): a "
+                "row rerun at other seeds, its test perplexity's mean and sample sd over them; "
+                f"a row run once, the rerun federated rows within {CHANCE_SD} sd of whose mean it lies: "
+                "it differs from them by no more than chance.", ""]  # fmt: skip
+    preset_of, hand = manual or (None, [])
+    best = best_at_protocol(hand, "ptb") if preset_of and preset_of.name == "gpu" else None
+    out += ["## Targets (issue 18)", "", targets_table(runs, best)]
+    out += manual_section(hand, preset_of) if preset_of else []
+    for name in _presets(runs):
+        preset = PRESETS[name]
+        noniid = [r for r in runs if r.get("preset") == name and r["suite"] == "noniid"]
+        if "noniid" not in preset.suites:
+            continue
+        out += ["", f"## Non-IID phones: preset `{name}`, C 0.1; the demo by owner at C 1 too",
+                "",
+                "WikiText-2 with whole articles per phone (`--partition articles`: its 600 "
+                "training articles dealt at random, 6 per phone, unequal sizes; the same text as "
+                "the rank suite, whose centralized model and 3-gram are the reference rows) and "
+                "the demo corpus with one phone per owner (`--partition user`, 22 phones: 2 a "
+                "round at C 0.1, every one at C 1, where each method weighs the same phones and "
+                "sampling is out of the comparison; the lrs chosen at C 0.1).", ""]  # fmt: skip
+        for ds in ("wikitext-2", "demo"):
+            mine = [_marked(r, stale_of[name]) for r in noniid if r["dataset"] == ds]
+            central, ngram = (x and _marked(x, stale_of[name]) for x in references(runs, name, ds))
+            wait = _waiting(preset, runs, "noniid", ds, mine, begun)
+            chance = seed_notes(preset, runs, ds, "noniid")
+            out += [f"### {_name(ds)}", "", lm_table(mine, central, ngram, wait, chance), ""]
+            checked = checked_note(preset, runs, ds, "noniid")
+            out += [checked, ""] if checked else []
+        out += spread_section([r for r in runs if r.get("preset") == name
+                               and r["suite"] in ("rank", "noniid")])  # fmt: skip
+        out += [
+            f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith(f"spread:{name}")
+        ]
+    return out
+
+
+def sweep_sections(runs: list[dict], choices: Mapping, begun: Begun | None = None) -> list[str]:
+    out = []
+    for name in _presets(runs):
+        sweep = [r for r in runs if r.get("preset") == name and r["suite"] == "sweep"]
+        if not sweep:
+            continue
+        preset = PRESETS[name]
+        stopped = [(s, at) for s in sweep_suite(preset, sweep)
+                   if (at := (begun or {}).get(f"{name}/{s.id}"))]  # fmt: skip
+        chosen = choices.get(name, {})
+        out += [
+            "",
+            f"## Learning rates, chosen on the validation set: preset `{name}`",
+            "",
+            f'As Reddi et al. 2021 ("Adaptive Federated Optimization", Section 5, Appendix '
+            f"D) choose theirs: short runs ({preset.sweep_rounds} rounds at C 0.1, all of "
+            f"the data), the value with the lowest best validation perplexity. FedAvg's "
+            f"client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, and the "
+            f"centralized model's lr over the same values ({_epochs(sweep_epochs(preset))}: as "
+            f"many examples). The server lr of FedAvgM (momentum 0.9) over "
+            f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
+            f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
+            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}, each jointly with the "
+            f"client lr (every client lr of the grid: a pair is chosen; the runs at FedAvg's "
+            f"client lr do not name it). At FedAvg's client lr, the server step epsilon of "
+            f"FedAtt over {', '.join(f'{v:g}' for v in preset.fedatt_steps)} and of FedAttOpt "
+            f"over {', '.join(f'{v:g}' for v in preset.fedattopt_steps)} (the papers' 1.2 was "
+            f"tuned for client lr 0.01). A best value at the grid's edge adds one more step "
+            f"past it (twice at most; per client lr for the pairs). Test perplexity is never "
+            f"read. Every method uses its dataset's chosen values (WikiText-2 by article: the "
+            f"IID sweep's). Chosen (results.json, lr_choices): "
+            + (
+                "; ".join(
+                    f"{_name(d)}: "
+                    + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in c.items())
+                    for d, c in chosen.items()
+                )
+                or "none yet"
+            )
+            + ".",
+            "",
+            sweep_table(sweep, chosen, stopped),
+        ]
+        last = sum(r["best_round"] == r["rounds"] for r in sweep)
+        if last:
+            out += ["", f"{last} of {len(sweep)} sweep runs were still improving at their last "
+                    f"round: {preset.sweep_rounds} rounds rank the learning rates by early "
+                    "progress, which favours the larger ones (a chosen lr that diverges later "
+                    "shows in the rank suite's curves)."]  # fmt: skip
+    return out
+
+
+OLD_SUITES = ("paper", "privacy", "beyond", "lr", "full")
+
+
+def is_old(bench_command: str) -> bool:
+    """A bench command line of the old suites only (none of sweep, rank, noniid)."""
+    words = bench_command.split()
+    suites = {words[i + 1] for i, w in enumerate(words[:-1]) if w == "--suite"}
+    return bool(suites) and not suites & set(RANKING)
+
+
+def appendix(runs: list[dict], bench_commands: Sequence[str] = ()) -> list[str]:
+    """The old suites' tables per preset (the 8-round cut's under a title that says what they
+    cannot do); the code suite's evidence has its own section."""
+    out: list[str] = []
+    for name in PRESETS:
+        old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
+        if old:
+            out += _appendix(name, old)
+    olds = [c for c in bench_commands if is_old(c)]
+    if olds:
+        out += ["", "The old suites' bench commands: " + ", then ".join(f"`{c}`" for c in olds)]
+    return out
+
+
+def _appendix(name: str, old: list[dict]) -> list[str]:
+    by_suite = defaultdict(list)
+    for r in old:
+        by_suite[r["suite"]].append(r)
+    if name == "cpu-8round":
+        out = ["", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little training "
+               "to rank the methods", "", f"- Protocol: {PRESETS[name].note}", "- Numbers near "
+               "the initial model's (~2,000 against the seed papers' ~100): 8 rounds of 1-2 "
+               "local steps move the model little, and the order of the methods is noise. Kept "
+               "as the record of what was run; the ranking above replaces it. Its runs were "
+               "made when this preset was called `cpu` (the bench commands at the end of this "
+               "appendix); "
+               "results.json files them under `cpu-8round`, their commands unchanged, so that "
+               "preset resumes them.", ""]  # fmt: skip
+    else:
+        out = ["", f"## Appendix: the old suites at preset `{name}`", "",
+               f"- Protocol: {PRESETS[name].note}", ""]  # fmt: skip
+    if by_suite.get("paper"):
+        out += ["### The seed papers' table at the cut", "", paper_table(by_suite["paper"]), ""]
+    if by_suite.get("privacy"):
+        out += ["### Privacy", "", privacy_tables(by_suite["privacy"]), ""]
+    if by_suite.get("beyond"):
+        out += ["### Beyond the seed papers (C 0.1)", "",
+                beyond_table(by_suite["beyond"], by_suite.get("paper", [])), ""]  # fmt: skip
+    if by_suite.get("lr"):
+        out += ["### The seeds' learning rate", "", lr_table(by_suite["lr"]), ""]
+    if by_suite.get("full"):
+        out += ["### All of the training data at the cut's rounds", "",
+                paper_table(by_suite["full"]), ""]  # fmt: skip
+    out += ["### Issue 5's targets at the cut", "", old_targets_table(old)]
+    return out
+
+
+def detail_table(runs: list[dict]) -> str:
+    """Every run's numbers, what it cost and where it ran (a bench's runs may come from several
+    machines: `fedkey-bench paper --backend stacked` on a GPU, `fedkey-bench merge`)."""
+    header = ["preset", "run", "test ppl", "best val ppl", "best round", "final test ppl",
+              "top-1", "top-3", "KSR", "updates", "uplink MB", "wall s", "device"]  # fmt: skip
+    rows = [[r.get("preset", "-"), r["id"], _f(r["test_ppl"]), _f(r["best_val_ppl"]),
+             r["best_round"], _f(r["final_test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"),
+             _f(r["ksr"], ".3f"), r["updates"], _mb(r["uplink_bytes"]),
+             _f(run_seconds(r), ".0f"), r.get("device", "-")] for r in runs]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+SHOWN = 5  # at most this many bench commands or git commits are listed in results.md's header
+
+
+def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
+             plots: Mapping[str, Path], begun: Begun | None = None,
+             manual: Manual | None = None) -> str:  # fmt: skip
+    """results.md: ranking first, then the sweep, curves, the column-measure evidence, the
+    appendix, every run and its command."""
+    commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
+    devices = sorted({r["device"] for r in runs})
+    presets = _presets(runs)
+    out = ["# fedkey-bench paper: which aggregation method trains the better keyboard model?", ""]
+    for name in presets:
+        out += [f"- Preset `{name}`: {PRESETS[name].note}"]
+    new = [c for c in bench_commands if not is_old(c)]
+    # past SHOWN, the header counts them (naming the first and last command); Commands lists all
+    many, hashes = len(new) > SHOWN, len(commits) > SHOWN
+    out += [
+        "- Produced by "
+        + (
+            f"{len(new)} bench commands, the first `{new[0]}` and the last `{new[-1]}` (all of "
+            "them, in order, under Commands at the end)"
+            if many
+            else ", then ".join(f"`{c}`" for c in new) or "the old suites' commands (appendix)"
+        )
+        + "; every run's "
+        "own command line is in results.json and at the end of this file. Rebuild this file: "
+        + ", ".join(
+            f"`python -m bench.paper_report experiments/results/{PRESETS[p].results_folder}`"
+            for p in presets
+        )
+        + ".",
+        "- Check a figure from the model kept for it (a finished run keeps its best and last "
+        "rounds' checkpoints under runs/, on the machine that ran it): `fedkey evaluate "
+        "runs/bench/<preset>/<run>/checkpoints/round_<best round>.safetensors` with the run's "
+        "--data, --paper-protocol and --max-eval-sentences; `python -m bench.paper_verify "
+        "experiments/results/<preset>` does it for every run with its checkpoint there.",
+        f"- Git commits: {', '.join(commits)}"
+        if not hashes
+        else f"- Git commits: {len(commits)}, {sum('dirty' in c for c in commits)} of them with "
+        "changes not committed (the run's commit and whether it was clean are in results.json; "
+        "every commit is under Commands at the end)",
+        f"- Devices: {', '.join(devices)}",
+    ]
+    out += ranking_sections(runs, plots, begun, manual) + step_section(runs, plots.get("step"))
+    for name in presets:
+        out += seeds_section(PRESETS[name], runs, begun)
+        for v in VARIANTS.values():
+            out += variant_section(v, PRESETS[name], runs, begun)
+    out += sweep_sections(runs, choices, begun)
+    curves = [p for k, p in plots.items() if k.startswith("curve:")]
+    if curves:
+        out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in curves]
+    code = [r for r in runs if r["suite"] == "code"]
+    if code:
+        out += ["", "## The seed papers' column measure (evidence)", "", code_table(code)]
+        out += [f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith("code:")]
+    out += appendix(runs, bench_commands)
+    old_curves = [p for k, p in plots.items() if k.startswith("old:")]
+    if old_curves:
+        out += ["", "### Curves of the old suites", ""]
+        out += [f"![{p.stem}]({p.name})" for p in old_curves]
+    out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
+    if many:
+        out += ["The bench commands, in order:", ""] + [f"1. `{c}`" for c in new] + [""]
+    if hashes:
+        out += [f"The runs' git commits: {', '.join(commits)}", ""]
+    out += ["Each run's own command:", ""] if many or hashes else []
+    out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`"
+            + (f" (the same run as `{r['same_run_as']}`: recorded from it, not run again)"
+               if r.get("same_run_as") else "") for r in runs]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def draw(runs: list[dict], out: Path) -> dict[str, Path]:
+    """Every figure: kind:key -> path (kinds: curve, spread, code, old; and step)."""
+    plots: dict[str, Path | None] = {}
+    for name in _presets(runs):
+        mine = [r for r in runs if r.get("preset") == name]
+        for suite in ("rank", "noniid"):
+            for ds in NAMES:
+                sel = [r for r in mine if r["suite"] == suite and r["dataset"] == ds]
+                for tag, part in by_central(sel).items():  # one figure per centralized model
+                    title = f"{_name(ds)}, {suite}{tag.replace('_c', ', C ')} ({name})"
+                    plots[f"curve:{name}:{suite}:{ds}{tag}"] = plot_curves(
+                        part, out, f"curves_{name}_{suite}_{ds}{tag}.png", title
+                    )
+        # the seeds and variant suites: each run labelled beside the rank runs it repeats
+        for suite, labelled, what in (
+            ("seeds", seed_curves(PRESETS[name], runs), "seed to seed"),
+            *((v.suite, variant_curves(v, PRESETS[name], runs), f"{v.after} against {v.before}")
+              for v in VARIANTS.values() if v.suite in PRESETS[name].suites),
+        ):  # fmt: skip
+            for ds in NAMES:
+                sel = [r for r in labelled if r["dataset"] == ds]
+                plots[f"curve:{name}:{suite}:{ds}"] = plot_curves(
+                    sel, out, f"curves_{name}_{suite}_{ds}.png", f"{_name(ds)}, {what} ({name})"
+                )
+        for ds in NAMES:
+            sel = [r for r in mine if r["suite"] == "sweep" and r["dataset"] == ds]
+            plots[f"curve:{name}:sweep:{ds}"] = plot_curves(
+                sel,
+                out,
+                f"curves_{name}_sweep_{ds}.png",
+                f"{_name(ds)}, sweep ({name})",
+                split="val",
+            )
+        sel = [r for r in mine if r["suite"] == "noniid" or (r["suite"] == "rank" and r["dataset"]
+                                                             == "wikitext-2")]  # fmt: skip
+        plots[f"spread:{name}"] = plot_spread(
+            sel, out, f"spread_{name}.png", f"the server's weights per round ({name})"
+        )
+    plots["step"] = plot_steps(runs, out, "attopt_step.png")
+    for ds in DATASET_NAMES:
+        sel = [r for r in runs if r["suite"] == "code" and r["dataset"] == ds]
+        title = f"{DATASET_NAMES[ds]}, as the seed papers' code ran (column perplexity)"
+        plots[f"code:{ds}"] = plot_curves(sel, out, f"curves_code_{ds}.png", title, "col_curve")
+    for name in PRESETS:
+        old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
+        prefix = "" if name == "cpu-8round" else f"{name}_"  # the 8-round cut's old file names
+        for suite in OLD_SUITES:
+            for ds in DATASET_NAMES:
+                sel = [r for r in old if r["suite"] == suite and r["dataset"] == ds]
+                parts = {"": sel}
+                if suite == "paper":  # one figure per C (FedSGD and AdaFL in both)
+                    parts = {f"_c{c:g}": [r for r in sel if r["fraction"] in (c, None, 1.0)]
+                             for c in (0.1, 0.5)}  # fmt: skip
+                for tag, part in parts.items():
+                    title = f"{DATASET_NAMES[ds]}, {suite}{tag.replace('_c', ', C ')} ({name})"
+                    plots[f"old:{name}:{suite}:{ds}{tag}"] = plot_curves(
+                        part, out, f"curves_{prefix}{suite}_{ds}{tag}.png", title
+                    )
+    return {k: p for k, p in plots.items() if p is not None}
+
+
+def write_report(
+    runs: list[dict],
+    out: Path,
+    bench_commands: Sequence[str] = (),
+    choices: Mapping | None = None,
+    begun: Begun | None = None,
+) -> Path:
+    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`, and
+    the hand-made runs in OUT/manual/: bench.paper_manual)."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = draw(runs, out)
+    path = out / "results.md"
+    # OUT is a ranking preset's results folder (cpu, gpu): the hand-made runs there share its protocol
+    mine = [PRESETS[p] for p in _presets(runs) if PRESETS[p].results_folder == out.name]
+    manual = (mine[0], manual_runs(out, mine[0])) if mine else None
+    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun, manual))
+    return path
+
+
+if __name__ == "__main__":
+    from bench.paper import write
+
+    write(Path(sys.argv[1]))
+    print(Path(sys.argv[1]) / "results.md")

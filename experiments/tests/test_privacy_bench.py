@@ -1,0 +1,143 @@
+"""bench.privacy: the noise calibration hits its epsilon, the table renders, a resumed bench skips
+the cells it has."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.privacy import Protocol, calibrate_noise, epsilon_after, run_privacy
+from bench.privacy_report import table, write_report
+
+
+@pytest.mark.parametrize("target", [2.0, 32.0])
+def test_calibrated_noise_reaches_the_target_epsilon_within_one_percent(target):
+    z = calibrate_noise(target, rounds=20, population=1000, cohort=100, delta=1e-5)
+    reached = epsilon_after(z, 20, 1000, 100, 1e-5)
+    assert reached == pytest.approx(target, rel=0.01)
+    # More noise, less epsilon: the calibration found the root, not any z.
+    assert epsilon_after(z * 1.1, 20, 1000, 100, 1e-5) < target * 0.99
+
+
+def test_an_unreachable_target_is_refused():
+    with pytest.raises(ValueError, match="positive"):
+        calibrate_noise(0.0, rounds=5, population=1000, cohort=100)
+
+
+def _cell(strategy, target, ppl, noise=None, eps=None, z=None):
+    return {
+        "id": f"{strategy}-{'nodp' if target is None else f'eps{target:g}'}",
+        "strategy": strategy,
+        "target_epsilon": target,
+        "epsilon": eps,
+        "noise_multiplier": z,
+        "clip": 0.5,
+        "sensitivity": None if noise is None else noise / z,
+        "noise_std": noise,
+        "rounds": 3,
+        "initial_test_ppl": 9959.0,
+        "final_test_ppl": ppl,
+        "best_round": 3,
+        "best_val_ppl": ppl + 1,
+        "best_test_ppl": ppl,
+        "clipped_per_round": 50.0,
+        "num_params": 10_000,
+        "test_ppl_curve": [9959.0, ppl],
+        "wall_seconds": 10.0,
+        "config": "{}",
+        "git_commit": "abc",
+        "git_dirty": False,
+    }
+
+
+FAKE = [
+    {"id": "probe-fedavg-nodp", "median_norms": [0.4, 0.6], "clip": 0.5, "wall_seconds": 5.0},
+    _cell("fedatt", 8.0, 2100.0, noise=0.02, eps=7.99, z=1.0),
+    _cell("fedavg", None, 900.0),
+    _cell("fedavg", 8.0, 1500.0, noise=0.004, eps=7.99, z=1.0),
+    _cell("fedatt", None, 880.0),
+    {**_cell("fedatt", 2.0, 1.24e13, noise=0.05, eps=2.0, z=2.5), "best_round": 0},
+]
+
+
+def test_the_table_renders_from_a_results_file(tmp_path):
+    write_report(FAKE, tmp_path, ["fedkey-bench privacy --rounds 3"], vars_protocol())
+    md = (tmp_path / "results.md").read_text()
+    assert md.startswith("# Privacy-utility table")
+    rows = [line for line in table(FAKE).splitlines() if line.startswith("| ")][1:]
+    # fedavg before fedatt, no DP before the epsilons; the probe is not a row
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "fedavg",
+        "DP-FedAvg",
+        "fedatt",
+        "DP-FedAtt",
+        "DP-FedAtt",
+    ]
+    assert "| DP-FedAtt | 8 | 7.99 | 1.000 | 0.02 | 0.02 | 2100.0 | 2100.0 (3) |" in md
+    # a diverged model's perplexity stays readable; a run that never beat round 0 says so
+    assert "| DP-FedAtt | 2 | 2.00 | 2.500 | 0.02 | 0.05 | 1.24e+13 | 1.24e+13 (0) |" in md
+    assert "at epsilon 2 no round's model beat the initial one" in md
+    assert "5.00x DP-FedAvg's" in md  # the noise ratio, from the numbers
+    # the least noise's norm, std x sqrt(parameters), against the clip
+    assert "has norm about 0.4 per round, below the clip S = 0.5" in md
+    assert "fedkey-bench privacy --rounds 3" in md
+    assert "S = 0.5: the median" in md
+    assert (tmp_path / "privacy.png").stat().st_size > 0
+
+
+def vars_protocol() -> dict:
+    from dataclasses import asdict
+
+    return asdict(Protocol(rounds=3, clients=20, fraction=0.5))
+
+
+def test_a_resumed_bench_skips_the_cells_it_has(tmp_path, monkeypatch):
+    # The report and git provenance are tested elsewhere; here only what runs.
+    monkeypatch.setattr("bench.privacy._provenance", lambda: {})
+    monkeypatch.setattr("bench.privacy_report.plot", lambda runs, path: None)
+    monkeypatch.setattr("bench.privacy.calibrate_noise", lambda target, *a, **k: 8.0 / target)
+    protocol = Protocol(rounds=3, clients=20, fraction=0.5, epsilons=(8.0,), clip=0.5)
+    ran: list[str] = []
+
+    def fake_runner(fields, rounds, protocol, run_dir: Path):
+        ran.append(run_dir.name)
+        dp = fields.get("dp_noise_multiplier")
+        info: dict[str, dict[str, float]] = {"clip": {"clipped": 1}}
+        if dp is not None:
+            info["dp"] = {"sensitivity": 0.1, "noise_std": 0.1 * dp}
+        rows = [
+            {"round": 0, "test_ppl": 100.0, "epsilon": None},
+            {
+                "round": rounds,
+                "test_ppl": 50.0,
+                "best_round": rounds,
+                "best_val_ppl": 51.0,
+                "best_test_ppl": 50.0,
+                "epsilon": 8.0 if dp else None,
+                "info": info,
+            },
+        ]
+        return rows, 1.0
+
+    out = tmp_path / "out"
+    run_privacy(out, tmp_path / "runs", protocol, progress=False, runner=fake_runner)
+    assert sorted(ran) == ["fedatt-eps8", "fedatt-nodp", "fedavg-eps8", "fedavg-nodp"]
+    first = json.loads((out / "results.json").read_text())
+    assert {r["id"] for r in first["runs"]} == set(ran)
+
+    ran.clear()
+    run_privacy(out, tmp_path / "runs", protocol, progress=False, runner=fake_runner)
+    assert ran == []  # everything was done
+
+    # Another setting of the same cells (more rounds) is a different result: run again.
+    run_privacy(
+        out,
+        tmp_path / "runs",
+        Protocol(**{**vars(protocol), "rounds": 4}),
+        progress=False,
+        runner=fake_runner,
+        only=["fedavg-*"],
+    )
+    assert sorted(ran) == ["fedavg-eps8", "fedavg-nodp"]
