@@ -4,6 +4,9 @@ in-browser (onnxruntime-web, wasm) mode."""
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,6 +21,8 @@ pytestmark = [
 ]
 PHONE = {"width": 390, "height": 844}
 SCREENSHOT = "/tmp/keyboard.png"
+# The picture in README.md, taken by test_the_readme_screenshot so that it shows the page as it is.
+README_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "assets" / "keyboard.png"
 
 
 @pytest.fixture
@@ -123,6 +128,46 @@ def test_server_mode_on_a_phone(page, models, watch_dir):
     expect(page.get_by_test_id("round")).to_have_text("4", timeout=15_000)
     expect(page.get_by_test_id("strategy")).to_have_text("fedatt")
     assert page.locator("#chart circle").count() >= 2  # rounds 3 and 4 on the chart
+
+
+def test_the_readme_screenshot(browser, served, models, watch_dir):
+    """docs/assets/keyboard.png: two newer rounds followed on the chart, a phrase typed, and the
+    page photographed once its suggestion bar shows what the model suggests for the phrase (the
+    test's tiny model: hidden 32, one epoch on 3,000 demo sentences)."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 560, "height": 840})
+    page = context.new_page()
+    page.goto(served.url + "/")
+    expect(page.get_by_test_id("round")).to_have_text("3")
+    for round_idx, val_ppl in ((4, 140.0), (5, 118.0)):
+        save_round(models, round_idx, watch_dir, val_ppl=val_ppl)
+        expect(page.get_by_test_id("round")).to_have_text(str(round_idx), timeout=15_000)
+    expect(page.locator("#chart circle")).to_have_count(3 * 2)  # validation and test, 3 rounds
+
+    text = "meet at the p"  # completions of a started word
+    page.keyboard.type(text)
+    expected = Suggester(models.word).suggest_fresh(text)["suggestions"]
+    assert len(expected) == 3
+    expect(page.get_by_test_id("suggestion")).to_have_text(expected)
+    png = page.locator("main.app").screenshot(animations="disabled")
+    context.close()
+    save_unless_same(png, README_SCREENSHOT)
+
+
+def save_unless_same(png: bytes, path: Path, tolerance: float = 0.001) -> None:
+    """Write `png` to `path` unless the picture already there differs from it in at most
+    `tolerance` of its pixels: Chromium draws the mode switch's arrow a few pixels differently
+    from run to run, and a rerun should leave the committed picture as it is."""
+    if path.exists():
+        from PIL import Image
+
+        old = np.asarray(Image.open(path).convert("RGB"))
+        new = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        if old.shape == new.shape and np.mean(np.any(old != new, axis=2)) <= tolerance:
+            return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
 
 
 @pytest.mark.skipif(
