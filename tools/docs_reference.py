@@ -40,8 +40,9 @@ def cell(text: object) -> str:
 
 
 def code(text: object) -> str:
-    """Inline code for a table cell (a pipe inside code still needs its escape in a table)."""
-    s = " ".join(str(text).split()).replace("|", "\\|")
+    """Inline code for a table cell (Python-Markdown's tables split no cell at a pipe inside
+    backticks, so none is escaped)."""
+    s = " ".join(str(text).split())
     return f"`` {s} ``" if "`" in s else f"`{s}`"
 
 
@@ -471,9 +472,9 @@ def checkpoint_reference() -> str:
         "",
         "## Tensors",
         "",
-        "One float32 tensor per parameter, named as in the model's `state_dict`; a tied model "
-        "(the default) stores the shared embedding and output matrix once, as "
-        "`embedding.weight`. The small preset (GRU, 300, tied) at a 10,000-word vocabulary:",
+        "One tensor per parameter, named as in the model's `state_dict`; a tied model (the "
+        "default) stores the matrix its embedding and output layer share once. The small preset "
+        "(GRU, 300, tied) at a 10,000-word vocabulary:",
         "",
         "| tensor | shape | dtype |",
         "|---|---|---|",
