@@ -116,24 +116,27 @@ def simulate(
     """Run federated rounds, the phones trained in local processes, on a Ray cluster (--backend
     ray) or all of a round's at once on a GPU (--backend stacked), and print perplexity per round."""
     from device_sim.ray_cluster import RayUnavailable
+    from runners.simulate import SimulationConfig
     from runners.simulate import simulate as run_simulation
 
     settings = build_settings(opts, storage=out)
     try:
         rows = run_simulation(
-            phone_data(settings, opts, clients),
-            settings.federation_config(),
-            settings.build_model_config,
-            str(out),
-            opts["workers"],
-            opts["device"],
-            resume=resume,
-            malicious=opts["malicious"],
-            attack=opts["attack"],
-            backdoor=backdoor_config(opts),
-            probes=canary_probes(settings),
-            backend=opts["backend"],
-            ray=ray_options(opts),
+            SimulationConfig(
+                phone_data(settings, opts, clients),
+                settings.federation_config(),
+                settings.build_model_config,
+                str(out),
+                opts["workers"],
+                opts["device"],
+                resume=resume,
+                malicious=opts["malicious"],
+                attack=opts["attack"],
+                backdoor=backdoor_config(opts),
+                probes=canary_probes(settings),
+                backend=opts["backend"],
+                ray=ray_options(opts),
+            )
         )
     except RayUnavailable as e:
         raise UserError(str(e)) from None

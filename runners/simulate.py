@@ -22,13 +22,14 @@ drops it with a 422. With attack "backdoor" every row reports the backdoor's suc
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm import tqdm
 
 from common.config import DataConfig, TrainConfig
-from corpora.dataset import prepare
+from corpora.dataset import PreparedData, prepare
 from device_sim.attacks import (
     BackdoorProbe,
     apply_attack,
@@ -41,10 +42,12 @@ from device_sim.backends import Backend, TrainingBackend, make_backend
 from device_sim.config import ATTACKS, Attack, BackdoorConfig
 from device_sim.pool import LocalTask, run_task
 from device_sim.ray_cluster import RayOptions
+from device_sim.trainer import TrainResult
 from models.batching import count_targets
+from models.config import ModelConfig
 from models.precision import resolve_device, resolve_precision
 from server.config import FederationConfig
-from server.engine import Federation, Probe, client_seed
+from server.engine import Federation, Probe, RoundPlan, client_seed
 from server.storage import RunStorage
 from server.strategies import ClientUpdate
 from server.validation import ValidationError, check_finite, check_tensors
@@ -110,147 +113,226 @@ def _federation(
     )
 
 
-def simulate(
-    data: DataConfig,
-    fed: FederationConfig,
-    model_config_for,  # Callable[[int], ModelConfig]: vocab size -> model config
-    out_dir: str,
-    workers: int | None = None,
-    device: str = "auto",
-    progress: bool = True,
-    resume: bool = False,
-    malicious: int = 0,
-    attack: Attack = "scale",
-    backdoor: BackdoorConfig | None = None,
-    probes: list[Probe] | None = None,
-    backend: Backend = "local",
-    ray: RayOptions | None = None,
-) -> list[dict]:
-    """Run rounds up to `fed.rounds`, the phones trained by `backend` (`workers` local processes,
-    or the trainer actors of the Ray cluster `ray` describes); returns the metrics rows (also in
-    out_dir).
+@dataclass
+class SimulationConfig:
+    """What `simulate` runs: `fed.rounds` rounds of `fed` on the phones of `data`, the model
+    `model_config_for(vocab size)`, the run stored in `out_dir`.
 
-    `probes`: extra round metrics (server.engine.Probe), e.g. a canary's exposure
-    (models.exposure.ExposureProbe).
-
-    With `resume`, a run directory that already holds checkpoints continues after its last one.
-    The last `malicious` phones (sorted names) upload `attack` (`backdoor` configures the
-    backdoor attack; default BackdoorConfig()).
+    The phones train on `backend`: `workers` local processes (None: one per core, 0: in this
+    process) on `device`, or the trainer actors of the Ray cluster `ray` describes.
+    `progress`: a progress bar. `resume`: a run directory that already holds checkpoints
+    continues after its last one. The last `malicious` phones (sorted names) upload `attack`
+    (`backdoor` configures the backdoor attack; default BackdoorConfig()). `probes`: extra round
+    metrics (server.engine.Probe), e.g. a canary's exposure (models.exposure.ExposureProbe).
     """
-    if attack not in ATTACKS:
-        raise ValueError(f"unknown attack {attack!r}; choose one of {ATTACKS}")
-    backdoor = backdoor or BackdoorConfig()
+
+    data: DataConfig
+    fed: FederationConfig
+    model_config_for: Callable[[int], ModelConfig]  # vocab size -> model config
+    out_dir: str
+    workers: int | None = None
+    device: str = "auto"
+    progress: bool = True
+    resume: bool = False
+    malicious: int = 0
+    attack: Attack = "scale"
+    backdoor: BackdoorConfig | None = None
+    probes: list[Probe] | None = None
+    backend: Backend = "local"
+    ray: RayOptions | None = None
+
+
+@dataclass
+class _Run:
+    """A simulation under way: its data, its attackers, its round engine and its own probes."""
+
+    config: SimulationConfig
+    prepared: PreparedData
+    model_config: ModelConfig
+    backdoor: BackdoorConfig
+    bad: set[str]  # the attacking phones
+    federation: Federation
+    rejections: _Rejections
+    placement: _Placement
+
+
+def simulate(config: SimulationConfig) -> list[dict]:
+    """Run rounds up to `config.fed.rounds` (SimulationConfig); returns the metrics rows (also in
+    config.out_dir)."""
+    if config.attack not in ATTACKS:
+        raise ValueError(f"unknown attack {config.attack!r}; choose one of {ATTACKS}")
     # Start the workers first: they import torch while the data loads and round 0 is evaluated.
-    pool = make_backend(backend, workers, ray)
+    pool = make_backend(config.backend, config.workers, config.ray)
     try:
-        prepared = prepare(data)
-        model_config = model_config_for(prepared.tokenizer.vocab_size)
-        names = sorted(prepared.shards)
-        if not 0 <= malicious <= len(names):
-            raise ValueError(f"--malicious {malicious}: there are {len(names)} phones")
-        bad = set(names[len(names) - malicious :]) if malicious else set()
-        probes = list(probes or [])
-        if attack == "backdoor":
-            backdoor_ids(backdoor, prepared.tokenizer)  # refuses words the tokenizer lacks
-            contexts = trigger_contexts(prepared.corpus.test, backdoor.trigger, seed=data.seed)
-            probes.append(BackdoorProbe(backdoor, contexts))
-        rejections = _Rejections()
-        if bad:
-            probes.append(rejections)
-        placement = _Placement()
-        if backend == "ray":
-            probes.append(placement)
-        federation = _federation(
-            fed, model_config, prepared, prepared.shards, out_dir, device, probes
-        )
-        storage = federation.storage
-        rows, _ = _start_or_resume(federation, resume)
-        bar = tqdm(
-            range(federation.round, fed.rounds),
-            initial=federation.round,
-            total=fed.rounds,
-            desc=f"{fed.strategy} on {prepared.corpus.name}",
-            disable=not progress,
-            unit="round",
-        )
-        last = rows[-1]  # round 0's, or the round a resumed run continues from
-        bar.set_postfix({k: f"{last[k]:.1f}" for k in ("test_ppl", "val_ppl") if k in last})
-        for _ in bar:
-            if federation.budget_spent:
-                bar.write(
-                    f"privacy budget: another round would pass epsilon {fed.privacy.target_epsilon}; stopping"
-                )
-                break
-            plan = federation.plan_round(list(prepared.shards))
-            tasks = [
-                LocalTask(
-                    d,
-                    prepared.shards[d],
-                    client_seed(fed.seed, plan.round, d),
-                    model_config,
-                    plan.train,
-                    fed.privacy.beta,
-                    fed.privacy.sigma,
-                    device,
-                )
-                for d in plan.cohort
-            ]
-            if attack == "backdoor":
-                tasks = [
-                    backdoor_task(t, prepared.tokenizer, backdoor) if t.device_id in bad else t
-                    for t in tasks
-                ]
-            attackers = sum(d in bad for d in plan.cohort)
-            boost = boost_factor(backdoor, len(plan.cohort), attackers)
-            results, uploads, rejections.current = {}, {}, {}
-            for d, result in pool.stream(tasks, federation.global_state):
-                if result is None:  # its trainer died twice: lost for this round
-                    continue
-                if attack == "backdoor" and d in bad:  # declares its own shard's size, as if honest
-                    result = replace(result, num_tokens=count_targets(prepared.shards[d]))
-                results[d] = result
-                state = apply_attack(
-                    attack if d in bad else None, result.state, federation.global_state, boost
-                )
-                try:  # the HTTP server's checks on an upload's tensors, as it arrives
-                    check_tensors(state, model_config)
-                    check_finite(state)
-                    uploads[d] = state
-                except ValidationError as e:
-                    rejections.current[d] = f"{e.status} {e.message}"
-            lost = _lost_phones(pool, plan.cohort, results)
-            placement.lost, placement.trained_on = lost, _trained_on(pool, results)
-            if lost:
-                bar.write(f"round {plan.round}: lost {len(lost)} phone(s) ({', '.join(lost)})")
-            trained = [d for d in plan.cohort if d in results]  # the cohort's order: see above
-            uploaders = federation.choose_uploaders(
-                plan, {d: results[d].train_loss for d in trained}
-            )
-            chosen = set(uploaders)  # a refusal counts for a phone that was to upload
-            rejections.current = {d: w for d, w in rejections.current.items() if d in chosen}
-            updates = [
-                ClientUpdate(
-                    state=uploads[d],
-                    num_samples=results[d].num_tokens,
-                    train_loss=results[d].train_loss,
-                    device_id=d,
-                )
-                for d in uploaders
-                if d in uploads
-            ]
-            if not updates:
-                what = "every upload was refused" if not lost else "no upload to aggregate"
-                why = {**{d: f"lost ({w})" for d, w in lost.items()}, **rejections.current}
-                raise ValueError(
-                    f"round {plan.round}: {what} ({'; '.join(f'{d}: {w}' for d, w in why.items())})"
-                )
-            row = federation.complete_round(plan, updates)
-            rows.append(row)
-            bar.set_postfix(val_ppl=f"{row['val_ppl']:.1f}", test_ppl=f"{row['test_ppl']:.1f}")
+        run = _prepare_run(config)
+        rows, _ = _start_or_resume(run.federation, config.resume)
+        _run_rounds(run, pool, rows)
     finally:
         pool.close()
-    storage.plot(f"{fed.strategy} on {prepared.corpus.name}")
+    run.federation.storage.plot(_title(run))
     return rows
+
+
+def _title(run: _Run) -> str:
+    return f"{run.config.fed.strategy} on {run.prepared.corpus.name}"
+
+
+def _prepare_run(config: SimulationConfig) -> _Run:
+    """The data, the attackers, the probes and the round engine of a simulation."""
+    backdoor = config.backdoor or BackdoorConfig()
+    prepared = prepare(config.data)
+    model_config = config.model_config_for(prepared.tokenizer.vocab_size)
+    bad = _attackers(sorted(prepared.shards), config.malicious)
+    probes = list(config.probes or [])
+    if config.attack == "backdoor":
+        backdoor_ids(backdoor, prepared.tokenizer)  # refuses words the tokenizer lacks
+        contexts = trigger_contexts(prepared.corpus.test, backdoor.trigger, seed=config.data.seed)
+        probes.append(BackdoorProbe(backdoor, contexts))
+    rejections = _Rejections()
+    if bad:
+        probes.append(rejections)
+    placement = _Placement()
+    if config.backend == "ray":
+        probes.append(placement)
+    federation = _federation(
+        config.fed, model_config, prepared, prepared.shards, config.out_dir, config.device, probes
+    )
+    return _Run(config, prepared, model_config, backdoor, bad, federation, rejections, placement)
+
+
+def _attackers(names: list[str], malicious: int) -> set[str]:
+    """The last `malicious` of the phones `names` (sorted)."""
+    if not 0 <= malicious <= len(names):
+        raise ValueError(f"--malicious {malicious}: there are {len(names)} phones")
+    return set(names[len(names) - malicious :]) if malicious else set()
+
+
+def _run_rounds(run: _Run, pool: TrainingBackend, rows: list[dict]) -> None:
+    """The rounds after the last of `rows` up to fed.rounds (each row appended), under a progress
+    bar; stops early when another round would pass the privacy budget."""
+    fed, federation = run.config.fed, run.federation
+    bar = tqdm(
+        range(federation.round, fed.rounds),
+        initial=federation.round,
+        total=fed.rounds,
+        desc=_title(run),
+        disable=not run.config.progress,
+        unit="round",
+    )
+    last = rows[-1]  # round 0's, or the round a resumed run continues from
+    bar.set_postfix({k: f"{last[k]:.1f}" for k in ("test_ppl", "val_ppl") if k in last})
+    for _ in bar:
+        if federation.budget_spent:
+            bar.write(
+                f"privacy budget: another round would pass epsilon {fed.privacy.target_epsilon}; stopping"
+            )
+            break
+        row = _run_round(run, pool, bar)
+        rows.append(row)
+        bar.set_postfix(val_ppl=f"{row['val_ppl']:.1f}", test_ppl=f"{row['test_ppl']:.1f}")
+
+
+def _run_round(run: _Run, pool: TrainingBackend, bar: tqdm) -> dict:
+    """One round: plan it, train its cohort, check the uploads, aggregate; its metrics row."""
+    federation = run.federation
+    plan = federation.plan_round(list(run.prepared.shards))
+    tasks = _round_tasks(run, plan)
+    results, uploads = _train_and_check(run, pool, plan, tasks)
+    lost = _lost_phones(pool, plan.cohort, results)
+    run.placement.lost, run.placement.trained_on = lost, _trained_on(pool, results)
+    if lost:
+        bar.write(f"round {plan.round}: lost {len(lost)} phone(s) ({', '.join(lost)})")
+    updates = _round_updates(run, plan, results, uploads, lost)
+    return federation.complete_round(plan, updates)
+
+
+def _round_tasks(run: _Run, plan: RoundPlan) -> list[LocalTask]:
+    """The training task of each phone of the round's cohort (an attacker's, under the backdoor
+    attack, trains on the backdoor's task)."""
+    config, shards = run.config, run.prepared.shards
+    fed = config.fed
+    tasks = [
+        LocalTask(
+            d,
+            shards[d],
+            client_seed(fed.seed, plan.round, d),
+            run.model_config,
+            plan.train,
+            fed.privacy.beta,
+            fed.privacy.sigma,
+            config.device,
+        )
+        for d in plan.cohort
+    ]
+    if config.attack == "backdoor":
+        tasks = [
+            backdoor_task(t, run.prepared.tokenizer, run.backdoor) if t.device_id in run.bad else t
+            for t in tasks
+        ]
+    return tasks
+
+
+def _train_and_check(
+    run: _Run, pool: TrainingBackend, plan: RoundPlan, tasks: list[LocalTask]
+) -> tuple[dict[str, TrainResult], dict[str, dict[str, torch.Tensor]]]:
+    """(each phone's training result, each accepted upload) as the phones finish: an attacker's
+    upload attacked, every upload through the HTTP server's checks (a refusal recorded in
+    run.rejections)."""
+    attack, bad, federation = run.config.attack, run.bad, run.federation
+    attackers = sum(d in bad for d in plan.cohort)
+    boost = boost_factor(run.backdoor, len(plan.cohort), attackers)
+    results: dict[str, TrainResult] = {}
+    uploads: dict[str, dict[str, torch.Tensor]] = {}
+    run.rejections.current = {}
+    for d, result in pool.stream(tasks, federation.global_state):
+        if result is None:  # its trainer died twice: lost for this round
+            continue
+        if attack == "backdoor" and d in bad:  # declares its own shard's size, as if honest
+            result = replace(result, num_tokens=count_targets(run.prepared.shards[d]))
+        results[d] = result
+        state = apply_attack(
+            attack if d in bad else None, result.state, federation.global_state, boost
+        )
+        try:  # the HTTP server's checks on an upload's tensors, as it arrives
+            check_tensors(state, run.model_config)
+            check_finite(state)
+            uploads[d] = state
+        except ValidationError as e:
+            run.rejections.current[d] = f"{e.status} {e.message}"
+    return results, uploads
+
+
+def _round_updates(
+    run: _Run,
+    plan: RoundPlan,
+    results: dict[str, TrainResult],
+    uploads: dict[str, dict[str, torch.Tensor]],
+    lost: dict[str, str],
+) -> list[ClientUpdate]:
+    """The updates to aggregate, in the cohort's order, from the phones chosen to upload; a
+    ValueError when there is none."""
+    trained = [d for d in plan.cohort if d in results]  # the cohort's order: see above
+    uploaders = run.federation.choose_uploaders(plan, {d: results[d].train_loss for d in trained})
+    chosen = set(uploaders)  # a refusal counts for a phone that was to upload
+    rejections = run.rejections
+    rejections.current = {d: w for d, w in rejections.current.items() if d in chosen}
+    updates = [
+        ClientUpdate(
+            state=uploads[d],
+            num_samples=results[d].num_tokens,
+            train_loss=results[d].train_loss,
+            device_id=d,
+        )
+        for d in uploaders
+        if d in uploads
+    ]
+    if not updates:
+        what = "every upload was refused" if not lost else "no upload to aggregate"
+        why = {**{d: f"lost ({w})" for d, w in lost.items()}, **rejections.current}
+        raise ValueError(
+            f"round {plan.round}: {what} ({'; '.join(f'{d}: {w}' for d, w in why.items())})"
+        )
+    return updates
 
 
 def _start_or_resume(federation: Federation, resume: bool) -> tuple[list[dict], bool]:

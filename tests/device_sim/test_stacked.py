@@ -21,7 +21,7 @@ from device_sim.trainer import local_batches, phone_round, train_local
 from models.checkpoint import build_model, model_state
 from models.config import ModelConfig
 from models.tokenizers import WordTokenizer
-from runners.simulate import simulate
+from runners.simulate import SimulationConfig, simulate
 from tests.support.workload import DATA, FED, tiny
 
 TEXT = [
@@ -163,9 +163,13 @@ def test_column_batches_are_refused():
 
 def test_simulate_stacked_ends_with_the_local_backends_weights(tmp_path):
     fed = replace(FED, train=replace(FED.train, precision="fp32"))
-    local = simulate(DATA, fed, tiny, str(tmp_path / "local"), workers=0, progress=False)
+    local = simulate(
+        SimulationConfig(DATA, fed, tiny, str(tmp_path / "local"), workers=0, progress=False)
+    )
     stacked = simulate(
-        DATA, fed, tiny, str(tmp_path / "stacked"), progress=False, backend="stacked"
+        SimulationConfig(
+            DATA, fed, tiny, str(tmp_path / "stacked"), progress=False, backend="stacked"
+        )
     )
     assert len(stacked) == len(local) == fed.rounds + 1
     for a, b in zip(stacked[1:], local[1:], strict=True):

@@ -19,7 +19,7 @@ from device_sim.pool import LocalTask, run_task
 from device_sim.ray_cluster import RayOptions
 from device_sim.ray_pool import RayTrainerPool
 from models.checkpoint import build_model, model_state
-from runners.simulate import simulate, train_central
+from runners.simulate import SimulationConfig, simulate, train_central
 from server.engine import client_seed
 from tests.support.workload import DATA, FED, tiny
 
@@ -43,7 +43,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 def local_run(tmp_path_factory) -> Path:
     """The reference: the same simulation with the local backend (in this process)."""
     out = tmp_path_factory.mktemp("local")
-    simulate(DATA, FED, tiny, str(out), workers=0, progress=False)
+    simulate(SimulationConfig(DATA, FED, tiny, str(out), workers=0, progress=False))
     return out
 
 
@@ -51,13 +51,15 @@ def test_simulate_on_two_nodes_trains_on_both_with_the_local_weights(
     two_nodes, local_run, tmp_path
 ):
     rows = simulate(
-        DATA,
-        FED,
-        tiny,
-        str(tmp_path),
-        progress=False,
-        backend="ray",
-        ray=RayOptions(address=two_nodes.address),
+        SimulationConfig(
+            DATA,
+            FED,
+            tiny,
+            str(tmp_path),
+            progress=False,
+            backend="ray",
+            ray=RayOptions(address=two_nodes.address),
+        )
     )
     for row in rows[1:]:
         assert set(row["trained_on"]) == two_nodes.node_ids  # each node trained phones
@@ -72,7 +74,15 @@ def test_simulate_on_a_local_ray_instance_gives_the_local_weights(local_run, tmp
 
     assert not ray.is_initialized()
     simulate(
-        DATA, FED, tiny, str(tmp_path), progress=False, backend="ray", ray=RayOptions(num_cpus=1)
+        SimulationConfig(
+            DATA,
+            FED,
+            tiny,
+            str(tmp_path),
+            progress=False,
+            backend="ray",
+            ray=RayOptions(num_cpus=1),
+        )
     )
     assert not ray.is_initialized()  # the instance it started is stopped again
     assert_same_weights(tmp_path, local_run)

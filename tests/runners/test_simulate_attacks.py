@@ -10,12 +10,14 @@ import pytest
 
 from device_sim.attacks import BackdoorError
 from device_sim.config import BackdoorConfig
-from runners.simulate import simulate
+from runners.simulate import SimulationConfig, simulate
 from tests.support.workload import DATA, FED, tiny
 
 
 def run(tmp_path, **attack) -> list[dict]:
-    return simulate(DATA, FED, tiny, str(tmp_path), workers=0, progress=False, **attack)
+    return simulate(
+        SimulationConfig(DATA, FED, tiny, str(tmp_path), workers=0, progress=False, **attack)
+    )
 
 
 @pytest.mark.parametrize(

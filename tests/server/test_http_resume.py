@@ -64,17 +64,19 @@ def test_stop_mid_round_and_continue(tmp_path):
 
     # the interrupted run equals an uninterrupted simulation, bit for bit
     from common.config import DataConfig
-    from runners.simulate import simulate
+    from runners.simulate import SimulationConfig, simulate
 
     out = tmp_path / "simulated"
     simulate(
-        DataConfig(**DATA, clients=2, partition="iid"),
-        settings.federation_config(),
-        settings.build_model_config,
-        str(out),
-        workers=0,
-        device="cpu",
-        progress=False,
+        SimulationConfig(
+            DataConfig(**DATA, clients=2, partition="iid"),
+            settings.federation_config(),
+            settings.build_model_config,
+            str(out),
+            workers=0,
+            device="cpu",
+            progress=False,
+        )
     )
     a = load_file(storage / "checkpoints" / "round_0003.safetensors")
     b = load_file(out / "checkpoints" / "round_0003.safetensors")

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.config import DataConfig
-from runners.simulate import simulate
+from runners.simulate import SimulationConfig, simulate
 from tests.support.http import (
     DATA,
     enroll_phones,
@@ -21,13 +21,15 @@ def simulated(tmp_path, settings, clients):
     """The same federation in-process (`fedkey simulate`), for comparison."""
     out = tmp_path / "simulated"
     rows = simulate(
-        DataConfig(**DATA, clients=clients, partition="iid"),
-        settings.federation_config(),
-        settings.build_model_config,
-        str(out),
-        workers=0,
-        device="cpu",
-        progress=False,
+        SimulationConfig(
+            DataConfig(**DATA, clients=clients, partition="iid"),
+            settings.federation_config(),
+            settings.build_model_config,
+            str(out),
+            workers=0,
+            device="cpu",
+            progress=False,
+        )
     )
     return rows, out
 
