@@ -8,7 +8,7 @@ from dataclasses import replace
 from common.config import DataConfig, TrainConfig
 from models.checkpoint import METADATA, read_metadata
 from models.config import ModelConfig
-from runners.simulate import simulate
+from runners.simulate import SimulationConfig, simulate
 from server.config import FederationConfig
 from server.metrics_row import ALWAYS, CONDITIONAL, FIELDS, undeclared
 
@@ -23,7 +23,9 @@ def tiny(vocab_size: int) -> ModelConfig:
 
 
 def test_a_plain_round_has_exactly_the_fields_every_row_has(tmp_path):
-    rows = simulate(DATA, FED, tiny, str(tmp_path), workers=0, device="cpu", progress=False)
+    rows = simulate(
+        SimulationConfig(DATA, FED, tiny, str(tmp_path), workers=0, device="cpu", progress=False)
+    )
     assert [r["round"] for r in rows] == [0, 1]
     for row in rows:
         assert list(row) == list(ALWAYS)
@@ -35,7 +37,9 @@ def test_a_plain_round_has_exactly_the_fields_every_row_has(tmp_path):
 def test_the_conditional_fields_are_written_when_asked(tmp_path):
     fed = replace(FED, train=replace(FED.train, batching="columns"))
     rows = simulate(
-        DATA, fed, tiny, str(tmp_path), workers=0, device="cpu", progress=False, malicious=1
+        SimulationConfig(
+            DATA, fed, tiny, str(tmp_path), workers=0, device="cpu", progress=False, malicious=1
+        )
     )
     row = rows[-1]
     assert undeclared(row) == []
