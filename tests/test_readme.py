@@ -74,3 +74,25 @@ def test_no_tracked_markdown_page_is_over_40_kb():
         if (size := path.stat().st_size) > MAX_MARKDOWN_BYTES:
             big[name] = size
     assert not big, f"Markdown pages over {MAX_MARKDOWN_BYTES // 1024} KB: {big}"
+
+
+def results_rows(text: str) -> list[tuple[str, list[str]]]:
+    """The rows of the README's Results table: (what the row says, the pages it links to)."""
+    section = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "](" in line]
+    return [(row, relative_links(row)) for row in rows]
+
+
+def test_every_headline_figure_is_on_its_page():
+    """Each number of a Results row is quoted from a page the row links to."""
+    rows = results_rows(README.read_text(encoding="utf-8"))
+    assert 4 <= len(rows) <= 6, f"{len(rows)} headline rows"
+    unquoted = {}
+    for row, pages in rows:
+        assert pages, row
+        texts = [(README.parent / p).read_text(encoding="utf-8") for p in pages]
+        cells = row.split(" | ")[:2]  # what the row says; the last cell holds the links
+        figures = re.findall(r"\d+(?:,\d{3})*(?:\.\d+)?", " ".join(cells))
+        if missing := [f for f in figures if not any(f in t for t in texts)]:
+            unquoted[cells[0].strip("| ")] = missing
+    assert not unquoted, f"figures not found on the linked pages: {unquoted}"
