@@ -1,5 +1,5 @@
 """`fedkey audit`: what the federation leaks. `fedkey audit canary`: a planted secret's exposure
-with FedAvg and FedAtt, without and with DP (bench.canary)."""
+with FedAvg and FedAtt, without and with DP (runners.canary_audit)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from bench.canary import AuditConfig, arms
 from cli.errors import UserError
+from runners.canary_audit import AuditConfig, arms
 
 audit_app = typer.Typer(
     help="Audits of what the trained model gives away about the phones' data.",
@@ -24,7 +24,7 @@ def print_table(runs: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from bench.canary import per_round_table
+    from runners.canary_audit import per_round_table
 
     header, rows = per_round_table(runs)  # a row per round, an arm a column
     phone = runs[0]["canary_phone"]
@@ -83,9 +83,9 @@ def audit_canary(
         _DEFAULT.workers, "--workers", min=0, help="Training processes of each run."
     ),
     out: Path = typer.Option(
-        Path("bench/results/canary"),
+        Path("runs/audit/canary"),
         "--out",
-        help="results.json, results.md and exposure.png go here.",
+        help="results.json, results.md and exposure.png go here (beside the arms' folders by default).",
     ),
     runs_dir: Path = typer.Option(
         Path("runs/audit/canary"),
@@ -104,7 +104,7 @@ def audit_canary(
     bits = ranked first, ~1.4 = chance) for FedAvg and FedAtt, without DP (no bound on updates)
     and with DP. An arm already in results.json with the same command is not run again, so an
     interrupted audit resumes."""
-    from bench.canary import run_audit
+    from runners.canary_audit import run_audit
 
     cfg = AuditConfig(
         data=data,
@@ -125,7 +125,7 @@ def audit_canary(
             runs_dir,
             only=only or None,
             dry_run=dry_run,
-            bench_command=shlex.join(["fedkey", *sys.argv[1:]]),
+            audit_command=shlex.join(["fedkey", *sys.argv[1:]]),
         )
     except RuntimeError as e:  # a run that failed: its command and the tail of its log
         raise UserError(str(e)) from None

@@ -17,7 +17,8 @@ row's `seconds`, opening to the end of the aggregation, beside it), the cohort a
 aggregated, /healthz p50 / p99 / max while the round ran. Per cell: the same over the rounds,
 the time to enroll, the server's peak RSS, every failed request by kind (retried or not), the
 uploads refused, the phones that gave up. The server's database: SQLite (its default) or, with
---database postgresql, a throwaway PostgreSQL cluster (bench.postgres), as issue 16 asks for both.
+--database postgresql, a throwaway PostgreSQL cluster (the fedkey tests' tests/support/postgres.py),
+as issue 16 asks for both.
 Results: OUT/results.json (one object per (phones, rounds, label, database) cell with the command
 that reproduces it; a cell already there with the same
 command is not run again, so an interrupted bench resumes) and OUT/results.md.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import math
 import multiprocessing
 import os
@@ -43,6 +45,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from bench.load_phones import HttpError, PhoneConfig, Stats, shard_main
@@ -68,7 +71,7 @@ PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
 #: The server's histograms a cell reads from /metrics at its end.
 HISTOGRAMS = ("fedkey_aggregation_seconds", "fedkey_event_loop_lag_seconds")
 # the server's database: SQLite in its storage folder (its default), or a throwaway PostgreSQL
-# cluster (bench.postgres) passed as --database-url
+# cluster (tests/support/postgres.py) passed as --database-url
 DATABASES = ("sqlite", "postgresql")
 
 __all__ = ["Cell", "LoadError", "cohort_size", "command", "run_cell", "run_load"]
@@ -410,13 +413,32 @@ def run_cell(cell: Cell, opts: Options = Options(), progress: bool = True) -> di
         raise LoadError(f"--database {cell.database}: choose one of {', '.join(DATABASES)}")
     if cell.database == "sqlite":
         return _run_cell(cell, opts, progress, None)
-    from bench.postgres import PostgresError, cluster
-
+    pg = postgres()
     try:
-        with cluster() as url:
+        with pg.cluster() as url:
             return _run_cell(cell, opts, progress, url)
-    except PostgresError as e:
+    except pg.PostgresError as e:
         raise LoadError(str(e)) from None
+
+
+#: The throwaway PostgreSQL cluster of a --database postgresql cell: the fedkey tests' own.
+POSTGRES = ROOT / "tests" / "support" / "postgres.py"
+
+
+def postgres() -> ModuleType:
+    """tests/support/postgres.py of the checkout this bench runs from (ROOT), loaded once by its
+    path: the checkout's tests are no installed package, and under pytest the name `tests` is
+    experiments/tests, so neither an import nor the checkout on sys.path would find it."""
+    name = "fedkey_tests_support_postgres"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, POSTGRES)
+    if spec is None or spec.loader is None or not POSTGRES.is_file():
+        raise LoadError(f"{POSTGRES} not found: --database postgresql runs from a fedkey checkout")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | None) -> dict:

@@ -110,7 +110,7 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "(before evaluation). A cell run with --server-tree DIR ran the server of that checkout "
         "(its commit in the table). Database: the server's SQLite in its storage folder, or "
         "PostgreSQL (a throwaway cluster of Debian's postgresql package on 127.0.0.1, started "
-        "for the cell by bench/postgres.py, durability settings left at their defaults). "
+        "for the cell by tests/support/postgres.py, durability settings left at their defaults). "
         "/healthz: a probe every 0.1-0.25 s while the rounds ran. Loop lag: the server's own "
         "fedkey_event_loop_lag_seconds over the whole cell (enrollment included), a wake-up due "
         "every 0.1 s: the bucket bound its 99th percentile lies under, and how many wake-ups "

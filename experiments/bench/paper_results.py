@@ -35,7 +35,7 @@ class Bench:
     a file lock (two suites may run side by side) and replaced atomically, so an interrupted bench
     loses at most its current run. Beside the runs it keeps the bench command lines and, per
     preset, the learning rates the sweep chose (``lr_choices``, which the ranking suites use).
-    The other benches (attacks, canary, privacy, load) keep their results with it too."""
+    The other benches (attacks, privacy, load) keep their results with it too."""
 
     def __init__(self, out: Path):
         self.out = out

@@ -1,6 +1,6 @@
 """One benchmark run: a `fedkey` command line in a child process, and what a results.json object
 records of it besides its numbers (how long, the command, the code, the machine). The benches
-(paper, attacks, canary) each summarize the rows their own way; running is shared."""
+(paper, attacks) each summarize the rows their own way; running is shared."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from safetensors.numpy import load, save
 from typer.testing import CliRunner
 
 import bench.load as load_bench
-import bench.postgres as bench_postgres
 from bench.cli import app
 from bench.load import Cell, Options, cohort_size, command, run_load
 from bench.load_phones import ModelBodies, make_variants, percentile
@@ -174,7 +173,7 @@ def test_the_database_option_reaches_the_cells(tmp_path):
 def test_an_unknown_database_or_a_missing_postgres_is_a_load_error(tmp_path, monkeypatch):
     with pytest.raises(load_bench.LoadError, match="--database mysql: choose one of sqlite"):
         run_load([5], 1, out=tmp_path, database="mysql")
-    monkeypatch.setattr(bench_postgres, "pg_bin", lambda: None)
+    monkeypatch.setattr(load_bench.postgres(), "pg_bin", lambda: None)
     with pytest.raises(load_bench.LoadError, match="initdb not found; install it"):
         load_bench.run_cell(Cell(5, 1, "x", "postgresql"), progress=False)
     assert not (tmp_path / "results.json").exists()

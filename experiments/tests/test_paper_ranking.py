@@ -545,7 +545,7 @@ def test_costliest_runs_wait_until_every_other_run_is_done():
 
 
 def test_other_benches_results_keep_their_shape(tmp_path):
-    """attacks, canary, privacy and load keep their results with Bench too: no preset, no suite."""
+    """attacks, privacy and load keep their results with Bench too: no preset, no suite."""
     bench = Bench(tmp_path)
     bench.add({"id": "fedavg-scale-1of10", "command": "fedkey simulate"}, "fedkey-bench attacks")
     bench.add({"id": "fedavg-scale-1of10", "command": "fedkey simulate x"}, "fedkey-bench attacks")

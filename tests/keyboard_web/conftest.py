@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.keyboard import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.keyboard import Models, export_model
 
 HIDDEN = 32

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.keyboard import CHROMIUM
 from keyboard_web.app import ORT_DIST, create_app
 from keyboard_web.suggest import Suggester
+from tests.support.browser import CHROMIUM
 from tests.support.keyboard import ThreadServer, save_round
 
 pytestmark = [

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from bench.keyboard import CHROMIUM
 from keyboard_web.app import create_app
 from tests.keyboard_web.test_kw_privacy import engine_round
+from tests.support.browser import CHROMIUM
 from tests.support.keyboard import ThreadServer, save_round
 
 pytestmark = [

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-import bench.canary as canary
-from bench.canary import AuditConfig, arms, canary_phone, run_audit, summarize
+import runners.canary_audit as canary
+from runners.canary_audit import AuditConfig, arms, canary_phone, run_audit, summarize
 
 CFG = AuditConfig(rounds=2, clients=20, dp_noise_multipliers=(1.0,))
 
@@ -32,7 +32,7 @@ def fake_runs(monkeypatch):
     """run_arm without a child process: records which arms ran."""
     ran = []
 
-    def run_arm(arm, cfg, runs_dir, on_round=lambda n: None):
+    def run_arm(arm, cfg, runs_dir, on_round=lambda n: None, results=None):
         ran.append(arm.id)
         on_round(cfg.rounds)
         exposures = [0.6, 13.29, 13.29] if not arm.dp else [0.6, 1.1, 0.9 if arm.planted else 0.5]

@@ -1,13 +1,13 @@
-"""A throwaway PostgreSQL cluster for `fedkey-bench load --database postgresql` (issue 16).
+"""A throwaway PostgreSQL cluster: tests/server/test_postgres.py's, and that of the research
+harness's `fedkey-bench load --database postgresql` cells (issue 16), which loads this file from
+the checkout it runs from (experiments/bench/load.py).
 
-The issue asks for the load report on SQLite and on PostgreSQL. The bench starts its own cluster
-the way tests/server/test_postgres.py does: Debian's initdb and pg_ctl (the postgresql package,
-/usr/lib/postgresql/<version>/bin) in a temporary directory, listening on 127.0.0.1 only on a free
-port, trust authentication, one fresh database; as root (initdb refuses it) the cluster runs as the
-`postgres` user (or `nobody`) through runuser. Unlike the tests' cluster it keeps durability on
-(fsync, synchronous commits): the bench measures the server as it would run, not a tuned test
-fixture. It is stopped and deleted when the cell ends. tests/server/test_postgres.py starts its
-cluster with `temp_cluster` too, with durability off (`FAST`).
+Debian's initdb and pg_ctl (the postgresql package, /usr/lib/postgresql/<version>/bin) in a
+temporary directory, listening on 127.0.0.1 only on a free port, trust authentication, one fresh
+database; as root (initdb refuses it) the cluster runs as the `postgres` user (or `nobody`)
+through runuser. `cluster()` keeps durability on (fsync, synchronous commits): the load bench
+measures the server as it would run, not a tuned test fixture. The tests start theirs with
+`temp_cluster(settings=FAST)`, durability off. Either is stopped and deleted at the end.
 """
 
 from __future__ import annotations
