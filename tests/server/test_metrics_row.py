@@ -5,6 +5,8 @@ declares (docs/reference/checkpoint.md)."""
 
 from dataclasses import replace
 
+import pytest
+
 from common.config import DataConfig, TrainConfig
 from models.checkpoint import METADATA, read_metadata
 from models.config import ModelConfig
@@ -22,6 +24,7 @@ def tiny(vocab_size: int) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, emb_size=8, hidden_size=8)
 
 
+@pytest.mark.slow
 def test_a_plain_round_has_exactly_the_fields_every_row_has(tmp_path):
     rows = simulate(
         SimulationConfig(DATA, FED, tiny, str(tmp_path), workers=0, device="cpu", progress=False)
@@ -34,6 +37,7 @@ def test_a_plain_round_has_exactly_the_fields_every_row_has(tmp_path):
     assert list(meta) == list(METADATA)
 
 
+@pytest.mark.slow
 def test_the_conditional_fields_are_written_when_asked(tmp_path):
     fed = replace(FED, train=replace(FED.train, batching="columns"))
     rows = simulate(
