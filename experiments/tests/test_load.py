@@ -46,8 +46,10 @@ def test_a_small_real_run_completes_every_round_without_errors(tmp_path, monkeyp
     data = json.loads((out / "results.json").read_text())
     assert [x["id"] for x in data["runs"]] == ["test-20-phones-2-rounds-phones-nice-3"]
     md = (out / "results.md").read_text()
-    assert "| test | sqlite | 20 | 2 |" in md and "/healthz p50 / p99 / max" in md
-    assert "server peak RSS" in md and "| test (phones nice +3) | sqlite | 20 |" in md
+    assert "/healthz p50 / p99 / max" in md and "server peak RSS" in md
+    assert "| test (phones nice +3) | sqlite | 20 | 2 |" in md
+    rounds = (out / "rounds.csv").read_text().splitlines()
+    assert len(rounds) == 3 and rounds[2].startswith(f"{r['id']},test,sqlite,20,")
 
     # Resumable: the same cell again runs nothing.
     def never(*args, **kwargs):
@@ -191,8 +193,9 @@ def test_the_report_has_a_database_column(tmp_path):
     }  # fmt: skip
     load_bench.write_report([row], tmp_path, ["fedkey-bench load --database postgresql"])
     md = (tmp_path / "results.md").read_text()
-    assert "| label | database | phones |" in md
-    assert "| p | postgresql | 5 | 1 | 1.5 |" in md and "| p | postgresql | 5 | 1 | 1 | 1 |" in md
+    assert "| label | database | phones |" in md and "| p | postgresql | 5 | 1 | 1.5 |" in md
+    rounds = (tmp_path / "rounds.csv").read_text().splitlines()
+    assert rounds[1].startswith("p-5-phones-1-rounds-postgresql,p,postgresql,5,0.1,0,1,1,1,")
 
 
 def test_healthz_is_split_into_collecting_and_aggregating():
