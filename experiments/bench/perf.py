@@ -1,6 +1,7 @@
 """Performance benchmarks (figures printed, never asserted by tests).
 
-    fedkey-bench perf [--quick]     all of them, written to experiments/results/perf.json and perf.md
+    fedkey-bench perf [--quick]     all of them, written to experiments/results/perf/cpu/perf.json
+                                    (and the page experiments/results/perf/results.md)
                                     with the targets beside the figures (run_perf below)
     python -m bench.perf trainer    local trainer tokens/s against a bare PyTorch loop, same run
     python -m bench.perf precision  trainer tokens/s under bf16 against fp32, same run
@@ -397,13 +398,13 @@ def _describe(e: BaseException) -> str:
 
 def run_perf(
     quick: bool = False,
-    out: str | Path = "experiments/results",
+    out: str | Path = "experiments/results/perf/cpu",
     skip: list[str] | tuple[str, ...] = (),
     command: str = "fedkey-bench perf",
 ) -> dict:
     """Run every step of `fedkey-bench perf` not in `skip`, one progress line per step, and
-    write `<out>/perf.json` and `<out>/perf.md` (after each step, so a stopped run leaves what
-    it measured). A step that fails is recorded with its error; the others still run. A skipped
+    write `<out>/perf.json` and the page `<out>/../results.md` (after each step, so a stopped
+    run leaves what it measured). A step that fails is recorded with its error; the others still run. A skipped
     step keeps its figures from the `<out>/perf.json` there was (:func:`kept_steps`), so one
     figure can be measured again without the half hour of the rest."""
     from datetime import UTC, datetime

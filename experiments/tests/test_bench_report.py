@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -227,20 +228,23 @@ EXPECTED = {
 
 
 def _targets_table(md: str) -> dict[str, str]:
-    """measure -> status, read back from the markdown's Targets table."""
+    """measure -> status (of the last machine's column), read back from the page's Targets
+    table, whose cells read "met: 1.100x", "not met: ...", "skipped", "failed"."""
     lines = md.split("## Targets", 1)[1].strip().splitlines()
     rows = {}
     for line in lines[2:]:  # after the header and the |---| line
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split(" | ")]
-        rows[cells[0]] = cells[-1]
+        rows[cells[0]] = cells[-1].split(":", 1)[0]
     return rows
 
 
 def test_markdown_says_met_and_not_met(tmp_path):
-    json_path, md_path = write_report(FAKE, tmp_path)
+    json_path, md_path = write_report(FAKE, tmp_path / "cpu")
+    assert json_path == tmp_path / "cpu" / "perf.json" and md_path == tmp_path / "results.md"
     md = md_path.read_text()
+    assert md.startswith("# fedkey-bench perf") and md.index("## Targets") < md.index("## 1.")
     assert _targets_table(md) == EXPECTED
     saved = json.loads(json_path.read_text())
     assert saved["steps"] == FAKE["steps"] and saved["meta"] == FAKE["meta"]
@@ -271,7 +275,7 @@ def test_skipped_and_failed_steps_are_neither_met_nor_not_met(tmp_path):
         "export": {"error": "Traceback ...\nRuntimeError: the export broke\n"},
     }
     del steps["keyboard"]  # never ran (a stopped run)
-    _, md_path = write_report({**FAKE, "steps": steps}, tmp_path)
+    _, md_path = write_report({**FAKE, "steps": steps}, tmp_path / "cpu")
     table = _targets_table(md_path.read_text())
     assert table["HTTP vs in-process, summed per-round seconds"] == "skipped"
     assert table["int8 perplexity change on held-out text"] == "failed"
@@ -295,10 +299,10 @@ def test_the_gpu_step_says_why_it_skipped_where_no_gpu_is_visible(monkeypatch, t
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "gpu_share" in perf_params(quick=True)
     others = [s for s in STEPS if s != "gpu_share"]
-    result = run_perf(out=tmp_path, skip=others, command="fedkey-bench perf")
+    result = run_perf(out=tmp_path / "cpu", skip=others, command="fedkey-bench perf")
     assert result["steps"]["gpu_share"]["skipped"] == "no CUDA GPU visible"
-    md = (tmp_path / "perf.md").read_text()
-    assert "skipped: no CUDA GPU visible" in md.split("## 8. Phones side by side on one GPU")[1]
+    md = (tmp_path / "results.md").read_text()
+    assert "- 8. Phones side by side on one GPU: skipped: no CUDA GPU visible" in md
     rows = _targets_table(md)
     assert rows["phones side by side on one GPU: best pool's tokens/s vs one process"] == "skipped"
 
@@ -306,13 +310,13 @@ def test_the_gpu_step_says_why_it_skipped_where_no_gpu_is_visible(monkeypatch, t
 def test_every_step_skipped_writes_a_report(tmp_path):
     from bench.perf import run_perf
 
-    result = run_perf(out=tmp_path, skip=STEPS, command="fedkey-bench perf --skip ...")
+    result = run_perf(out=tmp_path / "cpu", skip=STEPS, command="fedkey-bench perf --skip ...")
     assert all(s == {"skipped": "--skip"} for s in result["steps"].values())
-    saved = json.loads((tmp_path / "perf.json").read_text())
+    saved = json.loads((tmp_path / "cpu" / "perf.json").read_text())
     assert saved["meta"]["machine"]["cpus"] >= 1 and saved["meta"]["machine"]["torch"]
-    assert set(_targets_table((tmp_path / "perf.md").read_text()).values()) == {"skipped"}
+    assert set(_targets_table((tmp_path / "results.md").read_text()).values()) == {"skipped"}
     with pytest.raises(ValueError, match="unknown step"):
-        run_perf(out=tmp_path, skip=["nope"])
+        run_perf(out=tmp_path / "cpu", skip=["nope"])
 
 
 def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
@@ -320,10 +324,12 @@ def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
     each is kept from the perf.json there was, marked with the run that measured it."""
     from bench.perf import kept_steps, run_perf
 
-    (tmp_path / "perf.json").write_text(
+    machine = tmp_path / "cpu"
+    machine.mkdir()
+    (machine / "perf.json").write_text(
         json.dumps({**FAKE, "meta": {**FAKE["meta"], "quick": False}})
     )
-    result = run_perf(out=tmp_path, skip=STEPS, command="fedkey-bench perf --only ray")
+    result = run_perf(out=machine, skip=STEPS, command="fedkey-bench perf --only ray")
     origin = {
         "date": "2026-01-01T00:00:00+00:00",
         "git_commit": "abc123",
@@ -331,22 +337,22 @@ def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
     }
     assert result["steps"]["trainer"] == {**FAKE["steps"]["trainer"], "kept": origin}
     assert result["steps"]["http"]["kept"] == origin
-    md = (tmp_path / "perf.md").read_text()
+    md = (tmp_path / "results.md").read_text()
     assert (
         "Kept from earlier runs, not measured by this command: trainer (2026-01-01T00:00:00+00:00, commit `abc123`), http ("
         in md
     )
     assert _targets_table(md)["trainer tokens/s vs bare PyTorch loop (cpu)"] == "met"
     # kept again by the next such run: still the date of the run that measured it
-    again = run_perf(out=tmp_path, skip=STEPS, command="fedkey-bench perf --only ray")
+    again = run_perf(out=machine, skip=STEPS, command="fedkey-bench perf --only ray")
     assert again["steps"]["trainer"]["kept"] == origin
     # a --quick run's figures (other parameters) are not kept for a full run, nor the reverse
-    quick = run_perf(out=tmp_path, quick=True, skip=STEPS)
+    quick = run_perf(out=machine, quick=True, skip=STEPS)
     assert quick["steps"]["trainer"] == {"skipped": "--skip"}
     # nor anything from a file this bench did not write
     for text in ("[]", '{"meta": [], "steps": {}}', '{"meta": {}, "steps": []}', "{not json"):
-        (tmp_path / "perf.json").write_text(text)
-        assert kept_steps(tmp_path, quick=False) == {}
+        (machine / "perf.json").write_text(text)
+        assert kept_steps(machine, quick=False) == {}
 
 
 def test_bench_perf_only_and_skip_together_is_a_one_line_error(tmp_path):
@@ -371,3 +377,26 @@ def test_bench_perf_help():
     assert tuple(s.value for s in BenchStep) == STEPS
     bad = CliRunner().invoke(app, ["perf", "--skip", "nope"])
     assert bad.exit_code != 0
+
+
+def test_the_committed_machines_share_one_short_page_that_leads_with_the_targets(tmp_path):
+    """experiments/results/perf: one folder per machine (its perf.json), one page for them all,
+    each machine's figure of a target side by side."""
+    import shutil
+
+    from bench.report import rebuild
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "perf"
+    machines = sorted(p.parent.name for p in committed.glob("*/perf.json"))
+    assert "cpu" in machines and len(machines) >= 2
+    for name in machines:
+        (tmp_path / name).mkdir()
+        shutil.copy(committed / name / "perf.json", tmp_path / name / "perf.json")
+    md = rebuild(tmp_path).read_text()
+    assert len(md.encode()) <= 30 * 1024
+    assert md.startswith("# fedkey-bench perf") and md.index("## Targets") < md.index("## Machines")
+    header = md.split("## Targets", 1)[1].strip().splitlines()[0]
+    assert header == "| measure | target | " + " | ".join(["cpu", *machines[1:]]) + " |"
+    for name in machines:
+        assert f"[`{name}/perf.json`]({name}/perf.json)" in md and f"\n## {name}: " in md
+    assert _targets_table(md)  # every machine's status, read back
