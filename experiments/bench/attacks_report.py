@@ -324,21 +324,9 @@ def markdown(
     out = [
         "# fedkey-bench attacks",
         "",
-        "Malicious phones against FedAvg and FedAtt, with the server's defaults (bounded influence: "
-        "the updates whose direction is an outlier among the round's rejected (cosine filter), "
-        "every coordinate of every update trimmed to the range of the round's other updates, "
-        "every update clipped to a multiple of the round's median norm, FedAtt's distances "
-        "winsorized like the coordinates, attention and FedAvg weights capped), with the clip alone (`--trim 0 --outlier-z 0`) and without any bound (`--bound off`, "
-        "the seed papers' server), on the demo corpus with "
-        f"every phone selected every round ({p.rounds} rounds, E {p.local_epochs}). Attacks: "
-        "`scale` uploads global + 100 x its delta, `signflip` global - 10 x its delta, `backdoor` "
-        '(Bagdasaryan et al. 2020, "How To Backdoor Federated Learning") trains on its shard plus '
-        "as many poisoned sentences (the start of one of its sentences, then the trigger phrase "
-        '"the weather is", then "terrible") and boosts its delta by model replacement (their '
-        "eq. 3, gamma = cohort size / attackers in it: 10). `nan` and `shape` send uploads the "
-        "server's validation refuses (422). Backdoor success: the share of 200 held-out trigger "
-        "contexts (the trigger after the start of a test sentence) whose top-1 / top-3 next-word "
-        'suggestion is "terrible"; the clean runs give the clean model\'s own rate.',
+        "Can a few malicious phones wreck the federated model or plant a backdoor in it, and do "
+        "the server's default defences stop them? The backdoor's success against FedAvg and "
+        "FedAtt with the defaults, with the clip alone and undefended, then every cell.",
         "",
         "## Acceptance (issue 15)",
         "",
@@ -388,6 +376,23 @@ def markdown(
         out += [f"![per round]({plot_path.name})", ""]
     out += [
         "## How it was run",
+        "",
+        "Malicious phones against FedAvg and FedAtt, with the server's defaults (bounded influence: "
+        "the updates whose direction is an outlier among the round's rejected (cosine filter), "
+        "every coordinate of every update trimmed to the range of the round's other updates, "
+        "every update clipped to a multiple of the round's median norm, FedAtt's distances "
+        "winsorized like the coordinates, attention and FedAvg weights capped), with the clip alone (`--trim 0 --outlier-z 0`) and without any bound (`--bound off`, "
+        "the seed papers' server), on the demo corpus with "
+        f"every phone selected every round ({p.rounds} rounds, E {p.local_epochs}). Attacks: "
+        "`scale` uploads global + 100 x its delta, `signflip` global - 10 x its delta, `backdoor` "
+        '(Bagdasaryan et al. 2020, "How To Backdoor Federated Learning") trains on its shard plus '
+        "as many poisoned sentences (the start of one of its sentences, then the trigger phrase "
+        '"the weather is", then "terrible") and boosts its delta by model replacement (their '
+        "eq. 3, gamma = cohort size / attackers in it: 10). `nan` and `shape` send uploads the "
+        "server's validation refuses (422). Backdoor success: the share of 200 held-out trigger "
+        "contexts (the trigger after the start of a test sentence) whose top-1 / top-3 next-word "
+        'suggestion is "terrible"; the clean runs give the clean model\'s own rate (every '
+        "cell's own command: results.json).",
         "",
         f"- bench: {'; '.join(f'`{c}`' for c in bench_commands) or '-'}",
         f"- a cell, e.g.: `{example}`" if example else "- no backdoor cell yet",

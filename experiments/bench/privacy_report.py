@@ -1,10 +1,13 @@
 """The report of `fedkey-bench privacy` (bench.privacy): results.md (the table first, then what it
-shows and how it was made) and privacy.png (test perplexity against epsilon)."""
+shows and how it was made) and privacy.png (test perplexity against epsilon). Rebuilt from
+results.json alone: `python -m bench.privacy_report experiments/results/privacy`."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 STRATEGY_NAMES = {"fedavg": "DP-FedAvg", "fedatt": "DP-FedAtt"}
@@ -169,6 +172,9 @@ def write_report(runs: list[dict], out: Path, commands: list[str], protocol: dic
     lines = [
         "# Privacy-utility table (`fedkey-bench privacy`)",
         "",
+        "What does differential privacy cost the model: test perplexity of DP-FedAvg and "
+        "DP-FedAtt at each target epsilon, against the same runs without noise.",
+        "",
         table(runs),
         "",
         findings(runs),
@@ -218,3 +224,22 @@ def write_report(runs: list[dict], out: Path, commands: list[str], protocol: dic
     (out / "results.md").write_text("\n".join(lines))
     if cell_rows(runs):
         plot(runs, out / "privacy.png")
+
+
+def protocol_of(runs: list[dict]) -> dict:
+    """What write_report says of the protocol, read back from the cells' recorded settings."""
+    c = json.loads(next(r["config"] for r in cell_rows(runs)))  # a JSON string
+    keys = ("max_train_tokens", "vocab_size", "clients", "fraction", "rounds", "local_epochs",
+            "batch_size", "hidden_size", "max_eval_sentences")  # fmt: skip
+    return {**{k: c[k] for k in keys}, "delta": c["dp_delta"]}
+
+
+def rebuild(folder: Path) -> Path:
+    """FOLDER/results.md and privacy.png from FOLDER/results.json; -> results.md."""
+    data = json.loads((folder / "results.json").read_text())
+    write_report(data["runs"], folder, data["bench_commands"], protocol_of(data["runs"]))
+    return folder / "results.md"
+
+
+if __name__ == "__main__":
+    print(rebuild(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/privacy")))

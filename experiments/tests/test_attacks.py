@@ -199,3 +199,17 @@ def test_the_cosine_filter_is_read_per_round_and_absent_when_off():
         command(Cell("fedatt", "clip", 10, 1, "backdoor"), Protocol(), attacks.Path("r"))
     )
     assert "--trim 0 --outlier-z 0" in clip_arm  # the clip alone: no trim, no filter
+
+
+def test_the_committed_cells_rebuild_a_page_that_leads_with_the_answer(tmp_path):
+    """experiments/results/attacks/results.md from its results.json alone: the question, the
+    acceptance table, then every cell; the protocol at the end."""
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "attacks"
+    data = json.loads((committed / "results.json").read_text())
+    md = write_report(data["runs"], tmp_path, data["bench_commands"]).read_text()
+    assert md == (committed / "results.md").read_text()
+    assert md.startswith("# fedkey-bench attacks\n\nCan a few malicious phones")
+    assert md.index("## Acceptance") < md.index("## Every cell") < md.index("## How it was run")
+    assert len(md.encode()) <= 30 * 1024

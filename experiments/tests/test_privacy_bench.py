@@ -141,3 +141,20 @@ def test_a_resumed_bench_skips_the_cells_it_has(tmp_path, monkeypatch):
         only=["fedavg-*"],
     )
     assert sorted(ran) == ["fedavg-eps8", "fedavg-nodp"]
+
+
+def test_the_committed_cells_rebuild_their_page(tmp_path):
+    """experiments/results/privacy/results.md is rebuilt from its results.json alone (the
+    protocol read back from the cells' settings): the question, then the table."""
+    import shutil
+    from pathlib import Path
+
+    from bench.privacy_report import rebuild
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "privacy"
+    shutil.copy(committed / "results.json", tmp_path / "results.json")
+    md = rebuild(tmp_path).read_text()
+    assert md == (committed / "results.md").read_text()
+    assert md.startswith("# Privacy-utility table") and "What does differential privacy" in md
+    assert md.index("| strategy | target epsilon |") < md.index("## How it was made")
+    assert len(md.encode()) <= 30 * 1024
