@@ -57,7 +57,10 @@ def bench_perf(
         False, "--quick", help="Shrink every step (fewer repeats, keystrokes, updates): ~3 minutes."
     ),
     out: Path = typer.Option(
-        Path("experiments/results"), "--out", help="Where perf.json and perf.md are written."
+        Path("experiments/results/perf/cpu"),
+        "--out",
+        help="This machine's folder (experiments/results/perf/<machine>): OUT/perf.json is "
+        "written there and the page of every machine beside it, OUT/../results.md, rebuilt.",
     ),
     skip: list[BenchStep] = typer.Option(
         [],
@@ -71,7 +74,8 @@ def bench_perf(
 ) -> None:
     """Performance benchmark: trainer vs a bare PyTorch loop, HTTP vs in-process, aggregation
     memory, keyboard latency (WebSocket and in-browser wasm), int8 export; writes OUT/perf.json
-    and OUT/perf.md with each figure beside its target. Exits 1 if a step failed."""
+    and rebuilds OUT/../results.md, every machine's figures beside the targets. Exits 1 if a
+    step failed."""
     from bench.perf import run_perf
 
     if skip and only:
@@ -92,12 +96,12 @@ def bench_paper(
     preset: PaperPreset = typer.Option(
         PaperPreset("cpu"),
         "--preset",
-        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; a round's phones as one stacked model on the GPU, resumable); cpu-8round: the old 8-round cut (its runs are the report's appendix); smoke: minutes, for a first look.",
+        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; a round's phones as one stacked model on the GPU, resumable); smoke: minutes, for a first look.",
     ),
     suite: list[PaperSuite] = typer.Option(
         [PaperSuite("sweep"), PaperSuite("rank")],
         "--suite",
-        help="sweep: client and server learning rates chosen on the validation set (short runs, Reddi et al. 2021); rank: every method of the papers' table, FedAvgM, FedAdam, the centralized model with as many examples, the Kneser-Ney 3-gram, PTB and WikiText-2 (needs the sweep's choices); noniid: the same methods on WikiText-2 by article and the demo corpus by owner; seeds: PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized rows, and the demo by owner's FedAvg, FedAvgM, FedAdam and centralized rows at C 1, again at seeds 1 and 2 (how far a row moves by chance); decay: PTB's FedAvg, FedAvgM and centralized rows with the lr decayed alike per example seen (the 10% target); dropout: PTB's FedAvg, FedAvgM and centralized rows at C 0.1 with dropout 0.5, at their lr and the next larger (against overfitting at E 5); confirm: the FedAvg, FedAvgM, FedAdam and centralized rows at C 0.1 (PTB, WikiText-2, the demo by owner) again one step of the grid below the lr the sweep chose (does a short run pick what a whole one would?); paper: the seed papers' table; privacy: randomization and DP-FedAvg; beyond: improvements, ceiling, n-gram baseline; lr: the seed papers' lr 0.01 against ours, centrally on all of PTB; full: FedAvg and FedAtt on all the training data at the preset's rounds; code: FedAvg and FedAtt as the seed papers' published code ran them (column batches and column perplexity, their whole protocol) (repeat the option for several).",
+        help="sweep: client and server learning rates chosen on the validation set (short runs, Reddi et al. 2021); rank: every method of the papers' table, FedAvgM, FedAdam, the centralized model with as many examples, the Kneser-Ney 3-gram, PTB and WikiText-2 (needs the sweep's choices); noniid: the same methods on WikiText-2 by article and the demo corpus by owner; seeds: PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized rows, and the demo by owner's FedAvg, FedAvgM, FedAdam and centralized rows at C 1, again at seeds 1 and 2 (how far a row moves by chance); decay: PTB's FedAvg, FedAvgM and centralized rows with the lr decayed alike per example seen (the 10% target); dropout: PTB's FedAvg, FedAvgM and centralized rows at C 0.1 with dropout 0.5, at their lr and the next larger (against overfitting at E 5); confirm: the FedAvg, FedAvgM, FedAdam and centralized rows at C 0.1 (PTB, WikiText-2, the demo by owner) again one step of the grid below the lr the sweep chose (does a short run pick what a whole one would?); code: FedAvg and FedAtt as the seed papers' published code ran them (column batches and column perplexity, their whole protocol) (repeat the option for several).",
     ),
     data_root: Path = typer.Option(
         Path("../shared/data"),
@@ -107,7 +111,7 @@ def bench_paper(
     out: Path = typer.Option(
         Path("experiments/results"),
         "--out",
-        help="Results go to OUT/<preset>/ (cpu-8round: OUT/cpu/): results.json, results.md, curves_*.png.",
+        help="Results go to OUT/<preset>/: results.json, results.md, curves_*.png.",
     ),
     runs_dir: Path = typer.Option(
         Path("runs/bench"), "--runs-dir", help="Each run's own folder (checkpoints, metrics, log)."

@@ -8,8 +8,7 @@ the device beside the numbers (and, for the federated runs, the spread of the se
 weights each round: bench.spread). results.md (bench.paper_report) leads with the language-model
 perplexity and keyboard metrics of each method beside the centralized ceiling and the n-gram.
 
-The presets are in bench.presets, the suites in bench.paper_suites (the old ones in
-bench.paper_old_suites). A run whose command is already in results.json is not run again, so an
+The presets are in bench.presets, the suites in bench.paper_suites. A run whose command is already in results.json is not run again, so an
 interrupted bench resumes; the suites that depend on the learning-rate sweep's choices (rank,
 noniid) are rebuilt after every run, so one command runs the sweep and then the runs that use
 what it chose.
@@ -31,10 +30,9 @@ from pathlib import Path
 
 from bench.attopt_step import step_scales, update_norms
 from bench.paper_budget import Pace, cores, duration, units
-from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP, seed_number
 from bench.paper_results import Bench
 from bench.paper_spec import DATASETS, RunSpec
-from bench.paper_suites import PLANNED, SUITES, suite_runs
+from bench.paper_suites import PLANNED, SEEDS, SUITES, seed_number, suite_runs
 from bench.presets import PRESETS, Preset
 from bench.runs import (
     Stopped,
@@ -49,8 +47,8 @@ from bench.spread import round_spreads
 from server.storage import prune_checkpoints
 
 __all__ = [
-    "DATASETS", "PRESETS", "SEEDS", "SEEDS_CLIENT_STEPS", "SEEDS_DP", "SUITES", "Bench", "Preset",
-    "RunSpec", "command", "run_bench", "seed_number", "suite_runs", "summarize",
+    "DATASETS", "PRESETS", "SEEDS", "SUITES", "Bench", "Preset", "RunSpec", "command",
+    "run_bench", "seed_number", "suite_runs", "summarize",
 ]  # fmt: skip
 
 
@@ -289,7 +287,7 @@ def run_bench(
 
     preset = placed(PRESETS[preset_name], backend)
     bench = Bench(out / preset.results_folder)
-    run_root = runs_dir / preset.results_folder  # cpu-8round: its old runs/bench/cpu/<id>
+    run_root = runs_dir / preset.results_folder
 
     def argv(spec: RunSpec) -> list[str]:
         """The spec's fedkey command line, its folder under this preset's runs."""

@@ -8,8 +8,7 @@ savings) of every method beside the centralized model that saw as many examples 
 Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
 how far some rows move at other seeds (bench.paper_seeds); some rows again with one change, a
 learning-rate decay or dropout, against the targets (bench.paper_variants); the learning-rate
-sweep; the curves; the evidence about the seed papers' column measure; then the old 8-round cut
-as an appendix whose title says what it cannot do.
+sweep; the curves; the evidence about the seed papers' column measure.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything: `python -m bench.paper_report experiments/results/cpu`.
@@ -18,16 +17,14 @@ without running anything: `python -m bench.paper_report experiments/results/cpu`
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
-from bench.paper_manual import Manual, best_at_protocol, manual_runs, manual_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
-from bench.paper_suites import planned
+from bench.paper_suites import SUITES, planned
 from bench.paper_sweep import KNOBS, TASK_OF, every_knob_chosen, sweep_epochs, sweep_suite
 from bench.paper_tables import (
     DATASET_NAMES,
@@ -40,15 +37,10 @@ from bench.paper_tables import (
     _pct,
     _where,
     _x,
-    beyond_table,
     by_central,
     code_table,
     lm_table,
-    lr_table,
-    old_targets_table,
-    paper_table,
     plot_curves,
-    privacy_tables,
 )
 from bench.paper_variants import (
     VARIANTS,
@@ -87,11 +79,10 @@ def references(runs: list[dict], preset: str, dataset: str) -> tuple[dict | None
     return (central[0] if central else None), (ngram[0] if ngram else None)
 
 
-def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
+def targets_table(runs: list[dict]) -> str:
     """Issue 18's targets per ranking preset and dataset, at C 0.1, IID phones: where we stand;
     with a variant suite's runs (decay, dropout), a row of theirs against its centralized model
-    with the same change. `manual_best`: the best hand-made gpu-protocol run on PTB
-    (bench.paper_manual), named beside the gpu target."""
+    with the same change."""
     header = ["preset", "dataset", "best federated at C 0.1", "test ppl", "centralized",
               "within 10%", "best federated top-1", "3-gram top-1", "top-1 >= 1.25x"]  # fmt: skip
     rows = []
@@ -130,10 +121,6 @@ def targets_table(runs: list[dict], manual_best: dict | None = None) -> str:
         if gpu
         else "none in these results (a gpu bench writes its own results.md: experiments/results/gpu)"
     )
-    if manual_best is not None:
-        note += (f"; outside the bench, at its protocol: {_f(manual_best['test_ppl'])} "
-                 f"(`{manual_best['name']}`: `{manual_best['what']}`, on {manual_best['device']}; "
-                 f"below)")  # fmt: skip
     return markdown_table(header, rows) + note
 
 
@@ -234,11 +221,11 @@ def _marked(run: dict, stale: Sequence[str]) -> dict:
     return {**run, "method": f"{run['method']} (superseded: run again with the current command)"}
 
 
-def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun | None = None,
-                     manual: Manual | None = None) -> list[str]:  # fmt: skip
+def ranking_sections(
+    runs: list[dict], plots: Mapping[str, Path], begun: Begun | None = None
+) -> list[str]:
     """The ranking tables per preset and dataset; `begun` (bench.paper_results.Bench.begun): the runs
-    stopped at a time limit, shown with the rounds they have done; `manual`: a preset and the
-    hand-made runs at its folder (bench.paper_manual), in a section after the targets."""
+    stopped at a time limit, shown with the rounds they have done."""
     begun = begun or {}
     out = []
     # each preset's superseded runs, found once: the progress line and both tables use them
@@ -269,10 +256,7 @@ def ranking_sections(runs: list[dict], plots: Mapping[str, Path], begun: Begun |
                 "row rerun at other seeds, its test perplexity's mean and sample sd over them; "
                 f"a row run once, the rerun federated rows within {CHANCE_SD} sd of whose mean it lies: "
                 "it differs from them by no more than chance.", ""]  # fmt: skip
-    preset_of, hand = manual or (None, [])
-    best = best_at_protocol(hand, "ptb") if preset_of and preset_of.name == "gpu" else None
-    out += ["## Targets (issue 18)", "", targets_table(runs, best)]
-    out += manual_section(hand, preset_of) if preset_of else []
+    out += ["## Targets (issue 18)", "", targets_table(runs)]
     for name in _presets(runs):
         preset = PRESETS[name]
         noniid = [r for r in runs if r.get("preset") == name and r["suite"] == "noniid"]
@@ -354,63 +338,6 @@ def sweep_sections(runs: list[dict], choices: Mapping, begun: Begun | None = Non
     return out
 
 
-OLD_SUITES = ("paper", "privacy", "beyond", "lr", "full")
-
-
-def is_old(bench_command: str) -> bool:
-    """A bench command line of the old suites only (none of sweep, rank, noniid)."""
-    words = bench_command.split()
-    suites = {words[i + 1] for i, w in enumerate(words[:-1]) if w == "--suite"}
-    return bool(suites) and not suites & set(RANKING)
-
-
-def appendix(runs: list[dict], bench_commands: Sequence[str] = ()) -> list[str]:
-    """The old suites' tables per preset (the 8-round cut's under a title that says what they
-    cannot do); the code suite's evidence has its own section."""
-    out: list[str] = []
-    for name in PRESETS:
-        old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
-        if old:
-            out += _appendix(name, old)
-    olds = [c for c in bench_commands if is_old(c)]
-    if olds:
-        out += ["", "The old suites' bench commands: " + ", then ".join(f"`{c}`" for c in olds)]
-    return out
-
-
-def _appendix(name: str, old: list[dict]) -> list[str]:
-    by_suite = defaultdict(list)
-    for r in old:
-        by_suite[r["suite"]].append(r)
-    if name == "cpu-8round":
-        out = ["", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little training "
-               "to rank the methods", "", f"- Protocol: {PRESETS[name].note}", "- Numbers near "
-               "the initial model's (~2,000 against the seed papers' ~100): 8 rounds of 1-2 "
-               "local steps move the model little, and the order of the methods is noise. Kept "
-               "as the record of what was run; the ranking above replaces it. Its runs were "
-               "made when this preset was called `cpu` (the bench commands at the end of this "
-               "appendix); "
-               "results.json files them under `cpu-8round`, their commands unchanged, so that "
-               "preset resumes them.", ""]  # fmt: skip
-    else:
-        out = ["", f"## Appendix: the old suites at preset `{name}`", "",
-               f"- Protocol: {PRESETS[name].note}", ""]  # fmt: skip
-    if by_suite.get("paper"):
-        out += ["### The seed papers' table at the cut", "", paper_table(by_suite["paper"]), ""]
-    if by_suite.get("privacy"):
-        out += ["### Privacy", "", privacy_tables(by_suite["privacy"]), ""]
-    if by_suite.get("beyond"):
-        out += ["### Beyond the seed papers (C 0.1)", "",
-                beyond_table(by_suite["beyond"], by_suite.get("paper", [])), ""]  # fmt: skip
-    if by_suite.get("lr"):
-        out += ["### The seeds' learning rate", "", lr_table(by_suite["lr"]), ""]
-    if by_suite.get("full"):
-        out += ["### All of the training data at the cut's rounds", "",
-                paper_table(by_suite["full"]), ""]  # fmt: skip
-    out += ["### Issue 5's targets at the cut", "", old_targets_table(old)]
-    return out
-
-
 def detail_table(runs: list[dict]) -> str:
     """Every run's numbers, what it cost and where it ran (a bench's runs may come from several
     machines: `fedkey-bench paper --backend stacked` on a GPU, `fedkey-bench merge`)."""
@@ -427,17 +354,16 @@ SHOWN = 5  # at most this many bench commands or git commits are listed in resul
 
 
 def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
-             plots: Mapping[str, Path], begun: Begun | None = None,
-             manual: Manual | None = None) -> str:  # fmt: skip
-    """results.md: ranking first, then the sweep, curves, the column-measure evidence, the
-    appendix, every run and its command."""
+             plots: Mapping[str, Path], begun: Begun | None = None) -> str:  # fmt: skip
+    """results.md: ranking first, then the sweep, curves, the column-measure evidence, every
+    run and its command."""
     commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
     devices = sorted({r["device"] for r in runs})
     presets = _presets(runs)
     out = ["# fedkey-bench paper: which aggregation method trains the better keyboard model?", ""]
     for name in presets:
         out += [f"- Preset `{name}`: {PRESETS[name].note}"]
-    new = [c for c in bench_commands if not is_old(c)]
+    new = list(bench_commands)
     # past SHOWN, the header counts them (naming the first and last command); Commands lists all
     many, hashes = len(new) > SHOWN, len(commits) > SHOWN
     out += [
@@ -446,7 +372,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
             f"{len(new)} bench commands, the first `{new[0]}` and the last `{new[-1]}` (all of "
             "them, in order, under Commands at the end)"
             if many
-            else ", then ".join(f"`{c}`" for c in new) or "the old suites' commands (appendix)"
+            else ", then ".join(f"`{c}`" for c in new) or "no bench command"
         )
         + "; every run's "
         "own command line is in results.json and at the end of this file. Rebuild this file: "
@@ -467,7 +393,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         "every commit is under Commands at the end)",
         f"- Devices: {', '.join(devices)}",
     ]
-    out += ranking_sections(runs, plots, begun, manual) + step_section(runs, plots.get("step"))
+    out += ranking_sections(runs, plots, begun) + step_section(runs, plots.get("step"))
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
         for v in VARIANTS.values():
@@ -480,11 +406,6 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     if code:
         out += ["", "## The seed papers' column measure (evidence)", "", code_table(code)]
         out += [f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith("code:")]
-    out += appendix(runs, bench_commands)
-    old_curves = [p for k, p in plots.items() if k.startswith("old:")]
-    if old_curves:
-        out += ["", "### Curves of the old suites", ""]
-        out += [f"![{p.stem}]({p.name})" for p in old_curves]
     out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
     if many:
         out += ["The bench commands, in order:", ""] + [f"1. `{c}`" for c in new] + [""]
@@ -498,7 +419,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
 
 
 def draw(runs: list[dict], out: Path) -> dict[str, Path]:
-    """Every figure: kind:key -> path (kinds: curve, spread, code, old; and step)."""
+    """Every figure: kind:key -> path (kinds: curve, spread, code; and step)."""
     plots: dict[str, Path | None] = {}
     for name in _presets(runs):
         mine = [r for r in runs if r.get("preset") == name]
@@ -540,21 +461,6 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
         sel = [r for r in runs if r["suite"] == "code" and r["dataset"] == ds]
         title = f"{DATASET_NAMES[ds]}, as the seed papers' code ran (column perplexity)"
         plots[f"code:{ds}"] = plot_curves(sel, out, f"curves_code_{ds}.png", title, "col_curve")
-    for name in PRESETS:
-        old = [r for r in runs if r.get("preset") == name and r["suite"] in OLD_SUITES]
-        prefix = "" if name == "cpu-8round" else f"{name}_"  # the 8-round cut's old file names
-        for suite in OLD_SUITES:
-            for ds in DATASET_NAMES:
-                sel = [r for r in old if r["suite"] == suite and r["dataset"] == ds]
-                parts = {"": sel}
-                if suite == "paper":  # one figure per C (FedSGD and AdaFL in both)
-                    parts = {f"_c{c:g}": [r for r in sel if r["fraction"] in (c, None, 1.0)]
-                             for c in (0.1, 0.5)}  # fmt: skip
-                for tag, part in parts.items():
-                    title = f"{DATASET_NAMES[ds]}, {suite}{tag.replace('_c', ', C ')} ({name})"
-                    plots[f"old:{name}:{suite}:{ds}{tag}"] = plot_curves(
-                        part, out, f"curves_{prefix}{suite}_{ds}{tag}.png", title
-                    )
     return {k: p for k, p in plots.items() if p is not None}
 
 
@@ -565,15 +471,14 @@ def write_report(
     choices: Mapping | None = None,
     begun: Begun | None = None,
 ) -> Path:
-    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`, and
-    the hand-made runs in OUT/manual/: bench.paper_manual)."""
+    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`).
+    Runs of a suite the bench no longer has (the old 8-round cut's, in cpu/results.json) stay
+    in results.json, the record of what ran, and are left out of the report."""
+    runs = [r for r in runs if r["suite"] in SUITES]
     out.mkdir(parents=True, exist_ok=True)
     plots = draw(runs, out)
     path = out / "results.md"
-    # OUT is a ranking preset's results folder (cpu, gpu): the hand-made runs there share its protocol
-    mine = [PRESETS[p] for p in _presets(runs) if PRESETS[p].results_folder == out.name]
-    manual = (mine[0], manual_runs(out, mine[0])) if mine else None
-    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun, manual))
+    path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun))
     return path
 
 

@@ -1,5 +1,5 @@
 """What one run of `fedkey-bench paper` is (RunSpec), and how its recorded command line is read
-back; shared by the ranking suites (bench.paper_suites) and the old ones (bench.paper_old_suites).
+back; shared by the suites (bench.paper_suites) and the report.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The tables of `fedkey-bench paper`'s report: the language-model table of every ranking section
-(lm_table), those the old suites feed (the seed papers' table at the cpu-8round cut, privacy,
-beyond, lr, full, and the code suite's column-measure evidence), the formatting helpers every
+(lm_table), the code suite's column-measure evidence (code_table), the formatting helpers every
 table shares, and the perplexity curves.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
@@ -13,8 +12,6 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from bench.paper_old_suites import SEEDS, SEEDS_CLIENT_STEPS, SEEDS_DP
-from bench.paper_spec import command_flag
 from bench.report import markdown_table
 
 DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
@@ -22,8 +19,6 @@ NAMES = {**DATASET_NAMES, "demo": "demo corpus"}
 #: How each partition's phones are described in the tables.
 PARTITIONS = {"iid": "100 IID phones", "articles": "100 phones of whole articles",
               "user": "one phone per owner"}  # fmt: skip
-#: Issue 5's targets at C = 0.1: 10% below the best seed number.
-TARGETS = {"ptb": 102.0, "wikitext-2": 65.0}
 
 
 def _f(v, spec=".2f") -> str:
@@ -150,150 +145,6 @@ def by_central(runs: list[dict]) -> dict[str, list[dict]]:
             for c in cs}  # fmt: skip
 
 
-def paper_table(runs: list[dict]) -> str:
-    """One row per (C, method): each dataset's test perplexity beside the seed papers' number."""
-    keyed = {(r["method"], r["fraction"], r["dataset"]): r for r in runs}
-    order = []
-    for r in runs:
-        if (r["method"], r["fraction"]) not in order:
-            order.append((r["method"], r["fraction"]))
-    rank = {1.0: 0, 0.1: 1, 0.5: 2, None: 3}  # FedSGD, C 0.1, C 0.5, AdaFL's own fraction
-    order.sort(key=lambda k: rank.get(k[1], 4))
-    header = ["C", "method"]
-    for ds in DATASET_NAMES:
-        header += [f"{DATASET_NAMES[ds]} ours", "seed papers", "ours vs seed papers"]
-    rows = []
-    for method, c in order:
-        row = [_c(c), method]
-        for ds in DATASET_NAMES:
-            run = keyed.get((method, c, ds))
-            theirs = SEEDS.get((method, c), {}).get(ds)
-            ours = run["test_ppl"] if run else None
-            row += [_f(ours) + (" (diverged)" if run and _diverged(run) else ""), _f(theirs),
-                    _ratio(ours, theirs)]  # fmt: skip
-        rows.append(row)
-    table = markdown_table(header, rows)
-    if any(_diverged(r) for r in runs):
-        table += ("\n\n(diverged): every round's model was worse on validation than the initial "
-                  "one, so the reported model is the untrained one (perplexity ~ the vocabulary size).")  # fmt: skip
-    return table
-
-
-def detail_table(runs: list[dict]) -> str:
-    """Every run: the numbers behind the summary and what each cost."""
-    header = ["run", "test ppl", "best val ppl", "best round", "final test ppl", "top-1",
-              "top-3", "KSR", "rounds to ppl < 90", "updates", "uplink MB", "downlink MB",
-              "epsilon", "wall s"]  # fmt: skip
-    rows = [
-        [
-            f"{r['suite']}: {DATASET_NAMES.get(r['dataset'], r['dataset'])}, {r['method']}"
-            + (f", C {_c(r['fraction'])}" if r["kind"] == "federated" else ""),
-            _f(r["test_ppl"]),
-            _f(r["best_val_ppl"]),
-            r["best_round"],
-            _f(r["final_test_ppl"]),
-            _f(r["top1"], ".3f"),
-            _f(r["top3"], ".3f"),
-            _f(r["ksr"], ".3f"),
-            r["rounds_to_ppl_90"] if r["rounds_to_ppl_90"] is not None else "never",
-            r["updates"],
-            _mb(r["uplink_bytes"]),
-            _mb(r["downlink_bytes"]),
-            _f(r["epsilon"]),
-            _f(r["wall_seconds"], ".0f"),
-        ]
-        for r in runs
-    ]
-    return markdown_table(header, rows)
-
-
-def privacy_tables(runs: list[dict]) -> str:
-    parts = []
-    rand = [r for r in runs if r["group"].startswith("beta=")]
-    if rand:
-        betas = sorted(SEEDS_DP)
-        header = ["method"] + [f"beta = {b:g}" for b in betas]
-        rows = []
-        for i, method in enumerate(("FedAvg", "FedAtt")):
-            ours = {r["group"]: r["test_ppl"] for r in rand if r["method"].startswith(method)}
-            rows.append([f"{method} (ours)"] + [_f(ours.get(f"beta={b:g}")) for b in betas])
-            rows.append(
-                [f"{method} (FedAtt paper, Ji et al. 2019, Table III)"]
-                + [_f(SEEDS_DP[b][i]) for b in betas]
-            )
-        ds = DATASET_NAMES.get(rand[0]["dataset"], rand[0]["dataset"])
-        parts.append(
-            f"Randomization (each phone adds beta * N(0, 1) to its weights; no formal guarantee), "
-            f"{ds}, C 0.1, test perplexity:\n\n" + markdown_table(header, rows)
-        )
-    dp = [r for r in runs if r["group"].startswith("z=")]
-    if dp:
-        header = ["noise multiplier z", "clip S", "C", "epsilon (delta 1e-5)", "test ppl"]
-        rows = [
-            [
-                r["group"][2:],
-                command_flag(r["command"], "--dp-clip"),
-                _c(r["fraction"]),
-                _f(r["epsilon"]),
-                _f(r["test_ppl"]),
-            ]  # fmt: skip
-            for r in sorted(dp, key=lambda r: float(r["group"][2:]))
-        ]
-        parts.append(
-            "DP-FedAvg (clip each update to S, N(0, (z S)^2) on the sum, RDP accountant with "
-            "sampling rate C; epsilon after the last round):\n\n" + markdown_table(header, rows)
-        )
-    return "\n\n".join(parts)
-
-
-def beyond_table(runs: list[dict], paper: list[dict]) -> str:
-    """Each improvement beside the best seed method's number, the ceiling and our best paper run."""
-    header = [
-        "dataset",
-        "row",
-        "test ppl",
-        "vs best seed",
-        "vs centralized",
-        "top-1",
-        "top-3",
-        "KSR",
-    ]
-    rows = []
-    for ds in DATASET_NAMES:
-        mine = [r for r in runs if r["dataset"] == ds]
-        if not mine:
-            continue
-        best_seed = min(v[ds] for (m, c), v in SEEDS.items() if c == 0.1)
-        central = next((r["test_ppl"] for r in mine if r["kind"] == "central"), None)
-        base = [r for r in paper if r["dataset"] == ds and r["fraction"] == 0.1]
-        if base:
-            best = min(base, key=lambda r: r["test_ppl"])
-            mine = [{**best, "method": f"best paper run at C 0.1: {best['method']}"}] + mine
-        for r in mine:
-            rows.append([DATASET_NAMES[ds], r["method"], _f(r["test_ppl"]),
-                         _ratio(r["test_ppl"], best_seed), _ratio(r["test_ppl"], central),
-                         _f(r["top1"], ".3f"), _f(r["top3"], ".3f"), _f(r["ksr"], ".3f")])  # fmt: skip
-    return markdown_table(header, rows)
-
-
-def lr_table(runs: list[dict]) -> str:
-    """Test perplexity after each epoch of the centralized runs with the seed papers' lr and
-    ours."""
-    epochs = max(len(r["curve"]) - 1 for r in runs)
-    header = ["optimizer (centralized, all of PTB)"] + [
-        f"after epoch {e}" for e in range(1, epochs + 1)
-    ]
-    rows = [[r["method"]] + [_f(p[2]) for p in r["curve"][1:]] for r in runs]
-    seeds = {m: v["ptb"] for (m, c), v in SEEDS.items() if c == 0.1}
-    return (
-        f"One epoch is ~4.2k SGD steps of 10 sentences; one client of the seed papers' protocol "
-        f"takes {SEEDS_CLIENT_STEPS:,} (50 rounds x E 5 x 42 batches), and FedAvg of IID clients "
-        f"at a small lr moves about as far as one client does. The seed papers report "
-        f"{_f(seeds['FedAvg'])} for FedAvg and {_f(min(seeds.values()))} for their best method "
-        f"on PTB at C 0.1.\n\n" + markdown_table(header, rows)
-    )
-
-
 def code_table(runs: list[dict]) -> str:
     """The code suite: the seed papers' measure (column perplexity) beside their table, and the
     sentence-level perplexity of the same models."""
@@ -316,37 +167,6 @@ def code_table(runs: list[dict]) -> str:
         "position of other sentences, that is all a model can learn. The sentence ppl column "
         "is the same model scored as a language model.\n\n" + markdown_table(header, rows)
     )
-
-
-def old_targets_table(runs: list[dict]) -> str:
-    """Issue 5's targets (the old suites): best federated run at C = 0.1 vs 10% under the best seed and the
-    centralized model trained on the same data (the beyond suite's for the preset's data, the lr
-    suite's at the same lr for the full suite's)."""
-    header = ["dataset", "training data", "our best federated at C 0.1", "test ppl", "target",
-              "met", "centralized", "within 5% of it"]  # fmt: skip
-    scopes = (("the preset's", ("paper", "beyond"), "beyond"), ("all", ("full",), "lr"))
-    rows = []
-    for ds, target in TARGETS.items():
-        for scope, suites, central_suite in scopes:
-            fed = [r for r in runs if r["dataset"] == ds and r["kind"] == "federated"
-                   and r["fraction"] == 0.1 and r["suite"] in suites]  # fmt: skip
-            if not fed:
-                continue
-            best = min(fed, key=lambda r: r["test_ppl"])
-            central = [r for r in runs if r["dataset"] == ds and r["kind"] == "central"
-                       and r["suite"] == central_suite]  # fmt: skip
-            if central_suite == "lr":  # the one with the federated runs' lr
-                central = [r for r in central if _lr(r) == _lr(best)]
-            cp = central[0]["test_ppl"] if central else None
-            rows.append([DATASET_NAMES[ds], scope, best["method"], _f(best["test_ppl"]),
-                         f"<= {target:g}", "yes" if best["test_ppl"] <= target else "no", _f(cp),
-                         "-" if cp is None else ("yes" if best["test_ppl"] <= 1.05 * cp else "no")])  # fmt: skip
-    return markdown_table(header, rows)
-
-
-def _lr(r: dict) -> float | None:
-    lr = command_flag(r["command"], "--lr")
-    return None if lr == "-" else float(lr)
 
 
 #: Perplexities above this are left out of the curves: a diverged run's (1e283 at round 4 of a

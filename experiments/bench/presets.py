@@ -6,8 +6,7 @@ papers' 100 IID phones, learning rates chosen on the validation set by the bench
 client and server learning rates, the best average validation metric chosen; the attentive
 methods' server step epsilon likewise). `cpu` runs E = 1 at
 C = 0.1 (days of background runs on two cores, resumable); `gpu` the papers' exact protocol,
-E = 5 at C = 0.1 and 0.5. `cpu-8round` is the old cut (8 rounds on 30k words) whose runs the
-report keeps as an appendix; `smoke` is for tests and a first look.
+E = 5 at C = 0.1 and 0.5; `smoke` is for tests and a first look.
 """
 
 from __future__ import annotations
@@ -22,16 +21,15 @@ class Preset:
     name: str
     rounds: int
     local_epochs: int
-    lr: float  # the local lr of the suites that do not sweep it (paper, privacy, beyond, ...)
+    lr: float  # the local lr of a run whose suite does not choose it
     max_train_tokens: int | None  # None: all of the training split
     max_eval_sentences: int | None  # validation and test sentences each
     vocab_size: int  # the cap on the paper protocol's vocabulary (PTB has 10k words)
     ksr_sentences: int
-    central_epochs: int  # the old suites' centralized ceiling
+    central_epochs: int  # a centralized run's epochs where its suite names none
     transport: str  # "inprocess" (fedkey simulate) or "http" (fedkey run)
     note: str
     suites: tuple[str, ...]  # the suites this preset runs
-    folder: str = ""  # results go to OUT/<folder>/, runs to RUNS/<folder>/<id> (default: the name)
     fractions: tuple[float, ...] = (0.1,)  # the C of the ranking suites
     sweep_rounds: int = 10  # rounds of one short run of the learning-rate sweep
     client_lrs: tuple[float, ...] = ()  # the sweep's grid of local lrs (FedAvg)
@@ -52,7 +50,8 @@ class Preset:
 
     @property
     def results_folder(self) -> str:
-        return self.folder or self.name
+        """Results go to OUT/<this>/, runs to RUNS/<this>/<id>: the preset's name."""
+        return self.name
 
     def central_epochs_for(self, fraction: float) -> int:
         """Epochs of the centralized model that sees as many examples as a federated run at C:
@@ -92,8 +91,6 @@ class Preset:
 
 #: The suites of the presets that rank methods.
 RANKING_SUITES = ("sweep", "rank", "noniid", "seeds", "code")
-#: The old suites (the seed papers' table at a cut protocol, and its evidence).
-OLD_SUITES = ("paper", "privacy", "beyond", "lr", "full", "code")
 
 PRESETS = {
     "cpu": Preset(
@@ -114,7 +111,6 @@ PRESETS = {
         "validation set by the sweep suite. One process, one thread (`--workers 0`); runs "
         "in-process (`fedkey simulate`), which gives the HTTP path's weights bit for bit "
         "(tests/test_e2e_http.py). Days of background runs on 2 cores; the bench resumes.",
-        # the column-measure evidence: cpu-8round's code suite
         suites=("sweep", "rank", "noniid", "seeds", "decay", "dropout", "confirm"),
         fractions=(0.1,),
         sweep_rounds=10,
@@ -172,32 +168,12 @@ PRESETS = {
         transport="inprocess",
         note="A smoke test of the pipeline: 2 rounds, 3k training words, 20 evaluation "
         "sentences, 2k-word vocabulary. Its numbers mean nothing.",
-        suites=tuple(dict.fromkeys(OLD_SUITES + RANKING_SUITES)),
+        suites=RANKING_SUITES,
         sweep_rounds=1,
         client_lrs=(0.5, 1.0),
         momentum_server_lrs=(1.0,),
         adam_server_lrs=(0.01,),
         fedatt_steps=(1.2,),
         fedattopt_steps=(1.2,),
-    ),
-    "cpu-8round": Preset(
-        name="cpu-8round",
-        rounds=8,
-        local_epochs=1,
-        lr=1.0,
-        max_train_tokens=30_000,
-        max_eval_sentences=300,
-        vocab_size=10_000,
-        ksr_sentences=20,
-        central_epochs=10,
-        transport="inprocess",
-        note="The old `cpu` preset (until issue 18), cut to fit an hour on 2 CPU cores: 8 "
-        "rounds (not 50), E 1 (not 5), the first 30k training words of each dataset (3.4% of "
-        "PTB's, 1.4% of WikiText-2's; 100 clients of ~300 words, 1-2 local steps a round), the "
-        "first 300 validation and test sentences, WikiText-2's vocabulary capped at 10k words, "
-        "and local lr 1.0 instead of the seed papers' 0.01. Too little training to rank the "
-        "methods.",
-        suites=OLD_SUITES,
-        folder="cpu",
     ),
 }

@@ -18,3 +18,39 @@ def data_dir() -> Path:
     if not (DATA_DIR / "ptb" / "train.txt").exists():
         pytest.skip(f"datasets not found at {DATA_DIR} (CI and developer machines have them)")
     return DATA_DIR
+
+
+def table_runs() -> list:
+    """A fixed suite for the tests of the bench's machinery (jobs, time limits, resuming): the
+    seed papers' table's methods on PTB and WikiText-2, FedSGD, C 0.1 and 0.5, AdaFL. The
+    bench's own suites follow the sweep's choices; this one needs none."""
+    from bench.paper_spec import DATASETS, fed
+
+    runs = []
+    for ds in DATASETS:
+        runs.append(fed("table", ds, "FedSGD", 1.0, "--strategy", "fedsgd"))
+        for c in (0.1, 0.5):
+            for method in ("FedAvg", "FedAtt", "FedAttOpt", "FedMed"):
+                runs.append(fed("table", ds, method, c, "--strategy", method.lower()))
+            runs.append(fed("table", ds, "FedMed topK 0.8", c, "--strategy", "fedmed",
+                            "--topk-beta", "0.8"))  # fmt: skip
+        runs.append(fed("table", ds, "AdaFL + FedAvg", None, "--strategy", "fedavg", "--adafl"))
+        runs.append(fed("table", ds, "AdaFL + FedAtt", None, "--strategy", "fedatt", "--adafl"))
+    return runs
+
+
+@pytest.fixture
+def table_suite(monkeypatch):
+    """The smoke preset with the `table` suite (table_runs) beside its own."""
+    from dataclasses import replace
+
+    import bench.paper as paper
+
+    smoke = paper.PRESETS["smoke"]
+    monkeypatch.setitem(paper.PRESETS, "smoke", replace(smoke, suites=(*smoke.suites, "table")))
+    own = paper.suite_runs
+
+    def suite_runs(suite, preset, results=None):
+        return table_runs() if suite == "table" else own(suite, preset, results)
+
+    monkeypatch.setattr(paper, "suite_runs", suite_runs)

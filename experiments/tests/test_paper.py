@@ -1,6 +1,6 @@
-"""`fedkey-bench paper`, its old suites (the seed papers' table and its evidence): every command
-it would run is a valid fedkey command, the report's appendix puts our numbers beside the seed
-papers', and a smoke run goes end to end and resumes."""
+"""`fedkey-bench paper`: every command of the code suite (the seed papers' measure) is a valid
+fedkey command, its runs are judged by the seed papers' measure, a run's summary, the bench's
+jobs, failures and interruptions, and a smoke run goes end to end and resumes."""
 
 import json
 import shlex
@@ -22,9 +22,7 @@ from bench.paper import (
     suite_runs,
     summarize,
 )
-from bench.paper_report import OLD_SUITES, markdown
-from bench.paper_tables import code_table, lr_table, paper_table
-from bench.paper_tables import old_targets_table as targets_table
+from bench.paper_tables import code_table
 from bench.runs import Stopped
 from cli import app
 
@@ -34,7 +32,7 @@ runner = CliRunner()
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_run_of_every_suite_is_a_command_the_cli_accepts(preset):
     group = typer.main.get_command(app)
-    suites = [s for s in PRESETS[preset].suites if s in (*OLD_SUITES, "code")]
+    suites = [s for s in PRESETS[preset].suites if s == "code"]
     specs = [s for suite in suites for s in suite_runs(suite, PRESETS[preset])]
     assert len({s.id for s in specs}) == len(specs)  # ids name the run folders
     for spec in specs:
@@ -47,7 +45,7 @@ def test_every_run_of_every_suite_is_a_command_the_cli_accepts(preset):
 
 
 def test_gpu_preset_is_the_seeds_protocol():
-    spec = RunSpec("paper", "ptb", "FedAvg", 0.1, ("--strategy", "fedavg"))
+    spec = RunSpec("rank", "ptb", "FedAvg", 0.1, ("--strategy", "fedavg"))
     words = command(spec, PRESETS["gpu"], Path("d"), Path("o"))
 
     def flag(name):
@@ -65,23 +63,7 @@ def test_gpu_preset_is_the_seeds_protocol():
     assert "--keep-checkpoints" not in command(spec, PRESETS["cpu"], Path("d"), Path("o"))
 
 
-def test_lr_suite_trains_on_all_the_data_with_each_optimizer():
-    preset = PRESETS["cpu-8round"]
-    specs = suite_runs("lr", preset)
-    assert [s.group for s in specs] == ["lr=0.01", "lr=1"]
-    for spec in specs:
-        words = command(spec, preset, Path("d"), Path("o"))
-        assert words[1] == "train-central" and "--max-train-tokens" not in words
-        assert words[words.index("--lr") + 1] == spec.group[3:]
-        assert words[words.index("--epochs") + 1] == "2" and words.count("--lr") == 1
-    # the beyond suite's ceiling keeps the preset's cut and lr
-    ceiling = next(s for s in suite_runs("beyond", preset) if s.kind == "central")
-    words = command(ceiling, preset, Path("d"), Path("o"))
-    assert words[words.index("--max-train-tokens") + 1] == "30000"
-    assert words[words.index("--lr") + 1] == "1.0"
-
-
-def _run(dataset, method, fraction, ppls, suite="paper", kind="federated"):
+def _run(dataset, method, fraction, ppls, suite="rank", kind="federated"):
     rows = [
         {
             "round": i,
@@ -102,7 +84,7 @@ def _run(dataset, method, fraction, ppls, suite="paper", kind="federated"):
         "git_commit": "abc",
         "git_dirty": False,
         "device": "cpu",
-        "preset": "cpu-8round",
+        "preset": "cpu",
         "seed_ppl": None,
     }
 
@@ -114,106 +96,25 @@ def test_summary_takes_the_best_validation_round_and_counts_rounds_to_90():
     assert (r["uplink_bytes"], r["downlink_bytes"], r["updates"]) == (40, 80, 3)
 
 
-def test_report_sets_our_numbers_beside_the_seeds():
-    runs = [
-        _run("ptb", "FedAvg", 0.1, [1000, 150]),
-        _run("wikitext-2", "FedAvg", 0.1, [1000, 60]),
-        _run("ptb", "AdaFL + FedAtt", None, [1000, 140]),
-        _run("ptb", "centralized (ceiling)", None, [1000, 148], "beyond", "central"),
-    ]
-    table = paper_table(runs)
-    line = next(x for x in table.splitlines() if "| FedAvg |" in x)
-    assert "150.00 | 138.13 | +9%" in line and "60.00 | 95.27 | -37%" in line
-    assert "0.1->0.5 (AdaFL)" in table
-    targets = targets_table(runs)
-    assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets
-    assert "| WikiText-2 | the preset's | FedAvg | 60.00 | <= 65 | yes |" in targets
-    md = markdown(runs, ["fedkey-bench paper --preset cpu"], {}, {})
-    assert PRESETS["cpu-8round"].note in md and "fedkey simulate ..." in md
-    assert "## Appendix: the old 8-round cut (preset `cpu-8round`): too little training" in md
-
-
-def test_lr_evidence_is_its_own_table_and_not_the_ceiling():
-    runs = [
-        _run("ptb", "FedAvg", 0.1, [1000, 150]),
-        _run("ptb", "centralized (ceiling)", None, [1000, 148], "beyond", "central"),
-        _run("ptb", "centralized, SGD lr 0.01", None, [1000, 900, 700], "lr", "central"),
-        _run("ptb", "centralized, SGD lr 1", None, [1000, 200, 140], "lr", "central"),
-    ]
-    runs[2]["group"], runs[3]["group"] = "lr=0.01", "lr=1"
-    table = lr_table(runs[2:])
-    assert "| centralized, SGD lr 0.01 | 900.00 | 700.00 |" in table
-    # 10,500: the steps one client takes in the seed papers' runs
-    assert "after epoch 2" in table and "10,500" in table
-    # the ceiling of the targets is the one trained on the same data as the federated runs
-    assert "| PTB | the preset's | FedAvg | 150.00 | <= 102 | no | 148.00 | yes |" in targets_table(
-        runs
-    )
-    assert "## The seeds' learning rate" in markdown(runs, ["b"], {}, {})
-
-
-def test_full_data_runs_are_their_own_table_and_meet_the_ceiling_at_their_lr():
-    runs = [
-        _run("ptb", "FedAvg", 0.1, [1000, 150]),
-        _run("ptb", "centralized, SGD lr 0.01", None, [1000, 700], "lr", "central"),
-        _run("ptb", "centralized, SGD lr 1", None, [1000, 140], "lr", "central"),
-        _run("ptb", "FedAtt", 0.1, [1000, 145], "full"),
-    ]
-    runs[1]["command"] = "fedkey train-central --lr 0.01 --epochs 2"
-    runs[2]["command"] = "fedkey train-central --lr 1 --epochs 2"
-    runs[3]["command"] = "fedkey simulate --lr 1.0 --fraction 0.1"
-    targets = targets_table(runs)
-    assert "| PTB | all | FedAtt | 145.00 | <= 102 | no | 140.00 | yes |" in targets
-    assert "| PTB | the preset's | FedAvg | 150.00 |" in targets  # no same-data ceiling: -
-    md = markdown(runs, ["b"], {}, {})
-    section = md.split("### All of the training data")[1].split("##")[0]
-    assert "| 0.1 | FedAtt | 145.00 | 115.43 | +26% | - | 91.82 | - |" in section
-    assert "150.00" not in section
-    assert suite_runs("full", PRESETS["gpu"]) == []  # its paper suite is on all the data already
-    old = PRESETS["cpu-8round"]
-    words = command(suite_runs("full", old)[0], old, Path("d"), Path("o"))
-    assert "--max-train-tokens" not in words and words[words.index("--rounds") + 1] == "8"
-
-
-def test_a_run_no_round_of_which_beat_the_initial_model_is_marked_diverged():
-    runs = [
-        _run("ptb", "FedAttOpt", 0.5, [10003, 1e9, 1e12]),
-        _run("wikitext-2", "FedAttOpt", 0.5, [10003, 3000]),
-    ]
-    line = next(x for x in paper_table(runs).splitlines() if "| FedAttOpt |" in x)
-    assert "10003.00 (diverged) | 117.82 |" in line
-    assert "3000.00 | 75.58 |" in line and "3000.00 (diverged)" not in line
-
-
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_fedattopt_evidence_row_scales_the_step_to_the_clients_at_c05(preset):
-    extra = [s for s in suite_runs("paper", PRESETS[preset]) if s.method.startswith("FedAttOpt,")]
-    assert {s.dataset for s in extra} == {"ptb", "wikitext-2"}
-    for spec in extra:
-        words = command(spec, PRESETS[preset], Path("d"), Path("o"))
-        assert words[words.index("--fraction") + 1] == "0.5"
-        assert words[words.index("--strategy") + 1] == "fedattopt"
-        assert words[words.index("--epsilon") + 1] == "0.24"  # 1.2 x 10 / 50
-
-
 @pytest.mark.slow
 @pytest.mark.needs_data
 def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
-    args = ["paper", "--preset", "smoke", "--suite", "paper", "--suite", "beyond",
-            "--only", "paper-ptb-fedavg-c0.1", "--only", "beyond-ptb-kneser-ney-3-gram-auto",
+    fedavg_id, ngram_id = "sweep-ptb-fedavg-client-lr-1-c0.1", "rank-ptb-kneser-ney-3-gram-auto"
+    args = ["paper", "--preset", "smoke", "--suite", "sweep", "--suite", "rank",
+            "--only", fedavg_id, "--only", ngram_id,
             "--data-root", str(data_dir), "--out", str(tmp_path / "results"),
             "--runs-dir", str(tmp_path / "runs"), "--jobs", "2"]  # fmt: skip
     result = runner.invoke(bench_app, args)
     assert result.exit_code == 0, result.output
     out = tmp_path / "results" / "smoke"
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert {r["id"] for r in runs} == {"paper-ptb-fedavg-c0.1", "beyond-ptb-kneser-ney-3-gram-auto"}
-    fedavg = next(r for r in runs if r["method"] == "FedAvg")
-    assert fedavg["seed_ppl"] == 138.13 and fedavg["git_commit"]
+    assert {r["id"] for r in runs} == {fedavg_id, ngram_id}
+    fedavg = next(r for r in runs if r["id"] == fedavg_id)
+    assert fedavg["git_commit"]
     assert fedavg["test_ppl"] < fedavg["curve"][0][2]  # better than the initial model
     assert shlex.split(fedavg["command"])[:2] == ["fedkey", "simulate"]
-    assert (out / "results.md").read_text().count("138.13") >= 1
-    assert (out / "curves_smoke_paper_ptb_c0.1.png").stat().st_size > 1000
+    assert "Kneser-Ney 3-gram" in (out / "results.md").read_text()
+    assert (out / "curves_smoke_sweep_ptb.png").stat().st_size > 1000
     again = runner.invoke(bench_app, args)  # everything is in results.json already: nothing runs
     assert again.exit_code == 0 and "test ppl" not in again.output
     # of its checkpoints the finished run keeps its best round's and its last
@@ -225,7 +126,7 @@ def test_smoke_bench_runs_end_to_end_and_resumes(tmp_path, data_dir):
     )
 
 
-@pytest.mark.parametrize("preset", ["cpu-8round", "gpu"])
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_code_suite_runs_the_seeds_code_whatever_the_preset(preset):
     specs = suite_runs("code", PRESETS[preset])
     assert {(s.dataset, s.method, s.fraction) for s in specs} == {
@@ -291,6 +192,7 @@ def _smoke_data(tmp_path, monkeypatch, fake_run) -> None:
         (tmp_path / ds).mkdir()
 
 
+@pytest.mark.usefixtures("table_suite")
 def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_path, monkeypatch):
     """With --jobs 2, a slow run holds one slot while the other slot runs the rest in turn (a
     batch of two would wait for the slow one before starting the third)."""
@@ -298,7 +200,7 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
 
     import bench.paper as paper
 
-    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1", "paper-ptb-fedmed-c0.1"]
+    ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1", "table-ptb-fedmed-c0.1"]
     slow_may_finish = threading.Event()
     started: list[str] = []
 
@@ -311,13 +213,14 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
         return _finished(spec, preset, data_root, runs_dir)
 
     _smoke_data(tmp_path, monkeypatch, fake_run)
-    paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+    paper.run_bench("smoke", ["table"], tmp_path, tmp_path / "out", tmp_path / "runs",
                     only=ids, jobs=2)  # fmt: skip
     assert started[:2] == ids[:2] and started[2] == ids[2] and len(started) == 3
     done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
     assert sorted(r["id"] for r in done) == sorted(ids)
 
 
+@pytest.mark.usefixtures("table_suite")
 def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
     tmp_path, monkeypatch
 ):
@@ -327,7 +230,7 @@ def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
     import bench.paper as paper
     from bench.presets import PRESETS
 
-    done_id, begun_id = "paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"
+    done_id, begun_id = "table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"
     _smoke_data(tmp_path, monkeypatch, lambda spec, *a, **k: _finished(spec, *a[:3]))
     runs = tmp_path / "runs"
     for run_id in (done_id, begun_id):
@@ -337,10 +240,10 @@ def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
             for kind in ("round", "server_opt"):
                 (folder / f"{kind}_{r:04d}.safetensors").write_bytes(b"x" * 10)
         (folder / "notes.safetensors").write_bytes(b"not a round's")
-    spec = next(s for s in paper.select(PRESETS["smoke"], ["paper"], []) if s.id == done_id)
+    spec = next(s for s in paper.select(PRESETS["smoke"], ["table"], []) if s.id == done_id)
     finished = {**_finished(spec, PRESETS["smoke"], tmp_path, runs / "smoke"), "rounds": 3}
     paper.Bench(tmp_path / "out" / "smoke").add(finished, "fedkey-bench paper --preset smoke")
-    paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", runs,
+    paper.run_bench("smoke", ["table"], tmp_path, tmp_path / "out", runs,
                     only=[done_id, begun_id])  # fmt: skip
     names = {p.name for p in (runs / "smoke" / done_id / "checkpoints").iterdir()}
     assert names == {"round_0001.safetensors", "server_opt_0001.safetensors",
@@ -349,12 +252,13 @@ def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
     assert len(list((runs / "smoke" / begun_id / "checkpoints").iterdir())) == 9
 
 
+@pytest.mark.usefixtures("table_suite")
 def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path, monkeypatch):
     """A bench runs for days: one run that fails (a full disk, a bug) leaves the others going;
     the bench ends with an error naming it, and results.json holds the others."""
     import bench.paper as paper
 
-    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1", "paper-ptb-fedmed-c0.1"]
+    ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1", "table-ptb-fedmed-c0.1"]
     started: list[str] = []
 
     def fake_run(spec, preset, data_root, runs_dir, stop=None):
@@ -365,7 +269,7 @@ def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path
 
     _smoke_data(tmp_path, monkeypatch, fake_run)
     with pytest.raises(RuntimeError, match="1 runs failed") as failure:
-        paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+        paper.run_bench("smoke", ["table"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids, jobs=1)  # fmt: skip
     assert f"{ids[0]}: `fedkey simulate ...` exited 1" in str(failure.value)
     assert sorted(started) == sorted(ids)  # each tried once
@@ -373,6 +277,7 @@ def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path
     assert sorted(r["id"] for r in done) == sorted(ids[1:])
 
 
+@pytest.mark.usefixtures("table_suite")
 def test_a_report_that_cannot_be_written_is_one_error_and_results_json_keeps_the_runs(
     tmp_path, monkeypatch
 ):
@@ -381,13 +286,14 @@ def test_a_report_that_cannot_be_written_is_one_error_and_results_json_keeps_the
     and every run is in results.json."""
     import bench.paper as paper
 
-    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"]
+    ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"]
+    real_write_fresh = paper.write_fresh
     _smoke_data(tmp_path, monkeypatch, lambda spec, *a, **k: _finished(spec, *a[:3]))
-    monkeypatch.undo()  # the real write_fresh, with a report module that cannot be imported
-    monkeypatch.setattr(paper, "run_one", lambda spec, *a, **k: _finished(spec, *a[:3]))
+    # the real write_fresh, with a report module that cannot be imported
+    monkeypatch.setattr(paper, "write_fresh", real_write_fresh)
     monkeypatch.setattr(paper, "REPORT_MODULE", "bench.no_such_report")
     with pytest.raises(RuntimeError) as failure:
-        paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+        paper.run_bench("smoke", ["table"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids)  # fmt: skip
     message = str(failure.value)
     assert message.startswith("results.md was not written (") and "\n" not in message
@@ -397,6 +303,7 @@ def test_a_report_that_cannot_be_written_is_one_error_and_results_json_keeps_the
     assert sorted(r["id"] for r in done) == sorted(ids)
 
 
+@pytest.mark.usefixtures("table_suite")
 def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monkeypatch):
     """Ctrl-C, or a kill (SIGTERM, which bench.cli makes the same), while a run goes on in
     another slot: the bench stops it (its child is terminated, its checkpoints kept) before it
@@ -404,7 +311,7 @@ def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monk
     got (the report's "begun" row)."""
     import bench.paper as paper
 
-    ids = ["paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"]
+    ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"]
     ended: list[str] = []
 
     def fake_run(spec, preset, data_root, runs_dir, stop=None):
@@ -423,7 +330,7 @@ def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monk
     _smoke_data(tmp_path, monkeypatch, fake_run)
     monkeypatch.setattr(paper.Bench, "add", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        paper.run_bench("smoke", ["paper"], tmp_path, tmp_path / "out", tmp_path / "runs",
+        paper.run_bench("smoke", ["table"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids, jobs=2)  # fmt: skip
     assert ended == [ids[1]]  # stopped, and over, when run_bench returned
     # and noted as begun, with the rounds it did, as a run stopped at a time limit is

@@ -10,6 +10,9 @@ import bench.paper as paper
 from bench.paper_budget import Pace, passes
 from bench.runs import Stopped, device_label
 
+# The tests that run a bench use the fixed `table` suite (conftest.py: table_runs).
+pytestmark = pytest.mark.usefixtures("table_suite")
+
 
 def _cmd(verb: str, *flags: str, data: str = "/d/ptb") -> str:
     return shlex.join(["fedkey", verb, "--data", data, *flags, "--out", "/r/x"])
@@ -142,16 +145,16 @@ def test_an_interrupted_run_that_can_resume_counts_only_its_rounds_still_to_do(d
 
 def _timing(preset, data_root) -> dict:
     """A finished FedAvg run at C 0.1 that took half an hour: the pace of the others."""
-    return {"id": "timing", "suite": "paper", "preset": preset.name, "dataset": "ptb",
+    return {"id": "timing", "suite": "table", "preset": preset.name, "dataset": "ptb",
             "wall_seconds": 1800.0, "device": device_label(), "command": shlex.join(paper.command(
-                paper.RunSpec("paper", "ptb", "FedAvg", 0.1), preset, data_root,
+                paper.RunSpec("table", "ptb", "FedAvg", 0.1), preset, data_root,
                 data_root / "runs" / "timing"))}  # fmt: skip
 
 
 def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
     data_root, monkeypatch, capsys
 ):
-    """The smoke preset's paper suite on PTB, one of whose runs at C 0.1 took half an hour: in
+    """The smoke preset's table suite on PTB, one of whose runs at C 0.1 took half an hour: in
     1.5 hours the C 0.1 runs (0.5 h each) and AdaFL (1 h: its C averages 0.2 over 2 rounds) start,
     in their order; C 0.5 (2.5 h) and FedSGD (5 h) are listed, not started (nor advanced: the
     next test)."""
@@ -169,17 +172,17 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
 
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
-    paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs",
-                    only=["paper-ptb-*"], jobs=2, hours=1.5, advance=False)  # fmt: skip
-    specs = [s.id for s in paper.select(preset, ["paper"], [], only=["paper-ptb-*"])]
+    paper.run_bench("smoke", ["table"], data_root, out, data_root / "runs",
+                    only=["table-ptb-*"], jobs=2, hours=1.5, advance=False)  # fmt: skip
+    specs = [s.id for s in paper.select(preset, ["table"], [], only=["table-ptb-*"])]
     short = [i for i in specs if i.endswith("c0.1") or "adafl" in i]
     assert started == short  # in the bench's own order
     printed = capsys.readouterr().out
     left = [i for i in specs if i not in short]
     assert left and f"{len(left)} runs left" in printed
     assert all(i in printed for i in left) and not any(f"  {i} " in printed for i in short)
-    assert "paper-ptb-fedsgd-c1 (about 5.0 h to run)" in printed
-    assert "paper-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
+    assert "table-ptb-fedsgd-c1 (about 5.0 h to run)" in printed
+    assert "table-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
 
 
 class Clock:
@@ -209,7 +212,7 @@ def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
     preset = paper.PRESETS["smoke"]
     out, runs = data_root / "out", data_root / "runs"
     paper.Bench(out / preset.results_folder).add(_timing(preset, data_root), "")
-    specs = [s for s in paper.select(preset, ["paper"], [], only=["paper-ptb-*"])]
+    specs = [s for s in paper.select(preset, ["table"], [], only=["table-ptb-*"])]
     tenth = [s for s in specs if s.id.endswith("c0.1") and "adafl" not in s.id]
     begun = tenth[2]  # an earlier bench stopped it in its first round
     begun_dir = runs / preset.results_folder / begun.id
@@ -229,20 +232,20 @@ def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
 
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
-    paper.run_bench("smoke", ["paper"], data_root, out, runs, only=["paper-ptb-*"], jobs=2,
+    paper.run_bench("smoke", ["table"], data_root, out, runs, only=["table-ptb-*"], jobs=2,
                     hours=0.4)  # fmt: skip
     assert calls == [begun.id, tenth[0].id]
     assert 1000.0 + 0.4 * 3600 <= clock.now <= 1000.0 + 0.4 * 3600 + 120  # stopped at the limit
     printed = capsys.readouterr().out
     assert f"{begun.id} (about 30 min to run, stopped after round 1: the next bench" in printed
     assert f"{tenth[0].id} (about 30 min to run, stopped after round 1" in printed
-    assert "paper-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
+    assert "table-ptb-fedavg-c0.5 (about 2.5 h to run)" in printed
     results = paper.Bench(out / preset.results_folder)
     assert [r["id"] for r in results.read()] == ["timing"]
     assert results.begun() == {f"smoke/{begun.id}": [1, 2], f"smoke/{tenth[0].id}": [1, 2]}
 
     calls.clear()  # --no-advance: the slots stay free
-    paper.run_bench("smoke", ["paper"], data_root, out, runs, only=["paper-ptb-*"], jobs=2,
+    paper.run_bench("smoke", ["table"], data_root, out, runs, only=["table-ptb-*"], jobs=2,
                     hours=0.4, advance=False)  # fmt: skip
     assert calls == []
 
@@ -250,19 +253,19 @@ def test_when_no_run_fits_the_free_slots_advance_the_runs_that_resume(
 def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
     preset = paper.PRESETS["smoke"]
     out = data_root / "out"
-    fedavg = next(s for s in paper.select(preset, ["paper"], []) if s.id == "paper-ptb-fedavg-c0.1")
-    took = {"id": fedavg.id, "suite": "paper", "preset": "smoke", "dataset": "ptb",
+    fedavg = next(s for s in paper.select(preset, ["table"], []) if s.id == "table-ptb-fedavg-c0.1")
+    took = {"id": fedavg.id, "suite": "table", "preset": "smoke", "dataset": "ptb",
             "wall_seconds": 1800.0, "device": device_label(), "command": shlex.join(paper.command(
                 fedavg, preset, data_root, data_root / "runs" / "smoke" / fedavg.id))}  # fmt: skip
     paper.Bench(out / preset.results_folder).add(took, "")
-    ids = [fedavg.id, "paper-ptb-fedsgd-c1", "paper-ptb-fedavg-c0.5"]
-    paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs", only=ids,
+    ids = [fedavg.id, "table-ptb-fedsgd-c1", "table-ptb-fedavg-c0.5"]
+    paper.run_bench("smoke", ["table"], data_root, out, data_root / "runs", only=ids,
                     dry_run=True)  # fmt: skip
     printed = capsys.readouterr().out.splitlines()
     assert [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in printed[:3]] == [
-        "paper-ptb-fedsgd-c1",
+        "table-ptb-fedsgd-c1",
         fedavg.id,
-        "paper-ptb-fedavg-c0.5",
+        "table-ptb-fedavg-c0.5",
     ]  # every command line, the done one too
     # FedSGD 5 h (every phone) and C 0.5 2.5 h, at the pace of the C 0.1 run done in 0.5 h
     assert printed[3].startswith("# 2 of them not done: about 7.5 h of run time")
@@ -270,7 +273,7 @@ def test_a_dry_run_adds_up_the_runs_not_done(data_root, capsys):
 
     # The same run done on another machine's device (a lent GPU) sets no pace here, and says so.
     paper.Bench(out / preset.results_folder).add({**took, "device": "cuda (NVIDIA H200)"}, "")
-    paper.run_bench("smoke", ["paper"], data_root, out, data_root / "runs", only=ids,
+    paper.run_bench("smoke", ["table"], data_root, out, data_root / "runs", only=ids,
                     dry_run=True)  # fmt: skip
     last = capsys.readouterr().out.splitlines()[3]
     assert last.startswith("# 2 of them not done: no run time to tell: no run done judges them; "
@@ -306,7 +309,7 @@ def test_a_run_stopped_at_the_limit_is_noted_with_its_best_validation_so_far(
     shows until the next bench finishes it."""
     clock = Clock()
     monkeypatch.setattr(paper, "time", clock)
-    run_id = "paper-ptb-fedavg-c0.1"
+    run_id = "table-ptb-fedavg-c0.1"
 
     def fake_run(spec, preset, data_root, runs_dir, stop=None):
         rows = [{"round": 0, "val_ppl": 9000.0}, {"round": 1, "val_ppl": 450.5}]
@@ -318,7 +321,7 @@ def test_a_run_stopped_at_the_limit_is_noted_with_its_best_validation_so_far(
 
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
-    paper.run_bench("smoke", ["paper"], data_root, data_root / "out", data_root / "runs",
+    paper.run_bench("smoke", ["table"], data_root, data_root / "out", data_root / "runs",
                     only=[run_id], hours=0.5)  # fmt: skip
     assert paper.Bench(data_root / "out" / "smoke").begun() == {f"smoke/{run_id}": [1, 2, 450.5, 1]}
 
@@ -335,15 +338,15 @@ def test_a_run_noted_begun_whose_checkpoints_are_not_here_is_said_to_start_again
         stop, spec.id, 1))  # fmt: skip
     monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
     preset, out, runs = paper.PRESETS["smoke"], data_root / "out", data_root / "runs"
-    here, gone = "paper-ptb-fedavg-c0.1", "paper-ptb-fedatt-c0.1"
+    here, gone = "table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"
     for run_id in (here, gone):
         paper.Bench(out / preset.results_folder).stopped("smoke", run_id, 1, 2, [450.5, 1])
-    spec = next(s for s in paper.select(preset, ["paper"], []) if s.id == here)
+    spec = next(s for s in paper.select(preset, ["table"], []) if s.id == here)
     folder = runs / preset.results_folder / here
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "round_0001.safetensors").write_bytes(b"")
     (folder / "command.txt").write_text(shlex.join(paper.command(spec, preset, data_root, folder)))
-    paper.run_bench("smoke", ["paper"], data_root, out, runs, only=[here, gone], jobs=2,
+    paper.run_bench("smoke", ["table"], data_root, out, runs, only=[here, gone], jobs=2,
                     hours=0.5)  # fmt: skip
     printed = capsys.readouterr().out
     assert (f"1 runs noted as begun have no checkpoint under {runs / 'smoke'} (a run's folder "

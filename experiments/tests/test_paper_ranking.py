@@ -268,9 +268,9 @@ def test_rank_waits_for_the_sweep_and_says_so(tmp_path):
         (tmp_path / ds).mkdir()
     with pytest.raises(RuntimeError, match="add --suite sweep"):
         run_bench("cpu", ["rank"], tmp_path, tmp_path / "out", tmp_path / "runs")
-    result = runner.invoke(bench_app, ["paper", "--preset", "cpu", "--suite", "paper",
-                                 "--dry-run", "--out", str(tmp_path / "o")])  # fmt: skip
-    assert result.exit_code != 0 and "preset cpu has no suite paper" in result.output
+    result = runner.invoke(bench_app, ["paper", "--preset", "cpu", "--suite", "code",
+                                       "--dry-run", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code != 0 and "preset cpu has no suite code" in result.output
 
 
 def test_noniid_runs_the_same_methods_on_articles_and_owners():

@@ -1,7 +1,7 @@
 """The layout of `fedkey-bench paper`'s results.md (issue 18, item 5), on small synthetic rows: it
 opens with perplexity and keyboard metrics per method beside the centralized model and the
 n-gram, then the targets, the non-IID phones and their weights' spread, the sweep, the curves,
-the column-measure evidence, and the old 8-round cut last, as an appendix."""
+and the column-measure evidence."""
 
 import math
 
@@ -46,13 +46,13 @@ def ranking_runs():
             partition="articles",
             weights={"a": 0.9, "b": 0.1},
         ),  # fmt: skip
+        # a code-suite run of the old cpu-8round preset (cpu/results.json): the evidence section
         run("code", "ptb", "FedAvg", 0.1, [1000, 900], preset="cpu-8round"),
-        run("paper", "ptb", "FedAvg", 0.1, [10000, 2000], preset="cpu-8round"),
     ]
 
 
-def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appendix():
-    cmds = ["fedkey-bench paper --preset cpu --suite paper", "fedkey-bench paper --preset cpu"]
+def test_results_open_with_the_language_model_and_end_with_every_run():
+    cmds = ["fedkey-bench paper --preset cpu"]
     md = markdown(ranking_runs(), cmds, {"cpu": {"ptb": {
         "client_lr": 1.0}}}, {})  # fmt: skip
     heads = [line for line in md.splitlines() if line.startswith("## ")]
@@ -60,8 +60,7 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     order = ["## Language model", "## Targets (issue 18)", "## Non-IID phones",
              "## Seed to seed", "## A learning-rate schedule", "## Dropout 0.5 against",
              "## Learning rates, chosen on the validation set", "## The seed papers' column "
-             "measure", "## Appendix: the old 8-round cut (preset `cpu-8round`): too little "
-             "training to rank the methods", "## Every run", "## Commands"]  # fmt: skip
+             "measure", "## Every run", "## Commands"]  # fmt: skip
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
@@ -75,8 +74,8 @@ def test_results_open_with_the_language_model_and_keep_the_old_cut_for_the_appen
     assert "| FedAttOpt | 0.1 | not run yet |" in first  # the C it will run at
     assert "| AdaFL + FedAtt | - | not run yet |" in first  # AdaFL sets its own C
     produced = next(line for line in md.splitlines() if line.startswith("- Produced by"))
-    assert "`fedkey-bench paper --preset cpu`;" in produced and "--suite paper" not in produced
-    assert "The old suites' bench commands: `fedkey-bench paper --preset cpu --suite paper`" in md
+    assert "`fedkey-bench paper --preset cpu`;" in produced
+    assert "## Appendix" not in md
     sweep = md.split("## Learning rates")[1].split("\n## ")[0]
     assert "| client lr | 1 | 1 | 301.00 | 1 | **chosen** |" in sweep
     assert "| client lr | 3 |" in sweep and "client lr 1" in sweep
@@ -478,7 +477,7 @@ def test_a_long_history_of_bench_commands_and_commits_is_counted_in_the_header_a
     head = md.split("\n## ")[0]
     assert f"Produced by 7 bench commands, the first `{cmds[0]}` and the last `{cmds[-1]}`" in head
     assert cmds[3] not in head
-    assert "- Git commits: 9, 1 of them with changes not committed" in head
+    assert "- Git commits: 8, 1 of them with changes not committed" in head
     listed = md.split("## Commands")[1]
     assert [line for line in listed.splitlines() if line.startswith("1. ")] == [
         f"1. `{c}`" for c in cmds
@@ -519,3 +518,14 @@ def test_the_seed_curves_draw_a_colour_per_row_and_a_line_style_per_seed():
     lines = {(r["method"], r["line"]) for r in seed_curves(PRESETS["cpu"], runs)}
     assert lines == {(f"{CENTRAL}, seed 0", (0, "-")), (f"{CENTRAL}, seed 2", (0, ":")),
                      ("FedAvg, seed 0", (1, "-")), ("FedAvg, seed 1", (1, "--"))}  # fmt: skip
+
+
+def test_runs_of_a_suite_the_bench_no_longer_has_stay_in_results_json_and_out_of_the_report(
+    tmp_path,
+):
+    """cpu/results.json keeps the old 8-round cut's runs (suites paper, beyond, ...: the record of
+    what ran); results.md leaves them out."""
+    old = run("paper", "ptb", "FedAvg", 0.1, [10000, 2000], preset="cpu-8round")
+    write_report([*ranking_runs(), old], tmp_path, ["fedkey-bench paper --preset cpu"])
+    md = (tmp_path / "results.md").read_text()
+    assert old["id"] not in md and "## The seed papers' column measure" in md
