@@ -32,7 +32,7 @@ class TrainConfig:
 
     epochs: int = 5
     batch_size: int = 10  # sentences per batch, as in the seed papers
-    lr: float = 1.0  # the seed papers' 0.01 learns far slower (bench/results: the lr suite)
+    lr: float = 1.0  # the seed papers' 0.01 learns far slower (experiments/results/README.md)
     momentum: float = 0.5
     clip: float = 5.0  # gradient-norm clipping; 0 turns it off
     max_len: int = 80  # longer sentences are cut into chunks (training only)

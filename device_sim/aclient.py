@@ -1,5 +1,5 @@
 """A lean asyncio HTTP/1.1 connection (h11 over asyncio streams) for thousands of phones in one
-event loop: the Ray fleet's phones (device_sim.aphone) and `fedkey bench load`'s fake phones
+event loop: the Ray fleet's phones (device_sim.aphone) and `fedkey-bench load`'s fake phones
 (bench.load_phones) both use it.
 
 Why not httpx's AsyncClient: one client shared by thousands of phones is itself the bottleneck (its

@@ -1,7 +1,7 @@
 """A phone's decisions on its view of the round (GET /v1/rounds/current), as pure functions.
 
 Every phone of the project decides the same way: the thread fleet's and the Ray fleet's phones
-(device_sim.phone) and `fedkey bench load`'s fake phones (bench.load_phones). Standard library
+(device_sim.phone) and `fedkey-bench load`'s fake phones (bench.load_phones). Standard library
 only, so the load bench's driver processes import no torch.
 """
 
@@ -18,7 +18,7 @@ MAX_REENROLL = 3
 #: Seconds a phone long-polls GET /v1/rounds/current: under the server's most (60 s) and a proxy's
 #: usual 60 s read timeout. A phone left out of a round is answered only at its timeout, so this
 #: sets the idle fleet's traffic: at 30 s, 10,000 phones' timeouts were about 30,000 of the 37,000
-#: requests of a 90 s round (fedkey bench load); at 55 s the 3 rounds took 67,000, not 96,000+.
+#: requests of a 90 s round (fedkey-bench load); at 55 s the 3 rounds took 67,000, not 96,000+.
 POLL_WAIT = 55.0
 
 __all__ = ["MAX_REENROLL", "MAX_TRIES", "POLL_WAIT", "actionable", "round_key", "transient_status"]

@@ -2,7 +2,7 @@
 
 Aggregating a round (bound, aggregate, evaluate, checkpoint) is seconds to minutes of CPU. In a
 thread of the server process it shared the GIL with the event loop: at 10,000 phones /healthz
-stalled up to 6.8 s while 1,000 uploads were aggregated (bench/results/load). In a child process
+stalled up to 6.8 s while 1,000 uploads were aggregated (experiments/results/load). In a child process
 the loop shares nothing with it but the CPUs, and the child runs ``AGGREGATION_NICE`` below the
 loop (server.threads), so the loop wins a CPU whenever both want one.
 

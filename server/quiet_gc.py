@@ -1,6 +1,6 @@
 """Python's cyclic garbage collector kept off the event loop's back in the server process.
 
-Measured with a gc.callbacks timer in `fedkey bench load`. At 1,000 phones a full collection of
+Measured with a gc.callbacks timer in `fedkey-bench load`. At 1,000 phones a full collection of
 the server's 350,000-550,000 objects took 0.21-0.36 s every 2-3 s, collected next to nothing, and
 ran on whichever thread tripped it, mostly the loop's: /healthz stalled that long. At 10,000
 phones the enrolled phones' state took a full collection to 1.5 million objects and 1.0 s, and

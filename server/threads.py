@@ -2,7 +2,7 @@
 
 On two cores shared with the phones' traffic, /healthz stalled for up to a second while the loop
 thread was runnable but waiting for a CPU 37-43% of the time, and barely waited for the GIL
-(fedkey bench load at 1,000 phones, /proc schedstat and wchan: bench/results/load/
+(fedkey-bench load at 1,000 phones, /proc schedstat and wchan: experiments/results/load/
 profile-1000-phones.md). Work that can wait a little therefore runs in threads with a higher
 Linux nice value than the loop's, so the loop thread wins the CPU when both are runnable:
 

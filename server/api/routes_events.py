@@ -35,7 +35,7 @@ async def events(ws: WebSocket, coordinator: CoordinatorDep):
                     return
                 # The rest of a burst goes out without a task and a loop iteration each: with
                 # them, the stream of a 10,000-phone run lagged 21 s (p50; p99 24 s), without,
-                # 0.2 s (p99 1.2 s) (fedkey bench load, phones at nice +10).
+                # 0.2 s (p99 1.2 s) (fedkey-bench load, phones at nice +10).
                 for event in [get.result(), *sub.drain()]:
                     if event is None:
                         with contextlib.suppress(Exception):

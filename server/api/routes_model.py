@@ -24,12 +24,12 @@ log = logging.getLogger("fedkey.server")
 #: between writes, so a download holds about this plus the transport's high-water mark (64 KB)
 #: in memory. A whole-body Response put all of a slow reader's 4.4 MB (and h11's copy of it) in
 #: its transport at once: the round's 1,000 downloads took the server of 10,000 phones from 0.74
-#: to 1.3 GB (fedkey bench load). Under the allocator's mmap threshold, so no mmap per write.
+#: to 1.3 GB (fedkey-bench load). Under the allocator's mmap threshold, so no mmap per write.
 DOWNLOAD_CHUNK = 1 << 16
 #: Chunks sent between two yields to the event loop. A fast reader never pauses the transport, so
 #: without a yield a whole 4.4 MB download went out in one task step (about 2.5 ms of the loop's
 #: CPU); the round's 1,000 downloads, all asked for as it opens, then made event-loop iterations
-#: of 0.1-0.3 s in which /healthz waited (fedkey bench load at 10,000 phones, a trace of the
+#: of 0.1-0.3 s in which /healthz waited (fedkey-bench load at 10,000 phones, a trace of the
 #: loop's iterations). A yield costs about 11 us: every 8 chunks, 4% more CPU a download.
 YIELD_EVERY = 8
 #: Seconds a download waits for a slot (settings.max_sending) before it is answered 503 with
