@@ -23,48 +23,69 @@ repaired metrics.jsonl; a round the database still calls open but the checkpoint
 (a crash between the checkpoint write and the database commit) is marked aggregated; the open
 round after the checkpoint is continued with the same cohort, attempt, receipts and uploads.
 
-The parts, one job each, are mixins of Coordinator over one shared state (server.rounds):
-server.devices (enrollment, views, long-polls), server.uploads (loss reports, uploads),
-server.driver (the transitions), server.recovery (restart); server.telemetry the metrics.
+The parts, one job each, are objects the Coordinator builds and wires, each given what it uses:
+
+    server.devices.DeviceRegistry   enrollment, bearer tokens, last_seen
+    server.uploads.UploadInbox      loss reports and uploads of the open round
+    server.driver.RoundDriver       the round state and every transition
+    server.views                    a device's view of the round; the long-polls (LongPolls)
+    server.global_model.GlobalModel the model served and exported
+    server.recovery                 reconciliation on restart (functions)
+    server.telemetry                the metrics
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from sqlalchemy import delete, select
+from sqlalchemy import select
 
 from corpora.dataset import server_data
 from models.exposure import ExposureProbe
+from server import recovery
 from server.aggregator import Aggregator
-from server.db import BatchWriter, Device, MetricRow, Receipt, Round, finite_json, make_sessionmaker
-from server.devices import DEVICE_NAME, DevicesMixin
-from server.driver import DriverMixin
+from server.db import BatchWriter, MetricRow, finite_json, make_sessionmaker
+from server.devices import DEVICE_NAME, DeviceRegistry
+from server.driver import RoundDriver
 from server.engine import Federation
 from server.events import EventBus
-from server.recovery import RecoveryMixin
+from server.global_model import GlobalModel
 from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
 from server.telemetry import Telemetry, watch_loop_lag
 from server.threads import io_executor
-from server.uploads import UploadsMixin
+from server.uploads import UploadInbox, record_rejection
+from server.validation import ValidationError
+from server.views import LongPolls, RoundViews
 
 log = logging.getLogger("fedkey.server")
 
 __all__ = ["DEVICE_NAME", "ApiError", "Coordinator", "OpenRound", "Telemetry", "Upload"]
 
 
-class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
-    """The round lifecycle of `fedkey server`; the routes of server/api/ call its public methods."""
+@dataclass(frozen=True)
+class Parts:
+    """What start() builds once the federation and the database are there."""
+
+    driver: RoundDriver
+    inbox: UploadInbox
+    views: RoundViews
+    model: GlobalModel
+
+
+class Coordinator:
+    """The round lifecycle of `fedkey server`: builds its parts and wires them (start), stops
+    them (stop); the routes of server/api/ call its public methods, which hand each request to
+    the part whose job it is."""
 
     def __init__(self, settings: Settings, telemetry: Telemetry | None = None):
         self.settings = settings
@@ -76,37 +97,25 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         self.enrollment_secret = secret.get_secret_value() if secret else secrets.token_urlsafe(16)
         self.generated_secret = secret is None
         self.on_finished: Callable[[], None] | None = None  # serve() shuts uvicorn down with it
-
-        self.state = RoundState.STARTING  # waiting | open | aggregating | finished
-        self.current: OpenRound | None = None
         self.federation: Federation | None = None
         self.aggregator: Aggregator | None = None
-        self.sessions = None
-        self.devices: dict[str, int] = {}  # device id -> num_samples
-        self._tokens: dict[str, str] = {}  # token hash -> device id
-        self._enrolling: set[str] = set()
-        self._last_seen: dict[str, float] = {}
-        self._seen_unwritten: set[str] = set()
-        self._stopped = asyncio.Event()
-        self._last_seen_task: asyncio.Task | None = None
-        self._lag_task: asyncio.Task | None = None
-        self._given: dict[str, dict] = {}  # device id -> the view it was last answered
-        self._next_attempt = 0
-        self._retry_aggregation_at = 0.0
-        self._unrecorded: list[tuple[int, dict]] = []
-        self._model: tuple[int, bytes, str] | None = None  # (round, checkpoint bytes, sha256)
-        self._exporting: asyncio.Task | None = None
-        self._deletions: set[asyncio.Task] = set()  # aggregated rounds' uploads being deleted
-        self._exported_round: int | None = None
-        self._waiters: dict[str, asyncio.Event] = {}
-        self._poke = asyncio.Event()
-        self._receiving = asyncio.Semaphore(settings.max_receiving)
+        self.sessions: Any = None  # sqlalchemy sessionmaker
+        self.db_writer: BatchWriter | None = None  # group commits of enrollments
+        self.parts: Parts | None = None
+        self._stopped = asyncio.Event()  # set when a shutdown begins: background tasks end
+        self._poke = asyncio.Event()  # wakes the round driver
+        self.polls = LongPolls(self._stopped)
+        self.registry = DeviceRegistry(
+            settings=settings,
+            enrollment_secret=self.enrollment_secret,
+            telemetry=self.telemetry,
+            events=self.events,
+            on_enrolled=self._poke.set,
+        )
         # GET /v1/model bodies being sent (settings.max_sending at once): taken and released by
         # the route's response (server.api.routes_model), which knows nothing else of the round.
         self.sending = asyncio.Semaphore(settings.max_sending)
-        self._stopping = False
-        self._driver: asyncio.Task | None = None
-        self.finish_reason: str | None = None
+        self._tasks: list[asyncio.Task] = []  # the driver, the last_seen writer, the lag watch
 
     # -- start and stop ----------------------------------------------------------------------------
 
@@ -114,21 +123,54 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
         """Load the data, build or resume the federation, reconcile the database, start driving."""
         torch.set_num_threads(1)
         asyncio.get_running_loop().set_default_executor(io_executor())
-        s = self.settings
         self.root.mkdir(parents=True, exist_ok=True)
-        self.sessions = make_sessionmaker(s.db_url)
+        self.sessions = make_sessionmaker(self.settings.db_url)
         self.db_writer = BatchWriter(self.sessions)
         if self.generated_secret:
             log.warning(
                 "no enrollment secret configured; generated one: %s", self.enrollment_secret
             )
+        fed, resumed = await self._build_federation()
+        registry = self.registry
+        with self.sessions.begin() as db:
+            registry.open(self.sessions, self.db_writer, db)
+            if not resumed:
+                recovery.forget_rounds(db)
+        model = GlobalModel(fed, self.events, self.settings.export_dir)
+        driver = self._driver(fed, registry.devices, model.refresh)
+        reconciled = recovery.reconcile(
+            fed=fed,
+            sessions=self.sessions,
+            settings=self.settings,
+            devices=registry.devices,
+            uploads_dir=self.uploads_dir,
+        )
+        driver.resume(reconciled.current, reconciled.next_attempt)
+        self.parts = self._wire(fed, registry, driver, model)
+        await asyncio.to_thread(self._aggregator().start)
+        model.refresh()
+        self.telemetry.devices.set(len(registry.devices))
+        log.info(
+            "%s at round %d; %d devices enrolled; state %s",
+            "resumed" if resumed else "started",
+            fed.round,
+            len(registry.devices),
+            driver.state,
+        )
+        self._start_tasks(registry, driver)
+        if driver.state == RoundState.FINISHED:
+            self._run_finished()  # restarted after the run was over: nothing to do
+
+    async def _build_federation(self) -> tuple[Federation, bool]:
+        """The engine's Federation and its aggregator: resumed from the checkpoint (True), or a
+        fresh run's (False)."""
+        s = self.settings
         corpus, tokenizer = await asyncio.to_thread(server_data, s.data_config())
-        model_config = s.build_model_config(tokenizer.vocab_size)
         storage = RunStorage(self.root)
         secret = s.canary_secret()  # --canary: the phones plant it, every row has its exposure
         spec: dict[str, Any] = dict(
             config=s.federation_config(),
-            model_config=model_config,
+            model_config=s.build_model_config(tokenizer.vocab_size),
             tokenizer=tokenizer,
             client_sizes={},  # sizes come from enrollment (strategy.setup before each plan_round)
             valid=corpus.valid,
@@ -136,119 +178,164 @@ class Coordinator(DevicesMixin, UploadsMixin, DriverMixin, RecoveryMixin):
             storage=storage,
             probes=[ExposureProbe(s.canary_spec(), secret)] if secret else [],
         )
-        fed = Federation(**spec)
-        self.federation = fed
+        fed = self.federation = Federation(**spec)
         self.aggregator = Aggregator(fed, spec, s.aggregate_in)
         resumed = await asyncio.to_thread(fed.resume)
         if not resumed:
             storage.reset()
             await asyncio.to_thread(fed.start)
-        self.upload_limit = fed.model_bytes + s.max_upload_margin
-        with self.sessions.begin() as db:
-            for d in db.scalars(select(Device)):
-                self.devices[d.id] = d.num_samples
-                self._tokens[d.token_hash] = d.id
-            if not resumed:  # a fresh run: forget rounds of an earlier one, keep the devices
-                db.execute(delete(Receipt))
-                db.execute(delete(Round))
-                db.execute(delete(MetricRow))
-        self._reconcile()
-        await asyncio.to_thread(self.aggregator.start)
-        self._load_model()
-        self._schedule_export()
-        self.telemetry.devices.set(len(self.devices))
-        log.info(
-            "%s at round %d; %d devices enrolled; state %s",
-            "resumed" if resumed else "started",
-            fed.round,
-            len(self.devices),
-            self.state,
+        return fed, resumed
+
+    def _driver(
+        self, fed: Federation, devices: Mapping[str, int], on_new_model: Callable[[], None]
+    ) -> RoundDriver:
+        return RoundDriver(
+            settings=self.settings,
+            fed=fed,
+            aggregator=self._aggregator(),
+            sessions=self.sessions,
+            devices=devices,
+            uploads_dir=self.uploads_dir,
+            polls=self.polls,
+            poke=self._poke,
+            stopped=self._stopped,
+            on_new_model=on_new_model,
+            on_finished=self._run_finished,
+            telemetry=self.telemetry,
+            events=self.events,
         )
-        self._driver = asyncio.create_task(self._drive(), name="fedkey-round-driver")
-        self._last_seen_task = asyncio.create_task(
-            self._last_seen_writer(), name="fedkey-last-seen"
+
+    def _wire(
+        self, fed: Federation, registry: DeviceRegistry, driver: RoundDriver, model: GlobalModel
+    ) -> Parts:
+        """The parts that read the round (the inbox, the views) joined to the driver and model."""
+        inbox = UploadInbox(
+            settings=self.settings,
+            fed=fed,
+            sessions=self.sessions,
+            uploads_dir=self.uploads_dir,
+            upload_limit=fed.model_bytes + self.settings.max_upload_margin,
+            authenticate=registry.authenticate,
+            rounds=driver,
+            polls=self.polls,
+            poke=self._poke.set,
+            telemetry=self.telemetry,
+            events=self.events,
         )
-        self._lag_task = asyncio.create_task(
-            watch_loop_lag(self.telemetry.loop_lag, self._stopped), name="fedkey-loop-lag"
-        )
-        if self.state == RoundState.FINISHED and self.settings.exit_when_done and self.on_finished:
-            self.on_finished()  # restarted after the run was over: nothing to do
+        views = RoundViews(fed, driver, registry.devices, self.polls, self.settings.topk)
+        return Parts(driver, inbox, views, model)
+
+    def _start_tasks(self, registry: DeviceRegistry, driver: RoundDriver) -> None:
+        self._tasks = [
+            asyncio.create_task(driver.run(), name="fedkey-round-driver"),
+            asyncio.create_task(
+                registry.write_last_seen_every(self._stopped), name="fedkey-last-seen"
+            ),
+            asyncio.create_task(
+                watch_loop_lag(self.telemetry.loop_lag, self._stopped), name="fedkey-loop-lag"
+            ),
+        ]
+
+    def _run_finished(self) -> None:
+        if self.settings.exit_when_done and self.on_finished is not None:
+            self.on_finished()
 
     def begin_shutdown(self) -> None:
         """Wake every long-poll so connections close promptly (the driver finishes its step)."""
-        self._stopping = True
         self._stopped.set()
-        self._notify()
+        self.polls.notify()
         self._poke.set()
 
     async def stop(self) -> None:
         """Stop after the current step; an aggregation in progress is completed, not abandoned."""
         self.begin_shutdown()
-        if self._driver is not None:
+        for task in self._tasks:  # in order: the driver's step, the last_seen batch, the lag
             with contextlib.suppress(asyncio.CancelledError):
-                await self._driver
-            self._driver = None
-        if self._last_seen_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._last_seen_task  # its last batch is written
-            self._last_seen_task = None
-        if self._lag_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lag_task
-            self._lag_task = None
-        await asyncio.gather(*self._deletions, return_exceptions=True)
+                await task
+        self._tasks = []
+        if self.parts is not None:
+            await self.parts.driver.wait_deletions()
         if self.aggregator is not None:
             await asyncio.to_thread(self.aggregator.close)
         self.events.close()
         if self.sessions is not None:
             self.sessions.kw["bind"].dispose()
 
-    # -- the global model ------------------------------------------------------------------------
+    # -- the parts, once started ---------------------------------------------------------------------
 
-    def _load_model(self) -> None:
-        fed = self.fed
-        data = fed.public_checkpoint()
-        self._model = (fed.round, data, hashlib.sha256(data).hexdigest())
+    def _parts(self) -> Parts:
+        if self.parts is None:
+            raise RuntimeError("the coordinator is not started: start() builds its parts")
+        return self.parts
 
-    # -- ONNX exports for the keyboard ------------------------------------------------------------
+    def _aggregator(self) -> Aggregator:
+        if self.aggregator is None:
+            raise RuntimeError("the coordinator is not started: start() makes the aggregator")
+        return self.aggregator
 
-    def _schedule_export(self) -> None:
-        """With export_dir, export the newest global model to ONNX in the background: one export
-        at a time, always of the newest round (rounds finished meanwhile are skipped)."""
-        export_dir = self.settings.export_dir
-        if export_dir is None or self._exporting:
-            return
-        self._exporting = asyncio.create_task(self._export_newest(export_dir), name="fedkey-export")
+    # -- what the routes call ------------------------------------------------------------------------
 
-    async def _export_newest(self, export_dir: Path) -> None:
+    async def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
+        """POST /v1/devices (server.devices)."""
+        return await self.registry.enroll(secret, name, num_samples)
+
+    def authenticate(self, authorization: str | None) -> str:
+        """`Authorization: Bearer <token>` -> device id, or 401 (server.devices)."""
+        return self.registry.authenticate(authorization)
+
+    def view(self, device_id: str) -> dict:
+        """GET /v1/rounds/current for `device_id`, at once (server.views)."""
+        return self._parts().views.view(device_id)
+
+    async def wait_view(self, device_id: str, wait: float) -> dict:
+        """GET /v1/rounds/current?wait= for `device_id`: the long-poll (server.views)."""
+        return await self._parts().views.wait_view(device_id, wait)
+
+    def everyone_told_finished(self) -> bool:
+        """The run is finished and every enrolled device has been answered so."""
+        return self._parts().views.everyone_told_finished()
+
+    async def report_loss(
+        self, authorization: str | None, n: int, body: bytes, wait: float = 0.0
+    ) -> dict:
+        """POST /v1/rounds/{n}/loss (server.uploads)."""
+        return await self._inbox(authorization, n, "loss").report_loss(authorization, n, body, wait)
+
+    async def receive_update(
+        self,
+        authorization: str | None,
+        n: int,
+        headers: Mapping[str, str],
+        body: AsyncIterator[bytes],
+    ) -> dict:
+        """POST /v1/rounds/{n}/update (server.uploads)."""
+        inbox = self._inbox(authorization, n, "update")
+        return await inbox.receive_update(authorization, n, headers, body)
+
+    def _inbox(self, authorization: str | None, n: int, kind: str) -> UploadInbox:
+        """The inbox; before start() (an app served without its lifespan) nobody is enrolled,
+        and the request is refused as the inbox refuses an unknown token."""
+        if self.parts is not None:
+            return self.parts.inbox
         try:
-            while self._exported_round != self.fed.round:
-                r = self.fed.round
-                path = self.fed.storage.checkpoint_path(r)
-                try:
-                    report = await asyncio.to_thread(self._export, path, export_dir)
-                except Exception as e:  # an export failure never stops the federation
-                    log.exception("round %d: ONNX export failed", r)
-                    self.events.publish("export_failed", round=r, reason=f"{type(e).__name__}: {e}")
-                    return
-                self._exported_round = r
-                self.events.publish(
-                    "model_exported", round=r, path=str(report.path), bytes=report.bytes
-                )
-        finally:
-            self._exporting = None
-
-    def _export(self, checkpoint: Path, export_dir: Path):
-        from export.onnx_export import export_checkpoint
-
-        out = export_dir / "model.onnx"
-        return export_checkpoint(checkpoint, out)
+            self.registry.authenticate(authorization)
+        except ValidationError as e:
+            record_rejection(self.telemetry, self.events, None, n, kind, e)
+            raise
+        raise RuntimeError("the coordinator is not started: start() builds the inbox")
 
     def model(self) -> tuple[int, bytes, str]:
         """(round, checkpoint bytes, sha256) of the current global model."""
-        if self._model is None:
+        if self.parts is None:
             raise RuntimeError("the coordinator is not started: start() loads the global model")
-        return self._model
+        return self.parts.model.current()
+
+    def health(self) -> dict:
+        """GET /healthz: the round devices are told of, and the state."""
+        if self.parts is None:
+            return {"status": "ok", "round": 0, "state": RoundState.STARTING}
+        driver = self.parts.driver
+        return {"status": "ok", "round": driver.shown_round(), "state": driver.state}
 
     def metrics_rows(self) -> list[dict]:
         """The metrics rows, NaN and infinities (a diverged run) as null: JSON has neither, and

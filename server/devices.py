@@ -1,5 +1,4 @@
-"""Devices: enrollment, bearer tokens, and what a device sees of the round (its view, its task,
-the long-poll that waits for the view to change)."""
+"""The device registry: enrollment, bearer tokens, and when each device was last seen."""
 
 from __future__ import annotations
 
@@ -10,41 +9,92 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from common.task import RoundTask
-from server.db import Device, hash_token
-from server.engine import client_seed
+from server.db import BatchWriter, Device, hash_token
+from server.events import EventBus
 from server.nospace import no_space, out_of_space
-from server.rounds import ApiError, CoordinatorState, OpenRound, RoundState
-from server.settings import MAX_WAIT
+from server.rounds import ApiError
+from server.settings import Settings
+from server.telemetry import Telemetry
 from server.validation import shown
 
 log = logging.getLogger("fedkey.server")
 
 #: Seconds between two writes of a device's last_seen (written in batches, off the event loop).
 LAST_SEEN_EVERY = 30.0
-#: Long-polls woken in one event-loop iteration at a transition (the rest in the next ones).
-WAKE_BATCH = 32
 
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class DevicesMixin(CoordinatorState):
-    """Enrollment, authentication and the views of the round (part of Coordinator)."""
+class DeviceRegistry:
+    """Who is enrolled: enrollment (POST /v1/devices), the bearer token of every request, and the
+    devices' last_seen, written in batches by :meth:`write_last_seen_every`. Until :meth:`open`
+    gives it the database nobody is enrolled: every token is refused."""
 
-    # -- devices -----------------------------------------------------------------------------------
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        enrollment_secret: str,
+        telemetry: Telemetry,
+        events: EventBus,
+        on_enrolled: Callable[[], None],
+    ):
+        self._settings = settings
+        self._secret = enrollment_secret
+        self._sessions: Any = None  # sqlalchemy sessionmaker
+        self._db_writer: BatchWriter | None = None  # group commits of enrollments
+        self._telemetry = telemetry
+        self._events = events
+        self._on_enrolled = on_enrolled  # pokes the round driver
+        self.devices: dict[str, int] = {}  # device id -> num_samples
+        self._tokens: dict[str, str] = {}  # token hash -> device id
+        self._enrolling: set[str] = set()  # names whose enrollment is being committed
+        self.last_seen: dict[str, float] = {}
+        self._seen_unwritten: set[str] = set()  # devices whose last_seen is not in the db yet
+
+    def open(self, sessions: Any, db_writer: BatchWriter, db: Session) -> None:
+        """At start: the database to write to, and the devices enrolled before a restart with
+        their tokens, read in the transaction `db`."""
+        self._sessions, self._db_writer = sessions, db_writer
+        for d in db.scalars(select(Device)):
+            self.devices[d.id] = d.num_samples
+            self._tokens[d.token_hash] = d.id
+
+    # -- enrollment ------------------------------------------------------------------------------
 
     async def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
+        """POST /v1/devices -> {"device_id", "token"}, or 401 / 409 / 422 / 507."""
+        self._check_secret(secret)
+        num_samples = self._check_enrollment(name, num_samples)
+        device_id = name or f"dev-{secrets.token_hex(6)}"
+        if device_id in self.devices or device_id in self._enrolling:
+            raise _name_taken(device_id)
+        token = secrets.token_urlsafe(32)
+        token_hash = hash_token(token)
+        await self._commit(device_id, token_hash, num_samples)
+        self.devices[device_id] = num_samples
+        self._tokens[token_hash] = device_id
+        self._telemetry.devices.set(len(self.devices))
+        self._events.publish("device_enrolled", device_id=device_id, devices=len(self.devices))
+        self._on_enrolled()
+        return {"device_id": device_id, "token": token}
+
+    def _check_secret(self, secret: Any) -> None:
         # surrogatepass: a JSON "\ud800" is a str that plain UTF-8 cannot encode
         if not isinstance(secret, str) or not hmac.compare_digest(
-            secret.encode("utf-8", "surrogatepass"), self.enrollment_secret.encode()
+            secret.encode("utf-8", "surrogatepass"), self._secret.encode()
         ):
             raise ApiError(401, "wrong or missing enrollment secret", "unauthorized")
+
+    def _check_enrollment(self, name: Any, num_samples: Any) -> int:
+        """422 for a bad name or sample count; the sample count (1 when not given)."""
         if name is not None and (not isinstance(name, str) or not DEVICE_NAME.fullmatch(name)):
             raise ApiError(
                 422,
@@ -53,21 +103,20 @@ class DevicesMixin(CoordinatorState):
                 "bad_request",
             )
         if num_samples is None:
-            num_samples = 1
-        elif isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+            return 1
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
             raise ApiError(422, "num_samples must be a non-negative integer", "bad_request")
-        elif num_samples > self.settings.max_samples:
+        if num_samples > self._settings.max_samples:
             raise ApiError(
                 422,
                 f"num_samples {shown(num_samples)} is more than this server accepts "
-                f"({self.settings.max_samples}, --max-samples)",
+                f"({self._settings.max_samples}, --max-samples)",
                 "bad_request",
             )
-        device_id = name or f"dev-{secrets.token_hex(6)}"
-        if device_id in self.devices or device_id in self._enrolling:
-            raise ApiError(409, f"device name {device_id!r} is already enrolled", "name_taken")
-        token = secrets.token_urlsafe(32)
-        token_hash = hash_token(token)
+        return num_samples
+
+    async def _commit(self, device_id: str, token_hash: str, num_samples: int) -> None:
+        """The device's row, committed with the others enrolling meanwhile in a worker thread."""
         now = time.time()
         device = Device(
             id=device_id,
@@ -77,25 +126,21 @@ class DevicesMixin(CoordinatorState):
             enrolled_at=now,
             last_seen=now,
         )
+        if self._db_writer is None:
+            raise RuntimeError("the coordinator is not started: start() opens the registry")
         self._enrolling.add(device_id)
-        try:  # committed with the others enrolling meanwhile, in a worker thread
-            await self.db_writer.add(device)
+        try:
+            await self._db_writer.add(device)
         except IntegrityError:
-            raise ApiError(
-                409, f"device name {device_id!r} is already enrolled", "name_taken"
-            ) from None
+            raise _name_taken(device_id) from None
         except Exception as e:
             if out_of_space(e):
                 raise no_space("the enrollment") from None
             raise
         finally:
             self._enrolling.discard(device_id)
-        self.devices[device_id] = num_samples
-        self._tokens[token_hash] = device_id
-        self.telemetry.devices.set(len(self.devices))
-        self.events.publish("device_enrolled", device_id=device_id, devices=len(self.devices))
-        self._poke.set()
-        return {"device_id": device_id, "token": token}
+
+    # -- authentication and last_seen ----------------------------------------------------------
 
     def authenticate(self, authorization: str | None) -> str:
         """`Authorization: Bearer <token>` -> device id, or 401."""
@@ -108,25 +153,26 @@ class DevicesMixin(CoordinatorState):
         if device_id is None:
             raise ApiError(401, "unknown device token: enroll first", "unauthorized")
         now = time.time()
-        if now - self._last_seen.get(device_id, 0.0) > LAST_SEEN_EVERY:
-            self._last_seen[device_id] = now
-            self._seen_unwritten.add(device_id)  # written in batches: _write_last_seen
+        if now - self.last_seen.get(device_id, 0.0) > LAST_SEEN_EVERY:
+            self.last_seen[device_id] = now
+            self._seen_unwritten.add(device_id)  # written in batches: write_last_seen
         return device_id
 
-    async def _last_seen_writer(self) -> None:
+    async def write_last_seen_every(self, stopped: asyncio.Event) -> None:
         """Every LAST_SEEN_EVERY seconds, the devices seen since are written in one transaction,
-        in a worker thread: authenticating a request never waits for the database."""
-        while not self._stopping:
+        in a worker thread: authenticating a request never waits for the database. The last
+        batch once `stopped` is set."""
+        while not stopped.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(LAST_SEEN_EVERY):
-                    await self._stopped.wait()
-            await self._write_last_seen()
+                    await stopped.wait()
+            await self.write_last_seen()
 
-    async def _write_last_seen(self) -> None:
+    async def write_last_seen(self) -> None:
         seen, self._seen_unwritten = self._seen_unwritten, set()
         if not seen:
             return
-        batch = [{"id": d, "last_seen": self._last_seen[d]} for d in seen]
+        batch = [{"id": d, "last_seen": self.last_seen[d]} for d in seen]
         try:
             await asyncio.to_thread(self._update_last_seen, batch)
         except Exception:  # e.g. a full disk: logged, tried again with the next batch
@@ -134,132 +180,9 @@ class DevicesMixin(CoordinatorState):
             self._seen_unwritten |= seen
 
     def _update_last_seen(self, batch: list[dict]) -> None:
-        with self.sessions.begin() as db:
+        with self._sessions.begin() as db:
             db.execute(update(Device), batch)
 
-    # -- what a device sees --------------------------------------------------------------------------
 
-    def _upload_flag(self, r: OpenRound, device_id: str) -> bool | None:
-        if device_id not in r.selected:
-            return False
-        if not self.settings.topk:
-            return True
-        if r.uploaders is None:
-            return None
-        return device_id in r.uploaders
-
-    def task(self, r: OpenRound, device_id: str) -> dict:
-        p = self.fed.config.privacy
-        return RoundTask(
-            train=r.plan.train,
-            seed=client_seed(self.fed.config.seed, r.number, device_id),
-            beta=p.beta,
-            sigma=p.sigma,
-            deadline=r.deadline,
-            model_round=r.number - 1,
-        ).to_json()
-
-    def view(self, device_id: str) -> dict:
-        """GET /v1/rounds/current for `device_id`."""
-        r = self.current
-        if r is None:
-            done = self.fed.round
-            return {
-                "round": done if self.state == RoundState.FINISHED else done + 1,
-                "attempt": 0 if self.state == RoundState.FINISHED else self._next_attempt,
-                "state": self.state,
-                "selected": False,
-                "task": None,
-                "loss_reported": False,
-                "uploaded": False,
-                "upload": False,
-            }
-        selected = device_id in r.selected
-        return {
-            "round": r.number,
-            "attempt": r.attempt,
-            "state": self.state,
-            "selected": selected,
-            "task": self.task(r, device_id) if selected else None,
-            "loss_reported": device_id in r.losses,
-            "uploaded": device_id in r.uploads,
-            "upload": self._upload_flag(r, device_id),
-        }
-
-    def everyone_told_finished(self) -> bool:
-        """The run is finished and every enrolled device has been answered so."""
-        return self.state == RoundState.FINISHED and all(
-            self._given.get(d, {}).get("state") == RoundState.FINISHED for d in self.devices
-        )
-
-    async def wait_view(self, device_id: str, wait: float) -> dict:
-        """Long-poll: at once when the view differs in what concerns the device (:func:`concern`)
-        from the one it was last given (so no transition is missed between two polls), else at
-        the first such change within `wait`, else the current view at the end of `wait`."""
-        view = self.view(device_id)
-        given = concern(view)
-        if wait > 0 and given == concern(self._given.get(device_id)):
-            await self._wait_until(device_id, lambda: concern(self.view(device_id)) != given, wait)
-            view = self.view(device_id)
-        self._given[device_id] = view
-        return view
-
-    async def _wait_until(self, device_id: str, predicate: Callable[[], bool], wait: float) -> bool:
-        """Wait (at most `wait` s) until `predicate()` holds, re-checking it whenever the round
-        changes for this device (:meth:`_notify`)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + max(0.0, min(float(wait), MAX_WAIT))
-        while not predicate():
-            remaining = end - loop.time()
-            if remaining <= 0 or self._stopping:
-                return False
-            changed = self._waiters.get(device_id)
-            if changed is None:
-                changed = self._waiters[device_id] = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await changed.wait()
-        return True
-
-    def _notify(self, devices: Iterable[str] | None = None) -> None:
-        """The round changed for `devices` (a transition: its cohort; one device: its loss report
-        or its upload; None: every device, as when the run finishes or the server stops): wake
-        their long-polls, ``WAKE_BATCH`` a loop iteration. Woken all at once, their thousands of
-        answers ran in one iteration while every other request (a /healthz) waited for its
-        end."""
-        if devices is None:
-            woken, self._waiters = list(self._waiters.values()), {}
-        else:
-            woken = [e for d in devices if (e := self._waiters.pop(d, None)) is not None]
-        _wake(woken, 0)
-
-    def health(self) -> dict:
-        r = self.current
-        if r is not None:
-            n = r.number
-        elif self.federation is None:
-            n = 0
-        else:
-            n = self.federation.round + (0 if self.state == RoundState.FINISHED else 1)
-        return {"status": "ok", "round": n, "state": self.state}
-
-
-def concern(view: dict | None) -> object:
-    """What of a view its device's long-poll waits to change. A device with nothing to do (not
-    selected, the run not finished) is concerned only by getting something to do: the rounds it
-    is not in pass without waking it (at 10,000 phones every transition answered every long-poll,
-    30,000 answers a round where 3,000 concern the cohort). Any other view concerns it whole."""
-    if view is None:
-        return None
-    if view["selected"] or view["state"] == RoundState.FINISHED:
-        return view
-    return "nothing to do"
-
-
-def _wake(events: list[asyncio.Event], start: int) -> None:
-    """Set ``events[start:start + WAKE_BATCH]``, and the rest in later loop iterations (asyncio
-    runs what `call_soon` adds during an iteration in the next one, after polling the sockets)."""
-    for changed in events[start : start + WAKE_BATCH]:
-        changed.set()
-    if start + WAKE_BATCH < len(events):
-        asyncio.get_running_loop().call_soon(_wake, events, start + WAKE_BATCH)
+def _name_taken(device_id: str) -> ApiError:
+    return ApiError(409, f"device name {device_id!r} is already enrolled", "name_taken")

@@ -1,27 +1,18 @@
-"""What the coordinator holds: the open round and its uploads, a refused request, and the state
-its parts share (server.devices, server.uploads, server.driver, server.recovery are mixins of
-server.coordinator.Coordinator over one `CoordinatorState`)."""
+"""The vocabulary the coordinator's parts share: the state machine, the open round and its
+uploads, a refused request, where a round's uploads live, and `RoundNow`, what the upload inbox
+and the views read of the round (the round driver, server.driver, owns it and makes every
+change)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from server.engine import RoundPlan
 from server.validation import ValidationError
-
-if TYPE_CHECKING:
-    from server.aggregator import Aggregator
-    from server.db import BatchWriter
-    from server.engine import Federation
-    from server.events import EventBus
-    from server.settings import Settings
-    from server.telemetry import Telemetry
 
 
 class RoundState(StrEnum):
@@ -42,6 +33,8 @@ class ApiError(ValidationError):
 
 @dataclass
 class Upload:
+    """A stored upload: its receipt, its file, and what its device declared."""
+
     receipt: str
     sha256: str
     bytes: int
@@ -60,6 +53,8 @@ class Upload:
 
 @dataclass
 class OpenRound:
+    """The round being collected: its plan and deadline, the loss reports and uploads so far."""
+
     row_id: int
     plan: RoundPlan
     opened_at: float
@@ -82,71 +77,36 @@ class OpenRound:
     def attempt(self) -> int:
         return self.plan.attempt
 
+    def upload_flag(self, device_id: str, topk: bool) -> bool | None:
+        """Whether `device_id` uploads in this round (None: the topK decision is pending)."""
+        if device_id not in self.selected:
+            return False
+        if not topk:
+            return True
+        if self.uploaders is None:
+            return None
+        return device_id in self.uploaders
 
-class CoordinatorState:
-    """The state the coordinator's parts share; Coordinator.__init__ and start() set it. Request
-    handlers only record what devices send and poke the driver; the driver makes every
-    transition. The methods one part calls on another are declared at the end (for the type
-    checker only; the mixins define them)."""
+    def expected(self, topk: bool) -> list[str] | None:
+        """Who must upload: the topK uploaders once chosen (None before), else the cohort."""
+        if topk:
+            return self.uploaders
+        return self.plan.cohort
 
-    settings: Settings
-    telemetry: Telemetry
-    events: EventBus
-    root: Path
-    uploads_dir: Path
-    enrollment_secret: str
-    upload_limit: int  # bytes of an upload: the model's plus settings.max_upload_margin
-    state: RoundState
-    current: OpenRound | None
-    federation: Federation | None
-    aggregator: Aggregator | None  # completes rounds (server.aggregator)
-    sessions: Any  # sqlalchemy sessionmaker
-    db_writer: BatchWriter  # group commits of enrollments
-    on_finished: Callable[[], None] | None  # serve() shuts uvicorn down with it
-    devices: dict[str, int]  # device id -> num_samples
-    finish_reason: str | None
-    _tokens: dict[str, str]  # token hash -> device id
-    _enrolling: set[str]  # names whose enrollment is being committed
-    _last_seen: dict[str, float]
-    _seen_unwritten: set[str]  # devices whose _last_seen is not in the database yet
-    _stopped: asyncio.Event  # set by stop(): background tasks end
-    _given: dict[str, dict]  # device id -> the view it was last answered
-    _next_attempt: int
-    _retry_aggregation_at: float  # time.time() before which a postponed aggregation waits
-    _unrecorded: list[tuple[int, dict]]  # aggregated rounds' (row id, metrics row) not in the db
-    _deletions: set[asyncio.Task]  # aggregated rounds' uploads being deleted (worker threads)
-    _waiters: dict[str, asyncio.Event]  # device id -> what its long-polls wait on
-    _poke: asyncio.Event  # wakes the driver
-    _receiving: asyncio.Semaphore  # upload bodies being read (settings.max_receiving at once)
-    _stopping: bool
+
+class RoundNow(Protocol):
+    """What the upload inbox and the views read of the round; the round driver changes it."""
 
     @property
-    def fed(self) -> Federation:
-        """The federation start() built; asking for it earlier is a programming error."""
-        if self.federation is None:
-            raise RuntimeError("the coordinator is not started: start() builds the federation")
-        return self.federation
+    def state(self) -> RoundState: ...
 
-    if TYPE_CHECKING:
-        # server.devices.DevicesMixin
-        def authenticate(self, authorization: str | None) -> str: ...
-        def _upload_flag(self, r: OpenRound, device_id: str) -> bool | None: ...
-        async def _wait_until(
-            self, device_id: str, predicate: Callable[[], bool], wait: float
-        ) -> bool: ...
-        def _notify(self, devices: Iterable[str] | None = None) -> None: ...
-        def health(self) -> dict: ...
+    @property
+    def current(self) -> OpenRound | None: ...
 
-        # server.uploads.UploadsMixin
-        def _round_dir(self, n: int) -> Path: ...
+    @property
+    def next_attempt(self) -> int: ...
 
-        # server.driver.DriverMixin
-        def _expected(self, r: OpenRound) -> list[str] | None: ...
-        def _finished(self) -> bool: ...
-        def _finish_reason(self) -> str: ...
-        def _setup_strategy(self, available: list[str]) -> None: ...
-        def _set_round_gauge(self) -> None: ...
 
-        # server.coordinator.Coordinator
-        def _load_model(self) -> None: ...
-        def _schedule_export(self) -> None: ...
+def round_dir(uploads_dir: Path, n: int) -> Path:
+    """The folder of round `n`'s uploads (and of their temporary files)."""
+    return uploads_dir / f"round_{n:04d}"

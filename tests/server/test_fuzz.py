@@ -39,7 +39,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 import server.api.deps
-import server.devices
+import server.views
 from runners.processes import free_port
 from server.app import create_app
 from server.main import build_server
@@ -160,7 +160,7 @@ def federation(tmp_path_factory) -> Iterator[Federation]:
     )
     with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as running:
         mp.setattr(server.api.deps, "MAX_WAIT", LONG_POLL)
-        mp.setattr(server.devices, "MAX_WAIT", LONG_POLL)
+        mp.setattr(server.views, "MAX_WAIT", LONG_POLL)
         base = running.enter_context(live_server(settings))
         client = running.enter_context(http_client(base))
         phones = [Phone(client, n, s).enroll() for n, s in shards(2).items()]

@@ -47,10 +47,10 @@ def server(tmp_path_factory):
 def unchanged(server):
     client = server["client"]
     before = snapshot(client, server["storage"])
-    devices = set(client.app_ref.state.coordinator.devices)
+    devices = set(client.app_ref.state.coordinator.registry.devices)
     yield
     assert snapshot(client, server["storage"]) == before
-    assert set(client.app_ref.state.coordinator.devices) == devices
+    assert set(client.app_ref.state.coordinator.registry.devices) == devices
 
 
 DEEP = [b"[" * 60_000, b'{"a":' * 12_000, b"[" * 30_000 + b"]" * 30_000]
@@ -246,7 +246,7 @@ def test_enrollment_is_rate_limited(limited):
         retry = int(r.headers["Retry-After"])
         assert 1 <= retry <= 100, retry  # a token a 100 s
     coordinator = client.app_ref.state.coordinator
-    assert set(coordinator.devices) == {"first"}
+    assert set(coordinator.registry.devices) == {"first"}
     # nothing else is limited, and nothing changed
     assert client.get("/healthz").status_code == 200
     assert client.get("/v1/model").status_code == 200

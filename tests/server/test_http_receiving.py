@@ -24,7 +24,7 @@ def two_trained_phones(tmp_path):
         phones = enroll_phones(client, 2)
         for p in phones:
             p.train(wait_for(lambda p=p: (v := p.current()) and v["state"] == "open" and v))
-        yield client, client.app_ref.state.coordinator._receiving, phones
+        yield client, client.app_ref.state.coordinator.parts.inbox.receiving, phones
 
 
 def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatch):
@@ -84,7 +84,8 @@ def test_an_upload_that_finds_no_slot_in_time_is_told_to_come_back(tmp_path, mon
             assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
             assert "no upload slot came free" in busy.json()["detail"]
             coordinator = client.app_ref.state.coordinator
-            assert phones[1].name not in coordinator.current.uploads  # nothing stored for it
+            uploads = coordinator.parts.driver.current.uploads
+            assert phones[1].name not in uploads  # nothing stored for it
             assert not any(tmp_path.glob(f"run/**/*{phones[1].name}*"))
         finally:
             release.set()

@@ -50,7 +50,7 @@ def server(tmp_path_factory):
                 "receipt": ok.json(),
                 "storage": tmp / "run",
                 "ws": ws,
-                "limit": client.app_ref.state.coordinator.upload_limit,
+                "limit": client.app_ref.state.coordinator.parts.inbox.upload_limit,
             }
 
 

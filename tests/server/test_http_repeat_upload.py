@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from server.coordinator import Coordinator
+from server.driver import RoundDriver
 from tests.support.http import enroll_phones, make_settings, running, snapshot
 from tests.support.wait import wait_for
 
@@ -81,13 +81,13 @@ def test_a_repeat_after_the_round_closed_still_answers_the_first_receipt(tmp_pat
     aggregated A's retry still gets its receipt (not "closed"), and another upload from A is still
     the 409 that says so."""
     release = threading.Event()
-    complete = Coordinator._complete
+    complete = RoundDriver._complete
 
     def held(self, *args, **kwargs):  # aggregation waits until the test has asked
         release.wait(60)
         return complete(self, *args, **kwargs)
 
-    monkeypatch.setattr(Coordinator, "_complete", held)
+    monkeypatch.setattr(RoundDriver, "_complete", held)
     with running(make_settings(tmp_path, rounds=1, wait_devices=2)) as client:
         a, b = enroll_phones(client, 2)
         try:

@@ -202,7 +202,7 @@ def test_last_seen_is_written_in_a_batch_off_the_request_path(tmp_path):
             assert enrolled is not None
             enrolled_at = enrolled.last_seen
         a.current()  # authenticated: remembered in memory, not written yet
-        seen = coordinator._last_seen[a.name]
+        seen = coordinator.registry.last_seen[a.name]
         assert seen > enrolled_at
     # stop() wrote the last batch
     with coordinator.sessions() as db:
@@ -233,7 +233,7 @@ def test_an_enrollment_the_full_database_refuses_is_a_507_and_enrolls_nobody(tmp
         body = {"enrollment_secret": SECRET, "name": "phone-1"}
         r = client.post("/v1/devices", json=body)
         assert r.status_code == 507 and r.headers["Retry-After"] == "60", r.text
-        assert "phone-1" not in coordinator.devices
+        assert "phone-1" not in coordinator.registry.devices
         monkeypatch.undo()  # space is back: the same name enrolls
         assert client.post("/v1/devices", json=body).status_code == 200
 
@@ -250,4 +250,4 @@ def test_a_locked_database_is_a_503_to_retry_not_a_500(tmp_path, monkeypatch):
         monkeypatch.setattr(coordinator.db_writer, "_commit", locked)
         r = client.post("/v1/devices", json={"enrollment_secret": SECRET, "name": "phone-1"})
         assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
-        assert "phone-1" not in coordinator.devices
+        assert "phone-1" not in coordinator.registry.devices

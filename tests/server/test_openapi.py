@@ -187,8 +187,9 @@ def test_response_models_change_no_answer(tmp_path):
             "rounds": json.loads(json.dumps(coordinator.metrics_rows()))
         }
 
-        view_of = coordinator.view
-        coordinator.view = lambda device_id: {**view_of(device_id), "new_field": [1, None]}
+        views = coordinator.parts.views
+        view_of = views.view
+        views.view = lambda device_id: {**view_of(device_id), "new_field": [1, None]}
         answered = a.current()
         assert answered["new_field"] == [1, None]
         assert {k: v for k, v in answered.items() if k != "new_field"} == json.loads(

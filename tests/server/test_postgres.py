@@ -173,4 +173,4 @@ def test_sample_counts_above_32_bits_on_postgres(pg_url, tmp_path):
         (BIG,)
     ]
     with running(settings) as client:  # read back on start: the enrolled size is still 3e9
-        assert client.app_ref.state.coordinator.devices[name_a] == BIG
+        assert client.app_ref.state.coordinator.registry.devices[name_a] == BIG

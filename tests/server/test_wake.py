@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-from server.coordinator import Coordinator
-from server.devices import WAKE_BATCH
-from tests.support.http import make_settings
+from server.views import WAKE_BATCH, LongPolls
 
 
-def test_a_transition_wakes_every_long_poll_a_batch_per_loop_iteration(tmp_path):
-    coordinator = Coordinator(make_settings(tmp_path))
+def test_a_transition_wakes_every_long_poll_a_batch_per_loop_iteration():
+    polls = LongPolls(asyncio.Event())
     n = 5 * WAKE_BATCH + 3
 
     async def scenario() -> list[int]:
         events = [asyncio.Event() for _ in range(n)]
-        coordinator._waiters = {f"d{i}": e for i, e in enumerate(events)}
-        coordinator._notify()
-        assert coordinator._waiters == {}  # later waits start afresh
+        polls.waiters = {f"d{i}": e for i, e in enumerate(events)}
+        polls.notify()
+        assert polls.waiters == {}  # later waits start afresh
         seen = []
         for _ in range(20):  # bounded: one loop iteration each
             seen.append(sum(e.is_set() for e in events))
@@ -34,15 +32,15 @@ def test_a_transition_wakes_every_long_poll_a_batch_per_loop_iteration(tmp_path)
     assert len(seen) == -(-n // WAKE_BATCH)  # the rest a batch per iteration
 
 
-def test_a_transition_of_a_cohort_wakes_only_the_cohorts_long_polls(tmp_path):
-    coordinator = Coordinator(make_settings(tmp_path))
+def test_a_transition_of_a_cohort_wakes_only_the_cohorts_long_polls():
+    polls = LongPolls(asyncio.Event())
 
     async def scenario() -> tuple[list[bool], list[str]]:
         events = {f"d{i}": asyncio.Event() for i in range(4)}
-        coordinator._waiters = dict(events)
-        coordinator._notify(["d1", "d3", "gone"])  # "gone": no long-poll in flight
+        polls.waiters = dict(events)
+        polls.notify(["d1", "d3", "gone"])  # "gone": no long-poll in flight
         await asyncio.sleep(0)
-        return [e.is_set() for e in events.values()], sorted(coordinator._waiters)
+        return [e.is_set() for e in events.values()], sorted(polls.waiters)
 
     woken, waiting = asyncio.run(scenario())
     assert woken == [False, True, False, True]

@@ -1,0 +1,76 @@
+"""The newest global model: the checkpoint bytes GET /v1/model serves, and (with export_dir) its
+ONNX export for the keyboard, made in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from pathlib import Path
+
+from server.engine import Federation
+from server.events import EventBus
+
+log = logging.getLogger("fedkey.server")
+
+
+class GlobalModel:
+    """The federation's newest global model as served and exported; :meth:`refresh` after each
+    aggregated round."""
+
+    def __init__(self, fed: Federation, events: EventBus, export_dir: Path | None):
+        self._fed = fed
+        self._events = events
+        self._export_dir = export_dir
+        self._model: tuple[int, bytes, str] | None = None  # (round, checkpoint bytes, sha256)
+        self._exporting: asyncio.Task | None = None
+        self._exported_round: int | None = None
+
+    def refresh(self) -> None:
+        """Serve the federation's newest model, and export it."""
+        data = self._fed.public_checkpoint()
+        self._model = (self._fed.round, data, hashlib.sha256(data).hexdigest())
+        self._schedule_export()
+
+    def current(self) -> tuple[int, bytes, str]:
+        """(round, checkpoint bytes, sha256) of the model :meth:`refresh` loaded last."""
+        if self._model is None:
+            raise RuntimeError("the coordinator is not started: start() loads the global model")
+        return self._model
+
+    # -- ONNX exports for the keyboard ------------------------------------------------------------
+
+    def _schedule_export(self) -> None:
+        """With export_dir, export the newest global model to ONNX in the background: one export
+        at a time, always of the newest round (rounds finished meanwhile are skipped)."""
+        export_dir = self._export_dir
+        if export_dir is None or self._exporting:
+            return
+        self._exporting = asyncio.create_task(self._export_newest(export_dir), name="fedkey-export")
+
+    async def _export_newest(self, export_dir: Path) -> None:
+        try:
+            while self._exported_round != self._fed.round:
+                r = self._fed.round
+                path = self._fed.storage.checkpoint_path(r)
+                try:
+                    report = await asyncio.to_thread(_export, path, export_dir)
+                except Exception as e:  # an export failure never stops the federation
+                    log.exception("round %d: ONNX export failed", r)
+                    self._events.publish(
+                        "export_failed", round=r, reason=f"{type(e).__name__}: {e}"
+                    )
+                    return
+                self._exported_round = r
+                self._events.publish(
+                    "model_exported", round=r, path=str(report.path), bytes=report.bytes
+                )
+        finally:
+            self._exporting = None
+
+
+def _export(checkpoint: Path, export_dir: Path):
+    from export.onnx_export import export_checkpoint
+
+    out = export_dir / "model.onnx"
+    return export_checkpoint(checkpoint, out)
