@@ -2,13 +2,17 @@
 asks (issue 18, item 5): under the ranking protocol, scored as a language model, which aggregation
 method trains the better keyboard model, and how close does it come to centralized training?
 
-Layout: the protocol and how many of its runs are done; per dataset, test perplexity (of the
+Layout: the question and its answer in a few rows (the best federated method per text, phones
+and C against the centralized model and the 3-gram); the protocol and how many of its runs are
+done; per dataset, test perplexity (of the
 best-validation model, end of sentence counted) and the keyboard metrics (top-1, top-3, keystroke
 savings) of every method beside the centralized model that saw as many examples and the
 Kneser-Ney 3-gram; issue 18's targets; the non-IID phones and the spread of the server's weights;
 how far some rows move at other seeds (bench.paper_seeds); some rows again with one change, a
 learning-rate decay or dropout, against the targets (bench.paper_variants); the learning-rate
-sweep; the curves; the evidence about the seed papers' column measure.
+sweep in one row per knob; the curves; the evidence about the seed papers' column measure.
+Every run's figures and command go to runs.csv beside results.md (results.json holds them too),
+not on the page.
 
 Written from results.json's objects alone (no torch), so a report can be rebuilt or tested
 without running anything: `python -m bench.paper_report experiments/results/cpu`.
@@ -16,6 +20,9 @@ without running anything: `python -m bench.paper_report experiments/results/cpu`
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +40,6 @@ from bench.paper_tables import (
     Begun,
     _f,
     _key,
-    _mb,
     _pct,
     _where,
     _x,
@@ -132,36 +138,6 @@ def _presets(runs: list[dict]) -> list[str]:
     """The ranking presets present, in PRESETS' order."""
     present = {r.get("preset") for r in runs if r["suite"] in RANKING}
     return [p for p in PRESETS if p in present]
-
-
-def sweep_table(runs: list[dict], choices: Mapping[str, Mapping[str, float]],
-                begun: Sequence[tuple[RunSpec, Sequence[float]]] = ()) -> str:  # fmt: skip
-    """Every sweep run: its knob, value and best validation perplexity; the chosen value marked.
-    `begun`: the sweep's runs stopped at a time limit, with where they stand (bench.paper_tables
-    Begun), each in its place among the others."""
-    header = ["dataset (phones)", "knob", "value", "client lr", "best val ppl", "best round",
-              "chosen"]  # fmt: skip
-    order = {k: i for i, k in enumerate(KNOBS)}
-    rows = []
-    for r in runs:
-        knob, value = r["group"].split("=")
-        choice = choices.get(r["dataset"], {})
-        client_lr = command_flag(r["command"], "--lr")
-        # a joint knob's choice is a pair: its value and the client lr it was best at
-        key = KNOBS[knob].client_key if knob in KNOBS else ""
-        chosen = float(value) == choice.get(knob) and (
-            not key or client_lr != "-" and float(client_lr) == choice.get(key)
-        )
-        rows.append((r["dataset"], knob, value, client_lr, _f(r["best_val_ppl"]),
-                     r["best_round"], "**chosen**" if chosen else ""))  # fmt: skip
-    for spec, at in begun:
-        knob, value = spec.group.split("=")
-        best = (_f(at[2]), at[3]) if len(at) >= 4 else ("-", "-")
-        rows.append((spec.dataset, knob, value, f"{spec.lr:g}" if spec.lr else "-", *best,
-                     _where(at[:2], spec.kind)))  # the best so far: its own columns  # fmt: skip
-    rows.sort(key=lambda row: (row[0], order.get(row[1], 9), float(row[2])))
-    return markdown_table(header, [[f"{_name(ds)} ({_phones(ds)})", knob.replace("_", " "), *rest]
-                                   for ds, knob, *rest in rows])  # fmt: skip
 
 
 def _phones(dataset: str) -> str:
@@ -286,6 +262,140 @@ def ranking_sections(
     return out
 
 
+QUESTION = (
+    "Which aggregation method trains the better next-word model for a keyboard, and how far is "
+    "the best federated model from a centralized one that saw as many examples, and from the "
+    "Kneser-Ney 3-gram a keyboard would otherwise ship?"
+)
+#: Every run's figures and command, beside results.md (results.json holds all of it too).
+RUNS_CSV = "runs.csv"
+RUNS_CSV_FIELDS = ("preset", "id", "suite", "dataset", "partition", "method", "kind", "fraction",
+                   "group", "test_ppl", "best_val_ppl", "best_round", "rounds", "final_test_ppl",
+                   "top1", "top3", "ksr", "updates", "uplink_bytes", "downlink_bytes", "epsilon",
+                   "wall_seconds", "device", "git_commit", "git_dirty", "same_run_as",
+                   "command")  # fmt: skip
+
+
+def runs_csv(runs: list[dict]) -> str:
+    """Every run of results.json, one CSV row each: what it scored, cost and ran as."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(RUNS_CSV_FIELDS)
+    for r in runs:
+        row = {**r, "wall_seconds": round(run_seconds(r), 1)}
+        writer.writerow(["" if row.get(k) is None else row[k] for k in RUNS_CSV_FIELDS])
+    return buf.getvalue()
+
+
+def answer_table(runs: list[dict]) -> str:
+    """The answer in a few rows: per preset, text, phones and C, the best federated run (test
+    perplexity) against the centralized model that saw as many examples and the 3-gram."""
+    header = ["preset", "text (phones)", "C", "best federated", "test ppl", "centralized",
+              "vs centralized", "3-gram", "top-1 vs 3-gram", "federated runs"]  # fmt: skip
+    order = {"rank": 0, "noniid": 1}
+    rows = []
+    for name in _presets(runs):
+        stale = set(superseded(PRESETS[name], runs))
+        mine = [r for r in runs if r.get("preset") == name and r["suite"] in order
+                and r["id"] not in stale]  # fmt: skip
+        groups: dict[tuple, list[dict]] = {}
+        for r in mine:
+            if r["kind"] == "federated" and r["fraction"] is not None:
+                groups.setdefault((order[r["suite"]], r["dataset"], r["fraction"]), []).append(r)
+        datasets = list(DATASET_NAMES)
+        for (_suite, ds, c), fed in sorted(groups.items(), key=lambda kv: (
+                kv[0][0], datasets.index(kv[0][1]) if kv[0][1] in datasets else 9, kv[0][2])):  # fmt: skip
+            done = [r for r in fed if r["test_ppl"] is not None and math.isfinite(r["test_ppl"])]
+            if not done:
+                continue
+            best = min(done, key=lambda r: r["test_ppl"])
+            reference, ngram = references(runs, name, ds)
+            central = next((r for r in mine if r["kind"] == "central" and r["dataset"] == ds
+                            and r["fraction"] == c), None)  # fmt: skip
+            if central is None and reference is not None and reference["fraction"] == c:
+                central = reference
+            phones = best.get("partition", "iid")
+            rows.append([name, f"{_name(ds)} ({PARTITIONS.get(phones, phones)})", f"{c:g}",
+                         best["method"], _f(best["test_ppl"]),
+                         _f(central["test_ppl"]) if central else "-",
+                         _pct(best["test_ppl"], central["test_ppl"]) if central else "-",
+                         _f(ngram["test_ppl"]) if ngram else "-",
+                         _x(best["top1"], ngram["top1"]) if ngram else "-",
+                         str(len(done))])  # fmt: skip
+    return markdown_table(header, rows) if rows else "(no ranking run done yet)"
+
+
+def sweep_summary(runs: list[dict], choices: Mapping[str, Mapping[str, float]],
+                  begun: Sequence[tuple[RunSpec, Sequence[float]]] = ()) -> str:  # fmt: skip
+    """The sweep in one row per dataset and knob: the values tried, the one chosen (with the
+    client lr of a joint knob's pair) and its best validation perplexity; every run is a row of
+    runs.csv (its `group`: knob=value)."""
+    header = ["dataset (phones)", "knob", "values tried", "chosen", "its best val ppl", "runs"]
+    order = {k: i for i, k in enumerate(KNOBS)}
+    cells: dict[tuple[str, str], dict] = {}
+    for r in runs:
+        knob, value = r["group"].split("=")
+        cell = cells.setdefault((r["dataset"], knob), {"values": set(), "runs": 0, "begun": []})
+        cell["values"].add(float(value))
+        cell["runs"] += 1
+        choice = choices.get(r["dataset"], {})
+        key = KNOBS[knob].client_key if knob in KNOBS else ""
+        client_lr = command_flag(r["command"], "--lr")
+        if float(value) == choice.get(knob) and (
+            not key or client_lr != "-" and float(client_lr) == choice.get(key)
+        ):
+            cell["chosen"] = f"{value}" + (f" (client lr {client_lr})" if key else "")
+            cell["ppl"] = _f(r["best_val_ppl"])
+    for spec, at in begun:
+        knob, value = spec.group.split("=")
+        cell = cells.setdefault((spec.dataset, knob), {"values": set(), "runs": 0, "begun": []})
+        cell["values"].add(float(value))
+        cell["begun"].append(f"{value} {_where(at[:2], spec.kind)}")
+    rows = [[f"{_name(ds)} ({_phones(ds)})", knob.replace("_", " "),
+             ", ".join(f"{v:g}" for v in sorted(c["values"])), c.get("chosen", "none yet"),
+             c.get("ppl", "-"), str(c["runs"]) + "".join(f"; {b}" for b in c["begun"])]
+            for (ds, knob), c in sorted(cells.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9)))]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+#: The page beside results.md on the learning rates: the sweep's every knob and the confirm
+#: suite's check of its choices at full length (results.md says what was chosen and links it).
+LR_PAGE = "learning-rates.md"
+LR_SUITES = ("sweep", "confirm")
+
+
+def _chosen(choices: Mapping) -> str:
+    return "; ".join(f"{_name(d)}: " + ", ".join(f"{k.replace('_', ' ')} {v:g}"
+                                                 for k, v in c.items())
+                     for d, c in choices.items()) or "none yet"  # fmt: skip
+
+
+def lr_stub(runs: list[dict], choices: Mapping) -> list[str]:
+    """results.md's section on the learning rates: what was chosen, and where the rest is."""
+    out = []
+    for name in _presets(runs):
+        if not any(r.get("preset") == name and r["suite"] in LR_SUITES for r in runs):
+            continue
+        out += ["", f"## Learning rates, chosen on the validation set: preset `{name}`", "",
+                f"Chosen by the sweep suite's short runs on validation perplexity (results.json, "
+                f"lr_choices): {_chosen(choices.get(name, {}))}. Every value tried, and the "
+                f"confirm suite's check of the choices at full length: [{LR_PAGE}]({LR_PAGE})."]  # fmt: skip
+    return out
+
+
+def lr_markdown(runs: list[dict], choices: Mapping, begun: Begun | None = None) -> str:
+    """learning-rates.md: the sweep, then the confirm suite's rows, per preset."""
+    out = ["# fedkey-bench paper: the learning rates, chosen on the validation set and checked",
+           "", "How the learning rates of the ranking ([results.md](results.md)) were chosen, "
+           f"and how well. Every run's figures and command: [`{RUNS_CSV}`]({RUNS_CSV})."]  # fmt: skip
+    out += sweep_sections(runs, choices, begun)
+    for name in _presets(runs):
+        for v in VARIANTS.values():
+            if v.suite in LR_SUITES:
+                out += variant_section(v, PRESETS[name], runs, begun)
+    return "\n".join(out) + "\n"
+
+
 def sweep_sections(runs: list[dict], choices: Mapping, begun: Begun | None = None) -> list[str]:
     out = []
     for name in _presets(runs):
@@ -302,32 +412,20 @@ def sweep_sections(runs: list[dict], choices: Mapping, begun: Begun | None = Non
             "",
             f'As Reddi et al. 2021 ("Adaptive Federated Optimization", Section 5, Appendix '
             f"D) choose theirs: short runs ({preset.sweep_rounds} rounds at C 0.1, all of "
-            f"the data), the value with the lowest best validation perplexity. FedAvg's "
-            f"client lr over {', '.join(f'{v:g}' for v in preset.client_lrs)}, and the "
-            f"centralized model's lr over the same values ({_epochs(sweep_epochs(preset))}: as "
-            f"many examples). The server lr of FedAvgM (momentum 0.9) over "
-            f"{', '.join(f'{v:g}' for v in preset.momentum_server_lrs)} and of FedAdam "
-            f"(beta1 0.9, beta2 0.99, tau 1e-3) over "
-            f"{', '.join(f'{v:g}' for v in preset.adam_server_lrs)}, each jointly with the "
-            f"client lr (every client lr of the grid: a pair is chosen; the runs at FedAvg's "
-            f"client lr do not name it). At FedAvg's client lr, the server step epsilon of "
-            f"FedAtt over {', '.join(f'{v:g}' for v in preset.fedatt_steps)} and of FedAttOpt "
-            f"over {', '.join(f'{v:g}' for v in preset.fedattopt_steps)} (the papers' 1.2 was "
-            f"tuned for client lr 0.01). A best value at the grid's edge adds one more step "
+            f"the data), the value with the lowest best validation perplexity: FedAvg's client "
+            f"lr, the centralized model's lr ({_epochs(sweep_epochs(preset))}: as many "
+            f"examples), the server lr of FedAvgM (momentum 0.9) and of FedAdam (beta1 0.9, "
+            f"beta2 0.99, tau 1e-3), each jointly with the client lr (a pair is chosen), and at "
+            f"FedAvg's client lr the server step epsilon of FedAtt and of FedAttOpt (the papers' "
+            f"1.2 was tuned for client lr 0.01). A best value at the grid's edge adds one more step "
             f"past it (twice at most; per client lr for the pairs). Test perplexity is never "
             f"read. Every method uses its dataset's chosen values (WikiText-2 by article: the "
-            f"IID sweep's). Chosen (results.json, lr_choices): "
-            + (
-                "; ".join(
-                    f"{_name(d)}: "
-                    + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in c.items())
-                    for d, c in chosen.items()
-                )
-                or "none yet"
-            )
-            + ".",
+            f"IID sweep's). Chosen (results.json, lr_choices): {_chosen(chosen)}.",
             "",
-            sweep_table(sweep, chosen, stopped),
+            sweep_summary(sweep, chosen, stopped),
+            "",
+            f"Every sweep run's best validation perplexity and round: [`{RUNS_CSV}`]({RUNS_CSV}) "
+            "(suite `sweep`; its `group` is the knob and value, its command the client lr).",
         ]
         last = sum(r["best_round"] == r["rounds"] for r in sweep)
         if last:
@@ -338,44 +436,52 @@ def sweep_sections(runs: list[dict], choices: Mapping, begun: Begun | None = Non
     return out
 
 
-def detail_table(runs: list[dict]) -> str:
-    """Every run's numbers, what it cost and where it ran (a bench's runs may come from several
-    machines: `fedkey-bench paper --backend stacked` on a GPU, `fedkey-bench merge`)."""
-    header = ["preset", "run", "test ppl", "best val ppl", "best round", "final test ppl",
-              "top-1", "top-3", "KSR", "updates", "uplink MB", "wall s", "device"]  # fmt: skip
-    rows = [[r.get("preset", "-"), r["id"], _f(r["test_ppl"]), _f(r["best_val_ppl"]),
-             r["best_round"], _f(r["final_test_ppl"]), _f(r["top1"], ".3f"), _f(r["top3"], ".3f"),
-             _f(r["ksr"], ".3f"), r["updates"], _mb(r["uplink_bytes"]),
-             _f(run_seconds(r), ".0f"), r.get("device", "-")] for r in runs]  # fmt: skip
-    return markdown_table(header, rows)
-
-
 SHOWN = 5  # at most this many bench commands or git commits are listed in results.md's header
 
 
 def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
              plots: Mapping[str, Path], begun: Begun | None = None) -> str:  # fmt: skip
-    """results.md: ranking first, then the sweep, curves, the column-measure evidence, every
-    run and its command."""
+    """results.md: the question and its answer, the ranking, then the sweep, curves, the
+    column-measure evidence, and the files that hold every run and its command."""
     commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
     devices = sorted({r["device"] for r in runs})
     presets = _presets(runs)
-    out = ["# fedkey-bench paper: which aggregation method trains the better keyboard model?", ""]
+    out = [
+        "# fedkey-bench paper: which aggregation method trains the better keyboard model?",
+        "",
+        QUESTION,
+        "",
+        "## The answer",
+        "",
+        answer_table(runs),
+        "",
+        "Best federated: the federated run of lowest test perplexity at that text, phones and C "
+        "(its table below); centralized: the centralized model that saw as many examples; "
+        "top-1 vs 3-gram: its next-word top-1 accuracy against the Kneser-Ney 3-gram's. The "
+        "rows run at the learning rates the sweep chose; a row run again one step lower "
+        f"([{LR_PAGE}]({LR_PAGE})) may do better. Every "
+        f"run's figures and command: [`{RUNS_CSV}`]({RUNS_CSV}), "
+        "[`results.json`](results.json).",
+        "",
+        "## How it was run",
+        "",
+    ]
     for name in presets:
         out += [f"- Preset `{name}`: {PRESETS[name].note}"]
     new = list(bench_commands)
-    # past SHOWN, the header counts them (naming the first and last command); Commands lists all
+    # past SHOWN, the header counts them (naming the first and last command); results.json
+    # (bench_commands) and runs.csv (git_commit) list them all
     many, hashes = len(new) > SHOWN, len(commits) > SHOWN
     out += [
         "- Produced by "
         + (
             f"{len(new)} bench commands, the first `{new[0]}` and the last `{new[-1]}` (all of "
-            "them, in order, under Commands at the end)"
+            "them, in order: results.json's bench_commands)"
             if many
             else ", then ".join(f"`{c}`" for c in new) or "no bench command"
         )
-        + "; every run's "
-        "own command line is in results.json and at the end of this file. Rebuild this file: "
+        + f"; every run's own command line is in results.json and [`{RUNS_CSV}`]({RUNS_CSV}). "
+        "Rebuild this file and runs.csv: "
         + ", ".join(
             f"`python -m bench.paper_report experiments/results/{PRESETS[p].results_folder}`"
             for p in presets
@@ -389,32 +495,28 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         f"- Git commits: {', '.join(commits)}"
         if not hashes
         else f"- Git commits: {len(commits)}, {sum('dirty' in c for c in commits)} of them with "
-        "changes not committed (the run's commit and whether it was clean are in results.json; "
-        "every commit is under Commands at the end)",
+        "changes not committed (each run's commit and whether it was clean: results.json, "
+        "runs.csv)",
         f"- Devices: {', '.join(devices)}",
     ]
     out += ranking_sections(runs, plots, begun) + step_section(runs, plots.get("step"))
     for name in presets:
         out += seeds_section(PRESETS[name], runs, begun)
         for v in VARIANTS.values():
-            out += variant_section(v, PRESETS[name], runs, begun)
-    out += sweep_sections(runs, choices, begun)
+            if v.suite not in LR_SUITES:
+                out += variant_section(v, PRESETS[name], runs, begun)
+    out += lr_stub(runs, choices)
     curves = [p for k, p in plots.items() if k.startswith("curve:")]
     if curves:
         out += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in curves]
     code = [r for r in runs if r["suite"] == "code"]
     if code:
-        out += ["", "## The seed papers' column measure (evidence)", "", code_table(code)]
+        out += ["", "## The seed papers' column measure (evidence)", "",
+                "What the seed papers' table measures, and why its perplexities are not "
+                "language-model perplexities: [the seed papers]"
+                "(../../../docs/explanation/seed-papers.md). These runs reproduce their measure.",
+                "", code_table(code)]  # fmt: skip
         out += [f"![{p.stem}]({p.name})" for k, p in plots.items() if k.startswith("code:")]
-    out += ["", "## Every run", "", detail_table(runs), "", "## Commands", ""]
-    if many:
-        out += ["The bench commands, in order:", ""] + [f"1. `{c}`" for c in new] + [""]
-    if hashes:
-        out += [f"The runs' git commits: {', '.join(commits)}", ""]
-    out += ["Each run's own command:", ""] if many or hashes else []
-    out += [f"- `{r['id']}` ({r.get('preset', '-')}): `{r['command']}`"
-            + (f" (the same run as `{r['same_run_as']}`: recorded from it, not run again)"
-               if r.get("same_run_as") else "") for r in runs]  # fmt: skip
     return "\n".join(out) + "\n"
 
 
@@ -471,14 +573,17 @@ def write_report(
     choices: Mapping | None = None,
     begun: Begun | None = None,
 ) -> Path:
-    """OUT/results.md and OUT/*.png from results.json's run objects (and its runs `begun`).
+    """OUT/results.md, OUT/runs.csv and OUT/*.png from results.json's run objects (and its runs
+    `begun`).
     Runs of a suite the bench no longer has (the old 8-round cut's, in cpu/results.json) stay
     in results.json, the record of what ran, and are left out of the report."""
-    runs = [r for r in runs if r["suite"] in SUITES]
     out.mkdir(parents=True, exist_ok=True)
+    (out / RUNS_CSV).write_text(runs_csv(runs))  # every run results.json holds
+    runs = [r for r in runs if r["suite"] in SUITES]
     plots = draw(runs, out)
     path = out / "results.md"
     path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun))
+    (out / LR_PAGE).write_text(lr_markdown(runs, choices or {}, begun))
     return path
 
 

@@ -207,11 +207,12 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
     """One row per run of the variant: its test perplexity beside its rank run's, the change,
     against the centralized model with the same change (the kept one), and its keyboard metrics
     (top-1 against the rank suite's Kneser-Ney 3-gram); kept: the run the targets table uses
-    (variant_kept: where a row runs at more than one lr, the better on validation)."""
+    (variant_kept: where a row runs at more than one lr, the better on validation). Its top-3,
+    KSR and best validation perplexity: the run's row of runs.csv."""
     begun = begun or {}
     header = ["method", "C", v.column, "lr", f"test ppl, {v.before}", f"test ppl, {v.after}",
-              "change", f"vs centralized, {v.after}", "top-1", "top-1 vs 3-gram", "top-3", "KSR",
-              "best val ppl", "best round / rounds", "kept"]  # fmt: skip
+              "change", f"vs centralized, {v.after}", "top-1", "top-1 vs 3-gram",
+              "best round / rounds", "kept"]  # fmt: skip
     pairs = variant_pairs(v, preset, runs)
     kept_runs = variant_kept(v, preset, runs, pairs)
     kept = {id(run) for run in kept_runs.values()}
@@ -237,7 +238,6 @@ def variant_table(v: Variant, preset: Preset, runs: list[dict], begun: Begun | N
             _f(run["test_ppl"]), _pct(run["test_ppl"], was),
             _pct(run["test_ppl"], ref["test_ppl"]) if fed and ref else "-",
             _f(top1, ".3f"), _x(top1, ngram_top1.get(spec.dataset)),
-            _f(run.get("top3"), ".3f"), _f(run.get("ksr"), ".3f"), _f(run.get("best_val_ppl")),
             f"{run['best_round']} / {run['rounds']}", "yes" if id(run) in kept else "",
         ])  # fmt: skip
     if len({p.spec.dataset for p in pairs}) > 1:  # a suite on several datasets says whose row

@@ -8,7 +8,7 @@ over phones of ``||w^l - w_k^l||``, per layer, averaged here over the layers), F
 FedAvg's ``weights`` (n_k / n, McMahan et al. 2017) for comparison. From them: the largest and
 smallest weight, and the entropy ``H = -sum_k w_k ln w_k`` beside its uniform value ``ln m``
 (H / ln m = 1: every phone weighs the same; lower: the weight gathers on few phones). The report's
-table of them per run, and a figure of the evenness per round.
+table of their mean per run, and a figure of the evenness per round.
 """
 
 from __future__ import annotations
@@ -57,27 +57,36 @@ def round_spreads(rows: list[dict]) -> list[dict]:
     return out
 
 
-def spread_table(runs: list[dict]) -> str:
-    """Per run with weights: the spread of the server's per-phone weights over its rounds: the
-    mean largest and smallest weight, the mean evenness (entropy / ln m), first and last round."""
-    header = ["dataset", "phones", "method", "C", "weights", "rounds", "m", "mean max", "mean min",
-              "mean entropy", "evenness: mean", "round 1", "last round"]  # fmt: skip
-    rows = []
-    # by text and partition, then C (AdaFL's rising C last), each in the order the runs ended
-    for r in sorted(
+def _ordered(runs: list[dict]) -> list[dict]:
+    """The runs with weights, by text and partition, then C (AdaFL's rising C last), each in
+    the order the runs ended."""
+    runs = [r for r in runs if r.get("weight_spread")]
+    return sorted(
         runs, key=lambda r: (r["dataset"], r.get("partition", "iid"), _key(r["fraction"]))
-    ):
-        sp = r.get("weight_spread") or []
-        if not sp:
-            continue
-        n = len(sp)
-        rows.append([NAMES.get(r["dataset"], r["dataset"]), PARTITIONS.get(r.get("partition", "iid"), "-"),
-                     r["method"], _c(r.get("fraction")), sp[0]["source"], n, _f(sum(s["m"] for s in sp) / n, ".1f"),
-                     _f(sum(s["max"] for s in sp) / n, ".3f"),
-                     _f(sum(s["min"] for s in sp) / n, ".3f"),
-                     _f(sum(s["entropy"] for s in sp) / n, ".3f"),
-                     _f(sum(s["evenness"] for s in sp) / n, ".4f"), _f(sp[0]["evenness"], ".4f"),
-                     _f(sp[-1]["evenness"], ".4f")])  # fmt: skip
+    )
+
+
+def _evenness(r: dict) -> str:
+    sp = r["weight_spread"]
+    return _f(sum(s["evenness"] for s in sp) / len(sp), ".4f")
+
+
+def spread_table(runs: list[dict]) -> str:
+    """The mean evenness (entropy / ln m) of the server's weights over each run's rounds: one
+    row per text, phones and C, one column per method (each round's, with its largest and
+    smallest weight and entropy: the run's weight_spread in results.json)."""
+    ordered = _ordered(runs)
+    methods: list[str] = []
+    for r in ordered:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    cells: dict[tuple, dict[str, str]] = {}
+    for r in ordered:
+        key = (NAMES.get(r["dataset"], r["dataset"]), PARTITIONS.get(r.get("partition", "iid"), "-"),
+               _c(r.get("fraction")), f"{sum(s['m'] for s in r['weight_spread']) / len(r['weight_spread']):.0f}")  # fmt: skip
+        cells.setdefault(key[:3], {"m": key[3]})[r["method"]] = _evenness(r)
+    header = ["text", "phones", "C", "m", *methods]
+    rows = [[*key, c["m"], *(c.get(m, "") for m in methods)] for key, c in cells.items()]
     return markdown_table(header, rows) if rows else ""
 
 
@@ -86,8 +95,10 @@ def spread_section(runs: list[dict]) -> list[str]:
     return ["### Does attention do anything where phones differ? The server's weights per round",
             "", "From each round's per-phone weights in the metrics rows (bench.spread): FedAtt's "
             "and FedMed's attention (averaged over layers), FedAttOpt's, and FedAvg's n_k / n for "
-            "comparison. Evenness = entropy / ln m: 1 when every phone weighs the same; m: the "
-            "phones a round (2 of the demo's 22 at C 0.1, all of them at C 1).", "",
+            "comparison. Evenness = entropy / ln m, averaged over a run's rounds: 1 when every "
+            "phone weighs the same; m: the phones a round (2 of the demo's 22 at C 0.1, all of "
+            "them at C 1). Every round of every run, with its largest and smallest weight and "
+            "entropy: each run's `weight_spread` in [`results.json`](results.json).", "",
             spread_table(runs) or "No federated run with weights is done yet."]  # fmt: skip
 
 

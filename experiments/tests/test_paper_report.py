@@ -1,12 +1,23 @@
 """The layout of `fedkey-bench paper`'s results.md (issue 18, item 5), on small synthetic rows: it
-opens with perplexity and keyboard metrics per method beside the centralized model and the
-n-gram, then the targets, the non-IID phones and their weights' spread, the sweep, the curves,
-and the column-measure evidence."""
+opens with the question and its answer, then perplexity and keyboard metrics per method beside
+the centralized model and the n-gram, the targets, the non-IID phones and their weights' spread,
+what was chosen by the sweep (learning-rates.md: the sweep and its check), the curves, and the
+column-measure evidence; every run and its command in runs.csv. And the committed cpu results
+rebuild a page of at most 30 KB."""
 
 import math
 
+import pytest
+
 from bench.paper import Bench, summarize
-from bench.paper_report import markdown, targets_table, write_report
+from bench.paper_report import (
+    answer_table,
+    lr_markdown,
+    markdown,
+    runs_csv,
+    targets_table,
+    write_report,
+)
 from bench.paper_spec import RunSpec
 from bench.paper_tables import by_central, lm_table
 
@@ -51,16 +62,17 @@ def ranking_runs():
     ]
 
 
-def test_results_open_with_the_language_model_and_end_with_every_run():
+def test_results_open_with_the_answer_then_the_language_model_and_end_with_the_evidence():
     cmds = ["fedkey-bench paper --preset cpu"]
     md = markdown(ranking_runs(), cmds, {"cpu": {"ptb": {
         "client_lr": 1.0}}}, {})  # fmt: skip
     heads = [line for line in md.splitlines() if line.startswith("## ")]
-    assert heads[0].startswith("## Language model and keyboard: preset `cpu`")
-    order = ["## Language model", "## Targets (issue 18)", "## Non-IID phones",
+    assert md.split("\n\n")[1].startswith("Which aggregation method trains the better")
+    assert heads[:2] == ["## The answer", "## How it was run"]
+    order = ["## The answer", "## Language model", "## Targets (issue 18)", "## Non-IID phones",
              "## Seed to seed", "## A learning-rate schedule", "## Dropout 0.5 against",
              "## Learning rates, chosen on the validation set", "## The seed papers' column "
-             "measure", "## Every run", "## Commands"]  # fmt: skip
+             "measure"]  # fmt: skip
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
@@ -76,9 +88,14 @@ def test_results_open_with_the_language_model_and_end_with_every_run():
     produced = next(line for line in md.splitlines() if line.startswith("- Produced by"))
     assert "`fedkey-bench paper --preset cpu`;" in produced
     assert "## Appendix" not in md
-    sweep = md.split("## Learning rates")[1].split("\n## ")[0]
-    assert "| client lr | 1 | 1 | 301.00 | 1 | **chosen** |" in sweep
-    assert "| client lr | 3 |" in sweep and "client lr 1" in sweep
+    # the lists of every run and command are in runs.csv and results.json, not on the page
+    assert "## Every run" not in md and "## Commands" not in md and "runs.csv" in md
+    stub = md.split("## Learning rates")[1].split("\n## ")[0]
+    assert "PTB: client lr 1." in stub and "[learning-rates.md](learning-rates.md)" in stub
+    sweep = lr_markdown(ranking_runs(), {"cpu": {"ptb": {"client_lr": 1.0}}})
+    sweep = sweep.split("## Learning rates")[1].split("\n## ")[0]
+    assert "| PTB (100 IID phones) | client lr | 1, 3 | 1 | 301.00 | 2 |" in sweep
+    assert "client lr 1" in sweep
 
 
 def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
@@ -157,7 +174,7 @@ def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
         f"| {CENTRAL} | - | 0.5987 an epoch | 1 | 150.00 | 140.00 | -6.7% | - |"
     )
     assert rows[1] == ("| FedAvg | 0.1 | 0.95 a round | 1 | 160.00 | 147.00 | -8.1% | +5.0% "
-                       "| 0.240 | 1.50x | 0.300 | 0.400 | 148.00 | 2 / 2 | yes |")  # fmt: skip
+                       "| 0.240 | 1.50x | 2 / 2 | yes |")  # fmt: skip
     assert rows[2].startswith("| FedAvgM | 0.1 | 0.95 a round | 1 | - | begun: round 7 of 50 |")
     targets = targets_table(runs).splitlines()
     # constant lr: FedAvg 160 against 150 (+6.7%); decayed: 147 against 140 (+5.0%)
@@ -191,7 +208,7 @@ def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation
     assert [r.split(" | ")[3] for r in table[2:]] == ["1", "3"] * 3
     # the centralized run at lr 3 is kept (validation 100 against 121) though its test is worse:
     # FedAvg 160 -> 138 (-13.7%), +10.4% from it (125)
-    assert table[2].endswith("| 121.00 | 1 / 1 |  |") and table[3].endswith("| 1 / 1 | yes |")
+    assert table[2].endswith("| 1.62x | 1 / 1 |  |") and table[3].endswith("| 1 / 1 | yes |")
     assert table[4].startswith("| FedAvg | 0.1 | 0.5 | 1 | 160.00 | 138.00 | -13.7% | +10.4% |")
     assert table[4].endswith("| yes |")  # its lr-3 twin not done yet: the rank lr's run
     assert table[5].startswith("| FedAvg | 0.1 | 0.5 | 3 | 160.00 | not run yet |")
@@ -408,9 +425,12 @@ def test_targets_say_where_we_stand():
 def test_attention_spread_is_reported_per_run():
     md = markdown(ranking_runs(), ["b"], {}, {})
     section = md.split("### Does attention do anything")[1].split("\n## ")[0]
-    line = next(x for x in section.splitlines() if "100 phones of whole articles" in x)
-    # two rounds of max 0.9, min 0.1: entropy 0.325, evenness H / ln 2 = 0.469
-    assert "| FedAtt | 0.1 | attention_mean | 2 | 2.0 | 0.900 | 0.100 | 0.325 | 0.4690 |" in line
+    table = [x for x in section.splitlines() if x.startswith("| ")]
+    assert table[0] == "| text | phones | C | m | FedAtt |"
+    # two rounds of max 0.9, min 0.1: entropy 0.325, evenness H / ln 2 = 0.469 (each round's
+    # max, min and entropy: the run's weight_spread in results.json)
+    assert "| WikiText-2 | 100 phones of whole articles | 0.1 | 2 | 0.4690 |" in table
+    assert "`weight_spread` in [`results.json`](results.json)" in section
 
 
 def test_report_is_rebuilt_from_results_json(tmp_path):
@@ -450,39 +470,37 @@ def test_a_diverged_runs_curve_does_not_stop_the_report(tmp_path):
     assert path is not None and path.stat().st_size > 0
 
 
-def test_every_run_says_where_it_ran():
+def test_every_run_says_where_it_ran_in_runs_csv():
     """A bench's runs may come from several machines (`bench paper --backend stacked` on a GPU,
-    then `bench merge`): the list of every run names each one's device, and the header all."""
-    from bench.paper_report import detail_table
+    then `bench merge`): runs.csv names each one's device and command, the header all."""
+    import csv
+    import io
 
     runs = ranking_runs()
     runs[4] = {**runs[4], "device": "cuda (NVIDIA H100 80GB HBM3)"}
-    rows = detail_table(runs).splitlines()
-    assert rows[0].split("|")[-2].strip() == "device"
-    fedavg = next(r for r in rows if "rank-ptb-fedavg-c0.1 " in r)
-    assert fedavg.split("|")[-2].strip() == "cuda (NVIDIA H100 80GB HBM3)"
-    assert sum(r.split("|")[-2].strip() == "cpu" for r in rows) == len(runs) - 1
+    rows = list(csv.DictReader(io.StringIO(runs_csv(runs))))
+    assert [r["id"] for r in rows] == [r["id"] for r in runs]  # every run, in results.json's order
+    assert rows[4]["device"] == "cuda (NVIDIA H100 80GB HBM3)"
+    assert sum(r["device"] == "cpu" for r in rows) == len(runs) - 1
+    assert all(row["command"] == r["command"] for row, r in zip(rows, runs, strict=True))
     header = markdown(runs, [], {}, {})
     assert "- Devices: cpu, cuda (NVIDIA H100 80GB HBM3)" in header
 
 
-def test_a_long_history_of_bench_commands_and_commits_is_counted_in_the_header_and_listed_last():
+def test_a_long_history_of_bench_commands_and_commits_is_counted_not_listed():
     """Past five bench commands (or git commits) the header names how many, the first and the
-    last, and the Commands section lists every one in order; five or fewer stay in the header."""
+    last (results.json lists every one in order); five or fewer stay in the header."""
     cmds = [f"fedkey-bench paper --preset cpu --hours {h}" for h in range(1, 8)]
     runs = ranking_runs()
     for i, r in enumerate(runs):
         r["git_commit"], r["git_dirty"] = f"{i:010d}", i == 3
     md = markdown(runs, cmds, {}, {})
-    head = md.split("\n## ")[0]
+    head = md.split("## How it was run")[1].split("\n## ")[0]
     assert f"Produced by 7 bench commands, the first `{cmds[0]}` and the last `{cmds[-1]}`" in head
-    assert cmds[3] not in head
+    assert "results.json's bench_commands" in head
     assert "- Git commits: 8, 1 of them with changes not committed" in head
-    listed = md.split("## Commands")[1]
-    assert [line for line in listed.splitlines() if line.startswith("1. ")] == [
-        f"1. `{c}`" for c in cmds
-    ]
-    assert "0000000003 (dirty)" in listed
+    # the page lists neither every command nor every commit (results.json and runs.csv do)
+    assert cmds[3] not in md and "0000000003" not in md and "## Commands" not in md
     short = markdown(ranking_runs(), cmds[:2], {}, {})
     assert f"Produced by `{cmds[0]}`, then `{cmds[1]}`;" in short
     assert "- Git commits: abcdef1234" in short and "The bench commands, in order" not in short
@@ -529,3 +547,54 @@ def test_runs_of_a_suite_the_bench_no_longer_has_stay_in_results_json_and_out_of
     write_report([*ranking_runs(), old], tmp_path, ["fedkey-bench paper --preset cpu"])
     md = (tmp_path / "results.md").read_text()
     assert old["id"] not in md and "## The seed papers' column measure" in md
+
+
+def test_the_answer_is_the_best_federated_row_of_each_text_phones_and_c():
+    """The page's first table: per text, phones and C, the federated run of lowest test
+    perplexity against the centralized model of as many examples and the 3-gram."""
+    rows = [line for line in answer_table(ranking_runs()).splitlines() if line.startswith("| cpu")]
+    ptb = next(r for r in rows if r.startswith("| cpu | PTB (100 IID phones) | 0.1 |"))
+    assert ptb.split(" | ")[3:10] == [
+        "FedAvg",
+        "160.00",
+        "150.00",
+        "+6.7%",
+        "200.00",
+        "1.38x",
+        "2 |",
+    ]
+    # no centralized model or 3-gram on that text yet: "-" where they would stand
+    assert (
+        "| cpu | WikiText-2 (100 phones of whole articles) | 0.1 | FedAtt | 390.00 | - |" in rows[1]
+    )
+
+
+@pytest.mark.slow
+def test_the_committed_cpu_results_rebuild_short_pages_that_lead_with_the_answer(tmp_path):
+    """experiments/results/cpu: every run the bench has recorded (the big fixture) rebuilds a
+    results.md under 30 KB whose first table is the answer, a learning-rates.md beside it, and
+    a runs.csv with every run of results.json and its command."""
+    import csv
+    import json
+    import shutil
+    from pathlib import Path
+
+    from bench.paper import write
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "cpu"
+    shutil.copy(committed / "results.json", tmp_path / "results.json")
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert len(runs) > 200
+    write(tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert len(md.encode()) <= 30 * 1024
+    assert len((tmp_path / "learning-rates.md").read_bytes()) <= 30 * 1024
+    head = md.split("\n## ")[1]
+    assert (
+        head.startswith("The answer") and "| cpu | PTB (100 IID phones) | 0.1 | FedAvgM |" in head
+    )
+    with (tmp_path / "runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["id"] for r in rows] == [r["id"] for r in runs]
+    assert [r["command"] for r in rows] == [r["command"] for r in runs]
+    assert md == (committed / "results.md").read_text()  # the committed page is this one
