@@ -2,7 +2,7 @@
 
 On a GPU one phone's training step at the seed papers' batch (10 sentences) is bound by kernel
 launches, not arithmetic: one trainer process ran 23-33k tokens/s and eight processes sharing an
-H200 topped out near 111k (experiments/results/gpu/perf). Here the P phones of a round keep their own
+H200 topped out near 111k (experiments/results/perf/h200). Here the P phones of a round keep their own
 weights, stacked along a leading phone dimension, and every step runs all of them at once: the
 same launches as one phone, each product a batched one (torch.bmm) P times as large: a round of
 50 phones (C = 0.5) took about twice a round of 10 on an H200, not five times. What is left is
