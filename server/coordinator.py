@@ -125,40 +125,25 @@ class Coordinator:
         asyncio.get_running_loop().set_default_executor(io_executor())
         self.root.mkdir(parents=True, exist_ok=True)
         self.sessions = make_sessionmaker(self.settings.db_url)
-        self.db_writer = BatchWriter(self.sessions)
+        db_writer = self.db_writer = BatchWriter(self.sessions)
         if self.generated_secret:
             log.warning(
                 "no enrollment secret configured; generated one: %s", self.enrollment_secret
             )
         fed, resumed = await self._build_federation()
-        registry = self.registry
-        with self.sessions.begin() as db:
-            registry.open(self.sessions, self.db_writer, db)
-            if not resumed:
-                recovery.forget_rounds(db)
-        model = GlobalModel(fed, self.events, self.settings.export_dir)
-        driver = self._driver(fed, registry.devices, model.refresh)
-        reconciled = recovery.reconcile(
-            fed=fed,
-            sessions=self.sessions,
-            settings=self.settings,
-            devices=registry.devices,
-            uploads_dir=self.uploads_dir,
-        )
-        driver.resume(reconciled.current, reconciled.next_attempt)
-        self.parts = self._wire(fed, registry, driver, model)
+        parts = self.parts = self._build_parts(fed, resumed, db_writer)
         await asyncio.to_thread(self._aggregator().start)
-        model.refresh()
-        self.telemetry.devices.set(len(registry.devices))
+        parts.model.refresh()
+        self.telemetry.devices.set(len(self.registry.devices))
         log.info(
             "%s at round %d; %d devices enrolled; state %s",
             "resumed" if resumed else "started",
             fed.round,
-            len(registry.devices),
-            driver.state,
+            len(self.registry.devices),
+            parts.driver.state,
         )
-        self._start_tasks(registry, driver)
-        if driver.state == RoundState.FINISHED:
+        self._start_tasks(self.registry, parts.driver)
+        if parts.driver.state == RoundState.FINISHED:
             self._run_finished()  # restarted after the run was over: nothing to do
 
     async def _build_federation(self) -> tuple[Federation, bool]:
@@ -185,6 +170,26 @@ class Coordinator:
             storage.reset()
             await asyncio.to_thread(fed.start)
         return fed, resumed
+
+    def _build_parts(self, fed: Federation, resumed: bool, db_writer: BatchWriter) -> Parts:
+        """The registry opened, the database reconciled with the checkpoint (server.recovery),
+        the driver resumed where it was, the parts wired."""
+        registry = self.registry
+        with self.sessions.begin() as db:
+            registry.open(self.sessions, db_writer, db)
+            if not resumed:
+                recovery.forget_rounds(db)
+        model = GlobalModel(fed, self.events, self.settings.export_dir)
+        driver = self._driver(fed, registry.devices, model.refresh)
+        reconciled = recovery.reconcile(
+            fed=fed,
+            sessions=self.sessions,
+            settings=self.settings,
+            devices=registry.devices,
+            uploads_dir=self.uploads_dir,
+        )
+        driver.resume(reconciled.current, reconciled.next_attempt)
+        return self._wire(fed, registry, driver, model)
 
     def _driver(
         self, fed: Federation, devices: Mapping[str, int], on_new_model: Callable[[], None]

@@ -53,15 +53,7 @@ def reconcile(
     done = fed.round
     rows = fed.storage.read_metrics()  # already repaired by resume(): rounds 0..done
     with sessions.begin() as db:
-        db.execute(delete(MetricRow))
-        for row in rows:
-            db.add(MetricRow(round=row["round"], row=row))
-        # rounds the checkpoint holds but the database did not record as aggregated
-        for r in db.scalars(select(Round).where(Round.number <= done)):
-            if r.state in (Attempt.OPEN, Attempt.AGGREGATING):
-                r.state = Attempt.AGGREGATED
-        db.execute(delete(Round).where(Round.number > done + 1))
-        db.execute(delete(Receipt).where(Receipt.round > done + 1))
+        _settle_done_rounds(db, rows, done)
         pending = db.scalars(
             select(Round).where(Round.number == done + 1).order_by(Round.attempt)
         ).all()
@@ -81,6 +73,20 @@ def reconcile(
             r.state = Attempt.FAILED
     _cleanup_uploads(settings, fed, uploads_dir, current)
     return Resumed(current, next_attempt)
+
+
+def _settle_done_rounds(db: Session, rows: list[dict], done: int) -> None:
+    """The metrics table rebuilt from metrics.jsonl's `rows`; the rounds up to `done` (the
+    checkpoint's) marked aggregated; rows and receipts past the next round dropped."""
+    db.execute(delete(MetricRow))
+    for row in rows:
+        db.add(MetricRow(round=row["round"], row=row))
+    # rounds the checkpoint holds but the database did not record as aggregated
+    for r in db.scalars(select(Round).where(Round.number <= done)):
+        if r.state in (Attempt.OPEN, Attempt.AGGREGATING):
+            r.state = Attempt.AGGREGATED
+    db.execute(delete(Round).where(Round.number > done + 1))
+    db.execute(delete(Receipt).where(Receipt.round > done + 1))
 
 
 def _continue_round(

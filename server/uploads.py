@@ -112,18 +112,7 @@ class UploadInbox:
     ) -> None:
         """A first loss report: its receipt committed, then recorded in the round (unless the
         uploaders were chosen meanwhile), the driver poked."""
-        if r.uploaders is not None:
-            raise ApiError(
-                403,
-                f"round {n}'s uploaders were already chosen without device {device_id!r}",
-                "not_selected",
-            )
-        if device_id in r.storing:
-            raise ApiError(
-                409,
-                f"device {device_id!r} has a loss report for round {n} in progress",
-                "duplicate",
-            )
+        _check_first_loss(r, device_id, n)
         train_loss, num_samples = loss
         receipt = Receipt(
             receipt=secrets.token_hex(16),
@@ -388,6 +377,22 @@ class UploadInbox:
         with self._sessions.begin() as db:
             db.execute(delete(Receipt).where(Receipt.receipt == up.receipt))
         Path(up.path).unlink(missing_ok=True)
+
+
+def _check_first_loss(r: OpenRound, device_id: str, n: int) -> None:
+    """403 once the uploaders are chosen, 409 while another report of the device is stored."""
+    if r.uploaders is not None:
+        raise ApiError(
+            403,
+            f"round {n}'s uploaders were already chosen without device {device_id!r}",
+            "not_selected",
+        )
+    if device_id in r.storing:
+        raise ApiError(
+            409,
+            f"device {device_id!r} has a loss report for round {n} in progress",
+            "duplicate",
+        )
 
 
 def record_rejection(
