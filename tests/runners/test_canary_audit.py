@@ -6,6 +6,7 @@ import json
 import pytest
 
 import runners.canary_audit as canary
+import runners.canary_report as canary_report
 from runners.canary_audit import AuditConfig, arms, canary_phone, run_audit, summarize
 
 CFG = AuditConfig(rounds=2, clients=20, dp_noise_multipliers=(1.0,))
@@ -53,7 +54,7 @@ def fake_runs(monkeypatch):
 def test_an_interrupted_audit_resumes_with_the_arms_it_has_not_run(
     tmp_path, fake_runs, monkeypatch
 ):
-    monkeypatch.setattr(canary, "plot", lambda *a: None)  # the report's plot: the next test
+    monkeypatch.setattr(canary_report, "plot", lambda *a: None)  # the report's plot: the next test
     out, runs = tmp_path / "out", tmp_path / "runs"
     run_audit(CFG, out, runs, only=["fedavg", "fedatt"])
     assert fake_runs == ["fedavg", "fedatt"]
