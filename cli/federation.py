@@ -383,7 +383,7 @@ def train_central_cmd(
     quality. With --backend ray each epoch trains on one actor of the cluster (a GPU node with
     --ray-gpus-per-worker 1)."""
     from device_sim.ray_cluster import RayUnavailable
-    from runners.simulate import train_central
+    from runners.baselines import train_central
 
     refuse_stacked(opts, "train-central")
     settings = build_settings(opts, storage=out)
@@ -428,7 +428,7 @@ def ngram(
     **opts,
 ) -> None:
     """The baseline a keyboard would otherwise ship: a Kneser-Ney n-gram on the union of the phones' data."""
-    from runners.simulate import train_ngram
+    from runners.baselines import train_ngram
 
     settings = build_settings(opts, storage=out)
     data = phone_data(settings, opts, clients)

@@ -19,7 +19,8 @@ from device_sim.pool import LocalTask, run_task
 from device_sim.ray_cluster import RayOptions
 from device_sim.ray_pool import RayTrainerPool
 from models.checkpoint import build_model, model_state
-from runners.simulate import SimulationConfig, simulate, train_central
+from runners.baselines import train_central
+from runners.simulate import SimulationConfig, simulate
 from server.engine import client_seed
 from tests.support.workload import DATA, FED, tiny
 
