@@ -11,6 +11,7 @@
     fedkey info           what a checkpoint holds
     fedkey evaluate       a checkpoint scored on held-out text, beside what its run recorded
     fedkey audit canary   a planted secret's exposure, without and with DP (memorization)
+    fedkey data fetch     a real corpus (nus-sms, ubuntu-irc) downloaded and checked
 
 The benchmarks are not part of the product: `fedkey-bench` (experiments/, installed beside it).
 
@@ -21,15 +22,15 @@ FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 The package: options.py (the shared option tables; those of malicious phones in attack_options.py,
 of the training backend in backend_options.py), errors.py (every failure as one line),
 federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
-keyboard, info, evaluate), demo.py, audit.py. Nothing here imports torch until a command runs, so
---help is quick.
+keyboard, info, evaluate), demo.py, audit.py, data.py. Nothing here imports torch until a command
+runs, so --help is quick.
 """
 
 from __future__ import annotations
 
 import typer
 
-from cli import audit, checkpoints, demo, federation
+from cli import audit, checkpoints, data, demo, federation
 from cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
@@ -54,6 +55,7 @@ app.command()(demo.demo)
 app.command()(checkpoints.info)
 app.command()(checkpoints.evaluate)
 app.add_typer(audit.audit_app, name="audit")
+app.add_typer(data.data_app, name="data")
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ DATA = {
         opt(
             "data",
             "--data",
-            help="'demo' (the embedded corpus) or a directory: train/valid/test.txt (PTB, WikiText-2), one .txt per user, a .jsonl of {user, text}, or a StackExchange Posts.xml.",
+            help="'demo' (the embedded corpus), 'nus-sms' or 'ubuntu-irc' (real corpora in the data directory: fedkey data fetch), or a directory: train/valid/test.txt (PTB, WikiText-2), one .txt per user, a .jsonl of {user, text}, or a StackExchange Posts.xml.",
         ),
     ),
     "paper_protocol": (
@@ -549,10 +549,13 @@ def build_settings(opts: dict, **overrides) -> Settings:
 def check_server_data(settings: Settings) -> None:
     """A corpus path that does not exist, found before a server process starts (its loader
     would say so only inside a traceback in the server's log)."""
-    from corpora.loaders import ACCEPTED_LAYOUTS
+    from corpora.datadir import corpus_path
+    from corpora.loaders import ACCEPTED_LAYOUTS, NAMED_CORPORA
 
     for flag, spec in (("--data", settings.data), ("--tokenizer-text", settings.tokenizer_text)):
-        if spec is not None and spec.strip() != "demo" and not Path(spec).expanduser().exists():
+        if spec is not None and spec.strip() in NAMED_CORPORA:
+            corpus_path(spec.strip())  # MissingCorpus: what to run, in one line
+        elif spec is not None and spec.strip() != "demo" and not Path(spec).expanduser().exists():
             raise UserError(f"{flag}: corpus {spec!r} not found; {ACCEPTED_LAYOUTS}")
 
 

@@ -77,6 +77,8 @@ def load_cut(cfg: DataConfig) -> tuple[Corpus, list[str]]:
         test=corpus.test[:m] if m else corpus.test,
         train_users=corpus.train_users[:n] if corpus.train_users else None,
         train_articles=corpus.train_articles[:n] if corpus.train_articles else None,
+        unseen_test=corpus.unseen_test[:m] if m and corpus.unseen_test else corpus.unseen_test,
+        unseen_users=corpus.unseen_users[:m] if m and corpus.unseen_users else corpus.unseen_users,
     )
     return cut, vocab_text
 

@@ -7,6 +7,9 @@ training item. Tokenization into ids (start/end tokens, vocabulary) happens late
 Layouts (see :func:`load_corpus` for the dispatch):
 
 * ``"demo"``: the embedded, generated demo corpus (:mod:`corpora.demo`), the default.
+* ``"nus-sms"``, ``"ubuntu-irc"``: the real per-sender corpora in the data directory
+  (:mod:`corpora.datadir`), read by :mod:`corpora.nus_sms` and :mod:`corpora.ubuntu_irc`; a
+  directory laid out as theirs (the NUS zip; ``train/*.raw.txt`` logs) loads the same way.
 * a directory with ``train.txt``, ``valid.txt``, ``test.txt`` (PTB, WikiText-2): :func:`load_text_dir`.
   Read as is (already tokenized), or with the seed papers' preprocessing (``paper_protocol=True``).
 * a ``.jsonl`` file of ``{"user": ..., "text": ...}`` lines: :func:`load_jsonl`.
@@ -32,6 +35,7 @@ from common.text import normalize_text
 
 __all__ = [
     "ACCEPTED_LAYOUTS",
+    "NAMED_CORPORA",
     "Corpus",
     "article_starts",
     "load_corpus",
@@ -55,6 +59,8 @@ class Corpus:
     corpus has no natural users (PTB, WikiText-2). ``train_articles`` gives the article of each
     training item where the text is made of articles (WikiText-2: :func:`article_starts`), so a
     partition can give each phone whole articles (``corpora.partition.by_article``).
+    ``unseen_test`` holds the messages of held-out senders who never train (the real per-sender
+    corpora, :mod:`corpora.senders`), ``unseen_users`` their owners; ``None`` elsewhere.
     """
 
     name: str
@@ -63,14 +69,20 @@ class Corpus:
     test: list[str]
     train_users: list[str] | None = None
     train_articles: list[str] | None = None
+    unseen_test: list[str] | None = None
+    unseen_users: list[str] | None = None
 
     def __post_init__(self) -> None:
-        for label, labels in (("train_users", self.train_users),
-                              ("train_articles", self.train_articles)):  # fmt: skip
-            if labels is not None and len(labels) != len(self.train):
+        checks = (
+            ("train_users", self.train_users, "train", self.train),
+            ("train_articles", self.train_articles, "train", self.train),
+            ("unseen_users", self.unseen_users, "unseen_test", self.unseen_test or []),
+        )
+        for label, labels, split, items in checks:
+            if labels is not None and len(labels) != len(items):
                 raise ValueError(
                     f"corpus {self.name!r}: {label} has {len(labels)} entries "
-                    f"but train has {len(self.train)} items"
+                    f"but {split} has {len(items)} items"
                 )
 
     @property
@@ -447,18 +459,34 @@ def load_stackexchange_posts(
 # --------------------------------------------------------------------------------------------
 
 ACCEPTED_LAYOUTS = (
-    "accepted corpus specs: 'demo' (the built-in demo corpus); a directory with train.txt, "
+    "accepted corpus specs: 'demo' (the built-in demo corpus); 'nus-sms' or 'ubuntu-irc' (real "
+    "corpora in the data directory: fedkey data fetch); a directory with train.txt, "
     'valid.txt and test.txt (PTB, WikiText-2); a .jsonl file of {"user": ..., "text": ...} '
     "lines; a Stack Exchange Posts.xml file or a directory containing Posts.xml; a directory of "
     "<user>.txt files with one message per line"
 )
 
 
+#: The real corpora named by a word (their folder in the data directory, corpora.datadir).
+NAMED_CORPORA = ("nus-sms", "ubuntu-irc")
+
+
+def _load_sender_corpus(path: Path, name: str, seed: int) -> Corpus:
+    if name == "nus-sms":
+        from corpora.nus_sms import load_nus_sms
+
+        return load_nus_sms(path, seed=seed)
+    from corpora.ubuntu_irc import load_ubuntu_irc
+
+    return load_ubuntu_irc(path, seed=seed)
+
+
 def load_corpus(spec: str | Path, paper_protocol: bool = False, seed: int = 0) -> Corpus:
     """Load a corpus from a spec string; see ``ACCEPTED_LAYOUTS`` for what a spec may name.
 
     ``"demo"`` always means the embedded demo corpus (write ``./demo`` for a directory of that
-    name). ``paper_protocol`` applies to text directories only (the other corpora are normalized
+    name), and ``"nus-sms"`` / ``"ubuntu-irc"`` the corpora of the data directory
+    (:class:`corpora.datadir.MissingCorpus` when they are not there). ``paper_protocol`` applies to text directories only (the other corpora are normalized
     text already); ``seed`` drives the generated demo corpus and the per-user splits.
     Raises FileNotFoundError for a path that does not exist and ValueError for one that matches
     no layout, both naming the accepted layouts.
@@ -467,10 +495,18 @@ def load_corpus(spec: str | Path, paper_protocol: bool = False, seed: int = 0) -
         from corpora.demo import demo_corpus
 
         return demo_corpus(seed=seed)
+    if isinstance(spec, str) and spec.strip() in NAMED_CORPORA:
+        from corpora.datadir import corpus_path
+
+        return _load_sender_corpus(corpus_path(spec.strip()), spec.strip(), seed)
     p = Path(spec).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"corpus {str(spec)!r} not found; {ACCEPTED_LAYOUTS}")
     if p.is_dir():
+        if any(p.glob("smsCorpus_en_xml_*.zip")):
+            return _load_sender_corpus(p, "nus-sms", seed)
+        if any(p.glob("train/*.raw.txt")):
+            return _load_sender_corpus(p, "ubuntu-irc", seed)
         if (p / "train.txt").is_file():
             return load_text_dir(p, paper_protocol=paper_protocol)
         if (p / "Posts.xml").is_file():
@@ -504,4 +540,6 @@ def slice_corpus(
         test=corpus.test[:max_eval],
         train_users=users,
         train_articles=articles,
+        unseen_test=corpus.unseen_test[:max_eval] if corpus.unseen_test is not None else None,
+        unseen_users=corpus.unseen_users[:max_eval] if corpus.unseen_users is not None else None,
     )

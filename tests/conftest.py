@@ -1,5 +1,8 @@
-"""Shared fixtures. One torch thread: on the 2-core CI machine two threads are many times slower."""
+"""Shared fixtures. One torch thread: on the 2-core CI machine two threads are many times slower.
+FEDKEY_DATA_DIR (where `--data nus-sms` and `--data ubuntu-irc` are read, corpora.datadir) is the
+checkout's ../shared/data unless it is set already."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,7 @@ import torch
 torch.set_num_threads(1)
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+os.environ.setdefault("FEDKEY_DATA_DIR", str(DATA_DIR))
 
 
 @pytest.fixture
