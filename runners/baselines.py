@@ -179,6 +179,7 @@ def train_ngram(
     row: dict[str, object] = {
         "round": 0,
         "strategy": name,
+        "data": prepared.corpus.name,
         "selected": [],
         "aggregated": [],
         "val_ppl": val["ppl"],

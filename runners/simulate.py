@@ -112,6 +112,7 @@ def make_federation(
         RunStorage(out_dir),
         probes=probes or [],
         train_precision=resolve_precision(fed.train.precision, resolve_device(device)),
+        data=prepared.corpus.name,
     )
 
 

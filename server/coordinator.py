@@ -162,6 +162,7 @@ class Coordinator:
             test=corpus.test,
             storage=storage,
             probes=[ExposureProbe(s.canary_spec(), secret)] if secret else [],
+            data=corpus.name,
         )
         fed = self.federation = Federation(**spec)
         self.aggregator = Aggregator(fed, spec, s.aggregate_in)

@@ -97,11 +97,14 @@ class Federation:
         evaluator: Evaluator | None = None,
         probes: Sequence[Probe] = (),
         train_precision: str | None = None,
+        data: str = "",
     ):
         """`train_precision`: what the phones' training resolved config.train.precision to,
         when the caller knows it (simulate: its one machine); else the explicit fp32 / bf16 of
-        the task, or None for "auto" (each phone resolves it on its own hardware)."""
+        the task, or None for "auto" (each phone resolves it on its own hardware). `data`: the
+        corpus's name, which every metrics row records."""
         self.config = config
+        self.data = data
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.valid, self.test = valid, test
@@ -394,6 +397,7 @@ class Federation:
         row = {
             "round": r,
             "strategy": self.config.label or self.config.strategy,
+            "data": self.data,
             "selected": selected,
             "aggregated": aggregated,
             **scores,

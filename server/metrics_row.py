@@ -30,6 +30,11 @@ ALWAYS: dict[str, RowField] = {
     "strategy": RowField(
         "str", "The aggregation method (`fedavg`, `fedatt`, ...), or the run's label."
     ),
+    "data": RowField(
+        "str",
+        "The corpus the phones trained on: its name (`demo`, `nus-sms`, `ubuntu-irc`, or the "
+        "folder or file `--data` named, e.g. `ptb`).",
+    ),
     "selected": RowField("list[str]", "The phones the strategy selected for this round."),
     "aggregated": RowField(
         "list[str]",
