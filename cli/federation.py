@@ -184,7 +184,7 @@ def server(
     ),
     **opts,
 ) -> None:
-    """Run the federation server: devices enroll, train and upload over HTTP (see README)."""
+    """Run the federation server: devices enroll, train and upload over HTTP (docs/how-to/http-federation.md)."""
     from server.main import serve
 
     own = dict(

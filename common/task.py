@@ -1,7 +1,7 @@
 """The round task: what the server tells a selected phone to do in a round, and its JSON codec.
 
 The server's view of the open round (`GET /v1/rounds/current`) carries it under "task"; the
-keys are the HTTP contract (README, "The HTTP contract"):
+keys are the HTTP contract (docs/how-to/http-federation.md; the generated HTTP API reference):
 
     {"local_epochs", "batch_size", "lr", "momentum", "clip", "max_len", "batching", "precision",
      "seed", "beta", "sigma", "deadline", "model_round"}

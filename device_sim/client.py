@@ -1,4 +1,4 @@
-"""The phone's side of the HTTP contract (README "The HTTP contract"): one `DeviceClient` per phone.
+"""The phone's side of the HTTP contract (docs/how-to/http-federation.md; the generated HTTP API reference): one `DeviceClient` per phone.
 
 Control messages are JSON, tensors are safetensors bytes. Transient failures (the server is
 restarting: connection refused or reset, a 5xx, a 429, a timeout; or a body that stalled on the

@@ -1,6 +1,6 @@
 """Export a fedkey checkpoint to ONNX for the web keyboard, optionally int8-quantized.
 
-The graph (names and shapes are the keyboard's contract, see README.md "ONNX export"):
+The graph (names and shapes are the keyboard's contract, see docs/how-to/keyboard.md):
 
     inputs   tokens   int64   [batch, time]
              h0       float32 [layers, batch, hidden]

@@ -1,4 +1,4 @@
-"""The HTTP API of `fedkey server` (README, "The HTTP contract"): the app, its error handlers and
+"""The HTTP API of `fedkey server` (docs/how-to/http-federation.md; the generated HTTP API reference): the app, its error handlers and
 its lifespan; the routes are in server.api, thin over the Coordinator.
 
     app = create_app(Settings(storage="runs/server", enrollment_secret="s3cret"))

@@ -1,4 +1,4 @@
-"""A per-client token bucket: how often one address may try to enroll (README, "The HTTP contract").
+"""A per-client token bucket: how often one address may try to enroll (docs/how-to/http-federation.md; the generated HTTP API reference).
 
     limiter = RateLimiter(rate=200.0, burst=10_000)
     wait = limiter.take("203.0.113.7")  # 0.0: go ahead; else the seconds until a token is back

@@ -1,4 +1,4 @@
-"""The HTTP API of `fedkey server`, by concern (README, "The HTTP contract"); server.app builds
+"""The HTTP API of `fedkey server`, by concern (docs/how-to/http-federation.md; the generated HTTP API reference); server.app builds
 the app from these routers. Routes are thin: each calls the Coordinator's public methods.
 
     routes_devices  POST /v1/devices (enrollment)

@@ -1,4 +1,4 @@
-"""The HTTP API's bodies and answers as pydantic models (README, "The HTTP contract").
+"""The HTTP API's bodies and answers as pydantic models (docs/how-to/http-federation.md; the generated HTTP API reference).
 
 Answers are `response_model`s: the coordinator's dicts are validated against them and keep keys
 the model does not name (`extra="allow"`), so a field added on the coordinator's side is still
