@@ -255,15 +255,9 @@ class UploadInbox:
         """Commit the receipt and rename the file into place; recorded in the round, unless
         aggregation began meanwhile (then undone: 409)."""
         num_samples, train_loss = declared
-        final = round_dir(self._uploads_dir, n) / f"{device_id}.safetensors"
-        up = Upload(
-            secrets.token_hex(16),
-            received.sha256,
-            received.size,
-            str(final),
-            num_samples,
-            train_loss,
-        )
+        final = str(round_dir(self._uploads_dir, n) / f"{device_id}.safetensors")
+        receipt = secrets.token_hex(16)
+        up = Upload(receipt, received.sha256, received.size, final, num_samples, train_loss)
         with _storing(r, device_id):
             await asyncio.to_thread(self._commit, r, device_id, up, received.path)
         if self._rounds.current is not r or self._rounds.state != RoundState.OPEN:
