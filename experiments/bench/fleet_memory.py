@@ -28,10 +28,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.checkout import ROOT
 from device_sim.config import PhoneConfig
 from runners.processes import free_port, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout (this is experiments/bench/)
 HOST = "127.0.0.1"
 MB = 2**20
 

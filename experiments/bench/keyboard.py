@@ -28,17 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# Debian's chromium, headless and quiet (this machine's closed network refuses its background calls).
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout (this is experiments/bench/)
+from bench.checkout import ROOT, test_support
 
 
 def free_port() -> int:
@@ -125,10 +115,12 @@ def bench_ws(port: int, texts: list[str], warmup: int) -> dict:
 def bench_wasm(port: int, sentences: list[str], keystrokes: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    if not CHROMIUM.exists():
-        return {"skipped": f"{CHROMIUM} not found"}
+    browser_support = test_support("browser")  # Debian's chromium, as fedkey's tests drive it
+    chromium, chromium_args = browser_support.CHROMIUM, browser_support.CHROMIUM_ARGS
+    if not chromium.exists():
+        return {"skipped": f"{chromium} not found"}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = pw.chromium.launch(executable_path=str(chromium), args=chromium_args)
         try:
             page = browser.new_page(viewport={"width": 390, "height": 844})
             errors: list[str] = []

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import math
 import multiprocessing
 import os
@@ -48,6 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from bench.checkout import ROOT, test_support
 from bench.load_phones import HttpError, PhoneConfig, Stats, shard_main
 from bench.load_report import FRACTION, ROUND_DEADLINE, print_table, write_report
 from bench.load_watch import (
@@ -66,7 +66,6 @@ from bench.load_watch import (
 from bench.paper import Bench
 from runners.processes import ProcessError, free_port, listen_problem, server_env, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout (this is experiments/bench/)
 PHONES_PER_DRIVER = 5_000  # phones per driver process (one event loop each)
 #: The server's histograms a cell reads from /metrics at its end.
 HISTOGRAMS = ("fedkey_aggregation_seconds", "fedkey_event_loop_lag_seconds")
@@ -421,24 +420,13 @@ def run_cell(cell: Cell, opts: Options = Options(), progress: bool = True) -> di
         raise LoadError(str(e)) from None
 
 
-#: The throwaway PostgreSQL cluster of a --database postgresql cell: the fedkey tests' own.
-POSTGRES = ROOT / "tests" / "support" / "postgres.py"
-
-
 def postgres() -> ModuleType:
-    """tests/support/postgres.py of the checkout this bench runs from (ROOT), loaded once by its
-    path: the checkout's tests are no installed package, and under pytest the name `tests` is
-    experiments/tests, so neither an import nor the checkout on sys.path would find it."""
-    name = "fedkey_tests_support_postgres"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, POSTGRES)
-    if spec is None or spec.loader is None or not POSTGRES.is_file():
-        raise LoadError(f"{POSTGRES} not found: --database postgresql runs from a fedkey checkout")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The throwaway PostgreSQL cluster of a --database postgresql cell: the fedkey tests' own
+    (tests/support/postgres.py of the checkout)."""
+    try:
+        return test_support("postgres")
+    except FileNotFoundError as e:
+        raise LoadError(f"{e}; --database postgresql needs it") from None
 
 
 def _run_cell(cell: Cell, opts: Options, progress: bool, database_url: str | None) -> dict:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from bench.checkout import ROOT
 from runners.processes import free_port
 
 if TYPE_CHECKING:
     from common.config import Precision
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout; `-m cli`, `-m bench.perf` run here
 PTB = "../shared/data/ptb"  # relative to ROOT, as the commands the benches run name it
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout (this is experiments/bench/)
+from bench.checkout import ROOT
 
 
 def _round_seconds(run_dir: Path) -> float:

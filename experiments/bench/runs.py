@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from bench.checkout import ROOT
 from common.files import atomic_write
-
-ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout (this is experiments/bench/)
 
 
 class Stopped(Exception):
