@@ -3,7 +3,7 @@ the model's tensors)."""
 
 from __future__ import annotations
 
-from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs
+from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs, table
 
 
 def checkpoint_reference() -> str:
@@ -30,22 +30,17 @@ def checkpoint_reference() -> str:
         'The safetensors header\'s metadata has one key, `"fedkey"`, whose value is a JSON '
         "object with these keys:",
         "",
-        "| key | meaning |",
-        "|---|---|",
-    ]
-    for key, meaning in checkpoint.METADATA.items():
-        lines.append(f"| {code(key)} | {cell(meaning)} |")
-    lines += [
+        *table(["key", "meaning"], [[code(k), cell(m)] for k, m in checkpoint.METADATA.items()]),
         "",
         "The model config (`model`):",
         "",
-        "| field | default |",
-        "|---|---|",
-    ]
-    for f in dataclasses.fields(ModelConfig):
-        default = "" if f.default is dataclasses.MISSING else code(f.default)
-        lines.append(f"| {code(f.name)} | {default} |")
-    lines += [
+        *table(
+            ["field", "default"],
+            [
+                [code(f.name), "" if f.default is dataclasses.MISSING else code(f.default)]
+                for f in dataclasses.fields(ModelConfig)
+            ],
+        ),
         "",
         "## Tensors",
         "",
@@ -53,14 +48,13 @@ def checkpoint_reference() -> str:
         "default) stores the matrix its embedding and output layer share once. The small preset "
         "(GRU, 300, tied) at a 10,000-word vocabulary:",
         "",
-        "| tensor | shape | dtype |",
-        "|---|---|---|",
-    ]
-    for name, (shape, dtype) in shapes.items():
-        lines.append(
-            f"| {code(name)} | {code(list(shape))} | {code(str(dtype).removeprefix('torch.'))} |"
-        )
-    lines += [
+        *table(
+            ["tensor", "shape", "dtype"],
+            [
+                [code(name), code(list(shape)), code(str(dtype).removeprefix("torch."))]
+                for name, (shape, dtype) in shapes.items()
+            ],
+        ),
         "",
         "Loading a checkpoint whose tensors do not match its `model` config fails with a message "
         "naming the tensor.",

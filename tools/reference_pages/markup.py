@@ -28,3 +28,13 @@ def paragraphs(text: str | None) -> str:
         return ""
     parts = re.split(r"\n\s*\n", text.replace("\b", "").strip())
     return "\n\n".join(" ".join(p.split()) for p in parts)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule, one line per row (cells already made safe
+    with `cell` or `code`)."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]

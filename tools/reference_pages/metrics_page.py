@@ -3,7 +3,7 @@ those an option asks for."""
 
 from __future__ import annotations
 
-from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs
+from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs, table
 
 
 def metrics_reference() -> str:
@@ -22,21 +22,20 @@ def metrics_reference() -> str:
         "",
         "## Every row",
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-    ]
-    for name, field in metrics_row.ALWAYS.items():
-        lines.append(f"| {code(name)} | {cell(field.type)} | {cell(field.description)} |")
-    lines += [
+        *table(
+            ["field", "type", "meaning"],
+            [[code(n), cell(f.type), cell(f.description)] for n, f in metrics_row.ALWAYS.items()],
+        ),
         "",
         "## When an option asks for them",
         "",
-        "| field | type | when | meaning |",
-        "|---|---|---|---|",
+        *table(
+            ["field", "type", "when", "meaning"],
+            [
+                [code(n), cell(f.type), f.when, cell(f.description)]
+                for n, f in metrics_row.CONDITIONAL.items()
+            ],
+        ),
+        "",
     ]
-    for name, field in metrics_row.CONDITIONAL.items():
-        lines.append(
-            f"| {code(name)} | {cell(field.type)} | {field.when} | {cell(field.description)} |"
-        )
-    lines.append("")
     return "\n".join(lines)
