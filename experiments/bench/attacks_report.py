@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from bench.attacks import ATTACKS, CHECKS, DEFENCES, POPULATIONS, STRATEGIES, Cell, Protocol, cells
+from bench.checkout import RESULTS
 from bench.report import markdown_table
 from corpora.dataset import device_name
 from server.storage import PLOT_CAP
@@ -419,6 +420,6 @@ __all__ = ["ATTACKS", "acceptance", "markdown", "plot", "write_report"]
 
 
 if __name__ == "__main__":  # python -m bench.attacks_report experiments/results/attacks
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/attacks")
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "attacks"
     data = json.loads((folder / "results.json").read_text())
     print(write_report(data["runs"], folder, data["bench_commands"]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bench.checkout import RESULTS
 from runners.canary_audit import Results, write_report
 
 
@@ -21,4 +22,4 @@ def rebuild(folder: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(rebuild(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/canary")))
+    print(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "canary"))

@@ -15,8 +15,10 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout (this is experiments/bench/)
+#: The committed results, one folder per benchmark: the default --out wherever the bench runs from.
+RESULTS = ROOT / "experiments" / "results"
 
-__all__ = ["ROOT", "test_support"]
+__all__ = ["RESULTS", "ROOT", "test_support"]
 
 
 def test_support(name: str) -> ModuleType:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
+from bench.checkout import RESULTS
 from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
@@ -57,7 +58,7 @@ def bench_perf(
         False, "--quick", help="Shrink every step (fewer repeats, keystrokes, updates): ~3 minutes."
     ),
     out: Path = typer.Option(
-        Path("experiments/results/perf/cpu"),
+        RESULTS / "perf" / "cpu",
         "--out",
         help="This machine's folder (experiments/results/perf/<machine>): OUT/perf.json is "
         "written there and the page of every machine beside it, OUT/../results.md, rebuilt.",
@@ -109,7 +110,7 @@ def bench_paper(
         help="The folder that holds ptb/ and wikitext-2/ (train/valid/test.txt).",
     ),
     out: Path = typer.Option(
-        Path("experiments/results"),
+        RESULTS,
         "--out",
         help="Results go to OUT/<preset>/: results.json, results.md, curves_*.png.",
     ),
@@ -180,7 +181,7 @@ def bench_merge(
         help="results.json of the same bench run on another machine (a GPU lent for a session).",
     ),
     into: Path = typer.Option(
-        Path("experiments/results/cpu"),
+        RESULTS / "cpu",
         "--into",
         help="The results folder to take it into (its results.json; results.md rebuilt).",
     ),
@@ -213,7 +214,7 @@ def bench_merge(
 @app.command("attacks")
 def bench_attacks(
     out: Path = typer.Option(
-        Path("experiments/results/attacks"),
+        RESULTS / "attacks",
         "--out",
         help="Where results.json, results.md and attacks.png are written.",
     ),
@@ -266,7 +267,7 @@ def bench_attacks(
 @app.command("privacy")
 def bench_privacy(
     out: Path = typer.Option(
-        Path("experiments/results/privacy"),
+        RESULTS / "privacy",
         "--out",
         help="Where results.json, results.md and privacy.png are written.",
     ),
@@ -357,7 +358,7 @@ def bench_load(
         "run", "--label", help="Names the cells (e.g. baseline); another label is another cell."
     ),
     out: Path = typer.Option(
-        Path("experiments/results/load"),
+        RESULTS / "load",
         "--out",
         help="Where results.json and results.md are written.",
     ),

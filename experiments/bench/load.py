@@ -47,7 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench.checkout import ROOT, test_support
+from bench.checkout import RESULTS, ROOT, test_support
 from bench.load_phones import HttpError, PhoneConfig, Stats, shard_main
 from bench.load_report import FRACTION, ROUND_DEADLINE, print_table, write_report
 from bench.load_watch import (
@@ -538,7 +538,7 @@ def run_load(
     phones: list[int],
     rounds: int,
     label: str = "run",
-    out: Path = Path("experiments/results/load"),
+    out: Path = RESULTS / "load",
     opts: Options = Options(),
     dry_run: bool = False,
     bench_command: str = "",

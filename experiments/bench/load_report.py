@@ -16,6 +16,7 @@ import io
 import sys
 from pathlib import Path
 
+from bench.checkout import RESULTS
 from common.files import atomic_write
 
 FRACTION = 0.1  # of the phones selected (each uploads) every round, unless a cell says otherwise
@@ -286,4 +287,4 @@ def rebuild(folder: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(rebuild(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/load")))
+    print(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "load"))

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from bench.checkout import RESULTS
 from bench.perf_measures import (
     PTB,
     ROOT,
@@ -398,7 +399,7 @@ def _describe(e: BaseException) -> str:
 
 def run_perf(
     quick: bool = False,
-    out: str | Path = "experiments/results/perf/cpu",
+    out: str | Path = RESULTS / "perf" / "cpu",
     skip: list[str] | tuple[str, ...] = (),
     command: str = "fedkey-bench perf",
 ) -> dict:

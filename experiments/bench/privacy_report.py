@@ -10,6 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench.checkout import RESULTS
+
 STRATEGY_NAMES = {"fedavg": "DP-FedAvg", "fedatt": "DP-FedAtt"}
 
 
@@ -242,4 +244,4 @@ def rebuild(folder: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(rebuild(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/privacy")))
+    print(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "privacy"))

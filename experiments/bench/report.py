@@ -17,6 +17,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.checkout import RESULTS
 from bench.perf_targets import targets
 
 # The steps of `fedkey-bench perf`, in the order they run (also the names --skip takes).
@@ -643,4 +644,4 @@ def write_report(result: dict, out: str | Path) -> tuple[Path, Path]:
 
 
 if __name__ == "__main__":  # python -m bench.report experiments/results/perf
-    print(rebuild(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/perf"))
+    print(rebuild(sys.argv[1] if len(sys.argv) > 1 else RESULTS / "perf"))
