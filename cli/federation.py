@@ -174,7 +174,13 @@ def server(
     export_dir: Path | None = opt(
         "export_dir",
         "--export-dir",
-        help="Export every new global model to DIR/model.onnx (+ model.json) for the keyboard.",
+        help="Export the global model to DIR/model.onnx (+ model.json) for the keyboard: a "
+        "round's model when its validation perplexity is the best so far.",
+    ),
+    export_latest: bool = opt(
+        "export_latest",
+        "--export-latest",
+        help="With --export-dir: export every round's model, better on validation or not.",
     ),
     max_samples: int = opt(
         "max_samples",
@@ -196,6 +202,7 @@ def server(
         database_url=database_url,
         exit_when_done=exit_when_done,
         export_dir=export_dir,
+        export_latest=export_latest,
         max_samples=max_samples,
     )
     settings = build_settings({**opts, **own})

@@ -180,7 +180,7 @@ class Coordinator:
             registry.open(self.sessions, db_writer, db)
             if not resumed:
                 recovery.forget_rounds(db)
-        model = GlobalModel(fed, self.events, self.settings.export_dir)
+        model = GlobalModel(fed, self.events, self.settings.export_dir, self.settings.export_latest)
         driver = self._driver(fed, registry.devices, model.refresh)
         reconciled = recovery.reconcile(
             fed=fed,

@@ -1,5 +1,7 @@
-"""The newest global model: the checkpoint bytes GET /v1/model serves, and (with export_dir) its
-ONNX export for the keyboard, made in the background."""
+"""The newest global model: the checkpoint bytes GET /v1/model serves; and, with export_dir, the
+ONNX export for the keyboard, made in the background: of the round best on validation so far
+(the engine's `Federation.best`), so that a round that does worse never replaces the keyboard's
+model, or of every round with export_latest."""
 
 from __future__ import annotations
 
@@ -18,10 +20,17 @@ class GlobalModel:
     """The federation's newest global model as served and exported; :meth:`refresh` after each
     aggregated round."""
 
-    def __init__(self, fed: Federation, events: EventBus, export_dir: Path | None):
+    def __init__(
+        self,
+        fed: Federation,
+        events: EventBus,
+        export_dir: Path | None,
+        export_latest: bool = False,
+    ):
         self._fed = fed
         self._events = events
         self._export_dir = export_dir
+        self._export_latest = export_latest
         self._model: tuple[int, bytes, str] | None = None  # (round, checkpoint bytes, sha256)
         self._exporting: asyncio.Task | None = None
         self._exported_round: int | None = None
@@ -40,9 +49,18 @@ class GlobalModel:
 
     # -- ONNX exports for the keyboard ------------------------------------------------------------
 
+    def export_round(self) -> int:
+        """The round whose model the export folder should hold: the round best on validation so
+        far (the newest round with export_latest, or before any round was scored)."""
+        best = self._fed.best
+        if self._export_latest or best is None:
+            return self._fed.round
+        return int(best["round"])
+
     def _schedule_export(self) -> None:
-        """With export_dir, export the newest global model to ONNX in the background: one export
-        at a time, always of the newest round (rounds finished meanwhile are skipped)."""
+        """With export_dir, export the round :meth:`export_round` names to ONNX in the background:
+        one export at a time, always of the round it names once done (rounds finished meanwhile
+        are skipped). A round that is not the best on validation exports nothing."""
         export_dir = self._export_dir
         if export_dir is None or self._exporting:
             return
@@ -50,8 +68,7 @@ class GlobalModel:
 
     async def _export_newest(self, export_dir: Path) -> None:
         try:
-            while self._exported_round != self._fed.round:
-                r = self._fed.round
+            while self._exported_round != (r := self.export_round()):
                 path = self._fed.storage.checkpoint_path(r)
                 try:
                     report = await asyncio.to_thread(_export, path, export_dir)

@@ -176,7 +176,11 @@ class Settings(BaseSettings):
     # while the connection's buffer is full): past it the download is cut and the connection
     # closed, so a reader that stopped reading does not hold a max_sending slot for ever.
     send_timeout: float = Field(30.0, gt=0, allow_inf_nan=False)
-    export_dir: Path | None = None  # export every new global model to <dir>/model.onnx (+ .json)
+    # export the global model to <dir>/model.onnx (+ .json) for the keyboard: the model of a
+    # round whose validation perplexity is the best so far (the keyboard serves the best model
+    # on validation), so a round that does worse leaves the export as it was
+    export_dir: Path | None = None
+    export_latest: bool = False  # export every round's model instead, better or not
     keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
     # process: rounds are aggregated in a child process at a lower CPU priority, sharing no GIL
     # with the event loop (server.aggregator); thread: in a thread of the server process
