@@ -39,10 +39,14 @@ def load_metadata(onnx_path: str | Path) -> dict:
 
     Keys: "format" ("fedkey-onnx-1"), "model" (the ModelConfig dict: vocab_size, cell,
     emb_size, hidden_size, num_layers, tied, dropout), "tokenizer" (as in the checkpoint: for a
-    word tokenizer {"kind": "word", "words": [...]}), "round", "strategy", "metrics"
+    word tokenizer {"kind": "word", "words": [...]}), "round", "strategy", "data" (the corpus
+    the model learned from, as its metrics row names it: demo, nus-sms, ubuntu-irc or the folder
+    or file; None when not recorded), "best_round" (the round best on validation as of this
+    round: this round when it is the best so far; None when not recorded), "metrics"
     ({"val_ppl", "test_ppl"} when the checkpoint had them), "privacy" (:func:`privacy_facts`;
     absent from exports made before it existed), "int8", "inputs", "outputs" and "export" (file
-    sizes and held-out numbers measured at export time).
+    sizes and held-out numbers measured at export time). "data" and "best_round" are absent
+    from exports made before they existed.
     """
     side = metadata_path(onnx_path)
     if side.exists():

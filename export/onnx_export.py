@@ -353,14 +353,19 @@ def quantize_int8(fp32: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def public_metadata(meta: dict) -> dict:
-    """The checkpoint metadata a keyboard may see: no server state, metrics reduced to ppl, and
+    """The checkpoint metadata a keyboard may see: no server state, metrics reduced to ppl, the
+    corpus the model learned from ("data", the metrics row's; None when not recorded), the round
+    best on validation as of this one ("best_round": this round when it is the best so far), and
     the privacy facts (export.metadata.privacy_facts: epsilon, the budget, the bounding)."""
     metrics = meta.get("metrics") or {}
+    best_round = metrics.get("best_round")
     return {
         "model": meta["model"],
         "tokenizer": meta["tokenizer"],
         "round": meta.get("round"),
         "strategy": meta.get("strategy"),
+        "data": metrics.get("data") if isinstance(metrics.get("data"), str) else None,
+        "best_round": best_round if isinstance(best_round, int) else None,
         "metrics": {k: metrics[k] for k in ("val_ppl", "test_ppl") if metrics.get(k) is not None},
         "privacy": privacy_facts(meta),
     }

@@ -35,6 +35,14 @@ class Info(BaseModel):
 
     round: int | None = Field(description="The served model's round.")
     strategy: str | None
+    data: str | None = Field(
+        description="The corpus the served model learned from (demo, nus-sms, ubuntu-irc, a "
+        "folder or file); None when the export does not record it."
+    )
+    best_round: int | None = Field(
+        description="The round best on validation as of the served one (the served round when "
+        "it is the best so far); None when the export does not record it."
+    )
     perplexity: float | None = Field(description="Test perplexity, else validation.")
     val_ppl: float | None
     test_ppl: float | None

@@ -44,6 +44,8 @@ def model_event(s: Suggester) -> dict:
     return {
         "round": s.round,
         "strategy": s.strategy,
+        "data": s.data,
+        "best_round": s.best_round,
         "val_ppl": s.metrics.get("val_ppl"),
         "test_ppl": s.metrics.get("test_ppl"),
         "perplexity": s.perplexity,

@@ -210,6 +210,20 @@ class Suggester:
         return self.metadata.get("strategy")
 
     @property
+    def data(self) -> str | None:
+        """The corpus the model learned from (demo, nus-sms, ubuntu-irc, a folder or file), as
+        the export records it; None for an export made before it was recorded."""
+        value = self.metadata.get("data")
+        return value if isinstance(value, str) else None
+
+    @property
+    def best_round(self) -> int | None:
+        """The round best on validation as of the served one (the served round itself when it
+        is the best so far), as the export records it; None when not recorded."""
+        value = self.metadata.get("best_round")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
     def metrics(self) -> dict:
         return self.metadata.get("metrics") or {}
 
@@ -237,6 +251,8 @@ class Suggester:
         return {
             "round": self.round,
             "strategy": self.strategy,
+            "data": self.data,
+            "best_round": self.best_round,
             "perplexity": self.perplexity,
             "val_ppl": m.get("val_ppl"),
             "test_ppl": m.get("test_ppl"),

@@ -461,7 +461,43 @@
     show("bounding-detail", boundingDetail);
   }
 
+  // The corpora a model can learn from, as the page names them (else the name as recorded).
+  const CORPORA = {
+    demo: "the generated demo corpus",
+    "nus-sms": "NUS SMS (real text messages)",
+    "ubuntu-irc": "Ubuntu IRC (real #ubuntu chat)",
+  };
+
+  // Which round is served and why (the best on validation so far, or the latest round), and the
+  // corpus the model learned from, from the export's "best_round" and "data" and the chart's rows.
+  let served = null;
+
+  function servedNote() {
+    const m = served;
+    if (!m || m.round === null || m.round === undefined) return "";
+    const parts = [];
+    const all = Array.from(rows.values());
+    const last = all.length ? Math.max(...all.map((r) => r.round)) : m.round;
+    const vals = all.filter((r) => isNum(r.val_ppl)).map((r) => r.val_ppl);
+    const beaten = isNum(m.val_ppl) && vals.some((v) => v < m.val_ppl);
+    const span = last > m.round ? ` of rounds 0–${last}` : " so far";
+    if (m.best_round === m.round && !beaten) {
+      parts.push(`serving round ${m.round}: the best on validation${span}`);
+    } else if (Number.isInteger(m.best_round) && m.best_round !== m.round) {
+      parts.push(`serving round ${m.round}, the latest (best on validation: round ${m.best_round})`);
+    } else {
+      parts.push(`serving round ${m.round}`);
+    }
+    if (m.data) parts.push(`learned from ${CORPORA[m.data] || m.data}`);
+    return parts.join(" · ");
+  }
+
+  function showServed() {
+    $("served-note").textContent = servedNote();
+  }
+
   function showModel(m) {
+    served = m;
     setRound(m.round);
     $("strategy").textContent = m.strategy || "–";
     showPrivacy(m.privacy);
@@ -476,6 +512,7 @@
       });
       drawChart();
     }
+    showServed();
   }
 
   const rows = new Map(); // round -> {round, val_ppl, test_ppl}
@@ -487,6 +524,7 @@
       }
     }
     drawChart();
+    showServed();
   }
 
   const SVGNS = "http://www.w3.org/2000/svg";

@@ -108,6 +108,7 @@ def test_metadata_round_trips(make_checkpoint, tmp_path):
     assert side["tokenizer"] == tok.to_config()
     assert (side["round"], side["strategy"]) == (7, "fedatt")
     assert side["metrics"] == {"val_ppl": 123.4, "test_ppl": 130.5}
+    assert (side["data"], side["best_round"]) == (None, None)  # the row records neither
     assert "server" not in side
     assert side["inputs"] == ["tokens", "h0", "c0"] and side["outputs"] == ["logprobs", "hn", "cn"]
     assert side["export"]["parity_max_abs_diff"] == report.parity_max_abs_diff
@@ -181,3 +182,17 @@ def test_int8_is_smaller_and_agrees(make_checkpoint, tmp_path, demo, cell, tied)
 def test_rejects_output_without_onnx_suffix(make_checkpoint, tmp_path):
     with pytest.raises(ValueError, match=".onnx"):
         export_checkpoint(make_checkpoint("gru", 1, True), tmp_path / "model.bin")
+
+
+def test_metadata_names_the_corpus_and_the_best_round():
+    """The metrics row's corpus ("data") and best round reach the export's metadata; other row
+    fields and a value of the wrong type do not."""
+    from export.onnx_export import public_metadata
+
+    base = {"model": {}, "tokenizer": {}, "round": 12, "strategy": "fedatt"}
+    row = {"round": 12, "data": "nus-sms", "best_round": 12, "val_ppl": 80.0, "top1": 0.2}
+    meta = public_metadata({**base, "metrics": row})
+    assert (meta["data"], meta["best_round"]) == ("nus-sms", 12)
+    assert meta["metrics"] == {"val_ppl": 80.0}
+    odd = public_metadata({**base, "metrics": {"data": 3, "best_round": "12"}})
+    assert (odd["data"], odd["best_round"]) == (None, None)

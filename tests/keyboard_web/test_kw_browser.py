@@ -88,6 +88,7 @@ def test_server_mode_on_a_phone(page, models, watch_dir):
     expect(page.get_by_test_id("strategy")).to_have_text("fedavg")
     expect(page.get_by_test_id("perplexity")).to_contain_text("175")
     expect(page.get_by_test_id("mode")).to_have_value("server")
+    expect(page.get_by_test_id("served-note")).to_have_text("serving round 3")  # no more known
 
     tap(page, "see ")  # the on-screen keyboard
     page.keyboard.type("you ")  # the physical keyboard
@@ -123,10 +124,15 @@ def test_server_mode_on_a_phone(page, models, watch_dir):
     timings = page.evaluate("window.fedkeyTimings.server")
     assert len(timings) >= 8
 
-    # A newer export in the watched directory: the panel follows without a reload.
-    save_round(models, 4, watch_dir, val_ppl=120.0)
+    # A newer export in the watched directory: the panel follows without a reload, and says the
+    # round is the best on validation and which corpus the model learned from.
+    row = {"val_ppl": 120.0, "test_ppl": 125.0, "data": "nus-sms", "best_round": 4}
+    save_round(models, 4, watch_dir, metrics=row)
     expect(page.get_by_test_id("round")).to_have_text("4", timeout=15_000)
     expect(page.get_by_test_id("strategy")).to_have_text("fedatt")
+    expect(page.get_by_test_id("served-note")).to_have_text(
+        "serving round 4: the best on validation so far · learned from NUS SMS (real text messages)"
+    )
     assert page.locator("#chart circle").count() >= 2  # rounds 3 and 4 on the chart
 
 
@@ -141,7 +147,8 @@ def test_the_readme_screenshot(browser, served, models, watch_dir):
     page.goto(served.url + "/")
     expect(page.get_by_test_id("round")).to_have_text("3")
     for round_idx, val_ppl in ((4, 140.0), (5, 118.0)):
-        save_round(models, round_idx, watch_dir, val_ppl=val_ppl)
+        row = {"val_ppl": val_ppl, "test_ppl": val_ppl + 5, "data": "demo"}
+        save_round(models, round_idx, watch_dir, metrics={**row, "best_round": round_idx})
         expect(page.get_by_test_id("round")).to_have_text(str(round_idx), timeout=15_000)
     expect(page.locator("#chart circle")).to_have_count(3 * 2)  # validation and test, 3 rounds
 

@@ -90,6 +90,7 @@ def test_binary_frame_gets_an_error(client):
 def test_info_model_and_page_routes(client, models):
     info = client.get("/api/info").json()
     assert info["round"] == 3 and info["strategy"] == "fedavg" and info["int8"] is False
+    assert (info["data"], info["best_round"]) == (None, None)  # not recorded in this export
     assert info["perplexity"] == pytest.approx(175.25)
     assert info["suggestions"] is True
     assert info["browser_mode"]["available"] is (ORT_DIST / "ort.wasm.min.js").exists()
@@ -139,7 +140,9 @@ def test_hot_reload_swaps_the_model_without_restart(models, watch_dir):
             first = ws.receive_json()
             assert first["round"] == 3
 
-            save_round(models, 4, watch_dir, val_ppl=120.0)  # a newer export, written in place
+            # A newer export, written in place, of a round best on validation on NUS SMS.
+            row = {"val_ppl": 120.0, "test_ppl": 125.0, "data": "nus-sms", "best_round": 4}
+            save_round(models, 4, watch_dir, metrics=row)
 
             def round_4():
                 ws.send_json({"text": "see you at the "})
@@ -153,8 +156,10 @@ def test_hot_reload_swaps_the_model_without_restart(models, watch_dir):
             event = events.receive_json()
             assert event["type"] == "model_loaded" and event["round"] == 4
             assert event["val_ppl"] == 120.0
+            assert (event["data"], event["best_round"]) == ("nus-sms", 4)
         info = client.get("/api/info").json()
         assert info["round"] == 4 and info["strategy"] == "fedatt" and info["reloads"] == 1
+        assert (info["data"], info["best_round"]) == ("nus-sms", 4)  # the panel's served note
         assert client.get("/model.json").json()["round"] == 4
         rounds = [r["round"] for r in client.get("/api/metrics").json()["rounds"]]
         assert rounds == [3, 4]
