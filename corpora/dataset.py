@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common.config import DataConfig
 from corpora.loaders import Corpus, load_corpus
-from corpora.partition import partition
+from corpora.partition import by_user, partition
 from models.canary import check_vocabulary
 from models.tokenizers import Tokenizer, build_tokenizer
 
@@ -69,18 +69,42 @@ def load_cut(cfg: DataConfig) -> tuple[Corpus, list[str]]:
     corpus = load_corpus(cfg.data, paper_protocol=cfg.paper_protocol, seed=cfg.seed)
     vocab_text = tokenizer_text(cfg, corpus)
     n = cut_tokens(corpus.train, cfg.max_train_tokens)
+    train_users = corpus.train_users[:n] if corpus.train_users else None
+    valid, valid_users = _phones_only(cfg, train_users, corpus.valid, corpus.valid_users)
+    test, test_users = _phones_only(cfg, train_users, corpus.test, corpus.test_users)
     m = cfg.max_eval_sentences
+
+    def first(items: list[str] | None) -> list[str] | None:
+        return items[:m] if m and items is not None else items
+
     cut = Corpus(
         name=corpus.name,
         train=corpus.train[:n],
-        valid=corpus.valid[:m] if m else corpus.valid,
-        test=corpus.test[:m] if m else corpus.test,
-        train_users=corpus.train_users[:n] if corpus.train_users else None,
+        valid=valid[:m] if m else valid,
+        test=test[:m] if m else test,
+        train_users=train_users,
         train_articles=corpus.train_articles[:n] if corpus.train_articles else None,
-        unseen_test=corpus.unseen_test[:m] if m and corpus.unseen_test else corpus.unseen_test,
-        unseen_users=corpus.unseen_users[:m] if m and corpus.unseen_users else corpus.unseen_users,
+        unseen_test=first(corpus.unseen_test),
+        unseen_users=first(corpus.unseen_users),
+        valid_users=first(valid_users),
+        test_users=first(test_users),
     )
     return cut, vocab_text
+
+
+def _phones_only(
+    cfg: DataConfig, train_users: list[str] | None, items: list[str], users: list[str] | None
+) -> tuple[list[str], list[str] | None]:
+    """The held-out `items` of the senders who have a phone: with ``--partition user``, the
+    owners :func:`corpora.partition.by_user` makes phones (``--clients K``: the K with the most
+    training messages); unchanged where the corpus does not know whose each item is, or for
+    another partition (every training sender then trains somewhere)."""
+    if cfg.partition != "user" or users is None or train_users is None:
+        return items, users
+    shards = by_user(train_users, cfg.clients, cfg.seed)
+    phones = {train_users[shard[0]] for shard in shards}
+    keep = [i for i, u in enumerate(users) if u in phones]
+    return [items[i] for i in keep], [users[i] for i in keep]
 
 
 def server_data(cfg: DataConfig) -> tuple[Corpus, Tokenizer]:

@@ -61,6 +61,9 @@ class Corpus:
     partition can give each phone whole articles (``corpora.partition.by_article``).
     ``unseen_test`` holds the messages of held-out senders who never train (the real per-sender
     corpora, :mod:`corpora.senders`), ``unseen_users`` their owners; ``None`` elsewhere.
+    ``valid_users`` / ``test_users`` give the owner of each validation / test item where the
+    corpus knows it (the per-sender corpora), so the held-out text can be cut to the senders who
+    have a phone (:func:`corpora.dataset.load_cut`).
     """
 
     name: str
@@ -71,12 +74,16 @@ class Corpus:
     train_articles: list[str] | None = None
     unseen_test: list[str] | None = None
     unseen_users: list[str] | None = None
+    valid_users: list[str] | None = None
+    test_users: list[str] | None = None
 
     def __post_init__(self) -> None:
         checks = (
             ("train_users", self.train_users, "train", self.train),
             ("train_articles", self.train_articles, "train", self.train),
             ("unseen_users", self.unseen_users, "unseen_test", self.unseen_test or []),
+            ("valid_users", self.valid_users, "valid", self.valid),
+            ("test_users", self.test_users, "test", self.test),
         )
         for label, labels, split, items in checks:
             if labels is not None and len(labels) != len(items):

@@ -19,7 +19,10 @@ A loader (:mod:`corpora.nus_sms`, :mod:`corpora.ubuntu_irc`) reads its upstream 
 The splits interleave the senders round-robin, as :func:`corpora.loaders.split_user_messages`
 does, so a prefix of the training split still holds every sender. With ``--partition user``,
 ``--clients K`` keeps the K senders with the most training messages
-(:func:`corpora.partition.by_user`).
+(:func:`corpora.partition.by_user`), and the validation and test sets then hold only those K
+senders' later messages (:func:`corpora.dataset.load_cut`): the phones' own held-out text. The
+other senders' messages are unused; the held-out senders stay the same whatever K is, so
+``unseen_test`` compares across K.
 """
 
 from __future__ import annotations
@@ -137,13 +140,17 @@ def sender_corpus(
         for split, chosen in _time_split(texts, rules.valid_frac, rules.test_frac).items():
             parts[split][sender] = chosen
     train, train_users = _interleave(parts["train"])
+    valid, valid_users = _interleave(parts["valid"])
+    test, test_users = _interleave(parts["test"])
     unseen_test, unseen_users = _interleave({s: t for s, t in by_sender.items() if s in unseen})
     return Corpus(
         name=name,
         train=train,
-        valid=_interleave(parts["valid"])[0],
-        test=_interleave(parts["test"])[0],
+        valid=valid,
+        test=test,
         train_users=train_users,
         unseen_test=unseen_test,
         unseen_users=unseen_users,
+        valid_users=valid_users,
+        test_users=test_users,
     )

@@ -148,6 +148,30 @@ def held_out_scores(
     }
 
 
+def unseen_scores(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    unseen: list[str],
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+    precision: Precision = "fp32",
+    ksr_sentences: int = 0,
+) -> dict[str, float | None]:
+    """The test fields of :func:`held_out_scores` on the messages of held-out senders who never
+    trained (``Corpus.unseen_test``): ``unseen_test_ppl``, ``unseen_top1``, ``unseen_top3`` and
+    ``unseen_ksr`` (on its first `ksr_sentences` messages; None: off or SentencePiece)."""
+    scores = evaluate(model, tokenizer, unseen, batch_size, device, precision)
+    ksr = None
+    if isinstance(tokenizer, WordTokenizer) and ksr_sentences > 0:
+        ksr = keystroke_savings(model, tokenizer, unseen[:ksr_sentences], precision=precision)
+    return {
+        "unseen_test_ppl": scores["ppl"],
+        "unseen_top1": scores["top1"],
+        "unseen_top3": scores["top3"],
+        "unseen_ksr": ksr,
+    }
+
+
 @torch.no_grad()
 def column_perplexity(
     model: LanguageModel,

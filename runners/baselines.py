@@ -176,6 +176,18 @@ def train_ngram(
     ksr = keystroke_savings_of(
         lm.sentence_log_probs, tokenizer, prepared.corpus.test[:ksr_sentences]
     )
+    unseen: dict[str, object] = {}
+    if prepared.corpus.unseen_test:  # the held-out senders' messages, as simulate scores them
+        held = lm.evaluate(prepared.corpus.unseen_test)
+        unseen_ksr = keystroke_savings_of(
+            lm.sentence_log_probs, tokenizer, prepared.corpus.unseen_test[:ksr_sentences]
+        )
+        unseen = {
+            "unseen_test_ppl": held["ppl"],
+            "unseen_top1": held["top1"],
+            "unseen_top3": held["top3"],
+            "unseen_ksr": unseen_ksr if ksr_sentences else None,
+        }
     row: dict[str, object] = {
         "round": 0,
         "strategy": name,
@@ -188,6 +200,7 @@ def train_ngram(
         "top3": test["top3"],
         "ksr": ksr if ksr_sentences else None,
         **columns,
+        **unseen,
         "best_round": 0,
         "best_val_ppl": val["ppl"],
         "best_test_ppl": test["ppl"],

@@ -19,7 +19,9 @@ drops it with a 422. With attack "backdoor" every row reports the backdoor's suc
 (backdoor_top1, backdoor_top3), also with no attacker: the clean model's rate.
 
 The round engine's setup (make_federation) and its start or resumption (start_or_resume) also
-serve `fedkey train-central` (runners.baselines).
+serve `fedkey train-central` (runners.baselines). On a corpus with held-out senders (NUS SMS,
+Ubuntu IRC: ``Corpus.unseen_test``) every row also scores their messages (`UnseenProbe`: the
+``unseen_*`` fields), as `fedkey ngram` does its n-gram's.
 """
 
 from __future__ import annotations
@@ -77,6 +79,27 @@ class _Placement:
         return {"lost": dict(self.lost), "trained_on": dict(self.trained_on)}
 
 
+class UnseenProbe:
+    """A round metric: the model's test fields on the messages of the held-out senders who never
+    trained (models.metrics.unseen_scores), scored on the CPU as the probes are."""
+
+    def __init__(
+        self, unseen: list[str], ksr_sentences: int, batch_size: int = 64, precision="fp32"
+    ) -> None:
+        self.unseen = unseen
+        self.ksr_sentences = ksr_sentences
+        self.batch_size = batch_size
+        self.precision = precision
+
+    def __call__(self, model, tokenizer) -> dict:
+        from models.metrics import unseen_scores
+
+        return unseen_scores(
+            model, tokenizer, self.unseen, self.batch_size, "cpu", self.precision,
+            self.ksr_sentences,
+        )  # fmt: skip
+
+
 def _lost_phones(pool: TrainingBackend, cohort: list[str], results: dict) -> dict[str, str]:
     """The cohort's phones that came back with no result, and why (the ray backend says)."""
     why = getattr(pool, "lost", {})
@@ -102,6 +125,13 @@ def make_federation(
     phones train on `device` of this machine, so their precision is known (and recorded)."""
     torch.set_num_threads(1)
     sizes = {d: sum(len(s) - 1 for s in shard) for d, shard in shards.items()}
+    probes = list(probes or [])
+    if prepared.corpus.unseen_test:
+        precision = resolve_precision(fed.train.precision, "cpu")
+        probes.append(
+            UnseenProbe(prepared.corpus.unseen_test, fed.ksr_sentences, fed.eval_batch_size,
+                        precision)
+        )  # fmt: skip
     return Federation(
         fed,
         model_config,
@@ -110,7 +140,7 @@ def make_federation(
         prepared.corpus.valid,
         prepared.corpus.test,
         RunStorage(out_dir),
-        probes=probes or [],
+        probes=probes,
         train_precision=resolve_precision(fed.train.precision, resolve_device(device)),
         data=prepared.corpus.name,
     )

@@ -104,6 +104,27 @@ CONDITIONAL: dict[str, RowField] = {
     "best_col_test_ppl": RowField(
         "float", "`col_test_ppl` of the best round so far.", "`--batching columns`"
     ),
+    "unseen_test_ppl": RowField(
+        "float",
+        "Perplexity on the messages of the held-out senders who never trained (`test_ppl` is on "
+        "the training senders' later messages).",
+        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+    ),
+    "unseen_top1": RowField(
+        "float | null",
+        "`top1` on the held-out senders' messages.",
+        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+    ),
+    "unseen_top3": RowField(
+        "float | null",
+        "`top3` on the held-out senders' messages.",
+        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+    ),
+    "unseen_ksr": RowField(
+        "float | null",
+        "`ksr` on the held-out senders' first messages.",
+        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+    ),
     "canary_exposure": RowField(
         "float",
         "The planted secret's exposure in bits (Carlini et al. 2019): log2 of the candidates "

@@ -57,6 +57,11 @@ __all__ = [
 
 def command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> list[str]:
     """The fedkey command line of one run (without the interpreter)."""
+    cmd = _command(spec, preset, data_root, run_dir)
+    return cmd if spec.paper_protocol else [w for w in cmd if w != "--paper-protocol"]
+
+
+def _command(spec: RunSpec, preset: Preset, data_root: Path, run_dir: Path) -> list[str]:
     data = ["--data", "demo" if spec.dataset == "demo" else str(data_root / spec.dataset)]
     workers = [] if preset.workers is None else ["--workers", str(preset.workers)]
     if spec.kind == "ngram":
@@ -118,6 +123,8 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "top1": best.get("top1"),
         "top3": best.get("top3"),
         "ksr": best.get("ksr"),
+        # a corpus with held-out senders (NUS SMS, Ubuntu IRC): the best model on their messages
+        **{k: best.get(k) for k in UNSEEN if k in best},
         "rounds": rows[-1]["round"],
         "rounds_to_ppl_90": below_90[0] if below_90 else None,
         # the rounds' own seconds (training and aggregation, no evaluation): bench.paper_budget
@@ -140,6 +147,10 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
             else {}
         ),
     }
+
+
+#: The metrics of the held-out senders' messages (server.metrics_row), where a run has them.
+UNSEEN = ("unseen_test_ppl", "unseen_top1", "unseen_top3", "unseen_ksr")
 
 
 def reused(twin: dict, spec: RunSpec, cmd: str) -> dict:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
+from bench.paper_real import real_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
 from bench.paper_suites import SUITES, planned
@@ -271,7 +272,8 @@ QUESTION = (
 RUNS_CSV = "runs.csv"
 RUNS_CSV_FIELDS = ("preset", "id", "suite", "dataset", "partition", "method", "kind", "fraction",
                    "group", "test_ppl", "best_val_ppl", "best_round", "rounds", "final_test_ppl",
-                   "top1", "top3", "ksr", "updates", "uplink_bytes", "downlink_bytes", "epsilon",
+                   "top1", "top3", "ksr", "unseen_test_ppl", "unseen_top1", "unseen_top3",
+                   "unseen_ksr", "updates", "uplink_bytes", "downlink_bytes", "epsilon",
                    "wall_seconds", "device", "git_commit", "git_dirty", "same_run_as",
                    "command")  # fmt: skip
 
@@ -446,6 +448,7 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
     commits = sorted({r["git_commit"][:10] + (" (dirty)" if r["git_dirty"] else "") for r in runs})
     devices = sorted({r["device"] for r in runs})
     presets = _presets(runs)
+    has_real = any(r["suite"] == "real" for r in runs)
     out = [
         "# fedkey-bench paper: which aggregation method trains the better keyboard model?",
         "",
@@ -453,6 +456,8 @@ def markdown(runs: list[dict], bench_commands: Sequence[str], choices: Mapping,
         "",
         "## The answer",
         "",
+        *real_section(runs, begun),
+        *(["### The ranking protocol (PTB, WikiText-2, the demo corpus)", ""] if has_real else []),
         answer_table(runs),
         "",
         "Best federated: the federated run of lowest test perplexity at that text, phones and C "

@@ -29,6 +29,9 @@ class RunSpec:
     clients: int = 100
     seed: int = 0  # --seed: the phones' shares of the data, the initial weights, who trains when
     tag: str = ""  # one more run of the same row in a suite, named in its id (dropout: "lr10")
+    # --paper-protocol (the vocabulary from all three splits); the real suite's runs build it
+    # from the training split, as the server's would be
+    paper_protocol: bool = True
 
     def fields(self) -> dict:
         """What a results.json object says of the run's place in the bench (suite, method, C...):

@@ -111,7 +111,7 @@ PRESETS = {
         "validation set by the sweep suite. One process, one thread (`--workers 0`); runs "
         "in-process (`fedkey simulate`), which gives the HTTP path's weights bit for bit "
         "(tests/test_e2e_http.py). Days of background runs on 2 cores; the bench resumes.",
-        suites=("sweep", "rank", "noniid", "seeds", "decay", "dropout", "confirm"),
+        suites=("real", "sweep", "rank", "noniid", "seeds", "decay", "dropout", "confirm"),
         fractions=(0.1,),
         sweep_rounds=10,
         client_lrs=(0.3, 1.0, 3.0),

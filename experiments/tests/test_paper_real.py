@@ -1,0 +1,76 @@
+"""The real suite of `fedkey-bench paper` (issue 51, item 4): its runs on NUS SMS and the Ubuntu IRC
+population (one phone per sender, the vocabulary of the training messages, every row scored on
+the held-out senders too), and the table that leads results.md with them."""
+
+import shlex
+from pathlib import Path
+
+from bench.paper import command, summarize
+from bench.paper_real import real_rows, real_section, real_waiting
+from bench.paper_report import markdown
+from bench.paper_spec import RunSpec
+from bench.paper_suites import REAL, REAL_EVAL, real_suite
+from bench.presets import PRESETS
+
+CPU = PRESETS["cpu"]
+
+
+def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
+    specs = real_suite(CPU)
+    assert "real" in CPU.suites
+    for task in REAL:
+        mine = [s for s in specs if s.dataset == task.dataset]
+        assert [s.method for s in mine][:6] == [
+            "Kneser-Ney 3-gram", "centralized, 5 epochs (as many examples as C 0.1)", "FedAvg",
+            "FedAtt", "FedAvgM", "FedAdam"]  # fmt: skip
+        for s in mine:
+            cmd = command(s, CPU, Path("/data"), Path("/runs") / s.id)
+            words = shlex.join(cmd)
+            assert "--paper-protocol" not in cmd  # the vocabulary of the training messages
+            assert f"--clients {task.clients}" in words and "--partition user" in words
+            assert f"--max-eval-sentences {REAL_EVAL}" in words
+            assert cmd[cmd.index("--data") + 1] == f"/data/{task.dataset}"
+            if s.kind == "federated":
+                assert f"--fraction {task.fraction:g}" in words
+    # 50 to 1,000 phones, tens of them a round (IRC: 100)
+    assert {t.dataset: round(t.clients * t.fraction) for t in REAL} == {
+        "nus-sms": 30, "ubuntu-irc": 100}  # fmt: skip
+    # the other suites' runs keep --paper-protocol
+    rank = RunSpec("rank", "ptb", "FedAvg", 0.1)
+    assert "--paper-protocol" in command(rank, CPU, Path("/data"), Path("/runs/x"))
+
+
+def _result(spec: RunSpec, ppl: float, top1: float, unseen_top1: float) -> dict:
+    rows = [{"round": i, "val_ppl": p + 1, "test_ppl": p, "top1": top1, "top3": 0.4,
+             "ksr": 0.3, "unseen_test_ppl": p * 1.5, "unseen_top1": unseen_top1,
+             "unseen_top3": 0.35, "unseen_ksr": 0.25, "aggregated": ["a"] * (i > 0), "info": {}}
+            for i, p in enumerate([1000.0, ppl] if spec.kind != "ngram" else [ppl])]  # fmt: skip
+    return {"id": spec.id, **summarize(rows, spec), "wall_seconds": 60.0,
+            "command": shlex.join(command(spec, CPU, Path("/data"), Path("/runs") / spec.id)),
+            "git_commit": "abcdef1234", "git_dirty": False, "device": "cpu", "preset": "cpu",
+            "seed_ppl": None}  # fmt: skip
+
+
+def test_the_table_holds_both_held_out_sets_against_the_3gram():
+    specs = [s for s in real_suite(CPU) if s.dataset == "nus-sms"]
+    ngram, central, fedavg = specs[0], specs[1], specs[2]
+    runs = [_result(ngram, 140.0, 0.16, 0.12), _result(central, 120.0, 0.2, 0.15),
+            _result(fedavg, 130.0, 0.18, 0.16)]  # fmt: skip
+    assert runs[2]["unseen_top1"] == 0.16 and runs[2]["unseen_test_ppl"] == 195.0
+    rows = real_rows(runs)
+    assert [r[1] for r in rows] == ["Kneser-Ney 3-gram", central.method, "FedAvg"]
+    fed = rows[2]
+    assert fed[0].startswith("NUS SMS (300 phones, C 0.1: 30 a round)")
+    assert fed[2] == "1 / 1 (of 50 planned)"  # fewer rounds than planned: said so
+    assert fed[3] == "lr 3"
+    assert fed[5] == "130.00" and fed[6] == "0.180" and fed[10] == "0.160"
+    assert fed[-2:] == ["1.12x", "1.33x"]  # top-1 against the 3-gram's, then on unseen senders
+    assert rows[0][-2:] == ["-", "-"]
+    waiting = real_waiting(runs, begun={f"cpu/{specs[3].id}": [7, 50]})
+    assert "FedAtt (begun: round 7 of 50)" in waiting and "FedAvgM (not run yet)" in waiting
+    assert "Ubuntu IRC: Kneser-Ney 3-gram (not run yet)" in waiting
+    # results.md leads with the table, above the ranking protocol's answer
+    page = markdown(runs, ["fedkey-bench paper --suite real"], {}, {})
+    answer = page.split("\n## ")[1]
+    assert answer.startswith("The answer\n\n### Real typing")
+    assert real_section([]) == []
