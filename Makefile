@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml experiments/pyproject.toml constraints.txt keyboard_web
 
 venv: $(STAMP)
 
-# The whole system on the embedded demo corpus: a federation server, 20 phones training, an ONNX
-# export after every round and the web keyboard following them. Ctrl-C stops everything.
+# The whole system on NUS SMS (real text messages, fetched once into the data directory; offline,
+# the embedded demo corpus): a federation server, a phone per sender training, an ONNX export of
+# the round best on validation so far and the web keyboard serving it. Ctrl-C stops everything.
 demo: venv
 	$(VENV)/bin/fedkey demo --out runs/demo
 

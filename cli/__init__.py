@@ -6,7 +6,7 @@
     fedkey run            a server and a fleet on loopback: `simulate`, over real HTTP
     fedkey export         a checkpoint to ONNX (parity-checked; --int8)
     fedkey keyboard       the web keyboard: suggestions from an ONNX model
-    fedkey demo           all of it on the demo corpus (what `make demo` runs)
+    fedkey demo           all of it on NUS SMS, else the demo corpus (what `make demo` runs)
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
     fedkey info           what a checkpoint holds
     fedkey evaluate       a checkpoint scored on held-out text, beside what its run recorded
