@@ -87,6 +87,12 @@ ALWAYS: dict[str, RowField] = {
     ),
 }
 
+#: When a row scores the held-out senders who never trained (Corpus.unseen_test).
+UNSEEN_WHEN = (
+    "`simulate`, `train-central` or `ngram` on a corpus with held-out senders (`nus-sms`, "
+    "`ubuntu-irc`)"
+)
+
 #: Fields a row has only when an option asks for them.
 CONDITIONAL: dict[str, RowField] = {
     "col_val_ppl": RowField(
@@ -108,22 +114,22 @@ CONDITIONAL: dict[str, RowField] = {
         "float",
         "Perplexity on the messages of the held-out senders who never trained (`test_ppl` is on "
         "the training senders' later messages).",
-        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+        UNSEEN_WHEN,
     ),
     "unseen_top1": RowField(
         "float | null",
         "`top1` on the held-out senders' messages.",
-        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+        UNSEEN_WHEN,
     ),
     "unseen_top3": RowField(
         "float | null",
         "`top3` on the held-out senders' messages.",
-        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+        UNSEEN_WHEN,
     ),
     "unseen_ksr": RowField(
         "float | null",
         "`ksr` on the held-out senders' first messages.",
-        "a corpus with held-out senders (`nus-sms`, `ubuntu-irc`)",
+        UNSEEN_WHEN,
     ),
     "canary_exposure": RowField(
         "float",
