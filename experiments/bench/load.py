@@ -121,12 +121,12 @@ def cohort_size(phones: int, fraction: float = FRACTION) -> int:
 
 def server_overrides() -> dict[str, str]:
     """The server settings this bench's environment passes on to the server it starts
-    (``FEDKEY_*``, but the storage, which is the bench's own)."""
-    return {
-        k: v
-        for k, v in sorted(os.environ.items())
-        if k.startswith("FEDKEY_") and k != "FEDKEY_STORAGE"
-    }
+    (``FEDKEY_<SETTING>``, but the storage, which is the bench's own; other ``FEDKEY_`` variables,
+    such as FEDKEY_DATA_DIR, set no server setting and make no other cell)."""
+    from server.settings import Settings
+
+    settings = {f"FEDKEY_{name.upper()}" for name in Settings.model_fields} - {"FEDKEY_STORAGE"}
+    return {k: v for k, v in sorted(os.environ.items()) if k in settings}
 
 
 def command(cell: Cell, opts: Options) -> list[str]:
