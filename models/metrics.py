@@ -135,17 +135,28 @@ def held_out_scores(
     accuracy), test perplexity, top-1/top-3 on the test set, and keystroke savings on its first
     `ksr_sentences` sentences (None: off, or a SentencePiece vocabulary)."""
     val = evaluate(model, tokenizer, valid, batch_size, device, precision, accuracy=False)
-    test_scores = evaluate(model, tokenizer, test, batch_size, device, precision)
+    ppl, top1, top3, ksr = _test_scores(
+        model, tokenizer, test, batch_size, device, precision, ksr_sentences
+    )
+    return {"val_ppl": val["ppl"], "test_ppl": ppl, "top1": top1, "top3": top3, "ksr": ksr}
+
+
+def _test_scores(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    batch_size: int,
+    device: torch.device | str,
+    precision: Precision,
+    ksr_sentences: int,
+) -> tuple[float, float | None, float | None, float | None]:
+    """Perplexity, top-1, top-3 and keystroke savings (on the first `ksr_sentences` sentences;
+    None: off, or a SentencePiece vocabulary) of held-out sentences."""
+    scores = evaluate(model, tokenizer, sentences, batch_size, device, precision)
     ksr = None
     if isinstance(tokenizer, WordTokenizer) and ksr_sentences > 0:
-        ksr = keystroke_savings(model, tokenizer, test[:ksr_sentences], precision=precision)
-    return {
-        "val_ppl": val["ppl"],
-        "test_ppl": test_scores["ppl"],
-        "top1": test_scores["top1"],
-        "top3": test_scores["top3"],
-        "ksr": ksr,
-    }
+        ksr = keystroke_savings(model, tokenizer, sentences[:ksr_sentences], precision=precision)
+    return scores["ppl"], scores["top1"], scores["top3"], ksr
 
 
 def unseen_scores(
@@ -160,16 +171,10 @@ def unseen_scores(
     """The test fields of :func:`held_out_scores` on the messages of held-out senders who never
     trained (``Corpus.unseen_test``): ``unseen_test_ppl``, ``unseen_top1``, ``unseen_top3`` and
     ``unseen_ksr`` (on its first `ksr_sentences` messages; None: off or SentencePiece)."""
-    scores = evaluate(model, tokenizer, unseen, batch_size, device, precision)
-    ksr = None
-    if isinstance(tokenizer, WordTokenizer) and ksr_sentences > 0:
-        ksr = keystroke_savings(model, tokenizer, unseen[:ksr_sentences], precision=precision)
-    return {
-        "unseen_test_ppl": scores["ppl"],
-        "unseen_top1": scores["top1"],
-        "unseen_top3": scores["top3"],
-        "unseen_ksr": ksr,
-    }
+    ppl, top1, top3, ksr = _test_scores(
+        model, tokenizer, unseen, batch_size, device, precision, ksr_sentences
+    )
+    return {"unseen_test_ppl": ppl, "unseen_top1": top1, "unseen_top3": top3, "unseen_ksr": ksr}
 
 
 @torch.no_grad()
