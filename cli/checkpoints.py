@@ -113,26 +113,34 @@ def info(
 @with_options(
     {k: DATA[k] for k in ("data", "paper_protocol", "max_eval_sentences", "seed")},
     {"ksr_sentences": FEDERATION["ksr_sentences"], "precision": TRAIN["precision"]},
-    {"device": PHONES["device"]},
+    {"device": PHONES["device"], "partition": PHONES["partition"]},
 )
 def evaluate(
     checkpoint: Path = typer.Argument(
         ..., exists=True, dir_okay=False, help="A .safetensors checkpoint (a run's round_N)."
     ),
+    clients: int = typer.Option(
+        100,
+        "--clients",
+        "-K",
+        min=1,
+        help="The run's phones: with --partition user, the validation and test messages are "
+        "those of these phones' senders, as the run scored them.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as one JSON object."),
     **opts,
 ) -> None:
-    """Score a checkpoint on held-out text as every round of a run does: validation and test perplexity, top-1/top-3, keystroke savings; set beside what the run recorded for it."""
+    """Score a checkpoint on held-out text as every round of a run does: validation and test perplexity, top-1/top-3, keystroke savings (and on the senders who never trained, for NUS SMS and Ubuntu IRC); set beside what the run recorded for it."""
     from rich.console import Console
     from safetensors import SafetensorError
 
     from runners.rescore import rescore
 
     keys = ("data", "paper_protocol", "max_eval_sentences", "seed", "ksr_sentences", "device",
-            "precision")  # fmt: skip
+            "precision", "partition")  # fmt: skip
     try:
         with Console(stderr=True).status(f"scoring {checkpoint.name} on {opts['data']}"):
-            r = rescore(checkpoint, **{k: opts[k] for k in keys})
+            r = rescore(checkpoint, clients=clients, **{k: opts[k] for k in keys})
     except SafetensorError as e:
         raise not_a_checkpoint(checkpoint, e) from None
     if as_json:
@@ -144,7 +152,8 @@ def evaluate(
         return
     typer.echo(f"the same as the run recorded at round {r.round}" if r.agrees else
                f"not what the run recorded at round {r.round}: score the run's own held-out "
-               "text (its --data, --paper-protocol, --max-eval-sentences and --ksr-sentences; a "
+               "text (its --data, --paper-protocol, --max-eval-sentences, --ksr-sentences, "
+               "--partition and --clients; a "
                f"bench run's are in its command.txt) at its precision ({r.recorded_precision})")  # fmt: skip
 
 
@@ -159,6 +168,8 @@ def _print_scores(checkpoint: Path, r: Rescored) -> None:
     for col in ("measure", "now", *(["recorded"] if r.recorded else [])):
         table.add_column(col, justify="left" if col == "measure" else "right")
     for key, name in SCORES.items():
+        if key not in r.scores and key not in r.recorded:  # no held-out senders in this corpus
+            continue
         digits = ".2f" if key.endswith("ppl") else ".3f"
         cells = [r.scores.get(key), *([r.recorded.get(key)] if r.recorded else [])]
         table.add_row(name, *("-" if v is None else format(v, digits) for v in cells))

@@ -55,11 +55,12 @@ class _Scored(ABC):
     def sentence_log_probs(self, ids: list[int]) -> np.ndarray:
         """[len(ids) - 1, vocab] log-probabilities of each next token of an encoded sentence."""
 
-    def evaluate(self, sentences: list[str], suggestions: bool = False) -> Evaluation:
-        """Perplexity (</s> counted), top-1 / top-3 over real words: as models.metrics.evaluate
-        (`suggestions`: ranking only the words a suggestion bar shows)."""
+    def evaluate(self, sentences: list[str]) -> Evaluation:
+        """Perplexity (</s> counted), top-1 / top-3 over real words, by the model's ranking and
+        by the suggestion bar's (no </s>, <unk>): as models.metrics.evaluate."""
         tok = self.tokenizer
-        nll, words, hits1, hits3, scored = 0.0, 0, 0, 0, 0
+        nll, words, scored = 0.0, 0, 0
+        hits = {"top1": 0, "top3": 0, "bar_top1": 0, "bar_top3": 0}
         for s in sentences:
             ids = tok.encode(s)
             logp = self.sentence_log_probs(ids)
@@ -67,19 +68,16 @@ class _Scored(ABC):
             nll -= float(logp[np.arange(len(targets)), targets].sum())
             words += len(targets)
             real = (targets != tok.eos_id) & (targets != tok.unk_id)
-            if suggestions:
-                logp[:, tok.special_ids] = -np.inf
-            top3 = np.argsort(-logp, axis=1)[:, :3]
-            hits1 += int(((top3[:, 0] == targets) & real).sum())
-            hits3 += int(((top3 == targets[:, None]).any(1) & real).sum())
+            for prefix in ("", "bar_"):
+                if prefix:  # the bar's ranking: the specials never shown
+                    logp[:, tok.special_ids] = -np.inf
+                top3 = np.argsort(-logp, axis=1)[:, :3]
+                hits[prefix + "top1"] += int(((top3[:, 0] == targets) & real).sum())
+                hits[prefix + "top3"] += int(((top3 == targets[:, None]).any(1) & real).sum())
             scored += int(real.sum())
-        return {
-            "ppl": math.exp(nll / max(words, 1)),
-            "nll": nll,
-            "words": words,
-            "top1": hits1 / max(scored, 1),
-            "top3": hits3 / max(scored, 1),
-        }
+        shares = {k: v / max(scored, 1) for k, v in hits.items()}
+        return {"ppl": math.exp(nll / max(words, 1)), "nll": nll, "words": words,
+                **shares}  # type: ignore[typeddict-item]  # fmt: skip
 
 
 class KneserNey(_Scored):

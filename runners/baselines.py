@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 from tqdm import tqdm
 
@@ -138,6 +139,16 @@ def _train_central(
     return rows
 
 
+def _ngram_test_scores(lm: Any, sentences: list[str], ksr_sentences: int) -> dict:
+    """models.metrics.TEST_FIELDS of an n-gram on held-out sentences, as a round records them."""
+    from models.metrics import TEST_FIELDS, keystroke_savings_of
+
+    scores = lm.evaluate(sentences)
+    ksr = keystroke_savings_of(lm.sentence_log_probs, lm.tokenizer, sentences[:ksr_sentences])
+    got = {**scores, "test_ppl": scores["ppl"], "ksr": ksr if ksr_sentences else None}
+    return {k: got[k] for k in TEST_FIELDS}
+
+
 def train_ngram(
     data: DataConfig,
     order: int,
@@ -148,7 +159,6 @@ def train_ngram(
     """The baseline: a Kneser-Ney n-gram on the union of every phone's data, scored as a round.
     `positional`: a unigram by position in the sentence instead, with the seed papers'
     column perplexity (models.ngram.PositionalUnigram)."""
-    from models.metrics import keystroke_savings_of
     from models.ngram import KneserNey, PositionalUnigram
     from models.tokenizers import WordTokenizer
 
@@ -172,22 +182,11 @@ def train_ngram(
         lm = KneserNey(tokenizer, order).fit(union)
         name, columns = f"kneser-ney-{order}", {}
     val = lm.evaluate(prepared.corpus.valid)
-    test = lm.evaluate(prepared.corpus.test)
-    ksr = keystroke_savings_of(
-        lm.sentence_log_probs, tokenizer, prepared.corpus.test[:ksr_sentences]
-    )
+    test = _ngram_test_scores(lm, prepared.corpus.test, ksr_sentences)
     unseen: dict[str, object] = {}
     if prepared.corpus.unseen_test:  # the held-out senders' messages, as simulate scores them
-        held = lm.evaluate(prepared.corpus.unseen_test)
-        unseen_ksr = keystroke_savings_of(
-            lm.sentence_log_probs, tokenizer, prepared.corpus.unseen_test[:ksr_sentences]
-        )
-        unseen = {
-            "unseen_test_ppl": held["ppl"],
-            "unseen_top1": held["top1"],
-            "unseen_top3": held["top3"],
-            "unseen_ksr": unseen_ksr if ksr_sentences else None,
-        }
+        held = _ngram_test_scores(lm, prepared.corpus.unseen_test, ksr_sentences)
+        unseen = {f"unseen_{k}": v for k, v in held.items()}
     row: dict[str, object] = {
         "round": 0,
         "strategy": name,
@@ -195,15 +194,12 @@ def train_ngram(
         "selected": [],
         "aggregated": [],
         "val_ppl": val["ppl"],
-        "test_ppl": test["ppl"],
-        "top1": test["top1"],
-        "top3": test["top3"],
-        "ksr": ksr if ksr_sentences else None,
+        **test,
         **columns,
         **unseen,
         "best_round": 0,
         "best_val_ppl": val["ppl"],
-        "best_test_ppl": test["ppl"],
+        "best_test_ppl": test["test_ppl"],
         **{f"best_{k}": v for k, v in columns.items()},
         "bytes_up": 0,
         "bytes_down": 0,

@@ -3,8 +3,11 @@
 round in the checkpoint: `fedkey evaluate`, and bench.paper_verify for a results table's rows.
 
 The run's held-out text is its corpus (`--data`, `--paper-protocol`, `--seed` for the demo) cut to
-its `--max-eval-sentences`, keystroke savings on its first `--ksr-sentences` test sentences; the
-same text, precision and code give the same figures to the last digit on one machine.
+its `--max-eval-sentences`, keystroke savings on its first `--ksr-sentences` test sentences; with
+`--partition user` the validation and test messages are those of its `--clients` phones' senders,
+and a corpus with held-out senders (NUS SMS, Ubuntu IRC) is scored on theirs too (the unseen_*
+fields), as `fedkey simulate` scores them. The same text, precision and code give the same
+figures to the last digit on one machine.
 """
 
 from __future__ import annotations
@@ -12,12 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import Precision
+from common.config import DataConfig, Precision, Scheme
 from server.config import FederationConfig
 
 #: What a round records of its model and a rescoring compares, in a metrics row's order.
 SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
-          "top1": "top-1 (test)", "top3": "top-3 (test)", "ksr": "keystroke savings"}  # fmt: skip
+          "top1": "top-1 (test)", "top3": "top-3 (test)", "bar_top1": "the bar's top-1 (test)",
+          "bar_top3": "the bar's top-3 (test)", "ksr": "keystroke savings",
+          "unseen_test_ppl": "perplexity (senders who never trained)",
+          "unseen_top1": "top-1 (never trained)", "unseen_top3": "top-3 (never trained)",
+          "unseen_bar_top1": "the bar's top-1 (never trained)",
+          "unseen_bar_top3": "the bar's top-3 (never trained)",
+          "unseen_ksr": "keystroke savings (never trained)"}  # fmt: skip
 #: Relative difference under which a score agrees with the recorded one (bf16 sums may differ in
 #: their last digits from one build of torch or one CPU to another).
 AGREE = 1e-3
@@ -55,6 +64,8 @@ def rescore(
     paper_protocol: bool = False,
     max_eval_sentences: int | None = None,
     seed: int = 0,
+    clients: int = 100,
+    partition: Scheme = "iid",
     ksr_sentences: int = FederationConfig.ksr_sentences,
     device: str = "auto",
     precision: Precision = "auto",
@@ -62,20 +73,25 @@ def rescore(
     """Score `checkpoint` on the held-out text of `data` cut as a run cuts it (0 or None: all of
     it). Raises safetensors' SafetensorError for a file that is no checkpoint, FileNotFoundError
     or ValueError for a corpus that is not there, ValueError for one with nothing held out."""
-    from corpora.loaders import load_corpus, slice_corpus
+    from corpora.dataset import load_cut
     from models.checkpoint import load_checkpoint
-    from models.metrics import held_out_scores
+    from models.metrics import held_out_scores, unseen_scores
     from models.precision import resolve_device, resolve_precision
 
     model, tokenizer, meta = load_checkpoint(checkpoint)
-    corpus = load_corpus(data, paper_protocol=paper_protocol, seed=seed)
-    corpus = slice_corpus(corpus, None, max_eval_sentences or None)
+    cut = DataConfig(data=data, paper_protocol=paper_protocol, clients=clients,
+                     partition=partition, max_eval_sentences=max_eval_sentences or None,
+                     seed=seed)  # fmt: skip
+    corpus, _ = load_cut(cut)
     if not corpus.valid or not corpus.test:
         raise ValueError(f"{data}: no validation or test sentences to score")
     where = resolve_device(device)
     resolved = resolve_precision(precision, where)
     scores = held_out_scores(model, tokenizer, corpus.valid, corpus.test, device=where,
                              precision=resolved, ksr_sentences=ksr_sentences)  # fmt: skip
+    if corpus.unseen_test:  # the senders who never trained, as simulate scores them
+        scores |= unseen_scores(model, tokenizer, corpus.unseen_test, device=where,
+                                precision=resolved, ksr_sentences=ksr_sentences)  # fmt: skip
     row = meta.get("metrics") or {}
     recorded = {k: row[k] for k in SCORES if k in row}
     return Rescored(

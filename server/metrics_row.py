@@ -53,6 +53,12 @@ ALWAYS: dict[str, RowField] = {
         "SentencePiece vocabulary).",
     ),
     "top3": RowField("float | null", "Share of the test set's words among the first three."),
+    "bar_top1": RowField(
+        "float | null",
+        "`top1` as a suggestion bar ranks: the model's likeliest word that a bar can show "
+        "(never `</s>` or `<unk>`); what production keyboards report as top-1 recall.",
+    ),
+    "bar_top3": RowField("float | null", "`top3` as a suggestion bar ranks."),
     "ksr": RowField(
         "float | null",
         "Keystroke savings on the first test sentences with a 3-slot suggestion bar (null when "
@@ -124,6 +130,16 @@ CONDITIONAL: dict[str, RowField] = {
     "unseen_top3": RowField(
         "float | null",
         "`top3` on the held-out senders' messages.",
+        UNSEEN_WHEN,
+    ),
+    "unseen_bar_top1": RowField(
+        "float | null",
+        "`bar_top1` on the held-out senders' messages.",
+        UNSEEN_WHEN,
+    ),
+    "unseen_bar_top3": RowField(
+        "float | null",
+        "`bar_top3` on the held-out senders' messages.",
         UNSEEN_WHEN,
     ),
     "unseen_ksr": RowField(

@@ -122,6 +122,8 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
         "final_test_ppl": rows[-1]["test_ppl"],
         "top1": best.get("top1"),
         "top3": best.get("top3"),
+        # the suggestion bar's ranking (no </s>, <unk>): recorded by runs since issue 51
+        **{k: best[k] for k in ("bar_top1", "bar_top3") if k in best},
         "ksr": best.get("ksr"),
         # a corpus with held-out senders (NUS SMS, Ubuntu IRC): the best model on their messages
         **{k: best.get(k) for k in UNSEEN if k in best},
@@ -150,7 +152,8 @@ def summarize(rows: list[dict], spec: RunSpec) -> dict:
 
 
 #: The metrics of the held-out senders' messages (server.metrics_row), where a run has them.
-UNSEEN = ("unseen_test_ppl", "unseen_top1", "unseen_top3", "unseen_ksr")
+UNSEEN = ("unseen_test_ppl", "unseen_top1", "unseen_top3", "unseen_bar_top1", "unseen_bar_top3",
+          "unseen_ksr")  # fmt: skip
 
 
 def reused(twin: dict, spec: RunSpec, cmd: str) -> dict:

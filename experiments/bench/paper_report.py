@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
-from bench.paper_real import real_section
+from bench.paper_real import REAL_PAGE, real_markdown, real_section
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
 from bench.paper_suites import SUITES, planned
@@ -578,8 +578,8 @@ def write_report(
     choices: Mapping | None = None,
     begun: Begun | None = None,
 ) -> Path:
-    """OUT/results.md, OUT/runs.csv and OUT/*.png from results.json's run objects (and its runs
-    `begun`).
+    """OUT/results.md, the pages beside it (learning rates, real typing), OUT/runs.csv and
+    OUT/*.png from results.json's run objects (and its runs `begun`).
     Runs of a suite the bench no longer has (the old 8-round cut's, in cpu/results.json) stay
     in results.json, the record of what ran, and are left out of the report."""
     out.mkdir(parents=True, exist_ok=True)
@@ -589,6 +589,8 @@ def write_report(
     path = out / "results.md"
     path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun))
     (out / LR_PAGE).write_text(lr_markdown(runs, choices or {}, begun))
+    if any(r["suite"] == "real" for r in runs):
+        (out / REAL_PAGE).write_text(real_markdown(runs, begun))
     return path
 
 

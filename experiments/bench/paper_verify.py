@@ -3,12 +3,12 @@ bench.paper_verify experiments/results/cpu`.
 
 A finished bench run keeps its best and last rounds' checkpoints (bench.paper.keep_what_matters).
 This scores each selected run's best-round checkpoint again on its own held-out text (the
---data, --paper-protocol, --max-eval-sentences, --ksr-sentences and --seed of its recorded
-command, at the precision it evaluated in: runners.rescore) and sets the figures beside those in
-results.json: a row whose test perplexity comes back is one a reader can check from the model
-itself, and a row that does not names a fault between training, choosing the best round and
-keeping its checkpoint. The checkpoints stay on the machine that ran the runs (runs/ is not
-committed): a run without one here is listed as such, not failed.
+--data, --paper-protocol, --max-eval-sentences, --ksr-sentences, --seed, --partition and
+--clients of its recorded command, at the precision it evaluated in: runners.rescore) and sets
+the figures beside those in results.json: a row whose test perplexity comes back is one a reader
+can check from the model itself, and a row that does not names a fault between training,
+choosing the best round and keeping its checkpoint. The checkpoints stay on the machine that ran
+the runs (runs/ is not committed): a run without one here is listed as such, not failed.
 
 With `--record`, each check made here is kept in FOLDER/verified.json (the run's figures, those
 scored again, the verdict, the machine, the commit and the day), and a run whose checkpoint is
@@ -49,12 +49,19 @@ def held_out_flags(cmd: str) -> dict:
         value = command_flag(cmd, flag)
         return Settings.model_fields[name].default if value == "-" else int(value)
 
+    def or_default(flag: str, default: str) -> str:  # simulate's default where it lacks one
+        value = command_flag(cmd, flag)
+        return default if value == "-" else value
+
     return {
         "data": command_flag(cmd, "--data"),
         "paper_protocol": "--paper-protocol" in cmd.split(),
         "max_eval_sentences": given("--max-eval-sentences", "max_eval_sentences"),
         "ksr_sentences": given("--ksr-sentences", "ksr_sentences"),
         "seed": given("--seed", "seed"),
+        # a real-typing run (--partition user) is scored on its --clients phones' senders
+        "clients": int(or_default("--clients", "100")),
+        "partition": or_default("--partition", "iid"),
     }
 
 

@@ -39,22 +39,23 @@ def measure(data: str, checkpoints: list[str], ngram: bool = True) -> list[list[
     for path in checkpoints:
         model, tokenizer, _ = load_checkpoint(path)
         for precision in ("bf16", "fp32"):
+            start = time.perf_counter()
+            e = evaluate(model, tokenizer, corpus.test, precision=precision)
             for bar in (False, True):
-                start = time.perf_counter()
-                e = evaluate(model, tokenizer, corpus.test, precision=precision, suggestions=bar)
                 rows.append(_row(label(path), precision, bar, e, start))
     if ngram and isinstance(tokenizer, WordTokenizer):
         lm = KneserNey(tokenizer, 3).fit(tokenizer.encode(s) for s in corpus.train)
+        start = time.perf_counter()
+        e = lm.evaluate(corpus.test)
         for bar in (False, True):
-            start = time.perf_counter()
-            e = lm.evaluate(corpus.test, suggestions=bar)
             rows.append(_row("Kneser-Ney 3-gram", "fp64", bar, e, start))
     return rows
 
 
 def _row(name: str, precision: str, bar: bool, e: Mapping, start: float) -> list[str]:
     """One row of the table, shown at once on stderr (several checkpoints take minutes)."""
-    row = [name, precision, _ranking(bar), f"{e['top1']:.4f}", f"{e['top3']:.4f}",
+    top1, top3 = (e["bar_top1"], e["bar_top3"]) if bar else (e["top1"], e["top3"])
+    row = [name, precision, _ranking(bar), f"{top1:.4f}", f"{top3:.4f}",
            f"{time.perf_counter() - start:.0f}"]  # fmt: skip
     print(" | ".join(row), file=sys.stderr, flush=True)
     return row

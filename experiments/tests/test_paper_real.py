@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from bench.paper import command, summarize
-from bench.paper_real import real_rows, real_section, real_waiting
+from bench.paper_real import REAL_PAGE, real_markdown, real_rows, real_section, real_waiting
 from bench.paper_report import markdown
 from bench.paper_spec import RunSpec
 from bench.paper_suites import REAL, REAL_EVAL, real_suite
@@ -41,9 +41,12 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
 
 
 def _result(spec: RunSpec, ppl: float, top1: float, unseen_top1: float) -> dict:
+    """A run's results.json object; the bar ranks 0.01 higher than the model (no </s>, <unk>)."""
     rows = [{"round": i, "val_ppl": p + 1, "test_ppl": p, "top1": top1, "top3": 0.4,
-             "ksr": 0.3, "unseen_test_ppl": p * 1.5, "unseen_top1": unseen_top1,
-             "unseen_top3": 0.35, "unseen_ksr": 0.25, "aggregated": ["a"] * (i > 0), "info": {}}
+             "bar_top1": top1 + 0.01, "bar_top3": 0.41, "ksr": 0.3, "unseen_test_ppl": p * 1.5,
+             "unseen_top1": unseen_top1, "unseen_top3": 0.35, "unseen_bar_top1": unseen_top1 + 0.01,
+             "unseen_bar_top3": 0.36, "unseen_ksr": 0.25, "aggregated": ["a"] * (i > 0),
+             "info": {}}
             for i, p in enumerate([1000.0, ppl] if spec.kind != "ngram" else [ppl])]  # fmt: skip
     return {"id": spec.id, **summarize(rows, spec), "wall_seconds": 60.0,
             "command": shlex.join(command(spec, CPU, Path("/data"), Path("/runs") / spec.id)),
@@ -57,15 +60,25 @@ def test_the_table_holds_both_held_out_sets_against_the_3gram():
     runs = [_result(ngram, 140.0, 0.16, 0.12), _result(central, 120.0, 0.2, 0.15),
             _result(fedavg, 130.0, 0.18, 0.16)]  # fmt: skip
     assert runs[2]["unseen_top1"] == 0.16 and runs[2]["unseen_test_ppl"] == 195.0
+    assert runs[2]["bar_top1"] == 0.19 and runs[2]["unseen_bar_top1"] == 0.17
     rows = real_rows(runs)
     assert [r[1] for r in rows] == ["Kneser-Ney 3-gram", central.method, "FedAvg"]
     fed = rows[2]
     assert fed[0].startswith("NUS SMS (300 phones, C 0.1: 30 a round)")
     assert fed[2] == "1 / 1 (of 50 planned)"  # fewer rounds than planned: said so
     assert fed[3] == "lr 3"
-    assert fed[5] == "130.00" and fed[6] == "0.180" and fed[10] == "0.160"
-    assert fed[-2:] == ["1.12x", "1.33x"]  # top-1 against the 3-gram's, then on unseen senders
-    assert rows[0][-2:] == ["-", "-"]
+    # the bar's top-1, and against the 3-gram's (0.17; 0.13 on senders who never trained)
+    assert fed[5] == "130.00" and fed[6] == "0.190" and fed[9] == "1.12x"
+    assert fed[11] == "0.170" and fed[14] == "1.31x"
+    assert fed[-2:] == ["0.180", "0.160"]  # the model's own ranking, beside it
+    assert rows[0][9] == rows[0][14] == "-"
+    # the summary: the best federated run against the 3-gram and the centralized model
+    summary = "\n".join(real_section(runs))
+    row = next(line for line in summary.splitlines() if line.startswith("| NUS SMS"))
+    assert row.split(" | ")[1:8] == ["0.170", "0.210", "FedAvg", "0.190", "1.12x", "-", "-"]
+    assert "+8.3%" in row and "1 of 6" in row  # 130 against 120; FedAtt not run
+    assert f"]({REAL_PAGE})" in summary
+    assert real_markdown(runs).count("| NUS SMS") == 3
     waiting = real_waiting(runs, begun={f"cpu/{specs[3].id}": [7, 50]})
     assert "FedAtt (begun: round 7 of 50)" in waiting and "FedAvgM (not run yet)" in waiting
     assert "Ubuntu IRC: Kneser-Ney 3-gram (not run yet)" in waiting

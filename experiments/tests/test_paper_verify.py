@@ -47,10 +47,12 @@ def test_the_held_out_text_is_read_from_the_recorded_command():
            "--ksr-sentences 100 --seed 1 --out runs/x")  # fmt: skip
     assert held_out_flags(cmd) == {"data": "../shared/data/ptb", "paper_protocol": True,
                                    "max_eval_sentences": None, "ksr_sentences": 100,
-                                   "seed": 1}  # fmt: skip
-    short = "fedkey train-central --data demo --max-eval-sentences 40 --out runs/y"
+                                   "seed": 1, "clients": 100, "partition": "iid"}  # fmt: skip
+    short = ("fedkey train-central --data demo --max-eval-sentences 40 --out runs/y "
+             "--clients 300 --partition user")  # fmt: skip
     assert held_out_flags(short) == {"data": "demo", "paper_protocol": False,
-                                     "max_eval_sentences": 40, "ksr_sentences": 100, "seed": 0}  # fmt: skip
+                                     "max_eval_sentences": 40, "ksr_sentences": 100, "seed": 0,
+                                     "clients": 300, "partition": "user"}  # fmt: skip
 
 
 def test_the_command_fails_when_a_figure_does_not_come_back(tmp_path, capsys):

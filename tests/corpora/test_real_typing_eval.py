@@ -3,10 +3,13 @@ validation and test sets hold the later messages of the senders who have a phone
 ``--clients K``, the K kept), and every run (simulate, train-central, ngram) also scores the
 held-out senders who never trained (the ``unseen_*`` fields of a metrics row)."""
 
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cli import app
 from common.config import DataConfig, TrainConfig
 from corpora.dataset import load_cut
 from corpora.loaders import load_corpus
@@ -18,7 +21,8 @@ from server.config import FederationConfig
 from server.metrics_row import CONDITIONAL, undeclared
 from tests.corpora.test_nus_sms import _timed, write_zip
 
-UNSEEN = ("unseen_test_ppl", "unseen_top1", "unseen_top3", "unseen_ksr")
+UNSEEN = ("unseen_test_ppl", "unseen_top1", "unseen_top3", "unseen_bar_top1", "unseen_bar_top3",
+          "unseen_ksr")  # fmt: skip
 
 
 def _corpus(folder: Path) -> Path:
@@ -75,6 +79,11 @@ def _check(row: dict) -> None:
         assert key in CONDITIONAL
         assert row[key] is not None, key
     assert row["unseen_test_ppl"] > 1 and 0 <= row["unseen_top1"] <= row["unseen_top3"] <= 1
+    # the bar shows no </s> or <unk>: a real word first in the model's ranking is first in the
+    # bar's too, so the bar's top-k is never below the model's
+    for prefix in ("", "unseen_"):
+        assert row[f"{prefix}top1"] <= row[f"{prefix}bar_top1"] <= row[f"{prefix}bar_top3"] <= 1
+        assert row[f"{prefix}top3"] <= row[f"{prefix}bar_top3"]
 
 
 def test_the_ngram_scores_the_unseen_senders(tmp_path):
@@ -96,6 +105,17 @@ def test_simulate_and_train_central_score_the_unseen_senders(tmp_path):
     )
     for row in rows:
         _check(row)
+    # `fedkey evaluate` scores the kept checkpoint on the same messages: the phones' senders'
+    # (--partition user --clients 4) and the held-out senders', as the run recorded them
+    ckpt = tmp_path / "sim" / "checkpoints" / "round_0001.safetensors"
+    args = ["evaluate", str(ckpt), "--data", data.data, "--partition", "user", "--clients", "4",
+            "--ksr-sentences", "3", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    scores = json.loads(result.output)
+    for key in ("test_ppl", "bar_top1", *UNSEEN):
+        assert scores[key] == pytest.approx(rows[-1][key], rel=1e-6), key
+    assert scores["agrees"] is True
     central = train_central(data, TrainConfig(epochs=1, max_len=20), tiny, str(tmp_path / "c"),
                             epochs=1, device="cpu", progress=False, ksr_sentences=3)  # fmt: skip
     for row in central:
