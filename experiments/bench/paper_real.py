@@ -108,10 +108,10 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
         if not done:
             continue
         ngram = _ngram(mine, specs)
-        central = next((r for r in done if r["kind"] == "central"), {})
+        central: dict = next((r for r in done if r["kind"] == "central"), {})
         fed = [r for r in done if r["kind"] == "federated"]
-        best = min(fed, key=lambda r: _key(r["test_ppl"]), default={})
-        att = next((r for r in fed if r["method"] == "FedAtt"), {})
+        best: dict = min(fed, key=lambda r: _key(r["test_ppl"]), default={})
+        att: dict = next((r for r in fed if r["method"] == "FedAtt"), {})
         gap = (f"{best['test_ppl'] / central['test_ppl'] - 1:+.1%}"
                if best and central else "-")  # fmt: skip
         rows.append([
