@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -22,6 +22,9 @@ from server.config import FederationConfig
 from server.engine import client_seed
 from server.storage import RunStorage
 from server.strategies import ClientUpdate
+
+if TYPE_CHECKING:
+    from models.ngram import KneserNey, PositionalUnigram
 
 
 def train_central(
@@ -139,7 +142,9 @@ def _train_central(
     return rows
 
 
-def _ngram_test_scores(lm: Any, sentences: list[str], ksr_sentences: int) -> dict:
+def _ngram_test_scores(
+    lm: KneserNey | PositionalUnigram, sentences: list[str], ksr_sentences: int
+) -> dict:
     """models.metrics.TEST_FIELDS of an n-gram on held-out sentences, as a round records them."""
     from models.metrics import TEST_FIELDS, keystroke_savings_of
 
