@@ -20,7 +20,15 @@ from pydantic import ValidationError
 from cli.errors import UserError, validation_problems
 from common.config import Batching, DataConfig, Precision, Scheme, TokenizerKind
 from models.config import Cell, Preset
-from server.config import ClipMode, ClipScope, DPSampling, Norm, ServerOptName, StrategyName
+from server.config import (
+    ClipMode,
+    ClipScope,
+    DPMechanism,
+    DPSampling,
+    Norm,
+    ServerOptName,
+    StrategyName,
+)
 from server.settings import EVAL_DEVICES, Settings
 
 
@@ -407,6 +415,26 @@ FEDERATION = {
             "--dp-sampling",
             help="How DP cohorts are drawn and accounted: fixed (a fixed-size sample, replace-one) "
             "or poisson (each phone with probability C, add/remove-one; fedavg/fedsgd only).",
+        ),
+    ),
+    "dp_mechanism": (
+        DPMechanism,
+        opt(
+            "dp_mechanism",
+            "--dp-mechanism",
+            help="How DP noise is added: gaussian (DP-FedAvg: fresh noise each round on sampled "
+            "cohorts) or tree (DP-FTRL, as Gboard trains: tree-aggregated noise on the running "
+            "sum of the rounds' aggregates; no sampling, a minimum separation instead).",
+        ),
+    ),
+    "dp_min_separation": (
+        int | None,
+        opt(
+            "dp_min_separation",
+            "--dp-min-separation",
+            help="With --dp-mechanism tree: a phone that trained in round r trains again no "
+            "earlier than round r + b, and the accounting assumes it (default: the largest b "
+            "the population allows, floor(phones / cohort)).",
         ),
     ),
     "dp_delta": (

@@ -30,6 +30,11 @@ CLIP_SCOPES: tuple[ClipScope, ...] = get_args(ClipScope)
 #: replacement (replace-one adjacency) or Poisson sampling (add/remove-one; uniform FedAvg only).
 DPSampling = Literal["fixed", "poisson"]
 DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
+#: How DP noise is added (server.dp_ftrl): independent Gaussian noise each round on a sampled
+#: cohort (DP-FedAvg), or DP-FTRL's tree-aggregated noise on the running sum of the rounds'
+#: aggregates, with no sampling, only a minimum separation between one phone's participations.
+DPMechanism = Literal["gaussian", "tree"]
+DP_MECHANISMS: tuple[DPMechanism, ...] = get_args(DPMechanism)
 #: Where `fedkey server` completes its rounds (server.aggregator): a child process, so the event
 #: loop shares no GIL with the aggregation, or a thread of the server process.
 AggregateIn = Literal["process", "thread"]
@@ -159,6 +164,10 @@ class PrivacyConfig:
     delta: float = 1e-5
     target_epsilon: float | None = None  # stop the run once this budget is spent
     sampling: DPSampling = "fixed"
+    mechanism: DPMechanism = "gaussian"
+    # tree: two participations of one phone are at least this many rounds apart; None: the
+    # largest the population allows, floor(N / m) (server.dp_ftrl.default_separation)
+    min_separation: int | None = None
 
     @property
     def dp(self) -> bool:
@@ -195,10 +204,27 @@ def dp_problem(
     Every choice the server makes from private data must be inside the analysis (the clip, the
     attention cap) or refused here: AdaFL's scores and FedMed's topK and mediation read the
     updates and losses without noise, and attention normalizes by the cohort's own weights, which
-    the add/remove-one analysis of Poisson cohorts does not cover.
+    the add/remove-one analysis of Poisson cohorts does not cover. The tree mechanism (DP-FTRL)
+    samples nothing, so it refuses Poisson sampling; the minimum separation is the tree's.
     """
+    if privacy.mechanism not in DP_MECHANISMS:
+        return f"unknown DP mechanism {privacy.mechanism!r}; valid: {', '.join(DP_MECHANISMS)}"
+    if privacy.mechanism == "tree" and not privacy.dp:
+        return "--dp-mechanism tree is a DP mechanism: add --dp-clip S to turn DP on"
+    if privacy.min_separation is not None and privacy.mechanism != "tree":
+        return (
+            "--dp-min-separation is the tree mechanism's participation rule: add "
+            "--dp-mechanism tree (the gaussian mechanism samples its cohorts instead)"
+        )
+    if privacy.min_separation is not None and privacy.min_separation < 1:
+        return f"--dp-min-separation must be >= 1, got {privacy.min_separation}"
     if not privacy.dp:
         return None
+    if privacy.mechanism == "tree" and privacy.sampling == "poisson":
+        return (
+            "--dp-mechanism tree samples no cohorts (its accounting assumes a minimum "
+            "separation instead): drop --dp-sampling poisson"
+        )
     if influence.mode == "off":
         return "DP needs bounded updates: drop --bound off (under DP the bound is --dp-clip)"
     if influence.trim:

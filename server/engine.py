@@ -36,7 +36,7 @@ from models.config import ModelConfig
 from models.model import LanguageModel
 from models.precision import resolve_device, resolve_precision
 from models.tokenizers import Tokenizer
-from server import privacy
+from server import dp_ftrl, privacy
 from server.config import FederationConfig, dp_problem, scheduled_lr
 from server.influence import BoundedRound, bound_round, scale_deltas
 from server.server_opt import ServerOptimizer
@@ -125,17 +125,26 @@ class Federation:
         problem = dp_problem(config.strategy, p, config.influence, config.strategy_params)
         if problem is not None:
             raise ValueError(problem)
-        self.accountant = (
-            privacy.PrivacyAccountant(
+        self.accountant: privacy.PrivacyAccountant | dp_ftrl.TreeAccountant | None = None
+        # DP-FTRL (--dp-mechanism tree, server.dp_ftrl): the tree's noise, and the round each
+        # phone last trained in (the minimum-separation rule), both part of the server state.
+        self.tree: dp_ftrl.TreeNoise | None = None
+        self.last_trained: dict[str, int] = {}
+        if p.dp and p.mechanism == "tree":
+            self.tree = dp_ftrl.TreeNoise(config.seed, p.noise_multiplier)
+            self.accountant = dp_ftrl.TreeAccountant(
+                p.noise_multiplier, p.min_separation, p.delta, p.target_epsilon
+            )
+            if client_sizes:  # simulate knows its population: check b, or choose it, now
+                self._min_separation(len(client_sizes), check=True)
+        elif p.dp:
+            self.accountant = privacy.PrivacyAccountant(
                 noise_multiplier=p.noise_multiplier,
                 sampling=p.sampling,
                 sampling_rate=config.fraction,
                 delta=p.delta,
                 target_epsilon=p.target_epsilon,
             )
-            if p.dp
-            else None
-        )
         self.server_opt = ServerOptimizer(config.server_opt)
         torch.manual_seed(config.seed)
         self.global_state = model_state(build_model(model_config))
@@ -169,9 +178,49 @@ class Federation:
 
     def start(self) -> dict:
         """Evaluate and checkpoint the initial model as round 0."""
+        info = {"dp": self._tree_rule()} if self.tree is not None else {}
         return self._record(
-            0, self.global_state, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info={}
+            0, self.global_state, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info=info
         )
+
+    # -- DP-FTRL's participation rule ----------------------------------------------------------
+
+    def _min_separation(self, population: int, check: bool = False) -> int:
+        """The tree's b: the configured one (with `check`, refused when `population` phones
+        cannot fill a cohort every round under it), or, left to the default, the largest the
+        first population seen allows, fixed for the run (the accountant keeps it)."""
+        if not isinstance(self.accountant, dp_ftrl.TreeAccountant):
+            raise RuntimeError("the minimum separation is the tree mechanism's")
+        m = cohort_size(self.strategy.fraction, population)
+        b = self.accountant.min_separation
+        if b is None:
+            b = self.accountant.min_separation = dp_ftrl.default_separation(population, m)
+        elif check:
+            problem = dp_ftrl.separation_problem(population, m, b)
+            if problem is not None:
+                raise ValueError(problem)
+        return b
+
+    def _tree_rule(self) -> dict:
+        """What every tree row says of the rule the accounting assumes."""
+        acc = self.accountant
+        b = acc.min_separation if isinstance(acc, dp_ftrl.TreeAccountant) else None
+        return {
+            "mechanism": "tree",
+            "noise_multiplier": self.config.privacy.noise_multiplier,
+            "min_separation": b,
+        }
+
+    def _tree_cohort(self, r: int, available: list[str], rng: np.random.Generator) -> list[str]:
+        """Round r's cohort under the tree: m = the strategy's share of the available phones,
+        drawn uniformly (as the uniform selector draws) from those that did not train in the
+        last b - 1 rounds; fewer when fewer are eligible (a server whose phones are offline)."""
+        b = self._min_separation(len(available))
+        ids = dp_ftrl.eligible(available, self.last_trained, r, b)
+        m = min(cohort_size(self.strategy.fraction, len(available)), len(ids))
+        if m >= len(ids):
+            return ids
+        return sorted(ids[i] for i in rng.choice(len(ids), size=m, replace=False))
 
     # -- one round -----------------------------------------------------------------------------
 
@@ -183,7 +232,9 @@ class Federation:
         r = self.round + 1
         rng = np.random.default_rng([self.config.seed, r] + ([attempt] if attempt else []))
         p = self.config.privacy
-        if p.dp and p.sampling == "poisson":
+        if self.tree is not None:
+            cohort = self._tree_cohort(r, sorted(available), rng)
+        elif p.dp and p.sampling == "poisson":
             cohort = self._poisson_cohort(sorted(available), rng)
         else:
             # Strategies count rounds from 0; the engine's round 0 is the initial model.
@@ -259,7 +310,9 @@ class Federation:
         )
         new_state, info = self.strategy.aggregate(self.global_state, bounded, bounded.bound)
         info = {**info, "clip": bounded.info}
-        if p.dp:
+        if self.tree is not None:
+            new_state, info["dp"] = self._add_tree_noise(plan, updates, new_state, bounded)
+        elif p.dp:
             new_state, info["dp"] = self._add_noise(plan, new_state, bounded)
         self.strategy.after_round(plan.round - 1, new_state, bounded)
         return {k: v.contiguous() for k, v in new_state.items()}, info
@@ -290,20 +343,74 @@ class Federation:
         self.accountant.step(population, len(plan.cohort))
         return new_state, {"sensitivity": sens, "noise_std": std, "sampling": p.sampling}
 
+    def _add_tree_noise(
+        self,
+        plan: RoundPlan,
+        updates: list[ClientUpdate],
+        new_state: dict[str, torch.Tensor],
+        bounded: BoundedRound,
+    ) -> tuple[dict[str, torch.Tensor], dict]:
+        """DP-FTRL (server.dp_ftrl): the aggregate's step ``g_t = new_state - theta_{t-1}`` plus
+        the tree's ``n_t - n_{t-1}``, so that ``theta_t = theta_0 + (noisy prefix sum of the
+        g's)``; the cohort's phones are recorded for the separation rule."""
+        p, bound, tree = self.config.privacy, bounded.bound, self.tree
+        if not isinstance(self.accountant, dp_ftrl.TreeAccountant) or tree is None:
+            raise RuntimeError("the tree mechanism needs its accountant and its tree")
+        if bound is None:
+            raise RuntimeError("DP needs a bound")
+        b = self._min_separation(plan.population or len(self.strategy.client_sizes))
+        sens = self.strategy.sensitivity(self.global_state, bound, len(bounded))
+        # The float32 margin of _add_noise: every node's noise is z times at least this.
+        residual = tree.release(self.global_state, sens * (1 + 1e-4))
+        if residual is not None:
+            new_state = {
+                k: (v.double() + residual[k].to(v.device)).to(v.dtype) if k in residual else v
+                for k, v in new_state.items()
+            }
+        self.accountant.step()
+        r = plan.round
+        trained = {*plan.cohort, *(u.device_id for u in updates)}
+        self.last_trained = {
+            d: s for d, s in self.last_trained.items() if d not in trained and r + 1 - s < b
+        }
+        if b > 1:  # with b = 1 every phone may train every round: nothing to remember
+            self.last_trained.update(dict.fromkeys(sorted(trained), r))
+        return new_state, {
+            **self._tree_rule(),
+            "sensitivity": sens,
+            "noise_std": p.noise_multiplier * sens * (1 + 1e-4),
+            "release_noise_std": tree.release_std(),
+            "tree_nodes": len(dp_ftrl.prefix_nodes(r)),
+            "max_participations": -(-r // b),
+        }
+
     # -- memory across rounds, for a restarted server ----------------------------------------------
 
     def server_state(self) -> dict:
         """Everything besides the weights that the next round depends on (JSON-serializable)."""
-        return {
+        state = {
             "strategy": self.strategy.state_dict(),
             "accountant": self.accountant.state_dict() if self.accountant is not None else None,
             "best": self.best,
         }
+        if self.tree is not None:  # DP-FTRL: the rounds' sensitivities, the separation rule
+            state["tree"] = {**self.tree.state_dict(), "last_trained": dict(self.last_trained)}
+        return state
 
     def load_server_state(self, state: dict) -> None:
         self.strategy.load_state_dict(state["strategy"])
         if self.accountant is not None and state.get("accountant"):
             self.accountant.load_state_dict(state["accountant"])
+        if self.tree is not None:
+            tree = state.get("tree")
+            if tree is None and state.get("accountant"):
+                raise ValueError(
+                    "this run was noised with the gaussian mechanism: resume it with "
+                    "--dp-mechanism gaussian"
+                )
+            tree = tree or {}
+            self.tree.load_state_dict(tree)
+            self.last_trained = {str(d): int(s) for d, s in tree.get("last_trained", {}).items()}
         self.best = state["best"]
 
     def snapshot(self) -> FederationState:
@@ -368,6 +475,9 @@ class Federation:
         """True when one more DP round (of the usual cohort) would take epsilon past the budget."""
         if self.accountant is None:
             return False
+        if isinstance(self.accountant, dp_ftrl.TreeAccountant):
+            # b is fixed at the first round (a server's phones enroll first): nothing spent yet
+            return self.accountant.min_separation is not None and self.accountant.would_exceed()
         population = len(self.strategy.client_sizes)
         return self.accountant.would_exceed(
             population, cohort_size(self.config.fraction, population)
@@ -405,6 +515,7 @@ class Federation:
             "bytes_up": bytes_up,
             "bytes_down": bytes_down,
             "epsilon": self.accountant.epsilon if self.accountant is not None else None,
+            "rho": self.accountant.rho if self.accountant is not None else None,
             "seconds": round(seconds, 3),
             "train_precision": self.train_precision,
             "eval_precision": self.eval_precision,

@@ -76,6 +76,13 @@ ALWAYS: dict[str, RowField] = {
         "float | null",
         "The differential-privacy epsilon spent so far (at the run's delta); null without DP.",
     ),
+    "rho": RowField(
+        "float | null",
+        "The privacy spent so far as rho-zCDP (what Gboard reports); null without DP. Under "
+        "`--dp-mechanism tree` it is the tree's bound and `epsilon` its conversion; under "
+        "`gaussian` it is rounds / (2 z^2), which cannot count the amplification by sampling "
+        "that `epsilon` counts.",
+    ),
     "seconds": RowField("float", "Wall seconds from the round's opening to its aggregation."),
     "train_precision": RowField(
         "str | null",
@@ -89,7 +96,11 @@ ALWAYS: dict[str, RowField] = {
         "What the server did this round: the strategy's own report (`strategy`, `mode`, "
         "`num_updates`, its weights or attention, FedAttOpt's `step_scale`, ...), `clip` (what "
         "bounded influence cut: the bound, the clipped updates, `outliers` the cosine filter "
-        "rejected) and, under DP, `dp` (`sensitivity`, `noise_std`, `sampling`).",
+        "rejected) and, under DP, `dp` (`sensitivity`, `noise_std`, `sampling`; under "
+        "`--dp-mechanism tree`, in round 0's row too: `mechanism`, `min_separation` (the rounds "
+        "between one phone's participations that selection enforces and the accounting "
+        "assumes), `noise_multiplier`, and per round `release_noise_std`, `tree_nodes`, "
+        "`max_participations`).",
     ),
 }
 

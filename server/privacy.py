@@ -160,6 +160,19 @@ class PrivacyAccountant:
         return compute_epsilon(self.sampling, self.noise_multiplier, self.events(), self.delta)
 
     @property
+    def rho(self) -> float:
+        """rho-zCDP spent so far: each round is a Gaussian mechanism of noise z times the
+        aggregate's sensitivity, ``1 / (2 z^2)``-zCDP (Bun and Steinke 2016, Prop. 1.6), and
+        rounds compose additively. zCDP cannot express amplification by sampling (a sampled
+        Gaussian's RDP over alpha tends to the unsampled 1 / (2 z^2) as alpha grows), so this is
+        the unamplified bound: ``epsilon`` (RDP with the sampling) is the tighter figure."""
+        if self.steps == 0:
+            return 0.0
+        if self.noise_multiplier == 0:
+            return math.inf
+        return self.steps / (2 * self.noise_multiplier**2)
+
+    @property
     def exhausted(self) -> bool:
         """Whether the budget ``target_epsilon`` is spent (never, without a target)."""
         return self.target_epsilon is not None and self.epsilon >= self.target_epsilon
@@ -186,6 +199,11 @@ class PrivacyAccountant:
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
         """Restore the rounds spent (the configuration stays as constructed)."""
+        if d.get("mechanism") == "tree":
+            raise ValueError(
+                "this run was accounted with the tree mechanism (DP-FTRL): resume it with "
+                "--dp-mechanism tree"
+            )
         if d.get("sampling", self.sampling) != self.sampling:
             raise ValueError(
                 f"the run was accounted with {d['sampling']!r} sampling, not {self.sampling!r}"

@@ -23,6 +23,7 @@ from server.config import (
     AggregateIn,
     ClipMode,
     ClipScope,
+    DPMechanism,
     DPSampling,
     FederationConfig,
     InfluenceConfig,
@@ -132,6 +133,8 @@ class Settings(BaseSettings):
     dp_delta: float = Field(_PRIVACY.delta, gt=0, lt=1)
     dp_target_epsilon: float | None = Field(_PRIVACY.target_epsilon, gt=0)
     dp_sampling: DPSampling = _PRIVACY.sampling
+    dp_mechanism: DPMechanism = _PRIVACY.mechanism  # gaussian (DP-FedAvg) or tree (DP-FTRL)
+    dp_min_separation: int | None = Field(_PRIVACY.min_separation, ge=1)  # tree: rounds apart
 
     # -- bounded influence (server.influence) ----------------------------------------------------
     bound: ClipMode = _INFLUENCE.mode
@@ -308,6 +311,8 @@ class Settings(BaseSettings):
             delta=self.dp_delta,
             target_epsilon=self.dp_target_epsilon,
             sampling=self.dp_sampling,
+            mechanism=self.dp_mechanism,
+            min_separation=self.dp_min_separation,
         )
 
     def influence_config(self) -> InfluenceConfig:
