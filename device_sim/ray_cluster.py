@@ -12,14 +12,20 @@ rules and the error a person sees are the same everywhere:
 
 A session shuts down only what it started: a driver that was already connected (a test's, a
 caller's) stays connected; one we connected is disconnected; the instance we started is stopped.
-Ray's authentication mode (RAY_AUTH_MODE; starting a local instance turns token auth on, as
-`ray start` does since Ray 2.60) is fixed for the process once set: one process should not
-switch between clusters with different modes.
+
+Token authentication (Ray 2.60): `ray start --head` turns it on when it finds a token
+(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, which a local ray.init writes), and a
+local instance always has it. Ray's driver picks the token up by itself only for
+ray.init(address="auto"); connect() does the same for any address (a token Ray finds turns
+RAY_AUTH_MODE=token on unless RAY_AUTH_MODE is set), then asks the head once, so a missing or
+wrong token is one line (RayUnavailable) instead of a minute of retries. The mode is fixed for
+the process once set: one process should not switch between clusters with different modes.
 
 Ray rewrites a loopback bootstrap address to the machine's outward IP before connecting
-(ray-project/ray#59110), so a head bound to 127.0.0.1 (`ray start --head --node-ip-address
-127.0.0.1`, the tests' cluster) cannot be joined by address. For a loopback address the driver
-connects as a loopback node (Ray's own single-machine mode), which is what such a cluster needs.
+(ray-project/ray#59110). `ray start --head --node-ip-address 127.0.0.1` does the same to its own
+node (its head listens on every interface), so that works; a head really bound to 127.0.0.1
+only (ray.cluster_utils.Cluster, the tests' cluster) cannot be joined that way, and there the
+driver connects as a loopback node (Ray's own single-machine mode), which such a cluster needs.
 """
 
 from __future__ import annotations
@@ -122,11 +128,71 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         raise RayUnavailable(f"no Ray cluster at {address} ({e.strerror or e}): {_HINT}") from None
 
 
+def _listens(host: str, port: int, timeout: float = 5.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
-def _loopback_driver(host: str) -> Iterator[dict[str, Any]]:
-    """ray.init's extra arguments for `host`; for a loopback head, Ray's loopback node mode
-    while the driver connects (see the module docstring: ray-project/ray#59110)."""
-    if not _is_loopback(host):
+def _quiet_stderr() -> Iterator[None]:
+    """Ray's C++ client logs each refused request to fd 2 itself; the caller says it in one line."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _authenticate(address: str) -> None:
+    """Token auth as Ray's own ray.init(address="auto") sets it up, for any address, then one
+    request to the head; RayUnavailable, one line, when it wants a token we lack or another one.
+    (Asking without a token in token mode would abort the process in Ray's C++ loader.)"""
+    from ray._private.authentication import authentication_token_setup as auth
+    from ray._raylet import AuthenticationTokenLoader, GcsClient  # type: ignore[attr-defined]
+    from ray.exceptions import AuthenticationError
+
+    mode = os.environ.get(auth.AUTH_MODE_ENV_VAR)
+    have = AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    if have and mode is None:
+        auth._enable_token_auth()  # what maybe_enable_token_auth_if_token_available does
+        mode = "token"
+    path = auth._get_default_token_path()
+    todo = (
+        "export RAY_AUTH_TOKEN=<what `ray get-auth-token` prints on the head>, "
+        f"or run where `ray start` wrote {path}"
+    )
+    token_mode = mode is not None and mode.lower() == "token"
+    if token_mode and not have:
+        raise RayUnavailable(f"RAY_AUTH_MODE=token but no Ray auth token was found: {todo}")
+    try:
+        with _quiet_stderr():
+            GcsClient(address=address)
+    except AuthenticationError:
+        if token_mode:
+            env = [v for v in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH") if os.environ.get(v)]
+            problem = f"refused the auth token in {(env or [str(path)])[0]}"
+        elif mode is None:
+            problem = "wants an auth token and none was found"
+        else:
+            todo = f"unset RAY_AUTH_MODE (or set it to token) and {todo}"
+            problem = f"wants an auth token but RAY_AUTH_MODE={mode}"
+        raise RayUnavailable(f"the Ray cluster at {address} {problem}: {todo}") from None
+
+
+@contextlib.contextmanager
+def _loopback_driver(host: str, port: int) -> Iterator[dict[str, Any]]:
+    """ray.init's extra arguments for the head at `host`; for one bound to loopback only, Ray's
+    loopback node mode while the driver connects (the module docstring: ray-project/ray#59110)."""
+    from ray._private.services import resolve_ip_for_localhost
+
+    rewritten = resolve_ip_for_localhost(host) if _is_loopback(host) else host
+    if rewritten == host or _listens(rewritten, port):  # where Ray's rewrite sends the driver
         yield {}
         return
     from ray._private import ray_constants
@@ -198,7 +264,8 @@ def connect(opts: RayOptions) -> RaySession:
     _check_reachable(address)
     parts = _split(address)
     assert parts is not None  # _check_reachable refused anything else
-    with _loopback_driver(parts[0]) as extra:
+    _authenticate(address)
+    with _loopback_driver(*parts) as extra:
         try:
             ray.init(address=address, **common, **extra)
         except ConnectionError as e:
