@@ -437,9 +437,42 @@ FEDERATION = {
             "the population allows, floor(phones / cohort)).",
         ),
     ),
-    "dp_delta": (
+    "dp_clip_quantile": (
+        float | None,
+        opt(
+            "dp_clip_quantile",
+            "--dp-clip-quantile",
+            help="DP adaptive clipping (Andrew et al. 2021): the clip starts at --dp-clip and "
+            "follows this quantile of the update norms (e.g. 0.5), from a noised count of the "
+            "unclipped updates; the update noise is raised so the total stays at z (off: a fixed "
+            "clip).",
+        ),
+    ),
+    "dp_clip_lr": (
         float,
-        opt("dp_delta", "--dp-delta", help="DP delta for the reported epsilon."),
+        opt(
+            "dp_clip_lr",
+            "--dp-clip-lr",
+            help="With --dp-clip-quantile: the clip's learning rate eta_C, "
+            "C <- C exp(-eta_C (noised unclipped fraction - quantile)).",
+        ),
+    ),
+    "dp_clip_count_stddev": (
+        float | None,
+        opt(
+            "dp_clip_count_stddev",
+            "--dp-clip-count-stddev",
+            help="With --dp-clip-quantile: the count's noise sigma_b (default: the expected "
+            "cohort / 20); it must exceed z (z / 2 with --dp-sampling poisson).",
+        ),
+    ),
+    "dp_delta": (
+        float | None,
+        opt(
+            "dp_delta",
+            "--dp-delta",
+            help="DP delta for the reported epsilon (default: 1 / N^1.1 for N phones).",
+        ),
     ),
     "dp_target_epsilon": (
         float | None,

@@ -96,10 +96,17 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         written without a metrics row).
       epsilon: the epsilon spent so far at ``delta`` (a number; the string "inf" when the bound
         is infinite, e.g. noise multiplier 0; None without DP).
+      rho: the privacy spent so far as rho-zCDP, from the row (a number, "inf", or None).
+      mechanism: "gaussian" (DP-FedAvg) or "tree" (DP-FTRL), from the row's ``info["dp"]`` or
+        the accountant's state; None without DP or when not recorded. min_separation: the
+        tree's b (a phone's participations at least b rounds apart), else None.
       delta, target_epsilon (the budget; None: no budget set), noise_multiplier, sampling
         ("fixed": a fixed-size cohort per round, "poisson"), sampling_rate (Poisson's q; None
         under fixed-size sampling), steps (noised rounds accounted): the accountant's state
-        (server.privacy.PrivacyAccountant.state_dict), None when not recorded.
+        (server.privacy.PrivacyAccountant.state_dict), None when not recorded; delta from the
+        row's "delta" when the accountant is not in the checkpoint.
+      adaptive_clip: under ``--dp-clip-quantile``, {"quantile", "clip" (the round's clip),
+        "unclipped_fraction_noisy"} from ``info["dp"]``; else None.
       clip: the round's bounding summary from the metrics row's ``info["clip"]`` (mode, norm S,
         clipped count, weight cap, ...; CLIP_KEYS) with "updates" (``info["num_updates"]``) and
         "attention_cap" (``info["attention_cap"]``) when the row has them; None when the row
@@ -137,6 +144,23 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         for key, source in (("updates", "num_updates"), ("attention_cap", "attention_cap")):
             if _number(info.get(source)) is not None:
                 clip[key] = info[source]
+    raw_dp = info.get("dp")
+    dp_info: Mapping[str, Any] = raw_dp if isinstance(raw_dp, Mapping) else {}
+    mechanism = dp_info.get("mechanism") or accountant.get("mechanism")
+    if mechanism not in ("gaussian", "tree"):
+        mechanism = "gaussian" if accountant else None
+    separation = dp_info.get("min_separation", accountant.get("min_separation"))
+    adaptive = None
+    if _number(dp_info.get("clip_quantile")) is not None:
+        adaptive = {
+            k: _number(dp_info.get(k))
+            for k in ("clip_quantile", "clip", "unclipped_fraction_noisy")
+        }
+        adaptive["quantile"] = adaptive.pop("clip_quantile")
+    raw_rho = metrics.get("rho")
+    rho: float | str | None = None
+    if isinstance(raw_rho, (int, float)) and not isinstance(raw_rho, bool):
+        rho = "inf" if math.isinf(raw_rho) else _number(raw_rho)
     dp_clip = None
     if dp and clip is None and _number(info.get("clip_norm")) is not None:
         dp_clip = {
@@ -147,7 +171,12 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "dp": dp,
         "epsilon": epsilon,
-        "delta": _number(accountant.get("delta")),
+        "rho": rho,
+        "mechanism": mechanism if dp else None,
+        "min_separation": separation
+        if dp and mechanism == "tree" and _is_int(separation)
+        else None,
+        "delta": _number(accountant.get("delta")) or _number(metrics.get("delta")),
         "target_epsilon": _number(accountant.get("target_epsilon")),
         "noise_multiplier": _number(accountant.get("noise_multiplier")),
         "sampling": sampling,
@@ -155,6 +184,7 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         "steps": steps if _is_int(steps) else None,
         "clip": clip,
         "dp_clip": dp_clip,
+        "adaptive_clip": adaptive,
     }
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from common.config import TrainConfig
+from server.adaptive_clip import DEFAULT_CLIP_LR, count_sensitivity, count_stddev_problem
 
 #: The aggregation methods (server.strategies.STRATEGIES has a class for each, and `adafl`).
 StrategyName = Literal["fedsgd", "fedavg", "fedatt", "fedattopt", "fedmed"]
@@ -161,13 +162,19 @@ class PrivacyConfig:
     sigma: float = 1.0
     clip_norm: float | None = None  # DP: clip each update's L2 norm to S ...
     noise_multiplier: float = 1.0  # ... and add N(0, (z * sensitivity)^2) to the aggregate
-    delta: float = 1e-5
+    # epsilon is reported at this delta; None: 1 / N^1.1 for the N phones (production's choice)
+    delta: float | None = None
     target_epsilon: float | None = None  # stop the run once this budget is spent
     sampling: DPSampling = "fixed"
     mechanism: DPMechanism = "gaussian"
     # tree: two participations of one phone are at least this many rounds apart; None: the
     # largest the population allows, floor(N / m) (server.dp_ftrl.default_separation)
     min_separation: int | None = None
+    # Adaptive clipping (server.adaptive_clip): the clip follows this quantile of the update
+    # norms, starting at clip_norm; None: the fixed clip
+    clip_quantile: float | None = None
+    clip_lr: float = DEFAULT_CLIP_LR  # eta_C: C <- C exp(-eta_C (noised fraction - quantile))
+    clip_count_stddev: float | None = None  # sigma_b; None: the expected cohort / 20
 
     @property
     def dp(self) -> bool:
@@ -218,6 +225,9 @@ def dp_problem(
         )
     if privacy.min_separation is not None and privacy.min_separation < 1:
         return f"--dp-min-separation must be >= 1, got {privacy.min_separation}"
+    problem = adaptive_clip_problem(privacy)
+    if problem is not None:
+        return problem
     if not privacy.dp:
         return None
     if privacy.mechanism == "tree" and privacy.sampling == "poisson":
@@ -263,5 +273,30 @@ def dp_problem(
         return (
             f"{strategy} normalizes attention by the cohort's own weights, which the "
             "add/remove-one analysis of Poisson cohorts does not cover: use --dp-sampling fixed"
+        )
+    return None
+
+
+def adaptive_clip_problem(privacy: PrivacyConfig) -> str | None:
+    """Why adaptive clipping's options cannot run (None: they can, or they are off)."""
+    q, sigma_b = privacy.clip_quantile, privacy.clip_count_stddev
+    if q is None:
+        if sigma_b is not None:
+            return (
+                "--dp-clip-count-stddev is adaptive clipping's count noise: add "
+                "--dp-clip-quantile q"
+            )
+        return None
+    if not privacy.dp:
+        return "--dp-clip-quantile adapts the DP clip: add --dp-clip S (the first round's clip)"
+    if not 0 < q < 1:
+        return f"--dp-clip-quantile must be in (0, 1), got {q}"
+    if not privacy.clip_lr > 0:
+        return f"--dp-clip-lr must be > 0, got {privacy.clip_lr}"
+    if sigma_b is not None:
+        if not sigma_b >= 0:
+            return f"--dp-clip-count-stddev must be >= 0, got {sigma_b}"
+        return count_stddev_problem(
+            privacy.noise_multiplier, sigma_b, count_sensitivity(privacy.sampling)
         )
     return None

@@ -73,6 +73,11 @@ dp_accounting's RdpAccountant composes ``ZCDpEvent(rho)`` and converts it to eps
 or ``rho + 2 sqrt(rho ln(1 / delta))`` (Bun and Steinke 2016, Prop. 1.3) where that is smaller
 (:func:`zcdp_epsilon`).
 
+With adaptive clipping (``--dp-clip-quantile``, server.adaptive_clip) each round also releases a
+noised count of the unclipped updates: the nodes then carry ``z_u max Delta_t`` and the counts
+add ``ceil(T / b) / (2 sigma_b^2)`` (:func:`count_rho`; derived in server.adaptive_clip), at most
+what z alone costs. Delta defaults to ``1 / N^1.1`` for N phones (server.privacy.PopulationDelta).
+
 What it assumes: the noise is drawn on the server from a secret seed; which phones are
 available and which drop out do not depend on their data; the rule above is what the server
 enforces (server.engine.Federation.plan_round), with ``b`` fixed for the run.
@@ -91,6 +96,8 @@ from dp_accounting import ZCDpEvent
 from dp_accounting.rdp import RdpAccountant
 from torch import Tensor
 
+from server.privacy import PopulationDelta, known_delta
+
 StateDict = dict[str, Tensor]
 #: A tree node (level l, index j): the rounds j 2^l + 1 .. (j + 1) 2^l (1-based).
 Node = tuple[int, int]
@@ -101,6 +108,7 @@ __all__ = [
     "Node",
     "TreeAccountant",
     "TreeNoise",
+    "count_rho",
     "default_separation",
     "eligible",
     "node_rounds",
@@ -303,32 +311,46 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     return min(float(acc.get_epsilon(delta)), rho + 2 * math.sqrt(rho * math.log(1 / delta)))
 
 
-class TreeAccountant:
+def count_rho(rounds: int, count_stddev: float, b: int) -> float:
+    """rho-zCDP of adaptive clipping's noised counts (server.adaptive_clip) over ``rounds``
+    rounds under separation b: one Gaussian of sensitivity 1 (replace-one: a phone's bit flips)
+    against sigma_b per participation, at most ``ceil(rounds / b)`` of them."""
+    if rounds == 0:
+        return 0.0
+    if count_stddev == 0:
+        return math.inf
+    return -(-rounds // b) / (2 * count_stddev**2)
+
+
+class TreeAccountant(PopulationDelta):
     """The privacy spent by the tree mechanism so far: ``rho`` (zCDP) and ``epsilon`` at delta.
 
     The same interface as server.privacy.PrivacyAccountant (``step``, ``epsilon``, ``exhausted``,
     ``would_exceed``, state); the population and cohort it is given are not part of the analysis
-    (nothing is sampled). ``min_separation`` is b; the engine sets it once it knows the population
-    when it was left to the default (None until then: nothing can be accounted).
+    (nothing is sampled), except that the default delta is ``1 / N^1.1`` of the largest
+    population seen (server.privacy.PopulationDelta). ``min_separation`` is b; the engine sets
+    it once it knows the population when it was left to the default (None until then: nothing
+    can be accounted). With adaptive clipping, ``noise_multiplier`` is the nodes' z_u and
+    ``count_stddev`` sigma_b, whose counts add :func:`count_rho` (server.adaptive_clip).
     """
 
     def __init__(
         self,
         noise_multiplier: float,
         min_separation: int | None,
-        delta: float = 1e-5,
+        delta: float | None = 1e-5,
         target_epsilon: float | None = None,
+        count_stddev: float | None = None,
     ) -> None:
         if not noise_multiplier >= 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-        if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
         if min_separation is not None and min_separation < 1:
             raise ValueError(f"the minimum separation must be >= 1, got {min_separation}")
+        super().__init__(delta)
         self.noise_multiplier = float(noise_multiplier)
         self.min_separation = min_separation
-        self.delta = float(delta)
         self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
+        self.count_stddev = count_stddev
         self.steps = 0
 
     def _b(self) -> int:
@@ -337,10 +359,16 @@ class TreeAccountant:
         return self.min_separation
 
     def rho_after(self, rounds: int) -> float:
-        return tree_rho(rounds, self.noise_multiplier, self._b()) if rounds else 0.0
+        if not rounds:
+            return 0.0
+        rho = tree_rho(rounds, self.noise_multiplier, self._b())
+        if self.count_stddev is not None:
+            rho += count_rho(rounds, self.count_stddev, self._b())
+        return rho
 
     def step(self, population: int = 0, cohort: int = 0) -> float:
         """Account for one more release; the new epsilon."""
+        self.observe(population)
         self.steps += 1
         return self.epsilon
 
@@ -352,7 +380,9 @@ class TreeAccountant:
     @property
     def epsilon(self) -> float:
         """Epsilon spent so far, at :attr:`delta`."""
-        return zcdp_epsilon(self.rho, self.delta)
+        if self.steps == 0:
+            return 0.0
+        return zcdp_epsilon(self.rho, known_delta(self.delta))
 
     @property
     def exhausted(self) -> bool:
@@ -362,15 +392,17 @@ class TreeAccountant:
         """Whether one more release would take epsilon past ``target_epsilon``."""
         if self.target_epsilon is None:
             return False
-        return zcdp_epsilon(self.rho_after(self.steps + 1), self.delta) > self.target_epsilon
+        delta = known_delta(self.delta_for(population))
+        return zcdp_epsilon(self.rho_after(self.steps + 1), delta) > self.target_epsilon
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "mechanism": "tree",
             "steps": self.steps,
             "noise_multiplier": self.noise_multiplier,
+            "count_stddev": self.count_stddev,
             "min_separation": self.min_separation,
-            "delta": self.delta,
+            **self._delta_state(),
             "target_epsilon": self.target_epsilon,
         }
 
@@ -389,4 +421,5 @@ class TreeAccountant:
                     f"--dp-min-separation {stored}"
                 )
             self.min_separation = int(stored)
+        self._load_delta_state(d)
         self.steps = int(d.get("steps", 0))

@@ -37,6 +37,13 @@ from models.model import LanguageModel
 from models.precision import resolve_device, resolve_precision
 from models.tokenizers import Tokenizer
 from server import dp_ftrl, privacy
+from server.adaptive_clip import (
+    AdaptiveClip,
+    count_sensitivity,
+    count_stddev_problem,
+    default_count_stddev,
+    update_noise_multiplier,
+)
 from server.config import FederationConfig, dp_problem, scheduled_lr
 from server.influence import BoundedRound, bound_round, scale_deltas
 from server.server_opt import ServerOptimizer
@@ -130,13 +137,23 @@ class Federation:
         # phone last trained in (the minimum-separation rule), both part of the server state.
         self.tree: dp_ftrl.TreeNoise | None = None
         self.last_trained: dict[str, int] = {}
+        # Adaptive clipping (--dp-clip-quantile, server.adaptive_clip): the next round's clip C_t
+        # and the count noise sigma_b, part of the server state.
+        self.clip: AdaptiveClip | None = None
+        if p.dp and p.clip_quantile is not None and p.clip_norm is not None:
+            self.clip = AdaptiveClip(
+                p.clip_norm,
+                p.clip_quantile,
+                p.clip_lr,
+                p.clip_count_stddev,
+                count_sensitivity(p.sampling),
+            )
         if p.dp and p.mechanism == "tree":
+            # The nodes' multiplier is z_u under adaptive clipping (_apply_update_z).
             self.tree = dp_ftrl.TreeNoise(config.seed, p.noise_multiplier)
             self.accountant = dp_ftrl.TreeAccountant(
                 p.noise_multiplier, p.min_separation, p.delta, p.target_epsilon
             )
-            if client_sizes:  # simulate knows its population: check b, or choose it, now
-                self._min_separation(len(client_sizes), check=True)
         elif p.dp:
             self.accountant = privacy.PrivacyAccountant(
                 noise_multiplier=p.noise_multiplier,
@@ -145,6 +162,10 @@ class Federation:
                 delta=p.delta,
                 target_epsilon=p.target_epsilon,
             )
+        if self.clip is not None and self.clip.count_stddev is not None:
+            self._apply_update_z()
+        if client_sizes:  # simulate knows its population: b, sigma_b and delta are fixed now
+            self._fix_population(len(client_sizes), check=True)
         self.server_opt = ServerOptimizer(config.server_opt)
         torch.manual_seed(config.seed)
         self.global_state = model_state(build_model(model_config))
@@ -178,10 +199,57 @@ class Federation:
 
     def start(self) -> dict:
         """Evaluate and checkpoint the initial model as round 0."""
-        info = {"dp": self._tree_rule()} if self.tree is not None else {}
+        dp = self._tree_rule() if self.tree is not None else {}
+        if self.clip is not None:  # the first round's clip
+            dp = {**dp, "clip": self.clip.norm, "clip_quantile": self.clip.quantile}
+        info = {"dp": dp} if dp else {}
         return self._record(
             0, self.global_state, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info=info
         )
+
+    # -- what a DP run fixes once it knows its population ------------------------------------
+
+    def _fix_population(self, population: int, check: bool = False) -> None:
+        """The accountant sees the population (the default delta, 1 / N^1.1, follows the
+        largest); the tree's b and adaptive clipping's default sigma_b (the expected cohort /
+        20, refused in one line when too small for z) are fixed by the first one seen."""
+        if self.accountant is None or population <= 0:
+            return
+        self.accountant.observe(population)
+        if self.tree is not None:
+            self._min_separation(population, check=check)
+        clip = self.clip
+        if clip is not None and clip.count_stddev is None:
+            p = self.config.privacy
+            if p.sampling == "poisson":
+                expected: float = self.config.fraction * population
+            else:
+                expected = cohort_size(self.config.fraction, population)
+            sigma_b = default_count_stddev(expected)
+            problem = count_stddev_problem(p.noise_multiplier, sigma_b, clip.sensitivity, expected)
+            if problem is not None:
+                raise ValueError(problem)
+            clip.count_stddev = sigma_b
+            self._apply_update_z()
+
+    def _update_z(self) -> float:
+        """The aggregate's noise multiplier: z, or z_u under adaptive clipping (its count noise
+        must be fixed by then)."""
+        z = self.config.privacy.noise_multiplier
+        if self.clip is None:
+            return z
+        if self.clip.count_stddev is None:
+            raise RuntimeError("adaptive clipping's count noise is not fixed yet")
+        return update_noise_multiplier(z, self.clip.count_stddev, self.clip.sensitivity)
+
+    def _apply_update_z(self) -> None:
+        """The tree's nodes and its accountant take z_u and sigma_b (adaptive clipping)."""
+        z_u = self._update_z()
+        if self.tree is not None:
+            self.tree.noise_multiplier = z_u
+        if isinstance(self.accountant, dp_ftrl.TreeAccountant) and self.clip is not None:
+            self.accountant.noise_multiplier = z_u
+            self.accountant.count_stddev = self.clip.count_stddev
 
     # -- DP-FTRL's participation rule ----------------------------------------------------------
 
@@ -232,6 +300,7 @@ class Federation:
         r = self.round + 1
         rng = np.random.default_rng([self.config.seed, r] + ([attempt] if attempt else []))
         p = self.config.privacy
+        self._fix_population(len(available))
         if self.tree is not None:
             cohort = self._tree_cohort(r, sorted(available), rng)
         elif p.dp and p.sampling == "poisson":
@@ -305,8 +374,9 @@ class Federation:
         """Bound the updates (server.influence), aggregate them with the strategy, and under DP
         add the Gaussian noise calibrated to the aggregate's sensitivity and account for it."""
         p = self.config.privacy
+        clip_norm = self.clip.norm if self.clip is not None else p.clip_norm  # C_t, or S
         bounded = bound_round(
-            self.config.influence, self.global_state, updates, p.clip_norm, uniform=p.dp
+            self.config.influence, self.global_state, updates, clip_norm, uniform=p.dp
         )
         new_state, info = self.strategy.aggregate(self.global_state, bounded, bounded.bound)
         info = {**info, "clip": bounded.info}
@@ -314,6 +384,8 @@ class Federation:
             new_state, info["dp"] = self._add_tree_noise(plan, updates, new_state, bounded)
         elif p.dp:
             new_state, info["dp"] = self._add_noise(plan, new_state, bounded)
+        if self.clip is not None:
+            info["dp"].update(self._step_clip(plan, bounded))
         self.strategy.after_round(plan.round - 1, new_state, bounded)
         return {k: v.contiguous() for k, v in new_state.items()}, info
 
@@ -335,13 +407,39 @@ class Federation:
             sens = self.strategy.sensitivity(self.global_state, bound, m)
         # Float32 models: the clip and the cast round, which moved the tight example of
         # tests/server/test_sensitivity_search.py up to 6e-5 past Delta at S = 0.01.
-        std = p.noise_multiplier * sens * (1 + 1e-4)
+        std = self._update_z() * sens * (1 + 1e-4)
         gen = torch.Generator().manual_seed(
             client_seed(self.config.seed, plan.round, "server-noise")
         )
         new_state = privacy.add_gaussian_noise(new_state, std, gen)
         self.accountant.step(population, len(plan.cohort))
-        return new_state, {"sensitivity": sens, "noise_std": std, "sampling": p.sampling}
+        return new_state, {
+            "mechanism": "gaussian",
+            "sensitivity": sens,
+            "noise_std": std,
+            "sampling": p.sampling,
+            "clip": bound.norm,
+        }
+
+    def _step_clip(self, plan: RoundPlan, bounded: BoundedRound) -> dict:
+        """Adaptive clipping (server.adaptive_clip): the noised fraction of the round's updates
+        within C_t, and C_{t+1}. The count's noise is seeded by (seed, round) as the model's is,
+        so a resumed run draws the same."""
+        p, clip = self.config.privacy, self.clip
+        if clip is None:
+            raise RuntimeError("adaptive clipping is off")
+        if p.sampling == "poisson":  # the fixed denominator q N, as the aggregate's
+            denominator = self.config.fraction * (
+                plan.population or len(self.strategy.client_sizes)
+            )
+        else:
+            denominator = len(bounded)
+        seed = client_seed(self.config.seed, plan.round, "clip-count-noise")
+        draw = float(np.random.default_rng(seed).standard_normal())
+        return {
+            **clip.step(bounded.norms, denominator, draw),
+            "update_noise_multiplier": self._update_z(),
+        }
 
     def _add_tree_noise(
         self,
@@ -353,7 +451,7 @@ class Federation:
         """DP-FTRL (server.dp_ftrl): the aggregate's step ``g_t = new_state - theta_{t-1}`` plus
         the tree's ``n_t - n_{t-1}``, so that ``theta_t = theta_0 + (noisy prefix sum of the
         g's)``; the cohort's phones are recorded for the separation rule."""
-        p, bound, tree = self.config.privacy, bounded.bound, self.tree
+        bound, tree = bounded.bound, self.tree
         if not isinstance(self.accountant, dp_ftrl.TreeAccountant) or tree is None:
             raise RuntimeError("the tree mechanism needs its accountant and its tree")
         if bound is None:
@@ -367,7 +465,7 @@ class Federation:
                 k: (v.double() + residual[k].to(v.device)).to(v.dtype) if k in residual else v
                 for k, v in new_state.items()
             }
-        self.accountant.step()
+        self.accountant.step(plan.population)
         r = plan.round
         trained = {*plan.cohort, *(u.device_id for u in updates)}
         self.last_trained = {
@@ -378,7 +476,8 @@ class Federation:
         return new_state, {
             **self._tree_rule(),
             "sensitivity": sens,
-            "noise_std": p.noise_multiplier * sens * (1 + 1e-4),
+            "noise_std": tree.noise_multiplier * sens * (1 + 1e-4),
+            "clip": bound.norm,
             "release_noise_std": tree.release_std(),
             "tree_nodes": len(dp_ftrl.prefix_nodes(r)),
             "max_participations": -(-r // b),
@@ -395,6 +494,8 @@ class Federation:
         }
         if self.tree is not None:  # DP-FTRL: the rounds' sensitivities, the separation rule
             state["tree"] = {**self.tree.state_dict(), "last_trained": dict(self.last_trained)}
+        if self.clip is not None:  # adaptive clipping: the next round's clip, sigma_b
+            state["clip"] = self.clip.state_dict()
         return state
 
     def load_server_state(self, state: dict) -> None:
@@ -411,7 +512,36 @@ class Federation:
             tree = tree or {}
             self.tree.load_state_dict(tree)
             self.last_trained = {str(d): int(s) for d, s in tree.get("last_trained", {}).items()}
+        self._load_clip_state(state)
         self.best = state["best"]
+
+    def _load_clip_state(self, state: dict) -> None:
+        """Adaptive clipping's state: a run resumes as it clipped (adaptively, with the same
+        sigma_b, or at the fixed clip)."""
+        stored = state.get("clip")
+        if self.clip is None:
+            if stored is not None:
+                raise ValueError(
+                    "this run adapted its DP clip: resume it with --dp-clip-quantile "
+                    f"{stored.get('quantile')}"
+                )
+            return
+        if stored is None:
+            if state.get("accountant"):
+                raise ValueError(
+                    "this run clipped at a fixed --dp-clip: resume it without --dp-clip-quantile"
+                )
+            return
+        configured = self.config.privacy.clip_count_stddev
+        sigma_b = stored.get("count_stddev")
+        if configured is not None and sigma_b is not None and float(sigma_b) != configured:
+            raise ValueError(
+                f"this run's clip count was noised with sigma_b = {sigma_b}: resume it with "
+                f"--dp-clip-count-stddev {sigma_b}"
+            )
+        self.clip.load_state_dict(stored)
+        if self.clip.count_stddev is not None:
+            self._apply_update_z()
 
     def snapshot(self) -> FederationState:
         """The in-memory state a round changes (shared tensors, not copies: nothing mutates them
@@ -449,6 +579,13 @@ class Federation:
             )
         state = st_load(path.read_bytes())
         check_state(state, self.model_config)
+        # In the model's own key order, as an uninterrupted run holds it (safetensors sorts
+        # them): the gaussian noise (common.noise) is drawn key by key in this order.
+        state = (
+            {k: state[k] for k in self.global_state}
+            if set(state) == set(self.global_state)
+            else state
+        )
         if self.server_opt.active and meta["round"] > 0:
             opt_path = self.storage.server_opt_path(meta["round"])
             if not opt_path.exists():
@@ -475,10 +612,17 @@ class Federation:
         """True when one more DP round (of the usual cohort) would take epsilon past the budget."""
         if self.accountant is None:
             return False
-        if isinstance(self.accountant, dp_ftrl.TreeAccountant):
-            # b is fixed at the first round (a server's phones enroll first): nothing spent yet
-            return self.accountant.min_separation is not None and self.accountant.would_exceed()
         population = len(self.strategy.client_sizes)
+        if self.accountant.delta_for(population) is None:
+            return False  # no phone seen yet (a server before its first round): nothing spent
+        if isinstance(self.accountant, dp_ftrl.TreeAccountant):
+            # b and sigma_b are fixed at the first round (a server's phones enroll first)
+            fixed = self.clip is None or self.clip.count_stddev is not None
+            return (
+                self.accountant.min_separation is not None
+                and fixed
+                and self.accountant.would_exceed(population)
+            )
         return self.accountant.would_exceed(
             population, cohort_size(self.config.fraction, population)
         )
@@ -516,6 +660,7 @@ class Federation:
             "bytes_down": bytes_down,
             "epsilon": self.accountant.epsilon if self.accountant is not None else None,
             "rho": self.accountant.rho if self.accountant is not None else None,
+            "delta": self.accountant.delta if self.accountant is not None else None,
             "seconds": round(seconds, 3),
             "train_precision": self.train_precision,
             "eval_precision": self.eval_precision,

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -254,6 +254,7 @@ class BoundedRound:
     info: dict
     limits: Limits | None = None  # the coordinate trim's range of values, when it applies
     exact: bool = True  # the clip in float64 (DP); else in float32 (scale_deltas)
+    norms: list[float] = field(default_factory=list)  # each update's whole-model norm (trimmed)
 
     def __iter__(self) -> Iterator[ClientUpdate]:
         """The bounded updates; iterable more than once (each pass trims and clips again)."""
@@ -342,4 +343,6 @@ def bound_round(
         samples = [min(n, cap) for n in samples]
         if k:
             bound = replace(bound, distance_caps=distance_caps(norms, factors, k))
-    return BoundedRound(global_state, updates, bound, factors, samples, info, limits, exact=dp)
+    return BoundedRound(
+        global_state, updates, bound, factors, samples, info, limits, exact=dp, norms=whole
+    )

@@ -83,6 +83,12 @@ ALWAYS: dict[str, RowField] = {
         "`gaussian` it is rounds / (2 z^2), which cannot count the amplification by sampling "
         "that `epsilon` counts.",
     ),
+    "delta": RowField(
+        "float | null",
+        "The delta `epsilon` is reported at: `--dp-delta`, or by default 1/N^1.1 for the N "
+        "phones the rounds were drawn from (the largest population so far); null without DP "
+        "(or before a server has seen a phone).",
+    ),
     "seconds": RowField("float", "Wall seconds from the round's opening to its aggregation."),
     "train_precision": RowField(
         "str | null",
@@ -96,11 +102,13 @@ ALWAYS: dict[str, RowField] = {
         "What the server did this round: the strategy's own report (`strategy`, `mode`, "
         "`num_updates`, its weights or attention, FedAttOpt's `step_scale`, ...), `clip` (what "
         "bounded influence cut: the bound, the clipped updates, `outliers` the cosine filter "
-        "rejected) and, under DP, `dp` (`sensitivity`, `noise_std`, `sampling`; under "
-        "`--dp-mechanism tree`, in round 0's row too: `mechanism`, `min_separation` (the rounds "
-        "between one phone's participations that selection enforces and the accounting "
-        "assumes), `noise_multiplier`, and per round `release_noise_std`, `tree_nodes`, "
-        "`max_participations`).",
+        "rejected) and, under DP, `dp` (`mechanism`, `clip` (the round's clip), `sensitivity`, "
+        "`noise_std`, `sampling`; under `--dp-mechanism tree`, in round 0's row too: "
+        "`min_separation` (the rounds between one phone's participations that selection "
+        "enforces and the accounting assumes), `noise_multiplier`, and per round "
+        "`release_noise_std`, `tree_nodes`, `max_participations`; under `--dp-clip-quantile`, "
+        "`clip_quantile`, `unclipped_fraction_noisy` (the noised share of updates within the "
+        "clip), `next_clip`, `count_stddev` and `update_noise_multiplier`).",
     ),
 }
 

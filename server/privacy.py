@@ -38,7 +38,16 @@ from server.config import DPSampling
 StateDict = dict[str, Tensor]
 NeighborRel = dp_accounting.NeighboringRelation
 
-__all__ = ["PrivacyAccountant", "add_gaussian_noise", "compute_epsilon", "dp_event", "randomize"]
+__all__ = [
+    "PopulationDelta",
+    "PrivacyAccountant",
+    "add_gaussian_noise",
+    "compute_epsilon",
+    "dp_event",
+    "known_delta",
+    "population_delta",
+    "randomize",
+]
 
 
 def add_gaussian_noise(
@@ -95,14 +104,68 @@ def compute_epsilon(
     return float(acc.get_epsilon(delta))
 
 
-class PrivacyAccountant:
+def population_delta(population: int) -> float:
+    """Production's delta for a population of N phones: ``1 / N^1.1`` (below 1 / N, so a
+    mechanism that published one phone's data outright could not meet it; N = 1 counts as 2)."""
+    return float(max(population, 2) ** -1.1)
+
+
+class PopulationDelta:
+    """The delta an accountant reports epsilon at: the configured one, or (None configured)
+    :func:`population_delta` of the largest population seen so far (``observe``), so delta only
+    shrinks as phones enroll and epsilon only grows. None while no population is known (a
+    server before its first round); nothing can have been spent then."""
+
+    def __init__(self, delta: float | None) -> None:
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        self.delta_setting = None if delta is None else float(delta)
+        self.population = 0  # the largest population seen
+
+    def observe(self, population: int) -> None:
+        """A population the run drew from (the default delta follows the largest)."""
+        self.population = max(self.population, int(population))
+
+    def delta_for(self, population: int = 0) -> float | None:
+        """The delta once ``population`` phones are seen too."""
+        if self.delta_setting is not None:
+            return self.delta_setting
+        n = max(self.population, population)
+        return population_delta(n) if n > 0 else None
+
+    @property
+    def delta(self) -> float | None:
+        """The delta epsilon is reported at now."""
+        return self.delta_for()
+
+    def _delta_state(self) -> dict[str, Any]:
+        return {
+            "delta": self.delta,
+            "delta_setting": self.delta_setting,
+            "population": self.population,
+        }
+
+    def _load_delta_state(self, d: Mapping[str, Any]) -> None:
+        if "population" in d:
+            self.population = int(d["population"])
+
+
+def known_delta(delta: float | None) -> float:
+    """`delta`, which must be known by now (a population was seen)."""
+    if delta is None:
+        raise RuntimeError("delta is not known before the population is")
+    return delta
+
+
+class PrivacyAccountant(PopulationDelta):
     """Client-level (epsilon, delta) of the run so far, composed round by round.
 
     ``step(population, cohort)`` once per round in which noise was added: a fixed-size cohort of
     ``cohort`` of ``population`` phones (the population may change as phones enroll), or, under
     Poisson sampling, one round at the rate q given here. ``epsilon`` is the RDP bound at
-    ``delta``; ``would_exceed(population, cohort)`` tells beforehand whether one more such round
-    would overshoot ``target_epsilon``, so the server stops before spending it.
+    ``delta`` (:class:`PopulationDelta`: the given one, or ``1 / N^1.1`` of the largest population
+    a round was drawn from); ``would_exceed(population, cohort)`` tells beforehand whether one
+    more such round would overshoot ``target_epsilon``, so the server stops before spending it.
     """
 
     def __init__(
@@ -110,19 +173,17 @@ class PrivacyAccountant:
         noise_multiplier: float,
         sampling: DPSampling = "fixed",
         sampling_rate: float = 0.0,
-        delta: float = 1e-5,
+        delta: float | None = 1e-5,
         target_epsilon: float | None = None,
     ) -> None:
         if not noise_multiplier >= 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         if sampling == "poisson" and not 0 < sampling_rate <= 1:
             raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
-        if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        super().__init__(delta)
         self.noise_multiplier = float(noise_multiplier)
         self.sampling: DPSampling = sampling
         self.sampling_rate = float(sampling_rate)
-        self.delta = float(delta)
         self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
         self.counts: dict[tuple[float, int], int] = {}
 
@@ -147,6 +208,7 @@ class PrivacyAccountant:
     def step(self, population: int, cohort: int) -> float:
         """Account for one round; return the new epsilon."""
         key = self._key(population, cohort)
+        self.observe(population)
         self.counts[key] = self.counts.get(key, 0) + 1
         return self.epsilon
 
@@ -157,7 +219,11 @@ class PrivacyAccountant:
     @property
     def epsilon(self) -> float:
         """Epsilon spent so far, at :attr:`delta`."""
-        return compute_epsilon(self.sampling, self.noise_multiplier, self.events(), self.delta)
+        if self.steps == 0:
+            return 0.0
+        return compute_epsilon(
+            self.sampling, self.noise_multiplier, self.events(), known_delta(self.delta)
+        )
 
     @property
     def rho(self) -> float:
@@ -183,7 +249,8 @@ class PrivacyAccountant:
         if self.target_epsilon is None:
             return False
         after = self.events(self._key(population, cohort))
-        return compute_epsilon(self.sampling, self.noise_multiplier, after, self.delta) > (
+        delta = known_delta(self.delta_for(population))
+        return compute_epsilon(self.sampling, self.noise_multiplier, after, delta) > (
             self.target_epsilon
         )
 
@@ -193,7 +260,7 @@ class PrivacyAccountant:
             "sampling": self.sampling,
             "noise_multiplier": self.noise_multiplier,
             "sampling_rate": self.sampling_rate,
-            "delta": self.delta,
+            **self._delta_state(),
             "target_epsilon": self.target_epsilon,
         }
 
@@ -216,4 +283,5 @@ class PrivacyAccountant:
                 )
             self.counts = {(self.sampling_rate, 0): int(d["steps"])}
             return
+        self._load_delta_state(d)
         self.counts = {(float(a), int(m)): int(c) for a, m, c in d.get("events", [])}

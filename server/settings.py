@@ -130,11 +130,15 @@ class Settings(BaseSettings):
     dp_sigma: float = Field(_PRIVACY.sigma, ge=0)
     dp_clip: float | None = Field(_PRIVACY.clip_norm, gt=0)
     dp_noise_multiplier: float = Field(_PRIVACY.noise_multiplier, ge=0)
-    dp_delta: float = Field(_PRIVACY.delta, gt=0, lt=1)
+    dp_delta: float | None = Field(_PRIVACY.delta, gt=0, lt=1)  # None: 1 / N^1.1 for N phones
     dp_target_epsilon: float | None = Field(_PRIVACY.target_epsilon, gt=0)
     dp_sampling: DPSampling = _PRIVACY.sampling
     dp_mechanism: DPMechanism = _PRIVACY.mechanism  # gaussian (DP-FedAvg) or tree (DP-FTRL)
     dp_min_separation: int | None = Field(_PRIVACY.min_separation, ge=1)  # tree: rounds apart
+    # adaptive clipping (server.adaptive_clip): the clip follows this quantile of update norms
+    dp_clip_quantile: float | None = Field(_PRIVACY.clip_quantile, gt=0, lt=1)
+    dp_clip_lr: float = Field(_PRIVACY.clip_lr, gt=0)  # eta_C of its geometric update
+    dp_clip_count_stddev: float | None = Field(_PRIVACY.clip_count_stddev, ge=0)  # sigma_b
 
     # -- bounded influence (server.influence) ----------------------------------------------------
     bound: ClipMode = _INFLUENCE.mode
@@ -313,6 +317,9 @@ class Settings(BaseSettings):
             sampling=self.dp_sampling,
             mechanism=self.dp_mechanism,
             min_separation=self.dp_min_separation,
+            clip_quantile=self.dp_clip_quantile,
+            clip_lr=self.dp_clip_lr,
+            clip_count_stddev=self.dp_clip_count_stddev,
         )
 
     def influence_config(self) -> InfluenceConfig:

@@ -376,14 +376,15 @@
   }
 
   // The privacy block: what the served export records (export.metadata.privacy_facts), said as
-  // it is: epsilon so far against the budget, "none" without DP, "not recorded" for an old export.
+  // it is: epsilon so far against the budget at its delta, rho-zCDP and the mechanism (gaussian,
+  // or the tree with its separation b), "none" without DP, "not recorded" for an old export.
   const isNum = (x) => typeof x === "number" && isFinite(x);
   const sig = (x) => String(Number(x.toPrecision(3)));
   const sci = (x) => Number(x.toPrecision(3)).toExponential();
 
   function privacyText(p) {
-    if (!p || p.dp === null || p.dp === undefined) return [["not recorded in this export", ""], ""];
-    if (!p.dp) return [["no differential privacy (epsilon: none)", ""], ""];
+    if (!p || p.dp === null || p.dp === undefined) return [["not recorded in this export", []], ""];
+    if (!p.dp) return [["no differential privacy (epsilon: none)", []], ""];
     const details = [];
     let eps = "not recorded";
     if (p.epsilon === "inf") {
@@ -393,15 +394,24 @@
       eps = sig(p.epsilon);
     }
     const budget = isNum(p.target_epsilon) ? ` of budget ${sig(p.target_epsilon)}` : ", no budget set";
-    const delta = isNum(p.delta) ? `(delta ${sci(p.delta)})` : "";
+    const tail = [];
+    if (isNum(p.delta)) tail.push(`(delta ${sci(p.delta)})`);
+    if (p.rho === "inf") tail.push("rho ∞");
+    else if (isNum(p.rho)) tail.push(`rho ${sig(p.rho)}`);
+    if (p.mechanism === "tree") {
+      tail.push(Number.isInteger(p.min_separation) ? `tree, b = ${p.min_separation}` : "tree");
+    } else if (p.mechanism === "gaussian") {
+      tail.push("gaussian");
+    }
     if (isNum(p.target_epsilon) && (p.epsilon === "inf" || p.epsilon >= p.target_epsilon)) {
       details.push("budget spent");
     }
+    if (p.mechanism === "tree") details.push("DP-FTRL tree aggregation");
     if (isNum(p.noise_multiplier)) details.push(`noise multiplier ${sig(p.noise_multiplier)}`);
     if (p.sampling === "fixed") details.push("fixed-size cohorts");
     else if (isNum(p.sampling_rate)) details.push(`Poisson sampling q = ${sig(p.sampling_rate)}`);
     if (Number.isInteger(p.steps)) details.push(`${p.steps} noised round${p.steps === 1 ? "" : "s"}`);
-    return [[`epsilon ${eps}${budget}${delta ? " " : ""}`, delta], details.join(" · ")];
+    return [[`epsilon ${eps}${budget}${tail.length ? " " : ""}`, tail], details.join(" · ")];
   }
 
   // The round's bounding (info["clip"]): the update-norm clip, then (detail) the cap on a phone's
@@ -410,11 +420,13 @@
     const main = [];
     const details = [];
     const c = p && p.clip;
+    const a = p && p.adaptive_clip;
     if (c && c.mode === "off") {
       main.push("none (--bound off)");
     } else if (c) {
       const mode = c.mode === "dp" ? "DP" : c.mode || "norm";
       let t = `${mode} clip${c.scope === "layer" ? " per layer" : ""}`;
+      if (c.mode === "dp" && a && isNum(a.quantile)) t += ` (adaptive, quantile ${sig(a.quantile)})`;
       if (isNum(c.norm)) t += `, S = ${sig(c.norm)}`;
       if (Number.isInteger(c.clipped)) {
         t += Number.isInteger(c.updates) ? `, ${c.clipped} of ${c.updates} clipped` : `, ${c.clipped} clipped`;
@@ -428,6 +440,9 @@
         details.push(`sample weights capped at ${cap}${k > 0 ? ` (${k} capped)` : ""}`);
       }
       if (isNum(c.attention_cap)) details.push(`attention ≤ ${sig(c.attention_cap)}`);
+      if (a && isNum(a.unclipped_fraction_noisy)) {
+        details.push(`noised share within the clip ${sig(a.unclipped_fraction_noisy)}`);
+      }
     }
     const d = p && p.dp_clip;
     if (d && isNum(d.norm)) {
@@ -446,12 +461,13 @@
     const [[main, tail], detail] = privacyText(p);
     const value = $("privacy");
     value.textContent = main;
-    if (tail) {
+    tail.forEach((part, i) => {
+      if (i) value.append(" · ");
       const keep = document.createElement("span"); // "(delta 1e-5)" never breaks at its hyphen
       keep.className = "nowrap";
-      keep.textContent = tail;
+      keep.textContent = part;
       value.append(keep);
-    }
+    });
     value.title = detail; // short screens hide the detail line
     show("privacy-detail", detail);
     const [bounding, boundingDetail] = boundingText(p);

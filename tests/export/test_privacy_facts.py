@@ -77,3 +77,34 @@ def test_fedatt_step_size_is_not_a_privacy_epsilon():
     # FedAtt reports its step size as info["epsilon"]; only the row's "epsilon" is privacy.
     p = privacy_facts({"metrics": {"epsilon": None, "info": {"epsilon": 1.2}}})
     assert p["dp"] is False and p["epsilon"] is None
+
+
+def test_rho_the_mechanism_and_the_adaptive_clip_of_a_tree_row():
+    dp = {
+        "mechanism": "tree",
+        "min_separation": 10,
+        "clip": 0.8,
+        "clip_quantile": 0.5,
+        "unclipped_fraction_noisy": 0.45,
+        "next_clip": 0.81,
+    }
+    acc = {"mechanism": "tree", "steps": 3, "min_separation": 10, "delta": 2e-3}
+    meta = {
+        "metrics": {"epsilon": 4.0, "rho": 0.6, "info": {"dp": dp}},
+        "server": {"accountant": acc},
+    }
+    p = privacy_facts(meta)
+    assert (p["rho"], p["mechanism"], p["min_separation"], p["delta"]) == (0.6, "tree", 10, 2e-3)
+    assert p["adaptive_clip"] == {"quantile": 0.5, "clip": 0.8, "unclipped_fraction_noisy": 0.45}
+    # A public checkpoint (no accountant): delta and the mechanism from the row itself.
+    public = privacy_facts({"metrics": {**meta["metrics"], "delta": 1e-3}})
+    assert (public["delta"], public["mechanism"], public["min_separation"]) == (1e-3, "tree", 10)
+
+
+def test_an_older_gaussian_row_is_gaussian_by_its_accountant_and_rho_may_be_infinite():
+    acc = {"events": [[100.0, 10, 2]], "sampling": "fixed", "noise_multiplier": 0.0}
+    p = privacy_facts(
+        {"metrics": {"epsilon": math.inf, "rho": math.inf}, "server": {"accountant": acc}}
+    )
+    assert p["mechanism"] == "gaussian" and p["rho"] == "inf" and p["min_separation"] is None
+    assert privacy_facts({"metrics": {"epsilon": None, "rho": None}})["mechanism"] is None

@@ -32,9 +32,12 @@ def engine_round(
     noise_multiplier: float | None = 1.1,
     target_epsilon: float | None = 8.0,
     clip: dict | None = CLIP,
+    tree: bool = False,
 ) -> tuple[dict, dict]:
     """(metrics row, server state) of a FedAtt round `steps` as server.engine._record writes
-    them; noise_multiplier None: no DP (no accountant, "epsilon": null)."""
+    them; noise_multiplier None: no DP (no accountant, "epsilon": null); `tree`: DP-FTRL over
+    200 phones with b = 10 and adaptive clipping (quantile 0.5), at the default delta."""
+    from server.dp_ftrl import TreeAccountant
     from server.privacy import PrivacyAccountant
 
     info: dict = {
@@ -46,14 +49,35 @@ def engine_round(
     }
     if clip is not None:
         info["clip"] = clip
-    accountant = None
-    if noise_multiplier is not None:
+    accountant: PrivacyAccountant | TreeAccountant | None = None
+    if noise_multiplier is not None and tree:
+        accountant = TreeAccountant(
+            1.2, 10, delta=None, target_epsilon=target_epsilon, count_stddev=2.0
+        )
+        for _ in range(steps):
+            accountant.step(population=200)
+        info["dp"] = {
+            "mechanism": "tree",
+            "min_separation": 10,
+            "noise_multiplier": noise_multiplier,
+            "clip": 0.84,
+            "clip_quantile": 0.5,
+            "unclipped_fraction_noisy": 0.55,
+            "next_clip": 0.83,
+        }
+    elif noise_multiplier is not None:
         accountant = PrivacyAccountant(
             noise_multiplier, "fixed", delta=1e-5, target_epsilon=target_epsilon
         )
         for _ in range(steps):
             accountant.step(population=10, cohort=4)
-        info["dp"] = {"sensitivity": 0.5, "noise_std": 0.275, "sampling": "fixed"}
+        info["dp"] = {
+            "mechanism": "gaussian",
+            "sensitivity": 0.5,
+            "noise_std": 0.275,
+            "sampling": "fixed",
+            "clip": 0.84,
+        }
     row = {
         "round": steps,
         "strategy": "fedatt",
@@ -62,6 +86,8 @@ def engine_round(
         "val_ppl": 150.0,
         "test_ppl": 155.0,
         "epsilon": accountant.epsilon if accountant is not None else None,
+        "rho": accountant.rho if accountant is not None else None,
+        "delta": accountant.delta if accountant is not None else None,
         "info": info,
     }
     server = {
@@ -95,6 +121,8 @@ def test_dp_export_reports_epsilon_so_far_the_budget_and_the_bounding(models, tm
         assert p["dp"] is True and 0 < p["epsilon"] < 8
         assert p["epsilon"] == pytest.approx(row["epsilon"])
         assert p["target_epsilon"] == 8.0 and p["delta"] == 1e-5
+        assert p["rho"] == pytest.approx(row["rho"]) and p["mechanism"] == "gaussian"
+        assert p["min_separation"] is None and p["adaptive_clip"] is None
         assert (p["noise_multiplier"], p["sampling"], p["steps"]) == (1.1, "fixed", 3)
         assert p["sampling_rate"] is None  # q means nothing for a fixed-size cohort
         assert p["clip"] == {**CLIP, "updates": 4, "attention_cap": 0.23}
@@ -108,12 +136,23 @@ def test_dp_export_reports_epsilon_so_far_the_budget_and_the_bounding(models, tm
             assert events.receive_json()["privacy"] == p
 
 
+def test_a_tree_export_reports_rho_the_mechanism_b_and_the_adaptive_clip(models, tmp_path):
+    client, row = served(models, tmp_path, "tree", tree=True)
+    with client:
+        p = client.get("/api/info").json()["privacy"]
+    assert p["mechanism"] == "tree" and p["min_separation"] == 10
+    assert p["rho"] == pytest.approx(row["rho"]) and p["delta"] == pytest.approx(200**-1.1)
+    assert p["epsilon"] == pytest.approx(row["epsilon"]) and p["steps"] == 3
+    assert p["adaptive_clip"] == {"quantile": 0.5, "clip": 0.84, "unclipped_fraction_noisy": 0.55}
+
+
 def test_without_dp_the_keyboard_says_none(models, tmp_path):
     client, _ = served(models, tmp_path, "plain", noise_multiplier=None, clip={"mode": "off"})
     with client:
         p = client.get("/api/info").json()["privacy"]
     assert p["dp"] is False
     assert p["epsilon"] is None and p["target_epsilon"] is None and p["delta"] is None
+    assert p["rho"] is None and p["mechanism"] is None and p["adaptive_clip"] is None
     assert p["clip"]["mode"] == "off" and p["dp_clip"] is None
 
 

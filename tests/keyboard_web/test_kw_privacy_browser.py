@@ -1,5 +1,6 @@
-"""The page's privacy block in chromium on a phone: epsilon so far against the budget, the noise,
-the bounding; after a hot reload to a run without DP it says so."""
+"""The page's privacy block in chromium on a phone: epsilon so far against the budget at its
+delta, rho and the mechanism, the noise, the bounding; after a hot reload to a run without DP it
+says so, and to a DP-FTRL run with adaptive clipping it names the tree and its b."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 import pytest
 
 from keyboard_web.app import create_app
-from tests.keyboard_web.test_kw_privacy import engine_round
+from tests.keyboard_web.test_kw_privacy import CLIP, engine_round
 from tests.support.browser import CHROMIUM
 from tests.support.keyboard import ThreadServer, save_round
 
@@ -38,9 +39,12 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         page.goto(srv.url + "/")
 
         privacy = page.get_by_test_id("privacy")
-        expect(privacy).to_have_text(re.compile(r"^epsilon [\d.]+ of budget 8 \(delta 1e-5\)$"))
-        shown = float(privacy.text_content().split()[1])
-        assert shown == pytest.approx(row["epsilon"], rel=5e-3)  # three significant digits
+        expect(privacy).to_have_text(
+            re.compile(r"^epsilon [\d.]+ of budget 8 \(delta 1e-5\) · rho [\d.]+ · gaussian$")
+        )
+        words = privacy.text_content().split()
+        assert float(words[1]) == pytest.approx(row["epsilon"], rel=5e-3)  # three significant
+        assert float(words[words.index("rho") + 1]) == pytest.approx(row["rho"], rel=5e-3)
         expect(page.get_by_test_id("privacy-detail")).to_have_text(
             "noise multiplier 1.1 · fixed-size cohorts · 3 noised rounds"
         )
@@ -78,5 +82,24 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         expect(page.get_by_test_id("privacy-detail")).to_be_hidden()
         expect(page.get_by_test_id("bounding")).to_have_text("none (--bound off)")
         expect(page.get_by_test_id("bounding-detail")).to_be_hidden()
+
+        tree, tree_server = engine_round(steps=5, clip={**CLIP, "mode": "dp"}, tree=True)
+        save_round(models, 5, watch, metrics=tree, server=tree_server)  # DP-FTRL, adaptive clip
+        expect(page.get_by_test_id("round")).to_have_text("5")
+        expect(privacy).to_have_text(
+            re.compile(
+                r"^epsilon [\d.]+ of budget 8 \(delta 2\.94e-3\) · rho [\d.]+ · tree, b = 10$"
+            )
+        )
+        words = privacy.text_content().split()
+        assert float(words[words.index("rho") + 1]) == pytest.approx(tree["rho"], rel=5e-3)
+        expect(page.get_by_test_id("privacy-detail")).to_have_text(
+            "DP-FTRL tree aggregation · noise multiplier 1.2 · 5 noised rounds"
+        )
+        expect(page.get_by_test_id("bounding")).to_have_text(
+            "DP clip (adaptive, quantile 0.5), S = 0.84, 2 of 4 clipped"
+        )
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        page.screenshot(path=SCREENSHOT.replace(".png", "-tree.png"))
         context.close()
         assert not errors, errors
