@@ -80,7 +80,7 @@ what z alone costs. Delta defaults to ``1 / N^1.1`` for N phones (server.privacy
 
 What it assumes: the noise is drawn on the server from a secret seed; which phones are
 available and which drop out do not depend on their data; the rule above is what the server
-enforces (server.engine.Federation.plan_round), with ``b`` fixed for the run.
+enforces (server.dp_round.RoundPrivacy.cohort), with ``b`` fixed for the run.
 """
 
 from __future__ import annotations

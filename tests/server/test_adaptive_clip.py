@@ -158,10 +158,10 @@ def test_the_engines_clip_finds_the_median_update_norm(tmp_path, mechanism):
     assert clips[0] == 0.5 and clips[1] < 0.5
     for row, clip in zip(rows, clips, strict=True):
         assert row["info"]["clip"]["norm"] == pytest.approx(clip)  # what bound_round clipped to
-    assert 0.055 <= fed.clip.norm <= 0.075  # between the 6th and 7th norms, within one step
+    assert 0.055 <= fed.privacy.clip.norm <= 0.075  # between the 6th and 7th norms, within one step
     last = rows[-1]["info"]["dp"]
     assert last["unclipped_fraction_noisy"] in (6 / 12, 7 / 12)
-    assert last["next_clip"] == fed.clip.norm and last["update_noise_multiplier"] == 0.0
+    assert last["next_clip"] == fed.privacy.clip.norm and last["update_noise_multiplier"] == 0.0
 
 
 def test_with_noise_the_update_noise_is_z_u_and_epsilon_is_that_of_z(tmp_path):
@@ -207,13 +207,14 @@ def test_a_resumed_adaptive_run_gives_the_same_weights(tmp_path, mechanism):
     for _ in range(3):
         run_round(first, random=True)
     resumed = make_fed(tmp_path / "resumed", privacy)
-    assert resumed.resume() and resumed.clip.norm == first.clip.norm != 0.05
+    assert resumed.resume() and resumed.privacy.clip.norm == first.privacy.clip.norm != 0.05
     for _ in range(2):
         row, _ = run_round(resumed, random=True)
     for k, v in straight.global_state.items():
         assert torch.equal(resumed.global_state[k], v), k
-    assert resumed.clip.norm == straight.clip.norm
-    assert row["rho"] == straight.accountant.rho and row["epsilon"] == straight.accountant.epsilon
+    assert resumed.privacy.clip.norm == straight.privacy.clip.norm
+    acc = straight.privacy.accountant
+    assert row["rho"] == acc.rho and row["epsilon"] == acc.epsilon
     # It resumes only as it clipped, with its count noise.
     with pytest.raises(ValueError, match="resume it with --dp-clip-quantile 0.5"):
         fixed_clip = replace(privacy, clip_quantile=None, clip_count_stddev=None)
@@ -232,7 +233,7 @@ def test_the_default_count_noise_is_the_expected_cohort_over_20_and_refused_when
     tmp_path,
 ):
     fed = make_fed(tmp_path, replace(ADAPTIVE, noise_multiplier=0.01), phones=40, fraction=0.5)
-    assert fed.clip.count_stddev == 1.0  # 20 a round
+    assert fed.privacy.clip.count_stddev == 1.0  # 20 a round
     with pytest.raises(
         ValueError,
         match=r"default --dp-clip-count-stddev \(the expected cohort 3 / 20 = 0.15\) is too small",
@@ -249,7 +250,7 @@ def test_delta_defaults_to_one_over_n_to_the_1_1(tmp_path):
         fed = make_fed(tmp_path / mechanism, PrivacyConfig(clip_norm=1.0, mechanism=mechanism))
         rows = [fed.start(), run_round(fed)[0]]
         assert all(r["delta"] == PHONES**-1.1 for r in rows)
-        assert fed.accountant.state_dict()["delta"] == PHONES**-1.1
+        assert fed.privacy.accountant.state_dict()["delta"] == PHONES**-1.1
     explicit = make_fed(tmp_path / "explicit", PrivacyConfig(clip_norm=1.0, delta=1e-7))
     assert explicit.start()["delta"] == 1e-7
     plain = make_fed(tmp_path / "plain", PrivacyConfig())
@@ -270,7 +271,7 @@ def test_delta_defaults_to_one_over_n_to_the_1_1(tmp_path):
 def test_the_budget_stop_works_at_the_default_delta(tmp_path, mechanism):
     probe = make_fed(tmp_path / "probe", PrivacyConfig(clip_norm=1.0, mechanism=mechanism))
     eps = [run_round(probe)[0]["epsilon"] for _ in range(4)]
-    assert probe.accountant.delta == PHONES**-1.1
+    assert probe.privacy.accountant.delta == PHONES**-1.1
     target = (eps[2] + eps[3]) / 2  # three rounds fit, the fourth would pass it
     privacy = PrivacyConfig(clip_norm=1.0, mechanism=mechanism, target_epsilon=target)
     fed = make_fed(tmp_path / "run", privacy)
@@ -278,7 +279,7 @@ def test_the_budget_stop_works_at_the_default_delta(tmp_path, mechanism):
     while not fed.budget_spent:
         run_round(fed)
         done += 1
-    assert done == 3 and fed.accountant.epsilon == eps[2]
+    assert done == 3 and fed.privacy.accountant.epsilon == eps[2]
 
 
 # --------------------------------------------------------------------------- refusals

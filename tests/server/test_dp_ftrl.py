@@ -280,14 +280,14 @@ def test_the_model_is_theta0_plus_the_noisy_prefix_sum(tmp_path):
     steps: dict = {}
     for t in range(1, 7):
         row, _ = run_round(fed, steps)
-        assert fed.tree is not None
-        noise = fed.tree.prefix_noise(theta0)
+        assert fed.privacy.tree is not None
+        noise = fed.privacy.tree.prefix_noise(theta0)
         for k in noise:
             expected = theta0[k].double() + sum(steps[s][k] for s in steps).double() + noise[k]
             assert torch.allclose(fed.global_state[k].double(), expected, atol=1e-5), (t, k)
         dp = row["info"]["dp"]
         assert dp["tree_nodes"] == bin(t).count("1") and dp["mechanism"] == "tree"
-        assert dp["release_noise_std"] == pytest.approx(fed.tree.release_std())
+        assert dp["release_noise_std"] == pytest.approx(fed.privacy.tree.release_std())
 
 
 def test_selection_keeps_every_phone_b_rounds_apart_and_rows_say_so(tmp_path):
@@ -312,7 +312,7 @@ def test_selection_keeps_every_phone_b_rounds_apart_and_rows_say_so(tmp_path):
 
 def test_the_default_separation_is_the_largest_the_population_allows(tmp_path):
     fed = make_fed(tmp_path, PrivacyConfig(clip_norm=1.0, mechanism="tree"), phones=12)
-    assert fed.accountant.min_separation == 4  # 12 phones, cohorts of 3
+    assert fed.privacy.accountant.min_separation == 4  # 12 phones, cohorts of 3
     with pytest.raises(ValueError, match="--dp-min-separation 5: 12 phones"):
         make_fed(tmp_path, PrivacyConfig(clip_norm=1.0, mechanism="tree", min_separation=5))
 
@@ -334,7 +334,7 @@ def test_a_resumed_run_gives_the_same_weights(tmp_path):
         rows.append(run_round(resumed))
     for k, v in straight.global_state.items():
         assert torch.equal(resumed.global_state[k], v), k
-    assert rows[-1][0]["rho"] == straight.accountant.rho
+    assert rows[-1][0]["rho"] == straight.privacy.accountant.rho
     # A gaussian run cannot continue as a tree run (nor the other way).
     with pytest.raises(ValueError, match="--dp-mechanism tree"):
         make_fed(tmp_path / "resumed", replace(privacy, mechanism="gaussian")).resume()
