@@ -75,6 +75,10 @@ CLIP_KEYS = (
     "capped_weights",
     "trimmed",
 )
+# Under DP only the bound itself: the counts and norms above are exact functions of the phones'
+# updates that the DP guarantee does not cover (server.metrics_row.public_info, which keeps them
+# out of a DP row; an export of an older checkpoint may still hold them).
+DP_CLIP_KEYS = ("mode", "scope", "norm")
 
 
 def _number(x: Any) -> float | None:
@@ -110,9 +114,11 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
       clip: the round's bounding summary from the metrics row's ``info["clip"]`` (mode, norm S,
         clipped count, weight cap, ...; CLIP_KEYS) with "updates" (``info["num_updates"]``) and
         "attention_cap" (``info["attention_cap"]``) when the row has them; None when the row
-        has no ``info["clip"]``.
+        has no ``info["clip"]``. Under DP only mode, scope and norm (DP_CLIP_KEYS), and the
+        cohort's size only where it is public (not under Poisson sampling): never an exact
+        count of clipped updates or a norm, even from an older checkpoint's row.
       dp_clip: the DP-FedAvg clip as rows without ``info["clip"]`` reported it (``info``:
-        clip_norm as "norm", clipped_fraction, noise_std), else None.
+        clip_norm as "norm", noise_std; their exact clipped_fraction is not shown), else None.
     """
     metrics = checkpoint_meta.get("metrics") or {}
     server = checkpoint_meta.get("server") or {}
@@ -137,15 +143,18 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         steps = sum(counts) if all(_is_int(c) for c in counts) else None
     sampling = accountant.get("sampling")
     sampling = sampling if sampling in ("fixed", "poisson") else None
+    raw_dp = info.get("dp")
+    dp_info: Mapping[str, Any] = raw_dp if isinstance(raw_dp, Mapping) else {}
     raw_clip = info.get("clip")
     clip: dict[str, Any] | None = None
     if isinstance(raw_clip, Mapping):
-        clip = {k: raw_clip[k] for k in CLIP_KEYS if k in raw_clip and _scalar(raw_clip[k])}
-        for key, source in (("updates", "num_updates"), ("attention_cap", "attention_cap")):
-            if _number(info.get(source)) is not None:
-                clip[key] = info[source]
-    raw_dp = info.get("dp")
-    dp_info: Mapping[str, Any] = raw_dp if isinstance(raw_dp, Mapping) else {}
+        keys = DP_CLIP_KEYS if dp else CLIP_KEYS
+        clip = {k: raw_clip[k] for k in keys if k in raw_clip and _scalar(raw_clip[k])}
+        poisson = "poisson" in (sampling, dp_info.get("sampling"))
+        if not (dp and poisson):  # Poisson's cohort size is private
+            for key, source in (("updates", "num_updates"), ("attention_cap", "attention_cap")):
+                if _number(info.get(source)) is not None:
+                    clip[key] = info[source]
     mechanism = dp_info.get("mechanism") or accountant.get("mechanism")
     if mechanism not in ("gaussian", "tree"):
         mechanism = "gaussian" if accountant else None
@@ -165,7 +174,6 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
     if dp and clip is None and _number(info.get("clip_norm")) is not None:
         dp_clip = {
             "norm": _number(info.get("clip_norm")),
-            "clipped_fraction": _number(info.get("clipped_fraction")),
             "noise_std": _number(info.get("noise_std")),
         }
     return {

@@ -40,6 +40,7 @@ from models.tokenizers import Tokenizer
 from server.config import FederationConfig, scheduled_lr
 from server.dp_round import RoundPrivacy
 from server.influence import bound_round
+from server.metrics_row import public_info
 from server.seeds import client_seed as client_seed  # re-exported: callers import it here
 from server.server_opt import ServerOptimizer
 from server.storage import RunStorage, prune_checkpoints
@@ -366,7 +367,9 @@ class Federation:
             "train_precision": self.train_precision,
             "eval_precision": self.eval_precision,
             "eval_device": self.eval_device.type,
-            "info": info,
+            # Under DP only what the guarantee covers: the strategy keeps its memory, the row
+            # publishes no exact function of the phones' updates (server.metrics_row).
+            "info": public_info(info, self.config.privacy),
         }
         if self.server_opt.active and opt_buffers:
             # Written before the checkpoint, which is the commit point of the round.

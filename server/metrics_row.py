@@ -11,7 +11,12 @@ written, fails it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from server.config import PrivacyConfig
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,12 @@ ALWAYS: dict[str, RowField] = {
         "enforces and the accounting assumes), `noise_multiplier`, and per round "
         "`release_noise_std`, `tree_nodes`, `max_participations`; under `--dp-clip-quantile`, "
         "`clip_quantile`, `unclipped_fraction_noisy` (the noised share of updates within the "
-        "clip), `next_clip`, `count_stddev` and `update_noise_multiplier`).",
+        "clip), `next_clip`, `count_stddev` and `update_noise_multiplier`). Under DP the row "
+        "holds only what the guarantee covers (server.metrics_row.public_info): the strategy's "
+        "`strategy`, `mode`, its settings `epsilon` / `epsilon_med`, `num_updates` and "
+        "`attention_cap` (of the cohort's size: not under `--dp-sampling poisson`), `clip`'s "
+        "`mode`, `scope` and `norm`, and all of `dp`; no per-phone weights, norms, losses or "
+        "exact counts (the clipped updates among them).",
     ),
 }
 
@@ -207,3 +217,72 @@ FIELDS: dict[str, RowField] = {**ALWAYS, **CONDITIONAL}
 def undeclared(row: dict) -> list[str]:
     """The keys of `row` that this module does not declare (a check for tests and tools)."""
     return [k for k in row if k not in FIELDS]
+
+
+#: What a DP round's ``info`` may publish (public_info), key by key: None keeps the value as it
+#: is, a set keeps those keys of a nested object. Each is a setting, a function of the public
+#: facts (the clip, the cohort's size, the noised model before the round) or a noised statistic.
+DP_INFO: dict[str, frozenset[str] | None] = {
+    "strategy": None,
+    "mode": None,  # the strategy's: fixed under DP (FedMed's mediation is refused, always adaptive)
+    "epsilon": None,  # FedAtt's and FedAttOpt's server step size, a setting
+    "epsilon_med": None,  # FedMed's threshold, a setting (0 under DP)
+    "num_updates": None,  # the cohort's size
+    "attention_cap": None,  # FedAtt's largest weight, a function of the cohort's size
+    "clip": frozenset({"mode", "scope", "norm"}),  # the bound: the configured S or C_t
+    "dp": frozenset(
+        {
+            "mechanism",  # the settings
+            "sampling",
+            "noise_multiplier",
+            "min_separation",
+            "clip",  # the round's clip C_t, and what follows from it, m and the model before
+            "sensitivity",
+            "noise_std",
+            "update_noise_multiplier",
+            "release_noise_std",  # the tree's, of the round and b
+            "tree_nodes",
+            "max_participations",
+            "clip_quantile",  # adaptive clipping's settings
+            "count_stddev",
+            "unclipped_fraction_noisy",  # its noised count, and C_(t+1) from it
+            "next_clip",
+        }
+    ),
+}
+
+#: Facts of the cohort's size: public where the accountant takes the size as given (fixed-size
+#: cohorts, the tree), private under Poisson sampling, whose add/remove-one neighbours differ in it.
+COHORT_SIZE_KEYS = frozenset({"num_updates", "attention_cap"})
+
+
+def public_info(info: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
+    """What a round's ``info`` may publish: under DP its DP_INFO keys alone; without DP `info`
+    itself (the same object, so a row without DP is as it always was).
+
+    Why: the DP guarantee, the (epsilon, delta) the accountant reports, covers one release per
+    round, the noised aggregate (and under adaptive clipping the noised count it pays for), and
+    by post-processing (Dwork & Roth 2014, Prop. 2.1) whatever is computed from that alone. Any
+    other function of the phones' updates is a further release the accountant never paid for: a
+    phone's attention weight, the update norms' median or maximum, FedMed's mean train loss, the
+    exact number of clipped updates (under adaptive clipping the very count that is noised), or,
+    under Poisson sampling, the exact cohort size, can each tell a phone's presence or its data,
+    and epsilon would then bound nothing. Rows are public (GET /v1/metrics, metrics.jsonl, the
+    checkpoint devices download, the export's privacy facts), so the row keeps only what the
+    guarantee covers; the server's own memory (the strategy's after_round state) is not the row's and
+    keeps what it needs. A key of an unknown shape is left out (an allow-list, not a deny-list).
+    """
+    if not privacy.dp:
+        return info
+    drop = COHORT_SIZE_KEYS if privacy.sampling == "poisson" else frozenset()
+    public: dict[str, Any] = {}
+    for key, value in info.items():  # in the row's own order
+        if key not in DP_INFO or key in drop:
+            continue
+        allowed = DP_INFO[key]
+        if allowed is None:
+            if not isinstance(value, Mapping | list):
+                public[key] = value
+        elif isinstance(value, Mapping):
+            public[key] = {k: v for k, v in value.items() if k in allowed}
+    return public

@@ -416,9 +416,12 @@
 
   // The round's bounding (info["clip"]): the update-norm clip, then (detail) the cap on a phone's
   // sample weight n_k and FedAtt's attention cap; "none (--bound off)" for the undefended arm.
+  // Under DP no exact count (clipped updates, capped weights): the guarantee does not cover them
+  // (server.metrics_row.public_info), so an older export that recorded them does not show them.
   function boundingText(p) {
     const main = [];
     const details = [];
+    const exact = !(p && p.dp);
     const c = p && p.clip;
     const a = p && p.adaptive_clip;
     if (c && c.mode === "off") {
@@ -428,13 +431,13 @@
       let t = `${mode} clip${c.scope === "layer" ? " per layer" : ""}`;
       if (c.mode === "dp" && a && isNum(a.quantile)) t += ` (adaptive, quantile ${sig(a.quantile)})`;
       if (isNum(c.norm)) t += `, S = ${sig(c.norm)}`;
-      if (Number.isInteger(c.clipped)) {
+      if (exact && Number.isInteger(c.clipped)) {
         t += Number.isInteger(c.updates) ? `, ${c.clipped} of ${c.updates} clipped` : `, ${c.clipped} clipped`;
-      } else if (isNum(c.clipped_fraction)) {
+      } else if (exact && isNum(c.clipped_fraction)) {
         t += `, ${Math.round(100 * c.clipped_fraction)}% clipped`;
       }
       main.push(t);
-      if (isNum(c.weight_cap)) {
+      if (exact && isNum(c.weight_cap)) {
         const k = c.capped_weights;
         const cap = Number.isInteger(c.weight_cap) ? String(c.weight_cap) : sig(c.weight_cap);
         details.push(`sample weights capped at ${cap}${k > 0 ? ` (${k} capped)` : ""}`);
@@ -447,7 +450,7 @@
     const d = p && p.dp_clip;
     if (d && isNum(d.norm)) {
       let t = `DP clip, S = ${sig(d.norm)}`;
-      if (isNum(d.clipped_fraction)) t += `, ${Math.round(100 * d.clipped_fraction)}% clipped`;
+      if (exact && isNum(d.clipped_fraction)) t += `, ${Math.round(100 * d.clipped_fraction)}% clipped`;
       main.push(t);
     }
     return [main.join(" · "), details.join(" · ")];

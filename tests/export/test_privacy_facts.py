@@ -57,7 +57,23 @@ def test_infinite_epsilon_and_non_scalar_clip_fields():
     info = {"clip": {"mode": "fixed", "norm": {"emb": 1.0}, "clipped": 1, "norms": [3.0, 0.1]}}
     p = privacy_facts({"metrics": {"epsilon": math.inf, "info": info}, "server": {}})
     assert p["epsilon"] == "inf"
-    assert p["clip"] == {"mode": "fixed", "clipped": 1}  # per-layer / per-device lists dropped
+    assert p["clip"] == {"mode": "fixed"}  # per-layer / per-device lists dropped; DP: no count
+    plain = privacy_facts({"metrics": {"epsilon": None, "info": info}})
+    assert plain["clip"] == {"mode": "fixed", "clipped": 1}  # without DP the count is shown
+
+
+def test_under_dp_no_exact_count_or_norm_even_from_an_older_row():
+    # A DP row as the engine wrote it before server.metrics_row.public_info: exact counts, norms.
+    clip = {"mode": "dp", "scope": "model", "norm": 1.0, "clipped": 3, "median_norm": 1.67,
+            "max_norm": 1.7, "weight_cap": 4, "capped_weights": 0, "trimmed": 0}  # fmt: skip
+    info = {"num_updates": 3, "attention_cap": 0.58, "clip": clip, "dp": {"sampling": "fixed"}}
+    p = privacy_facts({"metrics": {"epsilon": 2.0, "info": info}})
+    assert p["clip"] == {"mode": "dp", "scope": "model", "norm": 1.0, "updates": 3,
+                         "attention_cap": 0.58}  # fmt: skip
+    # Poisson's cohort size is private too.
+    info = {**info, "dp": {"sampling": "poisson"}}
+    p = privacy_facts({"metrics": {"epsilon": 2.0, "info": info}})
+    assert p["clip"] == {"mode": "dp", "scope": "model", "norm": 1.0}
 
 
 def test_no_dp_and_not_recorded_are_different_answers():
@@ -70,7 +86,7 @@ def test_dp_fedavg_rows_without_a_clip_summary_keep_their_dp_clip():
     info = {"num_updates": 4, "clip_norm": 1.0, "clipped_fraction": 0.25, "noise_std": 0.1}
     p = privacy_facts({"metrics": {"epsilon": 2.0, "info": info}})
     assert p["clip"] is None
-    assert p["dp_clip"] == {"norm": 1.0, "clipped_fraction": 0.25, "noise_std": 0.1}
+    assert p["dp_clip"] == {"norm": 1.0, "noise_std": 0.1}  # not the exact clipped fraction
 
 
 def test_fedatt_step_size_is_not_a_privacy_epsilon():

@@ -125,7 +125,9 @@ def test_dp_export_reports_epsilon_so_far_the_budget_and_the_bounding(models, tm
         assert p["min_separation"] is None and p["adaptive_clip"] is None
         assert (p["noise_multiplier"], p["sampling"], p["steps"]) == (1.1, "fixed", 3)
         assert p["sampling_rate"] is None  # q means nothing for a fixed-size cohort
-        assert p["clip"] == {**CLIP, "updates": 4, "attention_cap": 0.23}
+        # Under DP the bound alone: no exact count or norm (server.metrics_row.public_info)
+        assert p["clip"] == {"mode": "adaptive", "scope": "model", "norm": 0.84, "updates": 4,
+                             "attention_cap": 0.23}  # fmt: skip
         assert p["dp_clip"] is None  # the clip summary says it all
         assert info["strategy"] == "fedatt" and info["round"] == 3
 
@@ -154,6 +156,13 @@ def test_without_dp_the_keyboard_says_none(models, tmp_path):
     assert p["epsilon"] is None and p["target_epsilon"] is None and p["delta"] is None
     assert p["rho"] is None and p["mechanism"] is None and p["adaptive_clip"] is None
     assert p["clip"]["mode"] == "off" and p["dp_clip"] is None
+
+
+def test_without_dp_the_bounding_keeps_its_counts(models, tmp_path):
+    client, _ = served(models, tmp_path, "plainclip", noise_multiplier=None)
+    with client:
+        p = client.get("/api/info").json()["privacy"]
+    assert p["dp"] is False and p["clip"] == {**CLIP, "updates": 4, "attention_cap": 0.23}
 
 
 def test_no_budget_and_no_clip_summary_are_reported_as_absent(models, tmp_path):

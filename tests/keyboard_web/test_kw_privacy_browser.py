@@ -48,12 +48,9 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         expect(page.get_by_test_id("privacy-detail")).to_have_text(
             "noise multiplier 1.1 · fixed-size cohorts · 3 noised rounds"
         )
-        expect(page.get_by_test_id("bounding")).to_have_text(
-            "adaptive clip, S = 0.84, 2 of 4 clipped"
-        )
-        expect(page.get_by_test_id("bounding-detail")).to_have_text(
-            "sample weights capped at 1172 (1 capped) · attention ≤ 0.23"
-        )
+        # Under DP no exact count (server.metrics_row.public_info), even if an export had one.
+        expect(page.get_by_test_id("bounding")).to_have_text("adaptive clip, S = 0.84")
+        expect(page.get_by_test_id("bounding-detail")).to_have_text("attention ≤ 0.23")
         expect(page.get_by_test_id("strategy")).to_have_text("fedatt")
         # Readable on a phone: nothing wider than the screen, the keyboard still on it.
         assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
@@ -97,7 +94,7 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
             "DP-FTRL tree aggregation · noise multiplier 1.2 · 5 noised rounds"
         )
         expect(page.get_by_test_id("bounding")).to_have_text(
-            "DP clip (adaptive, quantile 0.5), S = 0.84, 2 of 4 clipped"
+            "DP clip (adaptive, quantile 0.5), S = 0.84"
         )
         assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
         page.screenshot(path=SCREENSHOT.replace(".png", "-tree.png"))

@@ -1,0 +1,167 @@
+"""Issue 52: under DP a round's published ``info`` holds only what the guarantee covers
+(server.metrics_row.public_info): settings, functions of the clip and the cohort's size, and the
+noised statistics; no per-phone weight, no exact norm or count. Without DP the row is as it was,
+and the redaction changes no weight."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from models.checkpoint import read_metadata
+from server.config import PrivacyConfig
+from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, public_info
+from server.strategies import ClientUpdate
+
+PHONES = 12
+DP = PrivacyConfig(clip_norm=0.05, noise_multiplier=1.0, delta=1e-5)
+STRATEGIES = {
+    "fedavg": {},
+    "fedatt": {},
+    "fedattopt": {},
+    "fedmed": {"beta": 1.0, "epsilon_med": 0.0},  # what DP allows of FedMed
+}
+CASES = [
+    *[(s, DP) for s in STRATEGIES],
+    ("fedavg", replace(DP, sampling="poisson")),
+    ("fedatt", replace(DP, mechanism="tree")),
+    ("fedatt", replace(DP, clip_quantile=0.5, clip_count_stddev=2.0)),
+    ("fedavg", replace(DP, mechanism="tree", clip_quantile=0.5, clip_count_stddev=2.0)),
+]
+# What a DP row used to publish: exact functions of the phones' updates.
+LEAKS = {"weights", "total_weight", "attention_mean", "attention_max", "attention", "distance",
+         "step_scale", "loss", "grad_norm", "train_loss", "prev_train_loss", "delta",
+         "median_norm", "max_norm", "clipped", "outliers", "capped_weights"}  # fmt: skip
+
+
+def make_fed(tmp_path, strategy: str, privacy: PrivacyConfig):
+    from models.config import ModelConfig
+    from models.tokenizers import WordTokenizer
+    from server.config import FederationConfig
+    from server.engine import Federation
+    from server.storage import RunStorage
+
+    tok = WordTokenizer.build(["the cat sat on the mat", "a dog ran"])
+    config = FederationConfig(
+        strategy=strategy,  # type: ignore[arg-type]
+        strategy_params=STRATEGIES[strategy],
+        fraction=0.25,
+        rounds=10,
+        seed=5,
+        privacy=privacy,
+    )
+    return Federation(
+        config,
+        ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4),
+        tok,
+        {f"p{i:02d}": 10 for i in range(PHONES)},
+        ["the cat"],
+        ["a dog"],
+        RunStorage(tmp_path),
+        evaluator=lambda state: {"val_ppl": 1.0, "test_ppl": 1.0},
+    )
+
+
+def run(fed, rounds: int = 3) -> list[dict]:
+    """`rounds` rounds whose phones send seeded deltas of norms 0.01 to 0.12 (half clipped at
+    0.05), each with its own train loss."""
+    rows = [fed.start()]
+    for _ in range(rounds):
+        plan = fed.plan_round(sorted(fed.strategy.client_sizes))
+        updates = []
+        for d in plan.cohort:
+            i = int(d[1:])
+            gen = torch.Generator().manual_seed(plan.round * 1000 + i)
+            state = dict(fed.global_state)
+            draws = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
+            length = math.sqrt(sum(float((x * x).sum()) for x in draws.values()))
+            for k, x in draws.items():
+                state[k] = state[k] + 0.01 * (i + 1) * x / length
+            updates.append(ClientUpdate(state, 10 + i, 3.0 + 0.1 * i, d))
+        rows.append(fed.complete_round(plan, updates))
+    return rows
+
+
+def leaf_keys(info: dict, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in info.items():
+        out += leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+    return out
+
+
+def allowed(path: str, privacy: PrivacyConfig) -> bool:
+    top, _, sub = path.partition(".")
+    if top not in DP_INFO or (privacy.sampling == "poisson" and top in COHORT_SIZE_KEYS):
+        return False
+    keys = DP_INFO[top]
+    return (not sub) if keys is None else sub in keys
+
+
+@pytest.mark.parametrize(("strategy", "privacy"), CASES)
+def test_a_dp_row_publishes_only_the_allow_list(tmp_path, strategy, privacy):
+    fed = make_fed(tmp_path, strategy, privacy)
+    rows = run(fed)
+    phones = sorted(fed.strategy.client_sizes)
+    for row in rows:
+        info = row["info"]
+        bad = [p for p in leaf_keys(info) if not allowed(p, privacy)]
+        assert not bad, (bad, info)
+        assert not any(isinstance(v, list) for v in info.values())
+        text = json.dumps(info)
+        assert not any(f'"{p}"' in text for p in phones)  # no per-phone value
+        assert not LEAKS & set(leaf_keys(info)) and not any(
+            k in LEAKS for k in info.get("clip", {})
+        )
+    last = rows[-1]["info"]
+    assert last["strategy"] == strategy and last["clip"]["norm"] > 0
+    assert last["dp"]["noise_std"] > 0 and last["dp"]["sensitivity"] > 0
+    assert ("num_updates" in last) == (privacy.sampling != "poisson")
+    if privacy.clip_quantile is not None:  # the noised count is what adaptive clipping publishes
+        assert {"unclipped_fraction_noisy", "next_clip"} <= set(last["dp"])
+    # What is on disk and downloaded is the same row.
+    stored = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert stored["info"] == last
+    assert read_metadata(fed.storage.checkpoint_path(fed.round))["metrics"]["info"] == last
+    public = tmp_path / "public.safetensors"
+    public.write_bytes(fed.public_checkpoint())
+    assert read_metadata(public)["metrics"]["info"] == last
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_without_dp_the_row_is_as_before(tmp_path, strategy, monkeypatch):
+    """No DP: the row's info is the strategy's and the bound's whole report (public_info hands
+    back the same object), the very rows of a run with the redaction switched off."""
+    fed = make_fed(tmp_path / "a", strategy, PrivacyConfig())
+    rows = run(fed)
+    info = rows[-1]["info"]
+    assert {"median_norm", "max_norm", "clipped"} <= set(info["clip"])
+    per_phone = {"fedavg": "weights", "fedatt": "attention_mean", "fedattopt": "attention",
+                 "fedmed": "attention_mean"}[strategy]  # fmt: skip
+    assert set(info[per_phone]) == set(rows[-1]["aggregated"])
+    assert public_info(info, PrivacyConfig()) is info
+
+    monkeypatch.setattr("server.engine.public_info", lambda info, privacy: info)
+    plain = run(make_fed(tmp_path / "b", strategy, PrivacyConfig()))
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in (*rows, *plain)]
+    assert strip[: len(rows)] == strip[len(rows) :]
+
+
+@pytest.mark.parametrize(("strategy", "privacy"), CASES[:2] + CASES[-2:])
+def test_the_redaction_changes_no_weight(tmp_path, strategy, privacy, monkeypatch):
+    """The same DP run with the redaction switched off: the same global model and server state
+    every round; only the published row differs (it held the clipped count then)."""
+    fed = make_fed(tmp_path / "a", strategy, privacy)
+    rows = run(fed)
+    monkeypatch.setattr("server.engine.public_info", lambda info, privacy: info)
+    raw = make_fed(tmp_path / "b", strategy, privacy)
+    raw_rows = run(raw)
+    assert fed.global_state.keys() == raw.global_state.keys()
+    assert all(torch.equal(fed.global_state[k], raw.global_state[k]) for k in fed.global_state)
+    assert fed.server_state() == raw.server_state()
+    assert "clipped" in raw_rows[-1]["info"]["clip"] and "clipped" not in rows[-1]["info"]["clip"]
+    assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in raw_rows]
+    assert rows[-1]["info"]["dp"] == raw_rows[-1]["info"]["dp"]
