@@ -1,5 +1,5 @@
 """`fedkey-bench`: the benchmarks (bench.perf, bench.paper, bench.attacks, bench.privacy,
-bench.load), with their targets, in a report.
+bench.load, bench.peers), with their targets, in a report.
 
 The research harness's own command, beside the product's `fedkey`: it fails as `fedkey` does
 (cli.errors.FedkeyGroup: one `error: ...` line and an exit status). Results go to
@@ -420,6 +420,74 @@ def bench_load(
         )
     except LoadError as e:
         raise UserError(str(e)) from None
+
+
+@app.command("peers")
+def bench_peers(
+    framework: list[str] = typer.Option(
+        [], "--framework", help="fedkey, flower or pfl (repeatable; default: all three)."
+    ),
+    name: str | None = typer.Option(
+        None,
+        "--workload",
+        help="The rows' workload name (default: from the sizes, e.g. ptb100k-h64-lr1-r10).",
+    ),
+    data: Path = typer.Option(
+        Path("../shared/data/ptb"), "--data", help="PTB's folder (train/valid/test.txt)."
+    ),
+    max_train_tokens: int = typer.Option(
+        100_000, "--max-train-tokens", min=1, help="Keep only the first N training words."
+    ),
+    max_eval_sentences: int = typer.Option(
+        500, "--max-eval-sentences", min=1, help="Validation and test sentences scored each round."
+    ),
+    hidden_size: int = typer.Option(64, "--hidden-size", min=1, help="GRU units (= embedding)."),
+    rounds: int = typer.Option(5, "--rounds", "-R", min=1, help="Federated rounds."),
+    batch_size: int = typer.Option(10, "--batch-size", "-B", min=1, help="Sentences per step."),
+    lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate (fedkey's default 1.0)."),
+    workers: int = typer.Option(
+        2, "--workers", min=1, help="Training processes / Ray actors / torchrun workers."
+    ),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        min=1,
+        help="Run the frameworks this many times, interleaved; each row is its median repeat.",
+    ),
+    timeout: float = typer.Option(
+        1800, "--timeout", min=1, help="Seconds one framework's run may take before it is killed."
+    ),
+    out: Path = typer.Option(
+        RESULTS / "peers", "--out", help="Where results.json and results.md are written."
+    ),
+    work: Path = typer.Option(
+        Path("runs/bench/peers"), "--work", help="The shared shards (.npz) and fedkey's run folder."
+    ),
+    fedkey_tree: Path = typer.Option(
+        Path("."),
+        "--fedkey-tree",
+        help="Run `fedkey simulate` from this checkout (e.g. a clean export of a commit).",
+    ),
+) -> None:
+    """The same federated workload (PTB IID over 100 phones, a GRU with tied embeddings, C 0.1,
+    E 1, FedAvg) in fedkey, in Flower's Simulation Engine and in pfl-research, each peer in its
+    own venv under .venv-peers/ (made from experiments/peers/<name>/requirements.txt the first
+    time): seconds per round, final test perplexity (void past 5% from fedkey's), peak RSS of the
+    process tree. Rows replace those of the same framework and workload in OUT/results.json."""
+    from bench.peers import FRAMEWORKS, Workload, run_peers
+
+    unknown = sorted(set(framework) - set(FRAMEWORKS))
+    if unknown:
+        raise UserError(f"--framework {', '.join(unknown)}: choose from {', '.join(FRAMEWORKS)}")
+    if not data.is_dir():
+        raise UserError(f"--data: no corpus folder {data} (it needs train/valid/test.txt)")
+    name = name or f"ptb{max_train_tokens // 1000}k-h{hidden_size}-lr{lr:g}-r{rounds}"
+    w = Workload(name=name, data=str(data.resolve()), max_train_tokens=max_train_tokens,
+                 max_eval_sentences=max_eval_sentences, hidden_size=hidden_size, rounds=rounds,
+                 batch_size=batch_size, lr=lr, workers=workers)  # fmt: skip
+    run_peers(w, [f for f in FRAMEWORKS if not framework or f in framework], out,
+              work.resolve(), fedkey_tree.resolve(),
+              shlex.join(["fedkey-bench", *sys.argv[1:]]), repeats, timeout)  # fmt: skip
 
 
 def main() -> None:
