@@ -94,23 +94,10 @@ def test_the_trees_counts_cost_at_most_what_z_alone_costs():
 
 
 def make_fed(tmp_path, privacy: PrivacyConfig, phones: int = PHONES, fraction: float = 0.25):
-    from models.config import ModelConfig
-    from models.tokenizers import WordTokenizer
-    from server.engine import Federation
-    from server.storage import RunStorage
+    from tests.support.federation import tiny_federation
 
-    tok = WordTokenizer.build(["the cat sat on the mat", "a dog ran"])
     config = FederationConfig(fraction=fraction, rounds=50, seed=3, privacy=privacy)
-    return Federation(
-        config,
-        ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4),
-        tok,
-        {f"p{i:02d}": 10 for i in range(phones)},
-        ["the cat"],
-        ["a dog"],
-        RunStorage(tmp_path),
-        evaluator=lambda state: {"val_ppl": 1.0, "test_ppl": 1.0},
-    )
+    return tiny_federation(tmp_path, config, phones)
 
 
 def phone_norm(device: str) -> float:

@@ -39,13 +39,9 @@ LEAKS = {"weights", "total_weight", "attention_mean", "attention_max", "attentio
 
 
 def make_fed(tmp_path, strategy: str, privacy: PrivacyConfig):
-    from models.config import ModelConfig
-    from models.tokenizers import WordTokenizer
     from server.config import FederationConfig
-    from server.engine import Federation
-    from server.storage import RunStorage
+    from tests.support.federation import tiny_federation
 
-    tok = WordTokenizer.build(["the cat sat on the mat", "a dog ran"])
     config = FederationConfig(
         strategy=strategy,  # type: ignore[arg-type]
         strategy_params=STRATEGIES[strategy],
@@ -54,16 +50,7 @@ def make_fed(tmp_path, strategy: str, privacy: PrivacyConfig):
         seed=5,
         privacy=privacy,
     )
-    return Federation(
-        config,
-        ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4),
-        tok,
-        {f"p{i:02d}": 10 for i in range(PHONES)},
-        ["the cat"],
-        ["a dog"],
-        RunStorage(tmp_path),
-        evaluator=lambda state: {"val_ppl": 1.0, "test_ppl": 1.0},
-    )
+    return tiny_federation(tmp_path, config, PHONES)
 
 
 def run(fed, rounds: int = 3) -> list[dict]:
