@@ -82,8 +82,10 @@ def test_a_dead_phone_host_costs_only_its_phones(trainers, tmp_path, monkeypatch
         )
         ray.kill(hosts[1])
 
-    # The server closes a round at its deadline with the uploads it has (a quorum of 1).
-    with real_server(tmp_path / "ray", PHONES, round_deadline=8.0, quorum=1) as (url, storage):
+    # The server closes a round at its deadline with the uploads it has (a quorum of 1); 20 s
+    # leaves the surviving phones time to train and upload on a loaded machine (at 8 s one of
+    # their four uploads missed its round twice while five processes shared two cores).
+    with real_server(tmp_path / "ray", PHONES, round_deadline=20.0, quorum=1) as (url, storage):
         killer = threading.Thread(target=kill_the_second_host, daemon=True)
         killer.start()
         summary = ray_fleet.run_ray_fleet(
