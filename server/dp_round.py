@@ -36,7 +36,7 @@ from server.config import FederationConfig, dp_problem
 from server.influence import BoundedRound, scale_deltas
 from server.seeds import client_seed
 from server.strategies import ClientUpdate, Strategy, sensitivity
-from server.strategies.selection import cohort_size
+from server.strategies.selection import cohort_size, draw_uniform
 
 if TYPE_CHECKING:
     from server.engine import RoundPlan
@@ -179,10 +179,7 @@ class RoundPrivacy:
         last b - 1 rounds; fewer when fewer are eligible (a server whose phones are offline)."""
         b = self._min_separation(len(available))
         ids = dp_ftrl.eligible(available, self.last_trained, r, b)
-        m = min(cohort_size(self.strategy.fraction, len(available)), len(ids))
-        if m >= len(ids):
-            return ids
-        return sorted(ids[i] for i in rng.choice(len(ids), size=m, replace=False))
+        return draw_uniform(ids, cohort_size(self.strategy.fraction, len(available)), rng)
 
     def _poisson_cohort(self, available: list[str], rng: np.random.Generator) -> list[str]:
         """Each phone independently with probability q (= the fraction), as the Poisson analysis

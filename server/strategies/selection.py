@@ -34,6 +34,14 @@ def cohort_size(fraction: float, num_available: int) -> int:
     return min(num_available, max(1, round_half_up(fraction * num_available)))
 
 
+def draw_uniform(ids: list[str], k: int, rng: np.random.Generator) -> list[str]:
+    """``k`` of ``ids`` uniformly without replacement, sorted (all of them when k >= len(ids))."""
+    if k >= len(ids):
+        return ids
+    picked = rng.choice(len(ids), size=k, replace=False)
+    return sorted(ids[i] for i in picked)
+
+
 def top_k_lowest(losses: Mapping[str, float], beta: float) -> list[str]:
     """FedMed's topK (Wu et al. 2020, eqs. 8-9): of the M reporters, the ``K = max(1, round(beta * M))`` with
     the lowest loss. Ties are broken by device id; a NaN loss ranks last. Returned sorted by id."""
@@ -68,11 +76,7 @@ class UniformSelector:
     ) -> list[str]:
         """Sample the round's cohort from ``available`` with ``rng``."""
         ids = sorted(set(available))
-        k = cohort_size(self.fraction, len(ids))
-        if k >= len(ids):
-            return ids
-        picked = rng.choice(len(ids), size=k, replace=False)
-        return sorted(ids[i] for i in picked)
+        return draw_uniform(ids, cohort_size(self.fraction, len(ids)), rng)
 
     @property
     def needs_after_round(self) -> bool:
