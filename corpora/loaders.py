@@ -44,7 +44,6 @@ __all__ = [
     "load_text_dir",
     "load_user_dir",
     "normalize_text",
-    "slice_corpus",
     "split_sentences",
     "split_user_messages",
 ]
@@ -281,7 +280,7 @@ def split_user_messages(
     depend on the others), always leaving at least one message in train: every user with a
     message appears in train. Inside a split, a user's messages keep their original order.
     The splits interleave the users round-robin (first message of every user, then the second,
-    ...), so cutting a prefix (:func:`slice_corpus`) keeps all users. Empty messages are dropped;
+    ...), so cutting a prefix (corpora.dataset.load_cut's caps) keeps all users. Empty messages are dropped;
     users left with none are skipped.
     """
     _check_fracs(valid_frac, test_frac)
@@ -526,27 +525,3 @@ def load_corpus(spec: str | Path, paper_protocol: bool = False, seed: int = 0) -
     if p.name.lower() == "posts.xml":
         return load_stackexchange_posts(p, seed=seed)
     raise ValueError(f"file {p} matches no corpus layout; {ACCEPTED_LAYOUTS}")
-
-
-def slice_corpus(
-    corpus: Corpus, max_train: int | None = None, max_eval: int | None = None
-) -> Corpus:
-    """A reduced copy for quick CPU runs: the first ``max_train`` training items (``train_users``
-    cut alongside) and the first ``max_eval`` items of valid and of test. ``None`` keeps a split
-    whole. User corpora interleave their users, so a prefix still holds every user (for users
-    with enough items). The name is kept."""
-    for label, n in (("max_train", max_train), ("max_eval", max_eval)):
-        if n is not None and n < 0:
-            raise ValueError(f"{label} must be >= 0 or None, got {n}")
-    users = corpus.train_users[:max_train] if corpus.train_users is not None else None
-    articles = corpus.train_articles[:max_train] if corpus.train_articles is not None else None
-    return Corpus(
-        name=corpus.name,
-        train=corpus.train[:max_train],
-        valid=corpus.valid[:max_eval],
-        test=corpus.test[:max_eval],
-        train_users=users,
-        train_articles=articles,
-        unseen_test=corpus.unseen_test[:max_eval] if corpus.unseen_test is not None else None,
-        unseen_users=corpus.unseen_users[:max_eval] if corpus.unseen_users is not None else None,
-    )
