@@ -16,6 +16,10 @@ STRATEGY_NAMES: tuple[StrategyName, ...] = get_args(StrategyName)
 #: FedAtt's layer distance: the flattened L2 norm, or the matrix 2-norm of the original code.
 Norm = Literal["l2", "spectral"]
 NORMS: tuple[Norm, ...] = get_args(Norm)
+#: FedAtt's normalizer: the cohort's softmax (Ji et al. 2019, eq. 4), or the fixed count m with
+#: the weights' public ceiling, DP-FedAvg's sensitivity 2S/m (server.strategies.sensitivity).
+AttentionNormalizer = Literal["softmax", "fixed"]
+ATTENTION_NORMALIZERS: tuple[AttentionNormalizer, ...] = get_args(AttentionNormalizer)
 
 ServerOptName = Literal["none", "momentum", "adam"]
 OPTIMIZERS: tuple[ServerOptName, ...] = get_args(ServerOptName)
