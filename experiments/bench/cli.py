@@ -427,23 +427,35 @@ def bench_peers(
     framework: list[str] = typer.Option(
         [], "--framework", help="fedkey, flower or pfl (repeatable; default: all three)."
     ),
+    workload: str = typer.Option(
+        "ptb",
+        "--preset",
+        help="ptb (PTB IID over 100 phones) or irc (Ubuntu IRC, one phone per speaker: the 500 "
+        "most active, 25 a round); the options below change it.",
+    ),
     name: str | None = typer.Option(
         None,
         "--workload",
         help="The rows' workload name (default: from the sizes, e.g. ptb100k-h64-lr1-r10).",
     ),
-    data: Path = typer.Option(
-        Path("../shared/data/ptb"), "--data", help="PTB's folder (train/valid/test.txt)."
+    data: Path | None = typer.Option(
+        None, "--data", help="The corpus folder (default: the preset's, under ../shared/data)."
     ),
-    max_train_tokens: int = typer.Option(
-        100_000, "--max-train-tokens", min=1, help="Keep only the first N training words."
+    max_train_tokens: int | None = typer.Option(
+        None, "--max-train-tokens", min=1, help="Keep only the first N training words (ptb: 100k)."
     ),
-    max_eval_sentences: int = typer.Option(
-        500, "--max-eval-sentences", min=1, help="Validation and test sentences scored each round."
+    max_eval_sentences: int | None = typer.Option(
+        None, "--max-eval-sentences", min=1, help="Held-out sentences scored each round (500)."
     ),
-    hidden_size: int = typer.Option(64, "--hidden-size", min=1, help="GRU units (= embedding)."),
+    clients: int | None = typer.Option(None, "--clients", min=1, help="Phones (ptb 100, irc 500)."),
+    fraction: float | None = typer.Option(
+        None, "--fraction", min=0.0, max=1.0, help="C: the share of phones a round (ptb 0.1)."
+    ),
+    hidden_size: int | None = typer.Option(None, "--hidden-size", min=1, help="GRU units (64)."),
     rounds: int = typer.Option(5, "--rounds", "-R", min=1, help="Federated rounds."),
-    batch_size: int = typer.Option(10, "--batch-size", "-B", min=1, help="Sentences per step."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", "-B", min=1, help="Sentences a step."
+    ),
     lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate (fedkey's default 1.0)."),
     workers: int = typer.Option(
         2, "--workers", min=1, help="Training processes / Ray actors / torchrun workers."
@@ -469,22 +481,28 @@ def bench_peers(
         help="Run `fedkey simulate` from this checkout (e.g. a clean export of a commit).",
     ),
 ) -> None:
-    """The same federated workload (PTB IID over 100 phones, a GRU with tied embeddings, C 0.1,
-    E 1, FedAvg) in fedkey, in Flower's Simulation Engine and in pfl-research, each peer in its
-    own venv under .venv-peers/ (made from experiments/peers/<name>/requirements.txt the first
-    time): seconds per round, final test perplexity (void past 5% from fedkey's), peak RSS of the
-    process tree. Rows replace those of the same framework and workload in OUT/results.json."""
-    from bench.peers import FRAMEWORKS, Workload, run_peers
+    """The same federated workload (a --preset: PTB IID over 100 phones, or the Ubuntu IRC
+    population one phone per speaker; a GRU with tied embeddings, C, E 1, FedAvg) in fedkey, in
+    Flower's Simulation Engine and in pfl-research, each peer in its own venv under .venv-peers/
+    (made from experiments/peers/<name>/requirements.txt the first time): seconds per round,
+    final test perplexity (void past 5% from fedkey's), peak RSS of the process tree. Rows
+    replace those of the same framework and workload in OUT/results.json."""
+    from bench.peers import FRAMEWORKS, preset, run_peers
 
     unknown = sorted(set(framework) - set(FRAMEWORKS))
     if unknown:
         raise UserError(f"--framework {', '.join(unknown)}: choose from {', '.join(FRAMEWORKS)}")
-    if not data.is_dir():
-        raise UserError(f"--data: no corpus folder {data} (it needs train/valid/test.txt)")
-    name = name or f"ptb{max_train_tokens // 1000}k-h{hidden_size}-lr{lr:g}-r{rounds}"
-    w = Workload(name=name, data=str(data.resolve()), max_train_tokens=max_train_tokens,
-                 max_eval_sentences=max_eval_sentences, hidden_size=hidden_size, rounds=rounds,
-                 batch_size=batch_size, lr=lr, workers=workers)  # fmt: skip
+    if data is not None and not data.is_dir():
+        raise UserError(f"--data: no corpus folder {data}")
+    try:
+        w = preset(workload, name=name, data=data and str(data.resolve()),
+                   max_train_tokens=max_train_tokens, max_eval_sentences=max_eval_sentences,
+                   clients=clients, fraction=fraction, hidden_size=hidden_size, rounds=rounds,
+                   batch_size=batch_size, lr=lr, workers=workers)  # fmt: skip
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if not Path(w.data).is_dir():
+        raise UserError(f"--data: no corpus folder {w.data} (fedkey data fetch, or pass --data)")
     run_peers(w, [f for f in FRAMEWORKS if not framework or f in framework], out,
               work.resolve(), fedkey_tree.resolve(),
               shlex.join(["fedkey-bench", *sys.argv[1:]]), repeats, timeout)  # fmt: skip

@@ -1,15 +1,18 @@
 """`fedkey-bench peers`: one federated workload in fedkey, in Flower's Simulation Engine and in
 pfl-research, head to head (issue 53, item 1).
 
-The workload (:class:`Workload`) is the same in all three: PTB's training split cut to its first
-``max_train_tokens`` words, split IID over 100 phones by fedkey's own corpus code and written
-once to a shared .npz (each phone's encoded sentences, the validation and test sentences, the
-initial weights of fedkey's round 0), so every framework reads identical shards and starts from
-identical weights; a 1-layer GRU with tied embeddings of ``hidden_size`` units; C of the phones a
-round, E local epochs of B-sentence SGD steps (lr, momentum, gradient clip as fedkey's
-defaults), plain FedAvg weighted by the words each phone predicts (fedkey: ``--bound off``, no
-server-side bounding); the global model scored on the validation and test sentences before the
-first round and after each, as fedkey's server always does.
+The workload (:class:`Workload`, two presets in :data:`PRESETS`) is the same in all three: a
+corpus cut and partitioned by fedkey's own corpus code (``ptb``: PTB's training split cut to its
+first ``max_train_tokens`` words, IID over 100 phones; ``irc``: the Ubuntu IRC population, one
+phone per speaker, the ``clients`` most active ones, as `fedkey simulate --data ubuntu-irc
+--partition user --clients K` makes them) and written once to a shared .npz (each phone's encoded
+sentences, the validation and test sentences, the initial weights of fedkey's round 0), so every
+framework reads identical shards and starts from identical weights; a 1-layer GRU with tied
+embeddings of ``hidden_size`` units; C of the phones a round, E local epochs of B-sentence SGD
+steps (lr, momentum, gradient clip as fedkey's defaults), plain FedAvg weighted by the words each
+phone predicts (fedkey: ``--bound off``, no server-side bounding); the global model scored on the
+validation and test sentences before the first round and after each, as fedkey's server always
+does.
 
 Each framework runs as a child process: fedkey as ``python -m cli simulate`` (``--workers``
 training processes of one torch thread each), Flower (experiments/peers/flower/run.py) and pfl
@@ -33,13 +36,16 @@ import subprocess
 import sys
 import time
 import venv
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench.checkout import ROOT
+from common.config import Scheme
 
 PEERS = ROOT / "experiments" / "peers"
 VENVS = ROOT / ".venv-peers"
+DATA = ROOT.parent / "shared" / "data"
 FRAMEWORKS = ("fedkey", "flower", "pfl")
 #: Final test perplexities within this share of fedkey's: the same computation (the runs differ
 #: only in cohort draws and batch order). Past it the speed comparison of that row is void.
@@ -51,8 +57,9 @@ class Workload:
     """What every framework runs; `name` keys the rows (another size: another name)."""
 
     name: str = "ptb-iid-100"
-    data: str = str(ROOT.parent / "shared" / "data" / "ptb")
-    max_train_tokens: int = 100_000
+    data: str = str(DATA / "ptb")
+    partition: Scheme = "iid"  # corpora.partition's scheme: "iid" or "user" (one phone a speaker)
+    max_train_tokens: int | None = 100_000  # None: the whole training split
     max_eval_sentences: int = 500
     vocab_size: int = 10_000
     hidden_size: int = 64
@@ -69,6 +76,36 @@ class Workload:
     workers: int = 2  # training processes (fedkey), Ray actors (Flower), torchrun workers (pfl)
 
 
+#: The workloads the bench knows by a word (`--preset`): PTB IID, and the Ubuntu IRC population
+#: with one phone per speaker, its 500 most active ones (52,825 messages, 651k words), 25 a round.
+PRESETS = {
+    "ptb": Workload(),
+    "irc": Workload(
+        data=str(DATA / "ubuntu-irc"),
+        partition="user",
+        max_train_tokens=None,
+        clients=500,
+        fraction=0.05,
+    ),  # fmt: skip
+}
+
+
+def default_name(preset: str, w: Workload) -> str:
+    """The rows' workload name from its sizes, e.g. ptb100k-h64-lr1-r10 or irc500u-c25-h64-lr0.5-r10."""
+    tail = f"h{w.hidden_size}-lr{w.lr:g}-r{w.rounds}"
+    if w.partition == "user":
+        return f"{preset}{w.clients}u-c{round(w.fraction * w.clients)}-{tail}"
+    return f"{preset}{(w.max_train_tokens or 0) // 1000}k-{tail}"
+
+
+def preset(key: str, **given: Any) -> Workload:
+    """PRESETS[key] with the options given (those not None) in place of its own."""
+    if key not in PRESETS:
+        raise ValueError(f"--preset {key}: choose from {', '.join(PRESETS)}")
+    w = replace(PRESETS[key], **{k: v for k, v in given.items() if v is not None})
+    return w if given.get("name") else replace(w, name=default_name(key, w))
+
+
 # -- the shared shards -------------------------------------------------------------------------
 
 
@@ -83,7 +120,8 @@ def write_shards(w: Workload, path: Path) -> dict:
     from models.checkpoint import build_model, model_state
     from models.config import ModelConfig
 
-    cfg = DataConfig(data=w.data, vocab_size=w.vocab_size, clients=w.clients, partition="iid",
+    cfg = DataConfig(data=w.data, vocab_size=w.vocab_size, clients=w.clients,
+                     partition=w.partition,
                      max_train_tokens=w.max_train_tokens,
                      max_eval_sentences=w.max_eval_sentences, seed=w.seed)  # fmt: skip
     prepared = prepare(cfg)
@@ -149,10 +187,10 @@ def version_of(bin_dir: Path, module: str) -> str:
 
 def fedkey_command(w: Workload, out: Path) -> list[str]:
     """`fedkey simulate` with the workload's flags (the model's size: FEDKEY_HIDDEN_SIZE)."""
-    return [sys.executable, "-m", "cli", "simulate", "--data", w.data,
-            "--max-train-tokens", str(w.max_train_tokens),
+    cut = [] if w.max_train_tokens is None else ["--max-train-tokens", str(w.max_train_tokens)]
+    return [sys.executable, "-m", "cli", "simulate", "--data", w.data, *cut,
             "--max-eval-sentences", str(w.max_eval_sentences), "--vocab-size", str(w.vocab_size),
-            "--clients", str(w.clients), "--partition", "iid", "--fraction", str(w.fraction),
+            "--clients", str(w.clients), "--partition", w.partition, "--fraction", str(w.fraction),
             "--rounds", str(w.rounds), "--local-epochs", str(w.local_epochs),
             "--batch-size", str(w.batch_size), "--lr", str(w.lr), "--momentum", str(w.momentum),
             "--clip", str(w.clip), "--seed", str(w.seed), "--strategy", "fedavg",
@@ -443,17 +481,34 @@ def final_swing(curve: list[float]) -> float:
     return max((max(0.0, b / a - 1) for a, b in zip(tail, tail[1:], strict=False)), default=0.0)
 
 
+def _population(meta: dict) -> str:
+    """Whose text the phones hold, in words (a row written before `partition` existed: PTB)."""
+    corpus = Path(meta["data"]).name
+    if meta.get("partition", "iid") == "user":
+        return (f"{corpus}: one phone per speaker, the {meta['clients']} with the most training "
+                "messages, all of their training messages")  # fmt: skip
+    cut = meta.get("max_train_tokens")
+    words = f"first {cut:,} training words" if cut else "training split"
+    return f"{corpus.upper()}'s {words}, IID over {meta['clients']} phones"
+
+
+def _held_out(meta: dict) -> str:
+    if meta.get("partition", "iid") == "user":
+        return "held-out messages (the first of those the phones' speakers wrote)"
+    return "sentences"
+
+
 def _how(meta: dict, rows: list[dict]) -> str:
     init = ", ".join(f"{r['framework']} {r['initial_test_ppl']:.2f}" for r in rows
                      if r.get("initial_test_ppl") is not None)  # fmt: skip
     lines = [
-        f"PTB's first {meta['max_train_tokens']:,} training words ({meta['train_sentences']:,} "
-        f"sentences, {meta['train_words']:,} predicted words), IID over {meta['clients']} phones, "
-        f"vocabulary {meta['vocab_size']:,}; a 1-layer GRU of {meta['hidden_size']} units with "
+        f"{_population(meta)} ({meta['train_sentences']:,} sentences, {meta['train_words']:,} "
+        f"predicted words), vocabulary {meta['vocab_size']:,} (the training split's most "
+        f"frequent words); a 1-layer GRU of {meta['hidden_size']} units with "
         f"tied embeddings; C {meta['fraction']}, E {meta['local_epochs']}, B "
         f"{meta['batch_size']}, local SGD lr {meta['lr']} momentum {meta['momentum']} clip "
         f"{meta['clip']}; {meta['rounds']} rounds; validation and test perplexity on "
-        f"{meta['max_eval_sentences']} sentences each after every round; {meta['workers']} "
+        f"{meta['max_eval_sentences']} {_held_out(meta)} each after every round; {meta['workers']} "
         "workers (fedkey's training processes, Flower's Ray actors, pfl's torchrun workers), "
         "one torch thread each.",
         "",
@@ -518,8 +573,7 @@ METHOD = "\n".join(
         "repeat to the next (the 'each repeat' column), and ratios within that spread are ties. "
         "The repeats are interleaved so that such load weighs on every framework alike.",
         "",
-        "Not measured here: a GPU (every run is on the CPU), other workloads (the IRC "
-        "population, larger models). Running a workload's command again replaces its rows; "
+        "Not measured here: a GPU (every run is on the CPU), larger models. Running a workload's command again replaces its rows; "
         "`python -m bench.peers` (in experiments/) rebuilds this page "
         "from results.json.",
     ]

@@ -147,3 +147,36 @@ def test_an_unknown_framework_is_one_error_line():
         result.exit_code != 0
         and "--framework tff: choose from fedkey, flower, pfl" in result.output
     )
+
+
+def test_the_presets_name_their_workload_from_its_sizes():
+    from bench.peers import preset
+
+    irc = preset("irc", rounds=10, lr=0.5)
+    assert irc.name == "irc500u-c25-h64-lr0.5-r10"
+    assert irc.partition == "user" and irc.max_train_tokens is None
+    assert preset("ptb", rounds=10).name == "ptb100k-h64-lr1-r10"
+    assert preset("irc", name="mine").name == "mine"
+    with pytest.raises(ValueError, match="--preset tff: choose from ptb, irc"):
+        preset("tff")
+
+
+def test_one_phone_per_speaker_holds_that_speakers_messages_only(tmp_path):
+    from common.config import DataConfig
+    from corpora.dataset import load_cut
+
+    w = Workload(data="demo", partition="user", clients=4, max_train_tokens=None,
+                 max_eval_sentences=30, hidden_size=8, vocab_size=300)  # fmt: skip
+    meta = write_shards(w, tmp_path / "s.npz")
+    shards = workload.Shards(str(tmp_path / "s.npz"))
+    corpus, _ = load_cut(
+        DataConfig(data="demo", partition="user", clients=4, max_eval_sentences=30)
+    )
+    counts = sorted((corpus.train_users or []).count(u) for u in set(corpus.train_users or []))
+    assert [len(p) for p in shards.phones] == sorted(counts, reverse=True)[:4]
+    assert meta["partition"] == "user" and len(shards.test) == len(corpus.test)
+    assert "one phone per speaker, the 4 with the most" in page(
+        {"workloads": {w.name: {**meta, "bench_command": "b", "repeats": 1, "device": "cpu",
+                                "fedkey_tree": ".", "git_commit": "abc", "date": "d"}},
+         "rows": []}
+    )  # fmt: skip
