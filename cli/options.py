@@ -21,6 +21,7 @@ from cli.errors import UserError, validation_problems
 from common.config import Batching, DataConfig, Precision, Scheme, TokenizerKind
 from models.config import Cell, Preset
 from server.config import (
+    AttentionNormalizer,
     ClipMode,
     ClipScope,
     DPMechanism,
@@ -237,6 +238,15 @@ FEDERATION = {
         ),
     ),
     "norm": (Norm, opt("norm", "--norm", help="fedatt distance: l2 (flattened) or spectral.")),
+    "fedatt_normalizer": (
+        AttentionNormalizer,
+        opt(
+            "fedatt_normalizer",
+            "--fedatt-normalizer",
+            help="fedatt: softmax (the paper's) or fixed: the same relative weights over the "
+            "cohort's count m, whose DP noise is DP-FedAvg's.",
+        ),
+    ),
     "eta": (float, opt("eta", "--eta", help="fedmed step size (1 = weighted average).")),
     "epsilon_med": (
         float,

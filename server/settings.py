@@ -21,6 +21,7 @@ from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from models.config import Cell, ModelConfig, ModelOverrides, Preset
 from server.config import (
     AggregateIn,
+    AttentionNormalizer,
     ClipMode,
     ClipScope,
     DPMechanism,
@@ -81,6 +82,8 @@ class Settings(BaseSettings):
     # fedattopt: a round's reach at most this many times FedAvg's (None: the paper's step)
     max_reach: float | None = Field(None, gt=0)
     norm: Norm = "l2"  # fedatt distance
+    # fedatt's normalizer: the softmax, or the fixed count m (under DP, DP-FedAvg's sensitivity)
+    fedatt_normalizer: AttentionNormalizer = "softmax"
     eta: float = 1.0  # fedmed step
     epsilon_med: float = 0.1  # fedmed mediation threshold
     topk_beta: float = Field(1.0, gt=0.0, le=1.0)  # fedmed topK share of uploaders (1 = off)
@@ -288,6 +291,7 @@ class Settings(BaseSettings):
             params["max_reach"] = self.max_reach
         if self.strategy == "fedatt":
             params["norm"] = self.norm
+            params["normalizer"] = self.fedatt_normalizer
         if self.strategy == "fedmed":
             params.update(eta=self.eta, epsilon_med=self.epsilon_med, beta=self.topk_beta)
         if self.adafl:

@@ -28,9 +28,12 @@ from torch import Tensor
 
 StateDict = dict[str, Tensor]
 NORMS = ("l2", "spectral")
+#: FedAtt's normalizers: the cohort's softmax (eq. 4), or the fixed count m (:func:`fedatt_fixed`).
+NORMALIZERS = ("softmax", "fixed")
 ACC_DTYPE = torch.float64
 
 __all__ = [
+    "NORMALIZERS",
     "NORMS",
     "StateDict",
     "AttOptGradient",
@@ -39,6 +42,7 @@ __all__ = [
     "WeightedAverage",
     "attopt_step_scale",
     "fedatt",
+    "fedatt_fixed",
     "fedattopt",
     "fedattopt_gradient",
     "fedavg",
@@ -346,6 +350,45 @@ class LayerwiseAttention:
             new[k] = self.global_state[k].detach().to(ACC_DTYPE) + step * mean_u
         return _finish(self.global_state, new)
 
+    def _ceiling(self, key: str, ceiling: Mapping[str, float] | None) -> float:
+        """Layer ``key``'s logit ceiling: the given (public) one, else the cohort's largest."""
+        return self.layers[key].max if ceiling is None else ceiling[key]
+
+    def fixed_weights(
+        self, ceiling: Mapping[str, float] | None = None
+    ) -> list[tuple[Hashable, dict[str, float]]]:
+        """The fixed normalizer's weights ``w_k^l = exp(s_k^l - c^l)`` per client (in insertion
+        order) and layer, ``c^l`` the logits' ceiling (see :meth:`fixed_result`)."""
+        return [
+            (tag, {k: math.exp(s - self._ceiling(k, ceiling)) for k, s in sc.items()})
+            for tag, sc in self.scores
+        ]
+
+    def fixed_scale(self, ceiling: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Per layer, the mean fixed weight ``(1/m) sum_k w_k^l``: the factor by which
+        :meth:`fixed_result`'s step is FedAtt's :meth:`result`'s."""
+        out = {}
+        for k in self.keys:
+            layer = self.layers[k]
+            out[k] = layer.norm * math.exp(layer.max - self._ceiling(k, ceiling)) / self.count
+        return out
+
+    def fixed_result(self, step: float, ceiling: Mapping[str, float] | None = None) -> StateDict:
+        """``theta + step * (1/m) sum_k w_k^l u_k^l`` per layer with ``w_k^l = exp(s_k^l - c^l)``:
+        the softmax's relative weights over the fixed count m instead of their sum.
+
+        ``ceiling``: per layer a public upper bound ``c^l`` of the logits (FedAtt under a bound:
+        ``1/T``), so every ``w <= 1`` and one client's term has norm at most its own delta's;
+        None: the cohort's largest logit (the largest weight is 1). In the global dtypes."""
+        if not self.scores:
+            raise ValueError("no client states were added")
+        new = {}
+        for k in self.keys:
+            layer = self.layers[k]  # its buffer holds sum_k exp(s_k - max) u_k
+            factor = math.exp(layer.max - self._ceiling(k, ceiling)) / self.count
+            new[k] = self.global_state[k].detach().to(ACC_DTYPE) + step * factor * layer.acc[k]
+        return _finish(self.global_state, new)
+
 
 class AttOptGradient:
     r"""Streaming exact gradient of FedAttOpt's log loss (Jiang et al. 2020, eqs. 2-5).
@@ -486,6 +529,37 @@ def fedatt(
     for state in client_states:
         acc.add(state)
     return acc.result(epsilon)
+
+
+def fedatt_fixed(
+    global_state: Mapping[str, Tensor],
+    client_states: Iterable[Mapping[str, Tensor]],
+    epsilon: float = 1.2,
+    norm: str = "l2",
+    layer_bounds: Mapping[str, float] | None = None,
+    temperature: float = 1.0,
+) -> StateDict:
+    """FedAtt's attention (Ji et al. 2019, eq. 4) over the fixed count m: DP-FedAvg's sensitivity.
+
+    With a clip ``||u_k^l|| <= S_l`` (``layer_bounds``, the engine's Bound.layers) the logit is
+    FedAtt's capped one, ``s_k^l = ||u_k^l|| / (T S_l)`` in ``[0, 1/T]``; the weight is
+    ``w_k^l = exp(s_k^l - 1/T)`` in ``[e^(-1/T), 1]`` (the public ceiling subtracted) and
+    ``theta^l_{t+1} = theta^l + epsilon * (1/m) sum_k w_k^l u_k^l``. The ratios ``w_j / w_k`` are
+    FedAtt's softmax's, so the step is FedAtt's eq. 4 with its layer step scaled by the mean
+    weight ``(1/m) sum_k w_k^l``. One phone's term has norm at most its own clipped delta's and
+    depends on nothing else, so replacing one phone moves the result by at most
+    ``epsilon * 2 S / m`` (either clip scope): DP-FedAvg's uniform-mean sensitivity
+    (server.strategies.sensitivity.fixed_attention_sensitivity). Without ``layer_bounds`` the logit
+    is the raw distance and the ceiling the cohort's largest (no public bound, no DP analysis).
+    """
+    scale = None
+    if layer_bounds is not None:
+        scale = {k: 1.0 / (temperature * s) for k, s in layer_bounds.items()}
+    acc = LayerwiseAttention(global_state, LayerwiseAttention.fedatt_scorer(norm), scale)
+    for state in client_states:
+        acc.add(state)
+    ceiling = None if scale is None else dict.fromkeys(scale, 1.0 / temperature)
+    return acc.fixed_result(epsilon, ceiling)
 
 
 def fedattopt_gradient(

@@ -4,13 +4,14 @@ FedAttOpt and FedMed. Thin wrappers over :mod:`server.strategies.aggregate`."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 from torch import Tensor
 
 from server.strategies import sensitivity
 from server.strategies.aggregate import (
+    NORMALIZERS,
     NORMS,
     AttOptGradient,
     LayerwiseAttention,
@@ -31,9 +32,8 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
-def _attention_summary(att: LayerwiseAttention) -> Info:
+def _attention_summary(weights: list[tuple[Hashable, dict[str, float]]]) -> Info:
     """Per client: its attention weight averaged over layers, and the largest weight seen."""
-    weights = att.weights()
     mean = {str(tag): sum(w.values()) / len(w) for tag, w in weights if w}
     top = max((max(w.values()) for _, w in weights if w), default=0.0)
     return {"attention_mean": mean, "attention_max": top}
@@ -125,19 +125,39 @@ class FedAtt(Strategy):
     epsilon: server step size, default 1.2 (the published code and the Plato framework's FedAtt).
     norm: ``"l2"`` (flattened L2, default, Plato) or ``"spectral"`` (largest singular value for
       matrices, as the original scipy-based code).
+    normalizer: ``"softmax"`` (eq. 4 as published: the weights sum to 1 over the cohort) or
+      ``"fixed"`` (:func:`server.strategies.aggregate.fedatt_fixed`: the same relative weights,
+      each ``exp(logit - 1/T) <= 1``, over the cohort's count m; under DP its sensitivity is
+      DP-FedAvg's ``2 S / m`` times epsilon, where the softmax's is 4.6x that at m = 30, T = 1
+      under the model scope).
     """
 
     name = "fedatt"
 
-    def __init__(self, *, epsilon: float = 1.2, norm: str = "l2", **selection: Any) -> None:
+    def __init__(
+        self,
+        *,
+        epsilon: float = 1.2,
+        norm: str = "l2",
+        normalizer: str = "softmax",
+        **selection: Any,
+    ) -> None:
         super().__init__(**selection)
         self.epsilon = _positive("epsilon", epsilon)
         if norm not in NORMS:
             raise ValueError(f"unknown norm {norm!r}; use one of {NORMS}")
         self.norm = norm
+        if normalizer not in NORMALIZERS:
+            raise ValueError(f"unknown normalizer {normalizer!r}; use one of {NORMALIZERS}")
+        self.normalizer = normalizer
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "epsilon": self.epsilon, "norm": self.norm}
+        return {
+            **super().config(),
+            "epsilon": self.epsilon,
+            "norm": self.norm,
+            "normalizer": self.normalizer,
+        }
 
     def _aggregate(
         self,
@@ -154,23 +174,37 @@ class FedAtt(Strategy):
         att = LayerwiseAttention(global_state, scorer, scale, cap)
         for u in updates:
             att.add(u.state, tag=u.device_id)
-        new = att.result(self.epsilon)
         info: Info = {
             "strategy": self.name,
             "mode": "fedatt",
             "num_updates": att.count,
             "epsilon": self.epsilon,
-            **_attention_summary(att),
         }
-        if bound is not None:
-            info["attention_cap"] = _cap(att.count, math.exp(1.0 / bound.temperature))
+        if self.normalizer == "fixed":
+            # the logits' public ceiling 1/T under a bound; without one, the cohort's largest
+            ceiling = None if bound is None else dict.fromkeys(att.keys, 1.0 / bound.temperature)
+            new = att.fixed_result(self.epsilon, ceiling)
+            weights = [
+                (t, {k: x / att.count for k, x in w.items()}) for t, w in att.fixed_weights(ceiling)
+            ]
+            info.update(_attention_summary(weights))
+            info["attention_cap"] = 1.0 / att.count  # every w <= 1
+            info["attention_scale"] = att.fixed_scale(ceiling)
+        else:
+            new = att.result(self.epsilon)
+            info.update(_attention_summary(att.weights()))
+            if bound is not None:
+                info["attention_cap"] = _cap(att.count, math.exp(1.0 / bound.temperature))
         if cap is not None:
             info["winsorized_scores"] = att.capped
         return new, info
 
     def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
         """``epsilon`` times the attention bound with ``rho = e^(1/T)`` (the spectral norm is at
-        most the L2 norm, so the logits stay in [0, 1/T] with either norm)."""
+        most the L2 norm, so the logits stay in [0, 1/T] with either norm); with the fixed
+        normalizer ``epsilon`` times DP-FedAvg's ``2 S / m``."""
+        if self.normalizer == "fixed":
+            return self.epsilon * sensitivity.fixed_attention_sensitivity(m, bound.norm)
         rho = math.exp(1.0 / bound.temperature)
         return self.epsilon * sensitivity.attention_sensitivity(m, bound.norm, rho, bound.scope)
 
@@ -331,7 +365,7 @@ class FedMed(Strategy):
         }
         if adaptive:
             new = att.result(self.eta)
-            info.update(_attention_summary(att))
+            info.update(_attention_summary(att.weights()))
         else:
             new = avg.result()
         if math.isfinite(loss):

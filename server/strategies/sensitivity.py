@@ -38,6 +38,29 @@ weights do not change, so with ``R^l`` their weighted mean (the same in both coh
 with ``rho = 1``: ``2 S / m``. With Poisson cohorts the engine uses McMahan et al.'s fixed
 denominator ``sum_k u_k / (q N)``, whose add/remove-one sensitivity is ``S / (q N)``.
 
+**Fixed-denominator attention** (FedAtt with ``normalizer="fixed"``, fedkey's DP variant of
+Ji et al. 2019, eq. 4; :func:`server.strategies.aggregate.fedatt_fixed`): ``Delta_out = step * A``
+with ``A^l = (1/m) sum_k w_k^l u_k^l`` and ``w_k^l = exp(logit_k^l - 1/T)``, FedAtt's capped logit
+less its public ceiling ``1/T``, so ``w`` lies in ``[e^(-1/T), 1]`` and ``w_j / w_k`` is FedAtt's
+softmax ratio. Phone k's term ``t_k = (w_k^l u_k^l)_l`` is a function of its own update alone (its
+logit is its own distance over the public ``T S_l``; the count ``m`` is public), and
+``||t_k^l|| <= ||u_k^l||`` layer by layer, so ``||t_k|| <= ||u_k|| <= S`` under either scope.
+Replacing phone 1 by 1' leaves the other terms as they were::
+
+    A - A' = (t_1 - t_1') / m,   ||A - A'|| <= (||u_1|| + ||u_1'||) / m <= 2 S / m
+
+for every ``T``: DP-FedAvg's uniform-mean bound, whatever the scope. Tight: ``u_1 = S e``,
+``u_1' = -S e`` with every layer on its bound (layer scope), or ``e`` inside one layer (model
+scope), give ``w = 1`` on the layers that move. Against FedAtt, ``A^l`` is FedAtt's layer step
+times the mean weight ``(1/m) sum_k w_k^l`` in ``[e^(-1/T), 1]``; that scale is left to the server
+step. Restoring it would divide by the cohort's sum of weights, a private quantity: released with
+its own noise (replace-one sensitivity ``sqrt(L) (1 - e^(-1/T))`` over L layers) it would spend
+budget, that is add noise to the model at the same epsilon, against the point of the variant.
+Attention computed from the released (noised) aggregates and the public model alone would be
+free (post-processing) but sees no phone, so it cannot weigh phones at all: a server optimizer,
+not FedAtt. Poisson cohorts would take the same fixed denominator ``q N`` (add/remove-one
+``S / (q N)``, as the mean's); server.config.dp_problem still refuses attention there.
+
 **FedAttOpt's step** (Jiang et al. 2020, eq. 7; gradient in
 :class:`server.strategies.aggregate.AttOptGradient`): ``Delta_out = -eps * grad`` with
 ``grad = B - (m / sqrt(n)) A``, ``B = sum_k u_k (1/sqrt(n) - 1/d_k^2)``, ``A = sum_k a_k u_k`` and
@@ -51,7 +74,7 @@ softmax over a single "layer", so it moves by at most ``2 a S``. In all,
 
 tests/server/test_sensitivity_search.py searches neighbouring cohorts, at random and by
 ascent on the replaced phone's delta, and checks that no change exceeds these bounds. It finds
-the layer-scope and uniform-mean bounds tight, and at most ``2 a S`` under the model scope: the
+the layer-scope, uniform-mean and fixed-denominator bounds tight, and at most ``2 a S`` under the model scope: the
 ``2 + sqrt(...)`` factor there may be loose, unproven either way.
 """
 
@@ -64,6 +87,7 @@ __all__ = [
     "attention_max_weight",
     "attention_sensitivity",
     "attopt_sensitivity",
+    "fixed_attention_sensitivity",
     "mean_sensitivity",
     "poisson_mean_sensitivity",
 ]
@@ -101,6 +125,13 @@ def mean_sensitivity(m: int, clip: float) -> float:
     """Replace-one L2 sensitivity of the uniform mean of ``m`` clipped deltas: ``2 S / m``."""
     _check(m, clip)
     return 2.0 * clip / m
+
+
+def fixed_attention_sensitivity(m: int, clip: float) -> float:
+    """Replace-one L2 sensitivity of the fixed-denominator attention ``(1/m) sum_k w_k u_k`` with
+    ``w <= 1`` a function of phone k's own update (not yet times the server step): ``2 S / m``
+    under either scope, :func:`mean_sensitivity`'s (see the module docstring)."""
+    return mean_sensitivity(m, clip)
 
 
 def poisson_mean_sensitivity(expected: float, clip: float) -> float:
