@@ -14,7 +14,8 @@ stopped at a time limit, says so. Written from results.json's objects alone.
 from __future__ import annotations
 
 from bench.paper_spec import command_flag
-from bench.paper_suites import REAL, REAL_EVAL, REAL_GROUP, real_suite
+from bench.paper_suites import REAL, REAL_GROUP, SWEPT_GROUP, real_suite
+from bench.paper_sweep import REAL_EVAL
 from bench.paper_tables import Begun, _f, _key, _where, _x
 from bench.presets import PRESETS
 from bench.report import markdown_table
@@ -34,7 +35,7 @@ def _lr(run: dict) -> str:
         out += f", server lr {server}"
     if step != "-":
         out += f", step {step}"
-    return out
+    return out + (" (swept)" if run.get("group") == SWEPT_GROUP else "")
 
 
 def _rounds(run: dict, preset_rounds: int) -> str:
@@ -60,9 +61,9 @@ def _ngram(runs: dict, specs: list) -> dict:
     return next((runs[s.id] for s in specs if s.kind == "ngram" and s.id in runs), {})
 
 
-def _phones(task) -> str:
-    return (f"{NAMES[task.dataset]} ({task.clients} phones, C {task.fraction:g}: "
-            f"{round(task.clients * task.fraction)} a round)")  # fmt: skip
+def _phones(task, fraction: float) -> str:
+    return (f"{NAMES[task.dataset]} ({task.clients} phones, C {fraction:g}: "
+            f"{round(task.clients * fraction)} a round)")  # fmt: skip
 
 
 def _mine(runs: list[dict], preset: str) -> dict:
@@ -74,8 +75,8 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
     p = PRESETS[preset]
     mine = _mine(runs, preset)
     rows: list[list] = []
-    for task in REAL:
-        specs = [s for s in real_suite(p) if s.dataset == task.dataset]
+    for task, fraction in REAL:
+        specs = [s for s in real_suite(p, runs) if s.dataset == task.dataset]
         ngram = _ngram(mine, specs)
         for s in specs:
             r = mine.get(s.id)
@@ -83,7 +84,7 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
                 continue
             fed = r["kind"] != "ngram"
             rows.append([
-                _phones(task), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
+                _phones(task, fraction), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
                 _f(r["test_ppl"]), _f(r.get("bar_top1"), ".3f"), _f(r.get("bar_top3"), ".3f"),
                 _f(r.get("ksr"), ".3f"),
                 _x(r.get("bar_top1"), ngram.get("bar_top1")) if fed else "-",
@@ -102,8 +103,8 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     p = PRESETS[preset]
     mine = _mine(runs, preset)
     rows: list[list] = []
-    for task in REAL:
-        specs = [s for s in real_suite(p) if s.dataset == task.dataset]
+    for task, fraction in REAL:
+        specs = [s for s in real_suite(p, runs) if s.dataset == task.dataset]
         done = [mine[s.id] for s in specs if s.id in mine]
         if not done:
             continue
@@ -115,7 +116,7 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
         gap = (f"{best['test_ppl'] / central['test_ppl'] - 1:+.1%}"
                if best and central else "-")  # fmt: skip
         rows.append([
-            _phones(task), _f(ngram.get("bar_top1"), ".3f"), _f(central.get("bar_top1"), ".3f"),
+            _phones(task, fraction), _f(ngram.get("bar_top1"), ".3f"), _f(central.get("bar_top1"), ".3f"),
             best.get("method", "-"), _f(best.get("bar_top1"), ".3f"),
             _x(best.get("bar_top1"), ngram.get("bar_top1")), _f(att.get("bar_top1"), ".3f"),
             _x(att.get("bar_top1"), ngram.get("bar_top1")), _f(best.get("test_ppl")),
@@ -129,9 +130,9 @@ def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = No
     begun = begun or {}
     done = {r["id"] for r in runs if r.get("preset") == preset and r["suite"] == "real"}
     parts = []
-    for task in REAL:
+    for task, _ in REAL:
         left = [f"{s.method} ({_where(begun.get(f'{preset}/{s.id}'), s.kind)})"
-                for s in real_suite(PRESETS[preset]) if s.dataset == task.dataset
+                for s in real_suite(PRESETS[preset], runs) if s.dataset == task.dataset
                 and s.id not in done]  # fmt: skip
         if left:
             parts.append(f"{NAMES[task.dataset]}: {'; '.join(left)}")
@@ -195,7 +196,8 @@ def real_markdown(runs: list[dict], begun: Begun | None = None) -> str:
             "</s> or <unk> as its first guess where it is likeliest (the other tables' top-1). "
             "KSR: keystroke savings with a 3-slot bar, first 100 messages. Vocabulary: 10k "
             "words of the training messages. Validation, test and unseen: the first "
-            f"{REAL_EVAL:,} messages each (senders interleaved). Learning rates: {REAL_GROUP}. "
+            f"{REAL_EVAL:,} messages each (senders interleaved). Learning rates: {REAL_GROUP}, "
+            "or, marked (swept), chosen by the sweep on the corpus's validation set. "
             "The 3-gram and the centralized model (as many examples) train on the same phones' "
             "text.",
         ]  # fmt: skip

@@ -31,13 +31,14 @@ Real typing (preset `cpu`, issue 51 item 4):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from bench.paper_spec import DATASETS, RunSpec
 from bench.paper_sweep import (
     DEMO_OWNERS,
     KNOBS,
     MAX_EXTENSIONS,
+    REAL_TASKS,
     SWEEP_FRACTION,
     TASK_OF,
     TASKS,
@@ -412,68 +413,76 @@ _CHOOSING: dict[str, Callable[..., list[RunSpec]]] = {
 }
 
 
-@dataclass(frozen=True)
-class RealTask:
-    """A real per-sender corpus as phones hold it (corpora.senders: one phone per sender, each
-    sender's messages split in time; 10% of the senders held out, never training)."""
-
-    dataset: str  # a folder under the data root: nus-sms, ubuntu-irc
-    clients: int  # --clients: the senders with the most training messages become the phones
-    fraction: float  # C: phones a round = clients x C
-
-
-#: The real suite's tasks. NUS SMS: 300 of its 309 training senders (the 9 left out have the
-#: fewest messages), 30 phones a round. Ubuntu IRC: the 1,000 most active of its 15,853 training
-#: senders (30 messages or more each), 100 phones a round.
-REAL = (RealTask("nus-sms", 300, 0.1), RealTask("ubuntu-irc", 1000, 0.1))
-#: Validation, test and held-out senders' messages each capped at the first REAL_EVAL (the
-#: splits interleave the senders round-robin, so the cut keeps every sender's first ones): every
-#: round scores all three, on two CPU cores.
-REAL_EVAL = 1000
-#: The real suite's learning rates, not swept on its corpora (yet): the cpu sweep's choices on
-#: the demo corpus by owner (the other per-owner task), as its confirm suite kept them at full
-#: length where it checked them (FedAvgM's server lr 0.3, FedAdam's 0.01 at client lr 1: the
-#: sweep's 1 and 0.03 diverged or did worse over 50 rounds there).
+#: The real suite's C per task: phones a round = clients x C (NUS SMS 30, Ubuntu IRC 100).
+REAL = tuple((t, 0.1) for t in REAL_TASKS)
+#: The real suite's learning rates until the sweep has chosen them on a corpus's validation set
+#: (`--suite sweep`, its REAL_TASKS): the cpu sweep's choices on the demo corpus by owner (the
+#: other per-owner task), as its confirm suite kept them at full length where it checked them
+#: (FedAvgM's server lr 0.3, FedAdam's 0.01 at client lr 1: the sweep's 1 and 0.03 diverged or
+#: did worse over 50 rounds there).
 REAL_LRS = {"client_lr": 3.0, "central_lr": 1.0, "momentum_server_lr": 0.3,
             "momentum_client_lr": 1.0, "adam_server_lr": 0.01, "adam_client_lr": 1.0,
             "fedatt_step": 0.3, "fedattopt_step": 1000.0}  # fmt: skip
 REAL_GROUP = "lr from the demo-by-owner sweep (not swept here)"
+SWEPT_GROUP = "lr chosen on this corpus's validation set"
+#: The knobs each row's learning rates come from (one group per row: all swept, or not).
+REAL_KNOBS = {"centralized": ("central_lr",), "FedAvg": ("client_lr",),
+              "FedAtt": ("client_lr", "fedatt_step"),
+              "FedAvgM": ("momentum_server_lr", "momentum_client_lr"),
+              "FedAdam": ("adam_server_lr", "adam_client_lr"), "FedMed": ("client_lr",),
+              "FedAttOpt": ("client_lr", "fedattopt_step")}  # fmt: skip
 
 
-def real_suite(preset: Preset) -> list[RunSpec]:
+def real_lrs(chosen: dict[str, float], method: str) -> tuple[dict[str, float], str]:
+    """(the learning rates of a real-suite row, its group): the sweep's where it has chosen every
+    knob the row needs, REAL_LRS otherwise (a row never mixes the two)."""
+    knobs = REAL_KNOBS[method]
+    if all(k in chosen for k in knobs):
+        return {**REAL_LRS, **chosen}, SWEPT_GROUP
+    return dict(REAL_LRS), REAL_GROUP
+
+
+def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpec]:
     """Per REAL task: the Kneser-Ney 3-gram and the centralized model (as many examples as C) on
     the phones' text, then FedAvg, FedAtt, FedAvgM, FedAdam, and FedMed and FedAttOpt of the
-    seed papers, at REAL_LRS; the vocabulary from the training split (no --paper-protocol), every
-    row scored on the phones' later messages and the held-out senders' (the unseen_* fields)."""
-    lr = REAL_LRS
+    seed papers, at the sweep's choices on the task (`results`: results.json's run objects) or
+    REAL_LRS; the vocabulary from the training split (no --paper-protocol), every row scored on
+    the phones' later messages and the held-out senders' (the unseen_* fields)."""
+    choices = lr_choices(results or [], preset)
     runs = []
-    for t in REAL:
-        cut = ("--partition", "user", "--max-eval-sentences", str(REAL_EVAL))
-        common = dict(group=REAL_GROUP, full_train=True, full_eval=True, clients=t.clients,
-                      paper_protocol=False)  # fmt: skip
-        runs.append(RunSpec("real", t.dataset, "Kneser-Ney 3-gram", None, cut, kind="ngram",
-                            **common))  # type: ignore[arg-type]  # fmt: skip
-        epochs = preset.central_epochs_for(t.fraction)
+    for t, fraction in REAL:
+        chosen = choices.get(t.dataset, {})
+        common = dict(full_train=True, full_eval=True, clients=t.clients, paper_protocol=False)
+        runs.append(RunSpec("real", t.dataset, "Kneser-Ney 3-gram", None, t.args("ngram"),
+                            kind="ngram", group=REAL_GROUP, **common))  # type: ignore[arg-type]  # fmt: skip
+        lr, group = real_lrs(chosen, "centralized")
+        epochs = preset.central_epochs_for(fraction)
         runs.append(RunSpec("real", t.dataset, f"centralized, {epochs} epochs (as many examples "
-                            f"as C {t.fraction:g})", t.fraction, ("--epochs", str(epochs), *cut),
-                            kind="central", lr=lr["central_lr"], **common))  # type: ignore[arg-type]  # fmt: skip
-        evaluation = ("--max-eval-sentences", str(REAL_EVAL))
-        methods = [
-            ("FedAvg", ("--strategy", "fedavg"), lr["client_lr"]),
-            ("FedAtt", ("--strategy", "fedatt", "--epsilon", f"{lr['fedatt_step']:g}"),
-             lr["client_lr"]),
-            ("FedAvgM", (*KNOBS["momentum_server_lr"].flags, "--server-lr",
-                         f"{lr['momentum_server_lr']:g}"), lr["momentum_client_lr"]),
-            ("FedAdam", (*KNOBS["adam_server_lr"].flags, "--server-lr",
-                         f"{lr['adam_server_lr']:g}"), lr["adam_client_lr"]),
-            ("FedMed", ("--strategy", "fedmed"), lr["client_lr"]),
-            ("FedAttOpt", ("--strategy", "fedattopt", "--epsilon",
-                           f"{lr['fedattopt_step']:g}"), lr["client_lr"]),
-        ]  # fmt: skip
-        for method, flags, client_lr in methods:
-            runs.append(RunSpec("real", t.dataset, method, t.fraction, (*flags, *evaluation),
-                                lr=client_lr, partition="user", **common))  # type: ignore[arg-type]  # fmt: skip
+                            f"as C {fraction:g})", fraction, ("--epochs", str(epochs),
+                            *t.args("central")), kind="central", lr=lr["central_lr"], group=group,
+                            **common))  # type: ignore[arg-type]  # fmt: skip
+        for method, flags, client_key in _real_methods():
+            lr, group = real_lrs(chosen, method)
+            args = tuple(f.format(**lr) for f in flags)
+            runs.append(RunSpec("real", t.dataset, method, fraction, (*args,
+                                *t.args("federated")), lr=lr[client_key], partition=t.partition,
+                                group=group, **common))  # type: ignore[arg-type]  # fmt: skip
     return runs
+
+
+def _real_methods() -> list[tuple[str, tuple[str, ...], str]]:
+    """(method, its flags with {knob:g} fields for its learning rates, its client lr's knob)."""
+    return [
+        ("FedAvg", ("--strategy", "fedavg"), "client_lr"),
+        ("FedAtt", ("--strategy", "fedatt", "--epsilon", "{fedatt_step:g}"), "client_lr"),
+        ("FedAvgM", (*KNOBS["momentum_server_lr"].flags, "--server-lr", "{momentum_server_lr:g}"),
+         "momentum_client_lr"),
+        ("FedAdam", (*KNOBS["adam_server_lr"].flags, "--server-lr", "{adam_server_lr:g}"),
+         "adam_client_lr"),
+        ("FedMed", ("--strategy", "fedmed"), "client_lr"),
+        ("FedAttOpt", ("--strategy", "fedattopt", "--epsilon", "{fedattopt_step:g}"),
+         "client_lr"),
+    ]  # fmt: skip
 
 
 def suite_runs(suite: str, preset: Preset, results: list[dict] | None = None) -> list[RunSpec]:
@@ -487,5 +496,5 @@ def suite_runs(suite: str, preset: Preset, results: list[dict] | None = None) ->
     if suite == "code":
         return code_suite()
     if suite == "real":
-        return real_suite(preset)
+        return real_suite(preset, results)
     raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")

@@ -85,12 +85,32 @@ class Task:
     dataset: str
     partition: str = "iid"
     clients: int = 100
+    # A real per-sender corpus (the real suite's): the vocabulary from its training split (no
+    # --paper-protocol), every evaluation capped at REAL_EVAL messages, and the centralized model
+    # trained on the phones' senders' text (--partition user --clients K).
+    real: bool = False
+
+    def args(self, kind: str) -> tuple[str, ...]:
+        """Flags of every run of the task beyond the preset's, for a run of `kind` (federated
+        runs name their partition through RunSpec.partition)."""
+        if not self.real:
+            return ()
+        cut = ("--max-eval-sentences", str(REAL_EVAL))
+        return cut if kind == "federated" else ("--partition", self.partition, *cut)
 
 
-TASKS = (Task("ptb"), Task("wikitext-2"), Task("demo", "user", DEMO_OWNERS))
+#: The real tasks' validation, test and held-out senders' messages each capped at the first
+#: REAL_EVAL (the splits interleave the senders round-robin, so the cut keeps every sender's first
+#: ones): every round scores all three, on two CPU cores.
+REAL_EVAL = 1000
+#: The real corpora as phones hold them. NUS SMS: 300 of its 309 training senders (the 9 left out
+#: have the fewest messages). Ubuntu IRC: the 1,000 most active of its 15,853 training senders
+#: (30 messages or more each).
+REAL_TASKS = (Task("nus-sms", "user", 300, real=True), Task("ubuntu-irc", "user", 1000, real=True))
+TASKS = (Task("ptb"), Task("wikitext-2"), Task("demo", "user", DEMO_OWNERS), *REAL_TASKS)
 #: The task whose chosen learning rates a dataset's runs use (WikiText-2 by article: the IID
 #: sweep's, so the partition is the only change between the rank and noniid suites).
-TASK_OF = {"ptb": TASKS[0], "wikitext-2": TASKS[1], "demo": TASKS[2]}
+TASK_OF = {t.dataset: t for t in TASKS}
 
 
 def _grid(preset: Preset, knob: str) -> tuple[float, ...]:
@@ -120,12 +140,14 @@ def sweep_spec(
     if k.client_key and client_lr != fedavg_lr:
         label += f", client lr {client_lr:g}"
     common = dict(group=f"{knob}={value:g}", full_train=True, full_eval=True,
-                  partition=task.partition, clients=task.clients)  # fmt: skip
+                  partition=task.partition, clients=task.clients,
+                  paper_protocol=not task.real)  # fmt: skip
     if k.kind == "central":
         return RunSpec("sweep", task.dataset, label, SWEEP_FRACTION,
-                       ("--epochs", str(sweep_epochs(preset))), kind="central", lr=value,
-                       **common)  # type: ignore[arg-type]  # fmt: skip
+                       ("--epochs", str(sweep_epochs(preset)), *task.args("central")),
+                       kind="central", lr=value, **common)  # type: ignore[arg-type]  # fmt: skip
     args = k.flags if knob == "client_lr" else (*k.flags, k.flag, f"{value:g}")
+    args = (*args, *task.args("federated"))
     return RunSpec(
         "sweep", task.dataset, label, SWEEP_FRACTION, args,
         lr=value if knob == "client_lr" else client_lr, rounds=preset.sweep_rounds,

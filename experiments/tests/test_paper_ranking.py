@@ -484,7 +484,8 @@ def test_a_lower_lr_that_wins_at_full_length_asks_for_one_step_lower_twice_at_mo
 def test_progress_counts_every_planned_run():
     p = PRESETS["cpu"]
     plan = planned(p, [])
-    # 3 tasks x (4 knobs x 3 grid values + 2 joint knobs x 3 x 3 client lrs); 2 datasets x
+    # 5 tasks (PTB, WikiText-2, the demo, NUS SMS, Ubuntu IRC) x (4 knobs x 3 grid values + 2
+    # joint knobs x 3 x 3 client lrs); 2 datasets x
     # (12 methods + ngram + central); WikiText-2 by article (12) and the demo (12 + ngram +
     # central; at C 1 the 9 methods without a C of their own, FedSGD's and AdaFL's, and a
     # 50-epoch central); PTB's FedAvg, FedAvgM, capped FedAttOpt and centralized model, and the
@@ -492,7 +493,7 @@ def test_progress_counts_every_planned_run():
     # PTB's FedAvg, FedAvgM and centralized model with the lr decayed, and with dropout at 2 lrs;
     # and on both datasets and the demo by owner FedAvg, FedAvgM, FedAdam and the centralized
     # model at their lr and one step below
-    assert plan == {"sweep": 90, "rank": 28, "noniid": 36, "seeds": 16, "decay": 3, "dropout": 6,
+    assert plan == {"sweep": 150, "rank": 28, "noniid": 36, "seeds": 16, "decay": 3, "dropout": 6,
                     "confirm": 24}  # fmt: skip
     assert set(KNOBS) == {"client_lr", "central_lr", "momentum_server_lr", "adam_server_lr",
                           "fedatt_step", "fedattopt_step"}  # fmt: skip

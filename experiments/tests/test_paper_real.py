@@ -9,7 +9,8 @@ from bench.paper import command, summarize
 from bench.paper_real import REAL_PAGE, real_markdown, real_rows, real_section, real_waiting
 from bench.paper_report import markdown
 from bench.paper_spec import RunSpec
-from bench.paper_suites import REAL, REAL_EVAL, real_suite
+from bench.paper_suites import REAL, REAL_GROUP, SWEPT_GROUP, real_suite
+from bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
 from bench.presets import PRESETS
 
 CPU = PRESETS["cpu"]
@@ -18,7 +19,7 @@ CPU = PRESETS["cpu"]
 def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
     specs = real_suite(CPU)
     assert "real" in CPU.suites
-    for task in REAL:
+    for task, fraction in REAL:
         mine = [s for s in specs if s.dataset == task.dataset]
         assert [s.method for s in mine][:6] == [
             "Kneser-Ney 3-gram", "centralized, 5 epochs (as many examples as C 0.1)", "FedAvg",
@@ -31,9 +32,9 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
             assert f"--max-eval-sentences {REAL_EVAL}" in words
             assert cmd[cmd.index("--data") + 1] == f"/data/{task.dataset}"
             if s.kind == "federated":
-                assert f"--fraction {task.fraction:g}" in words
+                assert f"--fraction {fraction:g}" in words
     # 50 to 1,000 phones, tens of them a round (IRC: 100)
-    assert {t.dataset: round(t.clients * t.fraction) for t in REAL} == {
+    assert {t.dataset: round(t.clients * c) for t, c in REAL} == {
         "nus-sms": 30, "ubuntu-irc": 100}  # fmt: skip
     # the other suites' runs keep --paper-protocol
     rank = RunSpec("rank", "ptb", "FedAvg", 0.1)
@@ -87,3 +88,42 @@ def test_the_table_holds_both_held_out_sets_against_the_3gram():
     answer = page.split("\n## ")[1]
     assert answer.startswith("The answer\n\n### Real typing")
     assert real_section([]) == []
+
+
+def _swept(dataset: str, knob: str, values: dict[float, float], client_lr: float) -> list[dict]:
+    """The sweep's results of one knob on a real task: value -> best validation perplexity."""
+    from bench.paper_sweep import sweep_spec
+
+    out = []
+    for v, ppl in values.items():
+        own = v if knob in ("client_lr", "central_lr") else client_lr
+        spec = sweep_spec(CPU, TASK_OF[dataset], knob, v, own)
+        out.append({**spec.fields(), "id": spec.id, "preset": "cpu", "best_val_ppl": ppl,
+                    "command": shlex.join(command(spec, CPU, Path("/data"), Path("/r")))})  # fmt: skip
+    return out
+
+
+def test_the_sweep_tunes_the_real_corpora_as_their_runs_are_made():
+    sweep = [s for s in real_suite(CPU) if s.kind != "ngram"]
+    assert {s.group for s in sweep} == {REAL_GROUP}  # nothing swept yet: the demo's rates
+    from bench.paper_sweep import sweep_suite
+
+    mine = [s for s in sweep_suite(CPU, []) if s.dataset == "nus-sms"]
+    assert {s.partition for s in mine} == {"user"} and {s.clients for s in mine} == {300}
+    for s in mine:  # as the real suite's runs: the training split's vocabulary, the same cut
+        words = shlex.join(command(s, CPU, Path("/data"), Path("/r")))
+        assert "--paper-protocol" not in words and "--partition user" in words
+        assert f"--max-eval-sentences {REAL_EVAL}" in words
+    # FedAvg's client lr chosen on validation (1 of 0.3, 1, 3): FedAvg, FedMed take it; FedAtt
+    # keeps the demo's rates until its server step is chosen too, and so does the 3-gram
+    results = _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
+    specs = {s.method: s for s in real_suite(CPU, results) if s.dataset == "nus-sms"}
+    assert specs["FedAvg"].lr == specs["FedMed"].lr == 1.0
+    assert specs["FedAvg"].group == SWEPT_GROUP
+    assert specs["FedAtt"].lr == 3.0 and specs["FedAtt"].group == REAL_GROUP
+    results += _swept("nus-sms", "fedatt_step", {0.1: 210.0, 0.3: 190.0, 1.2: 400.0}, 1.0)
+    fedatt = next(s for s in real_suite(CPU, results) if s.method == "FedAtt")
+    assert (fedatt.lr, fedatt.group) == (1.0, SWEPT_GROUP) and "0.3" in fedatt.args
+    assert KNOBS["fedatt_step"].flag in fedatt.args
+    irc = [s for s in real_suite(CPU, results) if s.dataset == "ubuntu-irc"]
+    assert {s.group for s in irc} == {REAL_GROUP}  # one corpus's choices are its own

@@ -76,7 +76,7 @@ def test_results_open_with_the_answer_then_the_language_model_and_end_with_the_e
     at = [next(i for i, h in enumerate(heads) if h.startswith(o)) for o in order]
     assert at == sorted(at), heads
     assert (
-        "**7 of 203 runs done** (sweep 2 of 90, rank 4 of 28, noniid 1 of 36, seeds 0 of 16, "
+        "**7 of 263 runs done** (sweep 2 of 150, rank 4 of 28, noniid 1 of 36, seeds 0 of 16, "
         "decay 0 of 3, dropout 0 of 6, confirm 0 of 24;" in md
     )
     first = md.split("### PTB")[1].split("###")[0]
@@ -121,7 +121,7 @@ def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     assert "| not run yet | not run yet | 150.00 | 150.00 | - | - | +0.0% | - / - / - |" in rows[2]
     md = markdown(runs, [], {}, {}, begun)
     assert "## Seed to seed: how far a row moves by chance (preset `cpu`)" in md
-    assert "**9 of 203 runs done**" in md and "seeds 2 of 16" in md
+    assert "**9 of 263 runs done**" in md and "seeds 2 of 16" in md
 
 
 def test_the_confirm_suite_checks_the_demo_by_owner_against_its_noniid_runs():
