@@ -13,15 +13,16 @@ measure ``||agg(D) - agg(D')||`` (float64, over all floating entries) and hold i
   replacement's and, in turn, the others', each projected back onto the clip ball with the
   engine's clip_factors; the pair found is measured again through the engine's bound_round.
 
-Measured with these seeds (change / derived bound, best over the search): 1.0 for FedAvg and the
-layer-scope FedAtt (tight); 2/(2 + sqrt(rho (m-1) / (rho+m-2))) for the model-scope FedAtt,
-that is ``2 a S`` (the Minkowski-Jensen bound is loose there, an autograd search of the same
-formula agrees); FedMed 0.34-0.76 (S = 1) and 0.58-0.94 (S = 30); FedAttOpt 0.55-0.86 (S = 1)
+Measured with these seeds (change / derived bound, best over the search): 1.0 for FedAvg, the
+layer-scope FedAtt and FedAtt's fixed normalizer under both scopes (tight);
+2/(2 + sqrt(rho (m-1) / (rho+m-2))) for the model-scope FedAtt, that is ``2 a S`` (the
+Minkowski-Jensen bound is loose there, an autograd search of the same formula agrees); FedMed 0.34-0.76 (S = 1) and 0.58-0.94 (S = 30); FedAttOpt 0.55-0.86 (S = 1)
 and 0.06-0.81 (S = 10; m = 1 is loose as grad = -u / d^2 there: the attention term cancels
 against B's 1/sqrt(n) part, which the bound adds instead).
 
 The search is checked for teeth: where the bound is tight by construction (the uniform mean's
-``2 S / m`` and the layer-scope attention bound ``2 a S``, see the module docstring's "Tight:"),
+``2 S / m``, the layer-scope attention bound ``2 a S`` and the fixed normalizer's ``2 S / m``,
+see the module docstring's "Tight:"),
 it reaches 90% of it, the ascent alone climbs there from inside the ball, and it reports a
 counterexample to a bound halved on purpose (:func:`assert_search_breaks`).
 """
@@ -73,6 +74,18 @@ CASES = [
     *(
         Case(f"fedatt-T{t}", lambda: FedAtt(norm="l2"), temperature=t, tight_layer=True)
         for t in (0.5, 1.0, 2.0)
+    ),
+    # FedAtt's relative weights over the fixed count m: DP-FedAvg's 2S/m (times epsilon), reached
+    # under both scopes by u = S e, u' = -S e with every moving layer on its bound
+    *(
+        Case(
+            f"fedattfix-T{t}",
+            lambda eps=eps: FedAtt(norm="l2", normalizer="fixed", epsilon=eps),
+            temperature=t,
+            tight_layer=True,
+            tight_model=True,
+        )
+        for t, eps in ((0.5, 1.2), (2.0, 1.0))
     ),
     Case("fedmed", lambda: FedMed(eta=1.0, epsilon_med=0.0, beta=1.0)),
     # a large clip: the softmax of a layer can approach a point mass, its JS towards ln 2
@@ -179,8 +192,14 @@ class Arena:
         return np.concatenate([out[k].to(torch.float64).reshape(-1).numpy() for k in self.keys])
 
     def _check_info(self, info: dict) -> None:
-        """Item 4: no attention weight passes the cap (FedAtt reports it; FedMed's is 2^(1/T))."""
-        if self.case.label.startswith("fedatt-"):
+        """Item 4: no attention weight passes the cap (FedAtt reports it; FedMed's is 2^(1/T);
+        the fixed normalizer's is 1/m, every weight at most 1 over the count m)."""
+        if self.case.label.startswith("fedattfix-"):
+            assert info["attention_cap"] == pytest.approx(1.0 / self.m)
+            assert info["attention_max"] <= info["attention_cap"] * (1 + 1e-12), info
+            scale = min(info["attention_scale"].values())
+            assert math.exp(-1.0 / self.case.temperature) * (1 - 1e-12) <= scale, info
+        elif self.case.label.startswith("fedatt-"):
             assert info["attention_max"] <= info["attention_cap"] * (1 + 1e-12), info
             rho = math.exp(1.0 / self.case.temperature)
             assert info["attention_cap"] == pytest.approx(attention_max_weight(self.m, rho))
@@ -406,6 +425,27 @@ def test_search_breaks_a_halved_bound(case: Case, scope: ClipScope) -> None:
     model-scope attention bound is loose: with m = 2 the search reaches 2/3 of it, 2 a S)."""
     tight = case.tight_layer if scope == "layer" else case.tight_model
     assert_search_breaks(case, 3 if tight else 2, scope)
+
+
+@pytest.mark.parametrize("temperature", (0.5, 1.0, 4.0))
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("m", COHORTS)
+def test_the_fixed_normalizer_costs_dp_fedavgs_noise(m: int, scope: ClipScope, temperature: float):
+    """The fixed normalizer's declared sensitivity is DP-FedAvg's 2S/m at the same m and S
+    (epsilon 1; epsilon times it otherwise), whatever T and the scope; FedAtt's softmax costs
+    more (its weight can reach e^(1/T) / (e^(1/T) + m - 1) > 1/m)."""
+    glob = {"w": torch.zeros(3, 2, dtype=torch.float64), "b": torch.zeros(4, dtype=torch.float64)}
+    for clip in (0.05, 1.0, 30.0):
+        config = InfluenceConfig(mode="fixed", norm=clip, scope=scope, temperature=temperature)
+        bound = make_bound(config, glob, [])
+        assert bound is not None
+        fedavg = FedAvg(weighted=False).sensitivity(glob, bound, m)
+        assert fedavg == pytest.approx(2 * clip / m)
+        fixed = FedAtt(normalizer="fixed", epsilon=1.0).sensitivity(glob, bound, m)
+        assert fixed == fedavg
+        assert FedAtt(normalizer="fixed").sensitivity(glob, bound, m) == pytest.approx(1.2 * fedavg)
+        if m > 1:
+            assert FedAtt(epsilon=1.0).sensitivity(glob, bound, m) > fedavg
 
 
 def test_engine_clip_puts_big_updates_on_the_bound() -> None:
