@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pytest
@@ -80,7 +81,7 @@ CASES = [
     *(
         Case(
             f"fedattfix-T{t}",
-            lambda eps=eps: FedAtt(norm="l2", normalizer="fixed", epsilon=eps),
+            partial(FedAtt, norm="l2", normalizer="fixed", epsilon=eps),
             temperature=t,
             tight_layer=True,
             tight_model=True,
