@@ -41,7 +41,7 @@ analysis bounds): float64 arithmetic throughout, as before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from itertools import pairwise
@@ -55,6 +55,8 @@ from server.upload_store import StoredState
 
 #: Per floating layer, the trim's lowest and highest value of each coordinate (the global's shape).
 Limits = dict[str, tuple[Tensor, Tensor]]
+#: Elements worked on at a time (256 KB of float32: in a 2 MB L2 cache with the operands).
+BLOCK = 1 << 16
 
 
 def floating_keys(global_state: Mapping[str, Tensor]) -> list[str]:
@@ -143,37 +145,72 @@ def cosine_scan(cohort: Cohort, keys: Sequence[str]) -> tuple[np.ndarray, np.nda
 def _phone_scan(
     cohort: Cohort, keys: Sequence[str], direction: bool, exact: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The phone passes of :func:`norm_scan` (one) and :func:`cosine_scan` (two). Sums are
-    numpy's pairwise ones (error O(log n) ulps), added up across layers in float64."""
+    """The phone passes of :func:`norm_scan` (one) and :func:`cosine_scan` (two): each layer read
+    whole, then worked on ``BLOCK`` elements at a time (in cache: the whole-layer arithmetic went
+    to memory for every operation). Sums are numpy's pairwise ones within a block, added up across
+    blocks and layers in float64."""
     m = len(cohort)
     stacked = {k: cohort.wide(k) for k in keys}
     work = {k: np.dtype(np.float64) if exact else stacked[k] for k in keys}
     glob = {k: cohort.global_flat(k, work[k]) for k in keys}
     rows = {k: np.empty(glob[k].size, stacked[k]) for k in keys}
-    deltas = {k: np.empty(glob[k].size, work[k]) for k in keys}
-    scratch = {k: np.empty(glob[k].size, work[k]) for k in keys}
+    scratch = {k: np.empty(min(BLOCK, glob[k].size), work[k]) for k in keys}
     sq = np.zeros((m, len(keys)))
     total = {k: np.zeros(glob[k].size, work[k]) for k in keys} if direction else {}
 
-    def delta(i: int, k: str) -> np.ndarray:
-        cohort.read(i, k, 0, rows[k].size, rows[k])
-        return np.subtract(rows[k], glob[k], out=deltas[k])
+    def squares(d: np.ndarray, a: int, b: int) -> float:
+        return float(np.square(d, out=d).sum())
 
     for i in range(m):
         for j, k in enumerate(keys):
-            d = delta(i, k)
-            sq[i, j] = float(np.square(d, out=scratch[k]).sum())
+            cohort.read(i, k, 0, rows[k].size, rows[k])
+            sq[i, j] = _blocks(rows[k], glob[k], scratch[k], squares)
         norm = float(np.sqrt(sq[i].sum()))
         if direction and norm > 0:
             for k in keys:
-                total[k] += np.multiply(deltas[k], 1.0 / norm, out=scratch[k])
+                _blocks(rows[k], glob[k], scratch[k], _adder(total[k], 1.0 / norm))
     if not direction:
         return sq, None
     dots = np.zeros(m)
     for i in range(m):
         for k in keys:
-            dots[i] += float(np.multiply(delta(i, k), total[k], out=scratch[k]).sum())
+            cohort.read(i, k, 0, rows[k].size, rows[k])
+            dots[i] += _blocks(rows[k], glob[k], scratch[k], _dotter(total[k]))
     return sq, dots
+
+
+def _blocks(
+    row: np.ndarray,
+    glob: np.ndarray,
+    scratch: np.ndarray,
+    work: Callable[[np.ndarray, int, int], float],
+) -> float:
+    """``work(d, a, b)`` on each ``BLOCK`` of the delta ``d = row[a:b] - glob[a:b]`` (in
+    ``scratch``, which it may overwrite); the sum of what it returns."""
+    out = 0.0
+    for a in range(0, row.size, BLOCK):
+        b = min(a + BLOCK, row.size)
+        out += work(np.subtract(row[a:b], glob[a:b], out=scratch[: b - a]), a, b)
+    return out
+
+
+def _adder(total: np.ndarray, scale: float) -> Callable[[np.ndarray, int, int], float]:
+    """A :func:`_blocks` work adding ``scale`` times the delta into ``total``."""
+
+    def add(d: np.ndarray, a: int, b: int) -> float:
+        np.add(total[a:b], np.multiply(d, scale, out=d), out=total[a:b])
+        return 0.0
+
+    return add
+
+
+def _dotter(total: np.ndarray) -> Callable[[np.ndarray, int, int], float]:
+    """A :func:`_blocks` work giving the delta's dot product with ``total``."""
+
+    def dot(d: np.ndarray, a: int, b: int) -> float:
+        return float(np.multiply(d, total[a:b], out=d).sum())
+
+    return dot
 
 
 def trim_scan(
@@ -202,15 +239,18 @@ def trim_scan(
                 for i in range(m):
                     cohort.read(i, key, a, b, values[i])
                 _order_statistics(values, k, lo[a:b], hi[a:b], pool, threads)
-                np.maximum(values, lo[a:b], out=values)  # np.clip: a third slower here
-                np.minimum(values, hi[a:b], out=values)
-                if exact:
-                    d = values.astype(np.float64) - g64[a:b]
-                    sq[:, j] += np.einsum("ij,ij->i", d, d)
-                else:
-                    np.subtract(values, g[a:b], out=values)
-                    np.square(values, out=values)
-                    sq[:, j] += values.sum(axis=1, dtype=dtype)
+                rows = max(1, BLOCK // (b - a))  # the trimmed norms a few phones at a time
+                for r in range(0, m, rows):
+                    part = values[r : r + rows]
+                    np.maximum(part, lo[a:b], out=part)  # np.clip: a third slower here
+                    np.minimum(part, hi[a:b], out=part)
+                    if exact:
+                        d = part.astype(np.float64) - g64[a:b]
+                        sq[r : r + rows, j] += np.einsum("ij,ij->i", d, d)
+                    else:
+                        np.subtract(part, g[a:b], out=part)
+                        np.square(part, out=part)
+                        sq[r : r + rows, j] += part.sum(axis=1, dtype=dtype)
             shape = cohort.global_state[key].shape
             limits[key] = (torch.from_numpy(lo).reshape(shape), torch.from_numpy(hi).reshape(shape))
     return limits, sq
@@ -240,10 +280,46 @@ def _order_statistics(
     list(pool.map(block, [slice(a, b) for a, b in pairwise(edges)]))  # list: raises what raised
 
 
-def clamp_state(state: Mapping[str, Tensor], limits: Limits | None) -> Mapping[str, Tensor]:
+#: The safetensors dtype each tensor dtype is read from by :func:`load_state`.
+_STORED = {torch.float32: ("F32", np.float32), torch.float64: ("F64", np.float64)}
+
+
+def load_state(
+    state: Mapping[str, Tensor], global_state: Mapping[str, Tensor]
+) -> dict[str, Tensor] | None:
+    """A stored upload's tensors in fresh buffers of its own (None: not a stored upload this
+    reader understands): each floating layer stored in the global layer's dtype (float32 or
+    float64) and shape read with one ``pread`` (server.stored_slices), anything else through
+    ``StoredState``. The strategy pass reads each upload through this once, and the trim and the
+    clip then work in these buffers in place (:func:`clamp_state`, influence.scale_deltas)
+    instead of mapping the file for each tensor and copying each tensor twice more."""
+    if not isinstance(state, StoredState):
+        return None
+    reader = SliceReader.open(state.path)
+    if reader is None:
+        return None
+    out: dict[str, Tensor] = {}
+    for key in state:
+        g = global_state.get(key)
+        stored, dtype = _STORED.get(g.dtype, (None, None)) if g is not None else (None, None)
+        if g is None or stored != reader.dtype(key) or reader.shape(key) != tuple(g.shape):
+            out[key] = state[key]
+            continue
+        buf = np.empty(g.numel(), dtype)
+        if not reader.read_into(key, 0, buf.size, buf):
+            out[key] = state[key]
+            continue
+        out[key] = torch.from_numpy(buf).reshape(g.shape)
+    return out
+
+
+def clamp_state(
+    state: Mapping[str, Tensor], limits: Limits | None, inplace: bool = False
+) -> Mapping[str, Tensor]:
     """The trimmed update: each coordinate clamped to the cohort's range of values, in the
     update's own dtypes (the state itself when there is no trim). The same numbers as clamping
-    the delta to the range of deltas and adding the global back (module docstring)."""
+    the delta to the range of deltas and adding the global back (module docstring).
+    ``inplace``: the state's tensors are its own (:func:`load_state`), clamped where they are."""
     if limits is None:
         return state
     out = dict(state)
@@ -254,7 +330,7 @@ def clamp_state(state: Mapping[str, Tensor], limits: Limits | None) -> Mapping[s
                 f"layer {key!r}: update shape {tuple(c.shape)} != model {tuple(lo.shape)}"
             )
         if c.dtype == lo.dtype:
-            out[key] = torch.clamp(c, lo, hi)
+            out[key] = torch.clamp(c, lo, hi, out=c) if inplace else torch.clamp(c, lo, hi)
         else:  # bfloat16 / float16 updates: clamped in float32, which holds them exactly
             out[key] = torch.clamp(c.to(lo.dtype), lo, hi).to(c.dtype)
     return out

@@ -46,9 +46,15 @@ class SliceReader:
     understands); each :meth:`read_into` opens the file, preads the bytes of the range and
     closes it, so no descriptor stays open between reads."""
 
-    def __init__(self, path: str, entries: dict[str, tuple[str, int, int]]):
+    def __init__(
+        self,
+        path: str,
+        entries: dict[str, tuple[str, int, int]],
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ):
         self.path = path
         self._entries = entries  # name -> (dtype, byte offset of element 0, element count)
+        self._shapes = shapes or {}
 
     @classmethod
     def open(cls, path: str) -> SliceReader | None:
@@ -69,6 +75,7 @@ class SliceReader:
             return None
         base = 8 + n
         entries: dict[str, tuple[str, int, int]] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
         for name, info in header.items():
             if name == "__metadata__" or not isinstance(info, dict):
                 continue
@@ -86,12 +93,17 @@ class SliceReader:
             if numel < 0 or begin < 0 or end - begin != numel * width or base + end > size:
                 return None
             entries[name] = (dtype, base + begin, numel)
-        return cls(path, entries)
+            shapes[name] = tuple(int(d) for d in shape)
+        return cls(path, entries, shapes)
 
     def dtype(self, key: str) -> str | None:
         """The safetensors dtype of ``key`` (None: not a floating tensor of this file)."""
         entry = self._entries.get(key)
         return entry[0] if entry else None
+
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        """The shape of ``key`` (None: not a floating tensor of this file)."""
+        return self._shapes.get(key)
 
     def read_into(self, key: str, a: int, b: int, out: np.ndarray) -> bool:
         """Elements ``a:b`` of the flattened tensor ``key``, widened exactly into ``out`` (a

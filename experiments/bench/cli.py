@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
+from bench.aggregation import command as bench_aggregation
 from bench.checkout import RESULTS
 from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
@@ -420,6 +421,9 @@ def bench_load(
         )
     except LoadError as e:
         raise UserError(str(e)) from None
+
+
+app.command("aggregation")(bench_aggregation)
 
 
 @app.command("peers")

@@ -1,0 +1,305 @@
+"""`fedkey-bench aggregation`: the server's aggregation of a round against the time to read the
+round's uploads once (issue 53, item 4).
+
+N uploads of the default model (``small``: a 300-unit GRU over a 10,000-word vocabulary, tied
+embeddings; float32, as phones upload it) are written once to a work folder as safetensors files,
+as the server stores them: honest phones are the global model plus a shared direction and their
+own noise, at norms spread over 2x; a few (``OUTLIERS`` of them) push the opposite way, so the
+cosine outlier filter has phones to reject. Then, interleaved and repeated, each measurement in a
+fresh process with one torch thread (as the server's aggregation process,
+server.aggregator._init_child), the page cache warmed by one read first:
+
+* ``read``: every upload read once with safetensors (``safetensors.torch.load_file``);
+* ``fedavg`` / ``fedatt``: the server's round aggregation at the default bound
+  (server.config.InfluenceConfig(): adaptive clip at the median, trim 0.1, cosine filter 3.5):
+  server.influence.bound_round, then the strategy's aggregate, over the uploads as the
+  aggregation process sees them (server.aggregator.updates_of: lazily read StoredState files),
+  which is what server.engine.Federation._aggregate does without DP.
+
+Each row: the median seconds, the peak RSS of its process and the ratio to ``read``.
+``--baseline DIR`` measures the same with the server code of another checkout (a git worktree of
+an earlier commit) in the same run, interleaved, so before and after are side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import resource
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+
+from bench.checkout import RESULTS, ROOT
+from bench.load import _git, machine
+from cli.errors import UserError
+
+#: The measurements, in the order they are interleaved.
+WHAT = ("read", "fedavg", "fedatt")
+#: The share of phones that push against the others (rejected by the cosine filter).
+OUTLIERS = 0.02
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """The written round: the global model's file and the uploads' files and declared counts."""
+
+    global_path: str
+    paths: list[str]
+    samples: list[int]
+    parameters: int
+    upload_bytes: int
+
+
+def write_cohort(folder: Path, n: int, vocab_size: int, hidden_size: int, seed: int = 0) -> Cohort:
+    """The global model (fedkey's model at these sizes, seeded) and ``n`` uploads around it, as
+    safetensors files in ``folder`` (module docstring)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from models.checkpoint import build_model, model_state
+    from models.config import ModelConfig
+
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=vocab_size, emb_size=hidden_size, hidden_size=hidden_size)
+    glob = {k: v.contiguous() for k, v in model_state(build_model(config)).items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    global_path = str(folder / "global.safetensors")
+    save_file(glob, global_path)
+    rng = np.random.default_rng(seed)
+    keys = [k for k, v in glob.items() if torch.is_floating_point(v)]
+    scale = {k: 1e-3 * float(glob[k].std()) + 1e-4 for k in keys}
+    shared = {k: rng.standard_normal(glob[k].shape, dtype=np.float32) for k in keys}
+    bad = (
+        set(rng.choice(n, max(1, round(OUTLIERS * n)), replace=False).tolist()) if n > 4 else set()
+    )
+    paths, samples = [], []
+    for i in range(n):
+        size = float(rng.uniform(0.7, 1.4))
+        sign = -3.0 if i in bad else 1.0
+        state = {}
+        for k, g in glob.items():
+            if k not in scale:
+                state[k] = g
+                continue
+            noise = rng.standard_normal(g.shape, dtype=np.float32)
+            delta = scale[k] * size * (sign * shared[k] + noise)
+            state[k] = g + torch.from_numpy(delta)
+        path = str(folder / f"dev-{i:05d}.safetensors")
+        save_file(state, path)
+        paths.append(path)
+        samples.append(int(rng.integers(20, 200)))
+    params = sum(glob[k].numel() for k in keys)
+    return Cohort(global_path, paths, samples, params, os.path.getsize(paths[0]))
+
+
+def _in_child(tree: str | None, what: str, cohort: Cohort) -> tuple[float, float]:
+    """One measurement in this (fresh) process: seconds and peak RSS in MB. ``tree``: import the
+    server from that checkout."""
+    if tree is not None:
+        sys.path.insert(0, tree)
+    import torch
+
+    torch.set_num_threads(1)
+    jobs: dict[str, Callable[[], Any]] = {"read": lambda: _read(cohort)}
+    if what != "read":
+        jobs[what] = _aggregation(what, cohort)
+    start = time.perf_counter()
+    jobs[what]()
+    seconds = time.perf_counter() - start
+    return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _read(cohort: Cohort) -> None:
+    """Every upload read once, whole, with safetensors."""
+    from safetensors.torch import load_file
+
+    for p in cohort.paths:
+        load_file(p)
+
+
+def _aggregation(strategy: str, cohort: Cohort) -> Callable[[], Any]:
+    """The server's aggregation of the cohort with ``strategy`` at the default bound, ready to
+    run (the global model loaded and the strategy built outside the timing)."""
+    from safetensors.torch import load_file
+
+    from server.aggregator import updates_of
+    from server.config import InfluenceConfig
+    from server.influence import bound_round
+    from server.rounds import Upload
+    from server.strategies import get_strategy
+
+    glob = load_file(cohort.global_path)
+    s = get_strategy(strategy)
+    uploads = [
+        (f"dev-{i:05d}", Upload(f"r{i}", "", cohort.upload_bytes, p, n, 1.0))
+        for i, (p, n) in enumerate(zip(cohort.paths, cohort.samples, strict=True))
+    ]
+
+    def run() -> Any:
+        updates = sorted(updates_of(uploads), key=lambda u: u.device_id)
+        bounded = bound_round(InfluenceConfig(), glob, updates, None)
+        return s.aggregate(glob, bounded, bounded.bound)
+
+    return run
+
+
+def measure(tree: str | None, what: str, cohort: Cohort) -> tuple[float, float]:
+    """:func:`_in_child` in a fresh spawned process (its own peak RSS; no state carried)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(_in_child, tree, what, cohort).result()
+
+
+def run_aggregation(
+    n: int,
+    repeats: int,
+    work: Path,
+    out: Path | None,
+    baseline: Path | None = None,
+    vocab_size: int = 10_000,
+    hidden_size: int = 300,
+    keep: bool = False,
+    echo: Callable[[str], None] = print,
+) -> dict:
+    """Write the cohort, measure (module docstring) and write OUT/results.json and results.md;
+    the run's record. The uploads are removed afterwards unless ``keep``."""
+    folder = work / f"uploads-{n}-{vocab_size}-{hidden_size}"
+    echo(f"writing {n} uploads to {folder} ...")
+    cohort = write_cohort(folder, n, vocab_size, hidden_size)
+    trees: list[tuple[str, str | None]] = [("this checkout", None)]
+    if baseline is not None:
+        trees.append((str(baseline), str(baseline.resolve())))
+    try:
+        measure(None, "read", cohort)  # the page cache warmed
+        times: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for r in range(repeats):
+            for label, tree in trees:
+                for what in WHAT:
+                    if what == "read" and tree is not None:
+                        continue
+                    got = measure(tree, what, cohort)
+                    times.setdefault((label, what), []).append(got)
+                    echo(
+                        f"repeat {r + 1}/{repeats} {label} {what}: {got[0]:.2f} s, {got[1]:.0f} MB"
+                    )
+    finally:
+        if not keep:
+            for p in [*cohort.paths, cohort.global_path]:
+                Path(p).unlink(missing_ok=True)
+            if not any(folder.iterdir()):
+                folder.rmdir()
+    read = statistics.median(t for t, _ in times[("this checkout", "read")])
+    rows = []
+    for (label, what), done in times.items():
+        seconds = statistics.median(t for t, _ in done)
+        rows.append(
+            {
+                "server": label,
+                "what": what,
+                "seconds": round(seconds, 3),
+                "all_seconds": [round(t, 3) for t, _ in done],
+                "per_read": round(seconds / read, 2),
+                "peak_rss_mb": round(max(m for _, m in done)),
+            }
+        )
+    record = {
+        "command": "fedkey-bench aggregation " + shlex.join(sys.argv[2:]),
+        "uploads": n,
+        "parameters": cohort.parameters,
+        "upload_bytes": cohort.upload_bytes,
+        "repeats": repeats,
+        "git_commit": _git(ROOT, "rev-parse", "HEAD"),
+        "baseline_commit": _git(baseline, "rev-parse", "HEAD") if baseline else None,
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
+    if out is not None:
+        save(out, record)
+    return record
+
+
+def save(out: Path, record: dict) -> None:
+    """Add the run to OUT/results.json (replacing a run of the same size and model) and write
+    OUT/results.md from it."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    same = ("uploads", "parameters")
+    runs = [r for r in runs if any(r[k] != record[k] for k in same)] + [record]
+    runs.sort(key=lambda r: (r["parameters"], r["uploads"]))
+    path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    (out / "results.md").write_text(page(runs))
+
+
+def page(runs: list[dict]) -> str:
+    """results.md: one table per run."""
+    lines = [
+        "# Aggregation against reading the uploads once",
+        "",
+        "The server's aggregation of one round at the default bound (cosine filter, trim 0.1,",
+        "clip at the median; `bound_round` then the strategy), one torch thread as the server's",
+        "aggregation process, against reading the same stored uploads once with safetensors",
+        "(page cache warm). Target (issue 53): at most 3x the read at 1,000 uploads.",
+        "Written by `fedkey-bench aggregation` (experiments/bench/aggregation.py); do not edit.",
+    ]
+    for r in runs:
+        mb = r["upload_bytes"] / 1e6
+        lines += [
+            "",
+            f"## {r['uploads']} uploads of {r['parameters']:,} parameters ({mb:.1f} MB each)",
+            "",
+            f"`{r['command']}`, commit {str(r['git_commit'])[:10]}"
+            + (f" (baseline {str(r['baseline_commit'])[:10]})" if r["baseline_commit"] else "")
+            + f", {r['date']}, {r['machine']}; median of {r['repeats']}.",
+            "",
+            "| server | what | seconds | x read | peak RSS (MB) | every repeat (s) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in r["rows"]:
+            every = ", ".join(f"{t:.2f}" for t in row["all_seconds"])
+            lines.append(
+                f"| {row['server']} | {row['what']} | {row['seconds']:.2f} | "
+                f"{row['per_read']:.2f} | {row['peak_rss_mb']} | {every} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def command(
+    uploads: int = typer.Option(1000, "--uploads", "-n", min=2, help="Uploads in the round."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Interleaved repeats (medians)."),
+    baseline: Path | None = typer.Option(
+        None,
+        "--baseline",
+        help="Also measure the server code of this checkout (e.g. a git worktree of an earlier "
+        "commit), interleaved, side by side.",
+    ),
+    vocab_size: int = typer.Option(10_000, "--vocab-size", min=4, help="The model's vocabulary."),
+    hidden_size: int = typer.Option(300, "--hidden-size", min=1, help="GRU units (= embedding)."),
+    work: Path = typer.Option(
+        Path("runs/bench/aggregation"),
+        "--work",
+        help="Where the uploads are written (removed after).",
+    ),
+    out: Path = typer.Option(
+        RESULTS / "aggregation", "--out", help="Where results.json and results.md are written."
+    ),
+) -> None:
+    """The server's aggregation of one round of UPLOADS stored uploads at the default bound (FedAvg
+    and FedAtt), against reading them once: seconds, peak RSS and the ratio, in OUT/results.md.
+    Needs UPLOADS x the model's size on disk (13.5 GB at 1,000 of the default model), and that
+    much page cache to measure reads from memory."""
+    if baseline is not None and not (baseline / "server" / "influence.py").is_file():
+        raise UserError(f"--baseline: {baseline} is not a fedkey checkout (no server/influence.py)")
+    run_aggregation(uploads, repeats, work, out, baseline, vocab_size, hidden_size)
