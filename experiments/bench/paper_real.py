@@ -120,7 +120,7 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
             best.get("method", "-"), _f(best.get("bar_top1"), ".3f"),
             _x(best.get("bar_top1"), ngram.get("bar_top1")), _f(att.get("bar_top1"), ".3f"),
             _x(att.get("bar_top1"), ngram.get("bar_top1")), _f(best.get("test_ppl")),
-            _f(central.get("test_ppl")), gap, f"{len(fed)} of {len(specs) - 2}",
+            _f(central.get("test_ppl")), gap, f"{len(fed)} of {sum(s.kind == 'federated' for s in specs)}",
         ])  # fmt: skip
     return rows
 
