@@ -307,3 +307,96 @@ def test_strategy_results_match_pure_functions(make_states):
     # the step's reach against FedAvg's 1: epsilon * sum_k 1 / d_k^2 of this round's distances
     d = [model_distance(glob, c) for c in clients]
     assert info["step_scale"] == pytest.approx(0.01 * sum(1 / x**2 for x in d))
+
+
+# --------------------------------------------------------------------------- FedAtt's fixed normalizer
+
+
+def _bound(glob, clip: float, temperature: float):
+    from server.strategies import Bound
+
+    layers = {k: clip for k, v in glob.items() if torch.is_floating_point(v)}
+    return Bound(norm=clip, layers=layers, scope="model", temperature=temperature)
+
+
+def test_fixed_normalizer_with_a_large_temperature_is_fedavgs_mean(make_states):
+    """T large: every weight exp(logit - 1/T) is near 1, so the step is epsilon times the plain
+    mean of the deltas (uniform FedAvg's at epsilon 1), to within the weights' spread 1/T."""
+    glob, clients = make_states(4, seed=3)
+    ups = updates_from(clients, sizes=[1, 5, 20, 7])
+    mean, _ = get_strategy("fedavg", weighted=False).aggregate(glob, ups)
+    for eps in (1.0, 1.2):
+        fix = get_strategy("fedatt", normalizer="fixed", epsilon=eps)
+        out, info = fix.aggregate(glob, ups, _bound(glob, 10.0, 1e6))
+        for k in ("emb.weight", "rnn.weight", "rnn.bias", "out.bias"):
+            torch.testing.assert_close(
+                out[k] - glob[k], eps * (mean[k] - glob[k]), rtol=1e-5, atol=1e-6
+            )
+        assert all(s == pytest.approx(1.0, abs=1e-6) for s in info["attention_scale"].values())
+        assert info["attention_cap"] == 0.25 and info["attention_max"] == pytest.approx(0.25)
+        assert out["steps"].item() == 4
+
+
+@pytest.mark.parametrize("temperature", (0.1, 1.0))
+def test_fixed_normalizer_is_fedatts_step_times_the_mean_weight(make_states, temperature):
+    """At any T, the fixed normalizer keeps FedAtt's relative weights (the softmax's ratios) and
+    scales layer l's step by the mean weight (1/m) sum_k w_k^l, in [e^(-1/T), 1]; the strategy
+    is the pure function aggregate.fedatt_fixed."""
+    from server.strategies.aggregate import LayerwiseAttention, fedatt_fixed
+
+    def f64(state):  # no float32 rounding of the tiny steps at T = 0.1
+        return {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+
+    glob, clients = make_states(5, seed=8)
+    glob, clients = f64(glob), [f64(c) for c in clients]
+    ups = updates_from(clients)
+    bound = _bound(glob, 2.0, temperature)
+    soft, soft_info = get_strategy("fedatt").aggregate(glob, ups, bound)
+    fix, info = get_strategy("fedatt", normalizer="fixed").aggregate(glob, ups, bound)
+    for k, scale in info["attention_scale"].items():
+        assert math.exp(-1 / temperature) <= scale <= 1.0
+        torch.testing.assert_close(
+            fix[k] - glob[k], scale * (soft[k] - glob[k]), rtol=1e-9, atol=1e-12
+        )
+    pure = fedatt_fixed(glob, clients, 1.2, "l2", bound.layers, temperature)
+    for k in glob:
+        torch.testing.assert_close(fix[k], pure[k])
+    # per layer, the weights are the softmax's times a common factor: its ratios are FedAtt's
+    att = LayerwiseAttention(
+        glob, LayerwiseAttention.fedatt_scorer(), {k: 0.5 / temperature for k in bound.layers}
+    )
+    for c in clients:
+        att.add(c)
+    ceiling = dict.fromkeys(bound.layers, 1.0 / temperature)
+    for (_, w), (_, alpha) in zip(att.fixed_weights(ceiling), att.weights(), strict=True):
+        for k in w:
+            assert w[k] / alpha[k] == pytest.approx(5 * att.fixed_scale(ceiling)[k], rel=1e-12)
+
+
+def test_fixed_normalizer_without_a_bound_weighs_the_farthest_phone_one_mth(make_states):
+    """No bound (no public ceiling for the logits): the ceiling is the cohort's largest logit, so
+    the farthest phone of a layer weighs 1/m and the others FedAtt's ratio of it."""
+    glob, clients = make_states(3, seed=2)
+    out, info = get_strategy("fedatt", normalizer="fixed", epsilon=1.0).aggregate(
+        glob, updates_from(clients)
+    )
+    k = "rnn.bias"
+    d = [float(torch.linalg.vector_norm(c[k] - glob[k])) for c in clients]
+    w = [math.exp(x - max(d)) for x in d]
+    want = glob[k] + sum(wi * (c[k] - glob[k]) for wi, c in zip(w, clients, strict=True)) / 3
+    torch.testing.assert_close(out[k], want, rtol=0, atol=1e-6)
+    assert info["attention_scale"][k] == pytest.approx(sum(w) / 3)
+    assert info["attention_max"] <= info["attention_cap"] == pytest.approx(1 / 3)
+
+
+def test_fixed_normalizer_option_from_the_settings():
+    """--fedatt-normalizer reaches the strategy (Settings.strategy_params), and a normalizer
+    the strategy does not know is refused in one line."""
+    from server.settings import Settings
+
+    params = Settings(strategy="fedatt", fedatt_normalizer="fixed").strategy_params()
+    s = get_strategy("fedatt", **params)
+    assert s.normalizer == "fixed" and s.config()["normalizer"] == "fixed"
+    assert get_strategy("fedatt").normalizer == "softmax"
+    with pytest.raises(ValueError, match="unknown normalizer 'sum'"):
+        get_strategy("fedatt", normalizer="sum")
