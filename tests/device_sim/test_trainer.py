@@ -97,6 +97,49 @@ def test_the_fused_optimizer_gives_the_same_weights_bit_for_bit(monkeypatch, pre
         assert torch.equal(fused.state[name], weight), name
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_reused_model_trains_bit_for_bit_as_a_new_one(monkeypatch, precision):
+    # A thread trains each phone on the model it trained the last one on (no new random
+    # initialization to overwrite): every phone's weights and loss must be exactly those of a
+    # model built for it, as before, and one phone's upload must not change when the next trains.
+    import device_sim.trainer as trainer
+
+    seqs = [TOK.encode(s) for s in TEXT]
+    cfg = TrainConfig(epochs=2, batch_size=4, lr=1.0, momentum=0.5, precision=precision)
+    phones = [(seqs[:15], 3), (seqs[10:], 4), (seqs[:15], 3)]  # the first phone twice
+
+    def round_of_three():
+        return [train_local(CFG, initial_state(), s, cfg, seed=k, device="cpu") for s, k in phones]
+
+    reused = round_of_three()
+    monkeypatch.setattr(trainer, "REUSE_MODELS", False)
+    built = round_of_three()
+    assert trainer._reused.model.config == CFG  # the first round did reuse this thread's model
+    for a, b in zip(reused, built, strict=True):
+        assert a.train_loss == b.train_loss
+        for name, weight in b.state.items():
+            assert torch.equal(a.state[name], weight), name
+    assert all(torch.equal(reused[0].state[k], reused[2].state[k]) for k in reused[0].state)
+
+
+def test_with_dropout_each_phone_gets_a_new_model_and_its_old_masks(monkeypatch):
+    # Building a model moves torch's generator, which the dropout masks draw from: with dropout a
+    # phone must keep getting a new model, so its masks and weights stay what they were.
+    import device_sim.trainer as trainer
+
+    drop = replace(CFG, dropout=0.3)
+    seqs = [TOK.encode(s) for s in TEXT]
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=1.0)
+    state = model_state(build_model(drop))
+    cpu = torch.device("cpu")
+    assert trainer.phone_model(drop, state, cpu) is not trainer.phone_model(drop, state, cpu)
+    got = [train_local(drop, state, seqs, cfg, seed=k, device="cpu").state for k in (9, 9)]
+    monkeypatch.setattr(trainer, "REUSE_MODELS", False)
+    built = train_local(drop, state, seqs, cfg, seed=9, device="cpu").state
+    for name, weight in built.items():
+        assert torch.equal(got[0][name], weight) and torch.equal(got[1][name], weight), name
+
+
 def test_cuda_request_without_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
