@@ -433,8 +433,10 @@ FEDERATION = {
             "dp_mechanism",
             "--dp-mechanism",
             help="How DP noise is added: gaussian (DP-FedAvg: fresh noise each round on sampled "
-            "cohorts) or tree (DP-FTRL, as Gboard trains: tree-aggregated noise on the running "
-            "sum of the rounds' aggregates; no sampling, a minimum separation instead).",
+            "cohorts), tree (DP-FTRL, as Gboard trains: tree-aggregated noise on the running "
+            "sum of the rounds' aggregates; no sampling, a minimum separation instead) or blt "
+            "(DP-FTRL with BLT matrix-factorization noise, correlated across rounds; the same "
+            "rule; factorizations shipped for runs of up to a fixed number of rounds).",
         ),
     ),
     "dp_min_separation": (
@@ -442,7 +444,7 @@ FEDERATION = {
         opt(
             "dp_min_separation",
             "--dp-min-separation",
-            help="With --dp-mechanism tree: a phone that trained in round r trains again no "
+            help="With --dp-mechanism tree or blt: a phone that trained in round r trains again no "
             "earlier than round r + b, and the accounting assumes it (default: the largest b "
             "the population allows, floor(phones / cohort)).",
         ),

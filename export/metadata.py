@@ -101,9 +101,10 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
       epsilon: the epsilon spent so far at ``delta`` (a number; the string "inf" when the bound
         is infinite, e.g. noise multiplier 0; None without DP).
       rho: the privacy spent so far as rho-zCDP, from the row (a number, "inf", or None).
-      mechanism: "gaussian" (DP-FedAvg) or "tree" (DP-FTRL), from the row's ``info["dp"]`` or
-        the accountant's state; None without DP or when not recorded. min_separation: the
-        tree's b (a phone's participations at least b rounds apart), else None.
+      mechanism: "gaussian" (DP-FedAvg), "tree" or "blt" (DP-FTRL), from the row's
+        ``info["dp"]`` or the accountant's state; None without DP or when not recorded.
+        min_separation: DP-FTRL's b (a phone's participations at least b rounds apart), else
+        None.
       delta, target_epsilon (the budget; None: no budget set), noise_multiplier, sampling
         ("fixed": a fixed-size cohort per round, "poisson"), sampling_rate (Poisson's q; None
         under fixed-size sampling), steps (noised rounds accounted): the accountant's state
@@ -156,7 +157,7 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
                 if _number(info.get(source)) is not None:
                     clip[key] = info[source]
     mechanism = dp_info.get("mechanism") or accountant.get("mechanism")
-    if mechanism not in ("gaussian", "tree"):
+    if mechanism not in ("gaussian", "tree", "blt"):
         mechanism = "gaussian" if accountant else None
     separation = dp_info.get("min_separation", accountant.get("min_separation"))
     adaptive = None
@@ -182,7 +183,7 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         "rho": rho,
         "mechanism": mechanism if dp else None,
         "min_separation": separation
-        if dp and mechanism == "tree" and _is_int(separation)
+        if dp and mechanism in ("tree", "blt") and _is_int(separation)
         else None,
         "delta": _number(accountant.get("delta")) or _number(metrics.get("delta")),
         "target_epsilon": _number(accountant.get("target_epsilon")),

@@ -35,11 +35,14 @@ CLIP_SCOPES: tuple[ClipScope, ...] = get_args(ClipScope)
 #: replacement (replace-one adjacency) or Poisson sampling (add/remove-one; uniform FedAvg only).
 DPSampling = Literal["fixed", "poisson"]
 DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
-#: How DP noise is added (server.dp_ftrl): independent Gaussian noise each round on a sampled
-#: cohort (DP-FedAvg), or DP-FTRL's tree-aggregated noise on the running sum of the rounds'
-#: aggregates, with no sampling, only a minimum separation between one phone's participations.
-DPMechanism = Literal["gaussian", "tree"]
+#: How DP noise is added (server.dp_ftrl, server.dp_blt): independent Gaussian noise each round
+#: on a sampled cohort (DP-FedAvg), or DP-FTRL's noise on the running sum of the rounds'
+#: aggregates, correlated across rounds by tree aggregation or by a BLT matrix factorization,
+#: with no sampling, only a minimum separation between one phone's participations.
+DPMechanism = Literal["gaussian", "tree", "blt"]
 DP_MECHANISMS: tuple[DPMechanism, ...] = get_args(DPMechanism)
+#: The DP-FTRL mechanisms: no sampling, the minimum-separation rule (--dp-min-separation).
+FTRL_MECHANISMS: tuple[DPMechanism, ...] = ("tree", "blt")
 #: Where `fedkey server` completes its rounds (server.aggregator): a child process, so the event
 #: loop shares no GIL with the aggregation, or a thread of the server process.
 AggregateIn = Literal["process", "thread"]
@@ -171,7 +174,7 @@ class PrivacyConfig:
     target_epsilon: float | None = None  # stop the run once this budget is spent
     sampling: DPSampling = "fixed"
     mechanism: DPMechanism = "gaussian"
-    # tree: two participations of one phone are at least this many rounds apart; None: the
+    # tree, blt: two participations of one phone are at least this many rounds apart; None: the
     # largest the population allows, floor(N / m) (server.dp_ftrl.default_separation)
     min_separation: int | None = None
     # Adaptive clipping (server.adaptive_clip): the clip follows this quantile of the update
@@ -215,17 +218,20 @@ def dp_problem(
     Every choice the server makes from private data must be inside the analysis (the clip, the
     attention cap) or refused here: AdaFL's scores and FedMed's topK and mediation read the
     updates and losses without noise, and attention normalizes by the cohort's own weights, which
-    the add/remove-one analysis of Poisson cohorts does not cover. The tree mechanism (DP-FTRL)
-    samples nothing, so it refuses Poisson sampling; the minimum separation is the tree's.
+    the add/remove-one analysis of Poisson cohorts does not cover. The DP-FTRL mechanisms (tree,
+    blt) sample nothing, so they refuse Poisson sampling; the minimum separation is theirs.
     """
     if privacy.mechanism not in DP_MECHANISMS:
         return f"unknown DP mechanism {privacy.mechanism!r}; valid: {', '.join(DP_MECHANISMS)}"
-    if privacy.mechanism == "tree" and not privacy.dp:
-        return "--dp-mechanism tree is a DP mechanism: add --dp-clip S to turn DP on"
-    if privacy.min_separation is not None and privacy.mechanism != "tree":
+    ftrl = privacy.mechanism in FTRL_MECHANISMS
+    if ftrl and not privacy.dp:
         return (
-            "--dp-min-separation is the tree mechanism's participation rule: add "
-            "--dp-mechanism tree (the gaussian mechanism samples its cohorts instead)"
+            f"--dp-mechanism {privacy.mechanism} is a DP mechanism: add --dp-clip S to turn DP on"
+        )
+    if privacy.min_separation is not None and not ftrl:
+        return (
+            "--dp-min-separation is the tree and blt mechanisms' participation rule: add "
+            "--dp-mechanism tree or blt (the gaussian mechanism samples its cohorts instead)"
         )
     if privacy.min_separation is not None and privacy.min_separation < 1:
         return f"--dp-min-separation must be >= 1, got {privacy.min_separation}"
@@ -234,10 +240,10 @@ def dp_problem(
         return problem
     if not privacy.dp:
         return None
-    if privacy.mechanism == "tree" and privacy.sampling == "poisson":
+    if ftrl and privacy.sampling == "poisson":
         return (
-            "--dp-mechanism tree samples no cohorts (its accounting assumes a minimum "
-            "separation instead): drop --dp-sampling poisson"
+            f"--dp-mechanism {privacy.mechanism} samples no cohorts (its accounting assumes a "
+            "minimum separation instead): drop --dp-sampling poisson"
         )
     if influence.mode == "off":
         return "DP needs bounded updates: drop --bound off (under DP the bound is --dp-clip)"

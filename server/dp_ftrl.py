@@ -334,6 +334,9 @@ class TreeAccountant(PopulationDelta):
     ``count_stddev`` sigma_b, whose counts add :func:`count_rho` (server.adaptive_clip).
     """
 
+    #: What the state records (server.dp_blt's accountant is this one with BLT's rho).
+    mechanism = "tree"
+
     def __init__(
         self,
         noise_multiplier: float,
@@ -397,7 +400,7 @@ class TreeAccountant(PopulationDelta):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "mechanism": "tree",
+            "mechanism": self.mechanism,
             "steps": self.steps,
             "noise_multiplier": self.noise_multiplier,
             "count_stddev": self.count_stddev,
@@ -408,10 +411,11 @@ class TreeAccountant(PopulationDelta):
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
         """Restore the releases spent and the run's b (the rest stays as constructed)."""
-        if d.get("mechanism") != "tree":
+        stored = d.get("mechanism") or "gaussian"
+        if stored != self.mechanism:
             raise ValueError(
-                "this run was accounted with the gaussian mechanism: resume it with "
-                "--dp-mechanism gaussian"
+                f"this run was accounted with the {stored} mechanism: resume it with "
+                f"--dp-mechanism {stored}"
             )
         stored = d.get("min_separation")
         if stored is not None:

@@ -1,18 +1,18 @@
 """A round's differential privacy: the one object the round engine (server.engine) composes for it.
 
-    RoundPrivacy(config, strategy)  the accountant, the tree's noise (DP-FTRL), the adaptive clip
-                                    and the separation record, built from the run's config
+    RoundPrivacy(config, strategy)  the accountant, DP-FTRL's noise (the tree's or the BLT's), the
+                                    adaptive clip and the separation record, from the run's config
     observe(population)             what the population fixes: delta, the tree's b, sigma_b
     cohort(round, available, rng)   the cohort the analysis assumes (tree, Poisson), or None
     clip_norm()                     the round's clip: C_t (adaptive) or S
     noise(plan, ...)                noise the aggregate, account for it, step the adaptive clip
     start_info(), row_fields()      what round 0's row and every row report of it
     would_exceed(population)        the budget stop
-    state_dict(), load_state_dict() the server state's "accountant", "tree" and "clip"
+    state_dict(), load_state_dict() the server state's "accountant", "tree" or "blt", and "clip"
 
 The mechanisms are server.privacy (the gaussian mechanism and its RDP accountant), server.dp_ftrl
-(DP-FTRL's tree aggregation, Kairouz et al. 2021) and server.adaptive_clip (Andrew et al. 2021,
-Algorithm 1). Without DP (no --dp-clip) the object holds none of them and every call is a no-op:
+(DP-FTRL's tree aggregation, Kairouz et al. 2021), server.dp_blt (DP-FTRL's BLT matrix
+factorization, Dvijotham et al. 2024) and server.adaptive_clip (Andrew et al. 2021, Algorithm 1). Without DP (no --dp-clip) the object holds none of them and every call is a no-op:
 the engine calls it the same way either way. Its noise is seeded by (seed, round), as the
 engine's selection is, so a resumed run draws the same.
 """
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from server import dp_ftrl, privacy
+from server import dp_blt, dp_ftrl, privacy
 from server.adaptive_clip import (
     AdaptiveClip,
     count_sensitivity,
@@ -59,6 +59,8 @@ class RoundPrivacy:
         # DP-FTRL (--dp-mechanism tree, server.dp_ftrl): the tree's noise, and the round each
         # phone last trained in (the minimum-separation rule), both part of the server state.
         self.tree: dp_ftrl.TreeNoise | None = None
+        # --dp-mechanism blt (server.dp_blt): the BLT's streaming noise; the same separation rule.
+        self.blt: dp_blt.BLTNoise | None = None
         self.last_trained: dict[str, int] = {}
         # Adaptive clipping (--dp-clip-quantile, server.adaptive_clip): the next round's clip C_t
         # and the count noise sigma_b, part of the server state.
@@ -76,6 +78,11 @@ class RoundPrivacy:
             self.tree = dp_ftrl.TreeNoise(config.seed, p.noise_multiplier)
             self.accountant = dp_ftrl.TreeAccountant(
                 p.noise_multiplier, p.min_separation, p.delta, p.target_epsilon
+            )
+        elif p.dp and p.mechanism == "blt":
+            self.blt = dp_blt.BLTNoise(config.seed, p.noise_multiplier)
+            self.accountant = dp_blt.BLTAccountant(
+                p.noise_multiplier, p.min_separation, config.rounds, p.delta, p.target_epsilon
             )
         elif p.dp:
             self.accountant = privacy.PrivacyAccountant(
@@ -99,7 +106,7 @@ class RoundPrivacy:
         if self.accountant is None or population <= 0:
             return
         self.accountant.observe(population)
-        if self.tree is not None:
+        if self._ftrl:
             self._min_separation(population, check=check)
         clip = self.clip
         if clip is not None and clip.count_stddev is None:
@@ -125,11 +132,17 @@ class RoundPrivacy:
             raise RuntimeError("adaptive clipping's count noise is not fixed yet")
         return update_noise_multiplier(z, self.clip.count_stddev, self.clip.sensitivity)
 
+    @property
+    def _ftrl(self) -> bool:
+        """DP-FTRL (tree or blt): no sampling, the minimum-separation rule."""
+        return self.tree is not None or self.blt is not None
+
     def _apply_update_z(self) -> None:
-        """The tree's nodes and its accountant take z_u and sigma_b (adaptive clipping)."""
+        """DP-FTRL's noise and its accountant take z_u and sigma_b (adaptive clipping)."""
         z_u = self._update_z()
-        if self.tree is not None:
-            self.tree.noise_multiplier = z_u
+        for noise in (self.tree, self.blt):
+            if noise is not None:
+                noise.noise_multiplier = z_u
         if isinstance(self.accountant, dp_ftrl.TreeAccountant) and self.clip is not None:
             self.accountant.noise_multiplier = z_u
             self.accountant.count_stddev = self.clip.count_stddev
@@ -141,18 +154,19 @@ class RoundPrivacy:
         is drawn: the tree's separation rule, or Poisson sampling; None where the strategy
         selects it (no DP, or fixed-size sampling)."""
         p = self.config.privacy
-        if self.tree is not None:
+        if self._ftrl:
             return self._tree_cohort(r, available, rng)
         if p.dp and p.sampling == "poisson":
             return self._poisson_cohort(available, rng)
         return None
 
     def _min_separation(self, population: int, check: bool = False) -> int:
-        """The tree's b: the configured one (with `check`, refused when `population` phones
+        """DP-FTRL's b: the configured one (with `check`, refused when `population` phones
         cannot fill a cohort every round under it), or, left to the default, the largest the
-        first population seen allows, fixed for the run (the accountant keeps it)."""
+        first population seen allows, fixed for the run (the accountant keeps it); it fixes the
+        BLT's factorization (server.dp_blt.select_blt)."""
         if not isinstance(self.accountant, dp_ftrl.TreeAccountant):
-            raise RuntimeError("the minimum separation is the tree mechanism's")
+            raise RuntimeError("the minimum separation is DP-FTRL's")
         m = cohort_size(self.strategy.fraction, population)
         b = self.accountant.min_separation
         if b is None:
@@ -161,14 +175,16 @@ class RoundPrivacy:
             problem = dp_ftrl.separation_problem(population, m, b)
             if problem is not None:
                 raise ValueError(problem)
+        if self.blt is not None and isinstance(self.accountant, dp_blt.BLTAccountant):
+            self.blt.blt = self.accountant.blt
         return b
 
     def _tree_rule(self) -> dict:
-        """What every tree row says of the rule the accounting assumes."""
+        """What every DP-FTRL row says of the rule the accounting assumes."""
         acc = self.accountant
         b = acc.min_separation if isinstance(acc, dp_ftrl.TreeAccountant) else None
         return {
-            "mechanism": "tree",
+            "mechanism": self.config.privacy.mechanism,
             "noise_multiplier": self.config.privacy.noise_multiplier,
             "min_separation": b,
         }
@@ -211,7 +227,7 @@ class RoundPrivacy:
         accounted for (from `global_state`, the model before the round), and the row's
         ``info.dp``; under adaptive clipping the clip steps to C_{t+1}. Without DP: `new_state`
         as it is, and None."""
-        if self.tree is not None:
+        if self._ftrl:
             new_state, dp = self._add_tree_noise(plan, updates, new_state, bounded, global_state)
         elif self.config.privacy.dp:
             new_state, dp = self._add_noise(plan, new_state, bounded, global_state)
@@ -287,18 +303,19 @@ class RoundPrivacy:
         bounded: BoundedRound,
         global_state: dict[str, torch.Tensor],
     ) -> tuple[dict[str, torch.Tensor], dict]:
-        """DP-FTRL (server.dp_ftrl): the aggregate's step ``g_t = new_state - theta_{t-1}`` plus
-        the tree's ``n_t - n_{t-1}``, so that ``theta_t = theta_0 + (noisy prefix sum of the
-        g's)``; the cohort's phones are recorded for the separation rule."""
-        bound, tree = bounded.bound, self.tree
-        if not isinstance(self.accountant, dp_ftrl.TreeAccountant) or tree is None:
-            raise RuntimeError("the tree mechanism needs its accountant and its tree")
+        """DP-FTRL (server.dp_ftrl, server.dp_blt): the aggregate's step ``g_t = new_state -
+        theta_{t-1}`` plus ``n_t - n_{t-1}`` (the tree's, or the BLT's ``z Delta_t x_t``), so
+        that ``theta_t = theta_0 + (noisy prefix sum of the g's)``; the cohort's phones are
+        recorded for the separation rule."""
+        bound, noise = bounded.bound, self.tree or self.blt
+        if not isinstance(self.accountant, dp_ftrl.TreeAccountant) or noise is None:
+            raise RuntimeError("DP-FTRL needs its accountant and its noise")
         if bound is None:
             raise RuntimeError("DP needs a bound")
         b = self._min_separation(self._population(plan))
         sens = self.strategy.sensitivity(global_state, bound, len(bounded))
         # The float32 margin of _add_noise: every node's noise is z times at least this.
-        residual = tree.release(global_state, sens * (1 + 1e-4))
+        residual = noise.release(global_state, sens * (1 + 1e-4))
         if residual is not None:
             new_state = {
                 k: (v.double() + residual[k].to(v.device)).to(v.dtype) if k in residual else v
@@ -312,22 +329,24 @@ class RoundPrivacy:
         }
         if b > 1:  # with b = 1 every phone may train every round: nothing to remember
             self.last_trained.update(dict.fromkeys(sorted(trained), r))
-        return new_state, {
+        dp = {
             **self._tree_rule(),
             "sensitivity": sens,
-            "noise_std": tree.noise_multiplier * sens * (1 + 1e-4),
+            "noise_std": noise.noise_multiplier * sens * (1 + 1e-4),
             "clip": bound.norm,
-            "release_noise_std": tree.release_std(),
-            "tree_nodes": len(dp_ftrl.prefix_nodes(r)),
+            "release_noise_std": noise.release_std(),
             "max_participations": -(-r // b),
         }
+        if self.tree is not None:
+            dp["tree_nodes"] = len(dp_ftrl.prefix_nodes(r))
+        return new_state, dp
 
     # -- what the rows report ------------------------------------------------------------------
 
     def start_info(self) -> dict:
-        """Round 0's ``info``: under the tree its rule, under adaptive clipping the first
+        """Round 0's ``info``: under DP-FTRL its rule, under adaptive clipping the first
         round's clip; {} otherwise."""
-        dp = self._tree_rule() if self.tree is not None else {}
+        dp = self._tree_rule() if self._ftrl else {}
         if self.clip is not None:  # the first round's clip
             dp = {**dp, "clip": self.clip.norm, "clip_quantile": self.clip.quantile}
         return {"dp": dp} if dp else {}
@@ -364,13 +383,14 @@ class RoundPrivacy:
 
     def state_dict(self) -> dict:
         """The server state's DP part (JSON-serializable): "accountant" (None without DP), and
-        "tree" (DP-FTRL: the rounds' sensitivities, the separation rule) and "clip" (adaptive
-        clipping: the next round's clip, sigma_b) where they apply."""
+        "tree" or "blt" (DP-FTRL: the rounds' sensitivities, the separation rule) and "clip"
+        (adaptive clipping: the next round's clip, sigma_b) where they apply."""
         state: dict = {
             "accountant": self.accountant.state_dict() if self.accountant is not None else None
         }
-        if self.tree is not None:
-            state["tree"] = {**self.tree.state_dict(), "last_trained": dict(self.last_trained)}
+        for name, noise in (("tree", self.tree), ("blt", self.blt)):
+            if noise is not None:
+                state[name] = {**noise.state_dict(), "last_trained": dict(self.last_trained)}
         if self.clip is not None:
             state["clip"] = self.clip.state_dict()
         return state
@@ -380,16 +400,21 @@ class RoundPrivacy:
         only with the mechanism and the clip it was noised with (one line saying which)."""
         if self.accountant is not None and state.get("accountant"):
             self.accountant.load_state_dict(state["accountant"])
-        if self.tree is not None:
-            tree = state.get("tree")
-            if tree is None and state.get("accountant"):
+        for name, noise in (("tree", self.tree), ("blt", self.blt)):
+            if noise is None:
+                continue
+            stored = state.get(name)
+            if stored is None and state.get("accountant"):
                 raise ValueError(
-                    "this run was noised with the gaussian mechanism: resume it with "
-                    "--dp-mechanism gaussian"
+                    "this run was noised with another mechanism: resume it with the "
+                    "--dp-mechanism it ran with"
                 )
-            tree = tree or {}
-            self.tree.load_state_dict(tree)
-            self.last_trained = {str(d): int(s) for d, s in tree.get("last_trained", {}).items()}
+            stored = stored or {}
+            noise.load_state_dict(stored)
+            self.last_trained = {str(d): int(s) for d, s in stored.get("last_trained", {}).items()}
+        if isinstance(self.accountant, dp_blt.BLTAccountant) and self.blt is not None:
+            if self.accountant.min_separation is not None:
+                self.blt.blt = self.accountant.blt
         self._load_clip_state(state)
 
     def _load_clip_state(self, state: dict) -> None:

@@ -84,9 +84,9 @@ ALWAYS: dict[str, RowField] = {
     "rho": RowField(
         "float | null",
         "The privacy spent so far as rho-zCDP (what Gboard reports); null without DP. Under "
-        "`--dp-mechanism tree` it is the tree's bound and `epsilon` its conversion; under "
-        "`gaussian` it is rounds / (2 z^2), which cannot count the amplification by sampling "
-        "that `epsilon` counts.",
+        "`--dp-mechanism tree` or `blt` it is that mechanism's bound and `epsilon` its "
+        "conversion; under `gaussian` it is rounds / (2 z^2), which cannot count the "
+        "amplification by sampling that `epsilon` counts.",
     ),
     "delta": RowField(
         "float | null",
@@ -108,11 +108,11 @@ ALWAYS: dict[str, RowField] = {
         "`num_updates`, its weights or attention, FedAttOpt's `step_scale`, ...), `clip` (what "
         "bounded influence cut: the bound, the clipped updates, `outliers` the cosine filter "
         "rejected) and, under DP, `dp` (`mechanism`, `clip` (the round's clip), `sensitivity`, "
-        "`noise_std`, `sampling`; under `--dp-mechanism tree`, in round 0's row too: "
+        "`noise_std`, `sampling`; under `--dp-mechanism tree` or `blt`, in round 0's row too: "
         "`min_separation` (the rounds between one phone's participations that selection "
         "enforces and the accounting assumes), `noise_multiplier`, and per round "
-        "`release_noise_std`, `tree_nodes`, `max_participations`; under `--dp-clip-quantile`, "
-        "`clip_quantile`, `unclipped_fraction_noisy` (the noised share of updates within the "
+        "`release_noise_std`, `tree_nodes` (the tree's), `max_participations`; under "
+        "`--dp-clip-quantile`, `clip_quantile`, `unclipped_fraction_noisy` (the noised share of updates within the "
         "clip), `next_clip`, `count_stddev` and `update_noise_multiplier`). Under DP the row "
         "holds only what the guarantee covers (server.metrics_row.public_info): the strategy's "
         "`strategy`, `mode`, its settings `epsilon` / `epsilon_med`, `num_updates` and "

@@ -266,10 +266,10 @@ class PrivacyAccountant(PopulationDelta):
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
         """Restore the rounds spent (the configuration stays as constructed)."""
-        if d.get("mechanism") == "tree":
+        if d.get("mechanism") in ("tree", "blt"):
             raise ValueError(
-                "this run was accounted with the tree mechanism (DP-FTRL): resume it with "
-                "--dp-mechanism tree"
+                f"this run was accounted with the {d['mechanism']} mechanism (DP-FTRL): resume "
+                f"it with --dp-mechanism {d['mechanism']}"
             )
         if d.get("sampling", self.sampling) != self.sampling:
             raise ValueError(

@@ -136,8 +136,8 @@ class Settings(BaseSettings):
     dp_delta: float | None = Field(_PRIVACY.delta, gt=0, lt=1)  # None: 1 / N^1.1 for N phones
     dp_target_epsilon: float | None = Field(_PRIVACY.target_epsilon, gt=0)
     dp_sampling: DPSampling = _PRIVACY.sampling
-    dp_mechanism: DPMechanism = _PRIVACY.mechanism  # gaussian (DP-FedAvg) or tree (DP-FTRL)
-    dp_min_separation: int | None = Field(_PRIVACY.min_separation, ge=1)  # tree: rounds apart
+    dp_mechanism: DPMechanism = _PRIVACY.mechanism  # gaussian (DP-FedAvg), tree or blt (DP-FTRL)
+    dp_min_separation: int | None = Field(_PRIVACY.min_separation, ge=1)  # tree, blt: rounds apart
     # adaptive clipping (server.adaptive_clip): the clip follows this quantile of update norms
     dp_clip_quantile: float | None = Field(_PRIVACY.clip_quantile, gt=0, lt=1)
     dp_clip_lr: float = Field(_PRIVACY.clip_lr, gt=0)  # eta_C of its geometric update
