@@ -112,6 +112,22 @@ class Cohort:
         g = self.global_state[key].detach().reshape(-1)
         return _numpy(g).astype(dtype, copy=False)
 
+    def phone(self, i: int, buffers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Phone ``i``'s layers ``buffers`` names, whole and flat: a stored upload's float32 or
+        float64 layers of the buffer's dtype on a mapping of its file (no copy:
+        SliceReader.mapped), any other read into its buffer."""
+        reader = self.readers[i]
+        views = reader.mapped() if reader is not None else {}
+        out: dict[str, np.ndarray] = {}
+        for key, buf in buffers.items():
+            view = views.get(key)
+            if view is not None and view.dtype == buf.dtype and view.size == buf.size:
+                out[key] = view
+            else:
+                self.read(i, key, 0, buf.size, buf)
+                out[key] = buf
+        return out
+
     def read(self, i: int, key: str, a: int, b: int, out: np.ndarray) -> None:
         """Phone ``i``'s elements ``a:b`` of layer ``key`` into ``out`` (contiguous, ``b - a``
         elements of :meth:`wide`'s dtype)."""
@@ -145,10 +161,12 @@ def cosine_scan(cohort: Cohort, keys: Sequence[str]) -> tuple[np.ndarray, np.nda
 def _phone_scan(
     cohort: Cohort, keys: Sequence[str], direction: bool, exact: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The phone passes of :func:`norm_scan` (one) and :func:`cosine_scan` (two): each layer read
-    whole, then worked on ``BLOCK`` elements at a time (in cache: the whole-layer arithmetic went
-    to memory for every operation). Sums are numpy's pairwise ones within a block, added up across
-    blocks and layers in float64."""
+    """The phone passes of :func:`norm_scan` (one) and :func:`cosine_scan` (two): each phone's
+    layers whole (:meth:`Cohort.phone`: a stored upload mapped, not copied), worked on ``BLOCK``
+    elements at a time (in cache). The squares and products are summed by BLAS (``np.dot``: 0.28
+    ms for 3.55M float32 elements where ``np.square(d).sum()`` took 2.2, CPU time, timed by hand;
+    the same error as numpy's pairwise sum within a block, 2e-7 relative on 65,536 random
+    elements), the blocks' and layers' sums added in float64."""
     m = len(cohort)
     stacked = {k: cohort.wide(k) for k in keys}
     work = {k: np.dtype(np.float64) if exact else stacked[k] for k in keys}
@@ -159,23 +177,25 @@ def _phone_scan(
     total = {k: np.zeros(glob[k].size, work[k]) for k in keys} if direction else {}
 
     def squares(d: np.ndarray, a: int, b: int) -> float:
-        return float(np.square(d, out=d).sum())
+        return float(np.dot(d, d))
 
     for i in range(m):
+        row = cohort.phone(i, rows)
         for j, k in enumerate(keys):
-            cohort.read(i, k, 0, rows[k].size, rows[k])
-            sq[i, j] = _blocks(rows[k], glob[k], scratch[k], squares)
+            sq[i, j] = _blocks(row[k], glob[k], scratch[k], squares)
         norm = float(np.sqrt(sq[i].sum()))
         if direction and norm > 0:
             for k in keys:
-                _blocks(rows[k], glob[k], scratch[k], _adder(total[k], 1.0 / norm))
+                _blocks(row[k], glob[k], scratch[k], _adder(total[k], 1.0 / norm))
+        del row  # the phone's mapping, if it has one, goes with it
     if not direction:
         return sq, None
     dots = np.zeros(m)
     for i in range(m):
+        row = cohort.phone(i, rows)
         for k in keys:
-            cohort.read(i, k, 0, rows[k].size, rows[k])
-            dots[i] += _blocks(rows[k], glob[k], scratch[k], _dotter(total[k]))
+            dots[i] += _blocks(row[k], glob[k], scratch[k], _dotter(total[k]))
+        del row
     return sq, dots
 
 
@@ -208,7 +228,7 @@ def _dotter(total: np.ndarray) -> Callable[[np.ndarray, int, int], float]:
     """A :func:`_blocks` work giving the delta's dot product with ``total``."""
 
     def dot(d: np.ndarray, a: int, b: int) -> float:
-        return float(np.multiply(d, total[a:b], out=d).sum())
+        return float(np.dot(d, total[a:b]))
 
     return dot
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import sys
 
@@ -104,6 +105,29 @@ class SliceReader:
     def shape(self, key: str) -> tuple[int, ...] | None:
         """The shape of ``key`` (None: not a floating tensor of this file)."""
         return self._shapes.get(key)
+
+    def mapped(self) -> dict[str, np.ndarray]:
+        """The file's float32 and float64 tensors as flat read-only arrays on one mapping of it
+        (MAP_POPULATE: its pages mapped at once), for a pass that reads a phone whole: no copy,
+        where :meth:`read_into` copies (0.27 ms against 1.06 for 14 MB from the page cache, CPU
+        time, timed by hand). The mapping lasts as long as the arrays: hold them for one phone's
+        work (their pages count in the resident memory while mapped). float16 and bfloat16
+        tensors are left out (read them with :meth:`read_into`)."""
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with open(self.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return {}
+            mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+        out: dict[str, np.ndarray] = {}
+        for name, (dtype, start, numel) in self._entries.items():
+            if dtype in ("F32", "F64"):
+                try:
+                    out[name] = np.frombuffer(mapping, FLOAT_DTYPES[dtype][1], numel, start)
+                except ValueError:
+                    raise ValueError(
+                        f"{self.path}: {name!r} ends early (the upload file was cut short)"
+                    ) from None
+        return out
 
     def read_into(self, key: str, a: int, b: int, out: np.ndarray) -> bool:
         """Elements ``a:b`` of the flattened tensor ``key``, widened exactly into ``out`` (a

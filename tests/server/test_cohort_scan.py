@@ -3,18 +3,20 @@ unfused algebra gives: the same phones rejected, the same trim, the same norms (
 the same bounded updates, for updates in memory and on disk, float32 and bfloat16."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
 
+import server.cohort_scan as cohort_scan
 import server.influence as influence
 from server.cohort_scan import Cohort, clamp_state, floating_keys, norm_scan, trim_scan
 from server.config import InfluenceConfig
 from server.influence import bound_round, layer_norms, trim_count
 from server.stored_slices import SliceReader
-from server.strategies import ClientUpdate
+from server.strategies import ClientUpdate, get_strategy
 from server.strategies.outliers import reject_outliers
 from server.upload_store import StoredState
 
@@ -241,3 +243,43 @@ def test_the_sort_split_among_threads_gives_the_same_trim(threads):
         assert torch.equal(one[0][key][0], many[0][key][0])
         assert torch.equal(one[0][key][1], many[0][key][1])
     assert np.array_equal(one[1], many[1])
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedatt"])
+def test_the_rounds_aggregate_is_the_unfused_algebras_on_a_cohort_with_outliers(
+    strategy, tmp_path, monkeypatch
+):
+    """bound_round then the strategy over stored uploads (the scans a few elements at a time,
+    each upload read once whole for the strategy, trimmed and clipped in place) give the
+    aggregate of the unfused float64 algebra: the same phones rejected and the same trim; the
+    norms, so the clip, to float32 rounding (1e-6 relative)."""
+    monkeypatch.setattr(cohort_scan, "BLOCK", 16)  # several blocks a layer
+    monkeypatch.setattr(influence, "TRIM_CHUNK", 40)
+    states = cohort(24, torch.float32, seed=3)
+    for i in (5, 17):  # boosted, against the others
+        states[i] = {
+            k: GLOBAL[k] - 4 * (v - GLOBAL[k]) if v.is_floating_point() else v
+            for k, v in states[i].items()
+        }
+    held = store(states, tmp_path)
+    ups = [ClientUpdate(s, 10 + 3 * i, 1.0, f"d{i:02d}") for i, s in enumerate(held)]
+    config = InfluenceConfig()
+    rnd = bound_round(config, GLOBAL, ups)
+    kept, trimmed, norms = reference(config, states)
+    assert sorted(rnd.info["outliers"]) == ["d05", "d17"]
+    assert [u.device_id for u in rnd.updates] == [f"d{i:02d}" for i in kept]
+    bound = influence.make_bound(config, GLOBAL, norms)
+    assert bound is not None
+    factors = [influence.clip_factors(n, bound) for n in norms]
+    k = trim_count(0.1, len(kept))
+    bound = replace(bound, distance_caps=influence.distance_caps(norms, factors, k))
+    cap = influence.weight_cap([ups[i].num_samples for i in kept], config.weight_cap)
+    want_updates = [
+        replace(ups[i], state=influence.scale_deltas(GLOBAL, t, f, exact=False),
+                num_samples=min(ups[i].num_samples, cap))
+        for i, t, f in zip(kept, trimmed, factors, strict=True)
+    ]  # fmt: skip
+    got, _ = get_strategy(strategy).aggregate(GLOBAL, rnd, rnd.bound)
+    want, _ = get_strategy(strategy).aggregate(GLOBAL, want_updates, bound)
+    for key in GLOBAL:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)

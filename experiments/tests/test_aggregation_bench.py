@@ -1,0 +1,46 @@
+"""bench.aggregation on a tiny model: the uploads it writes are what the server's round bounds
+(the cosine filter rejects the planted phones), and a run gives every row, its ratio to the read,
+a page, and removes its uploads."""
+
+import json
+
+import pytest
+import torch
+
+from bench.aggregation import WHAT, run_aggregation, write_cohort
+
+
+def test_the_written_round_is_one_the_server_bounds_and_filters(tmp_path):
+    from safetensors.torch import load_file
+
+    from server.config import InfluenceConfig
+    from server.influence import bound_round
+    from server.strategies import ClientUpdate
+    from server.upload_store import StoredState
+
+    c = write_cohort(tmp_path, 60, vocab_size=50, hidden_size=8)
+    glob = load_file(c.global_path)
+    ups = [
+        ClientUpdate(StoredState(p), n, 1.0, f"d{i:02d}")
+        for i, (p, n) in enumerate(zip(c.paths, c.samples, strict=True))
+    ]
+    rnd = bound_round(InfluenceConfig(), glob, ups)
+    assert len(rnd.info["outliers"]) == 1  # 2% of 60, rounded
+    assert rnd.info["trimmed"] == 6 and rnd.info["clipped"] > 0
+    assert c.parameters == sum(v.numel() for v in glob.values() if torch.is_floating_point(v))
+
+
+def test_a_run_measures_every_row_against_the_read_and_cleans_up(tmp_path):
+    out = tmp_path / "out"
+    record = run_aggregation(6, 1, tmp_path / "work", out, vocab_size=50, hidden_size=8, echo=str)
+    rows = {(r["server"], r["what"]): r for r in record["rows"]}
+    assert set(rows) == {("this checkout", w) for w in WHAT}
+    read = rows[("this checkout", "read")]
+    for r in rows.values():
+        assert r["seconds"] > 0 and r["cpu_seconds"] > 0 and r["peak_rss_mb"] > 0
+        assert r["per_read"] == pytest.approx(r["seconds"] / read["seconds"], rel=0.02, abs=0.01)
+        want = r["cpu_seconds"] / read["cpu_seconds"]
+        assert r["cpu_per_read"] == pytest.approx(want, rel=0.02, abs=0.01)
+    assert json.loads((out / "results.json").read_text())["runs"] == [record]
+    assert "| this checkout | fedatt |" in (out / "results.md").read_text()
+    assert not list((tmp_path / "work").rglob("*.safetensors"))
