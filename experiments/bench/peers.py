@@ -128,19 +128,24 @@ def write_shards(w: Workload, path: Path) -> dict:
     tok = prepared.tokenizer
     phones = [prepared.shards[d] for d in sorted(prepared.shards)]
     train = [s for p in phones for s in p]
-    held = {k: [tok.encode(s) for s in getattr(prepared.corpus, k)] for k in ("valid", "test")}
+    # A corpus with held-out senders (Ubuntu IRC) has fedkey score their messages every round
+    # too (runners.simulate.UnseenProbe): the peers score them as well, the same work.
+    held = {k: [tok.encode(s) for s in getattr(prepared.corpus, k) or []]
+            for k in ("valid", "test", "unseen_test")}  # fmt: skip
     torch.manual_seed(w.seed)  # as server.engine.Federation draws round 0's weights
     config = ModelConfig(vocab_size=tok.vocab_size, emb_size=w.hidden_size,
                          hidden_size=w.hidden_size)  # fmt: skip
     init = model_state(build_model(config))
     meta = {**asdict(w), "vocab_size": tok.vocab_size, "train_sentences": len(train),
-            "train_words": sum(len(s) - 1 for s in train)}  # fmt: skip
+            "train_words": sum(len(s) - 1 for s in train),
+            "unseen_sentences": len(held["unseen_test"])}  # fmt: skip
 
     def flat(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         return np.array([t for s in seqs for t in s], np.int64), np.array([len(s) for s in seqs])
 
     arrays = {f"init.{k}": v.numpy() for k, v in init.items()}
-    for name, seqs in (("train", train), ("valid", held["valid"]), ("test", held["test"])):
+    sets = [("train", train), ("valid", held["valid"]), ("test", held["test"])]
+    for name, seqs in sets + ([("unseen", held["unseen_test"])] if held["unseen_test"] else []):
         arrays[f"{name}_tokens"], arrays[f"{name}_lengths"] = flat(seqs)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays["meta"] = np.array(json.dumps(meta))
@@ -498,6 +503,14 @@ def _held_out(meta: dict) -> str:
     return "sentences"
 
 
+def _unseen(meta: dict) -> str:
+    n = meta.get("unseen_sentences")
+    if not n:
+        return ""
+    return (f", and on {n} messages of speakers who never trained (as fedkey's server scores "
+            "them on such a corpus)")  # fmt: skip
+
+
 def _how(meta: dict, rows: list[dict]) -> str:
     init = ", ".join(f"{r['framework']} {r['initial_test_ppl']:.2f}" for r in rows
                      if r.get("initial_test_ppl") is not None)  # fmt: skip
@@ -508,7 +521,8 @@ def _how(meta: dict, rows: list[dict]) -> str:
         f"tied embeddings; C {meta['fraction']}, E {meta['local_epochs']}, B "
         f"{meta['batch_size']}, local SGD lr {meta['lr']} momentum {meta['momentum']} clip "
         f"{meta['clip']}; {meta['rounds']} rounds; validation and test perplexity on "
-        f"{meta['max_eval_sentences']} {_held_out(meta)} each after every round; {meta['workers']} "
+        f"{meta['max_eval_sentences']} {_held_out(meta)} each after every round{_unseen(meta)}; "
+        f"{meta['workers']} "
         "workers (fedkey's training processes, Flower's Ray actors, pfl's torchrun workers), "
         "one torch thread each.",
         "",

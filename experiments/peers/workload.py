@@ -88,6 +88,9 @@ class Shards:
             self.phones = [sentences[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
             self.valid = _split(z["valid_tokens"], z["valid_lengths"])
             self.test = _split(z["test_tokens"], z["test_lengths"])
+            # Held-out senders' messages (a corpus that has them): scored each round, as fedkey.
+            has_unseen = "unseen_tokens" in z.files
+            self.unseen = _split(z["unseen_tokens"], z["unseen_lengths"]) if has_unseen else []
             self.init = {k[5:]: z[k] for k in z.files if k.startswith("init.")}
 
     def model(self) -> LanguageModel:
@@ -178,6 +181,7 @@ class Clock:
         self.train_s: list[float] = []
         self.val_ppl: list[float] = []
         self.test_ppl: list[float] = []
+        self.unseen_ppl: list[float] = []
 
     def begin(self) -> None:
         """The round's evaluation starts: what came since the last round's end was training."""
@@ -185,18 +189,23 @@ class Clock:
             self.train_s.append(time.perf_counter() - self.ends[-1])
 
     def evaluate(self, model: LanguageModel) -> dict[str, float]:
-        """Validation and test perplexity of the global model, as fedkey's server scores every
-        round; the time it ends is the round's end."""
+        """Validation and test perplexity of the global model (and the unseen senders', where
+        the shards have them), as fedkey's server scores every round; the time it ends is the
+        round's end."""
         self.begin()
-        return self.record(
-            perplexity(model, self.shards.valid), perplexity(model, self.shards.test)
-        )
+        shards = self.shards
+        sets = [shards.valid, shards.test] + ([shards.unseen] if shards.unseen else [])
+        return self.record(*(perplexity(model, s) for s in sets))
 
-    def record(self, val: float, test: float) -> dict[str, float]:
+    def record(self, val: float, test: float, unseen: float | None = None) -> dict[str, float]:
         self.val_ppl.append(val)
         self.test_ppl.append(test)
+        got = {"val_ppl": val, "test_ppl": test}
+        if unseen is not None:
+            self.unseen_ppl.append(unseen)
+            got["unseen_ppl"] = unseen
         self.ends.append(time.perf_counter())
-        return {"val_ppl": val, "test_ppl": test}
+        return got
 
     def line(self, framework: str, version: str, started: float, **extra: object) -> str:
         return json.dumps(
@@ -208,6 +217,7 @@ class Clock:
                 "train_s": [round(t, 3) for t in self.train_s],
                 "val_ppl": self.val_ppl,
                 "test_ppl": self.test_ppl,
+                "unseen_ppl": self.unseen_ppl,
                 **extra,
             }
         )

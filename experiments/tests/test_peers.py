@@ -180,3 +180,27 @@ def test_one_phone_per_speaker_holds_that_speakers_messages_only(tmp_path):
                                 "fedkey_tree": ".", "git_commit": "abc", "date": "d"}},
          "rows": []}
     )  # fmt: skip
+
+
+def test_held_out_senders_are_scored_by_the_peers_as_by_fedkey(tmp_path, monkeypatch):
+    # fedkey's server scores the messages of senders who never trained every round on a corpus
+    # that has them (Ubuntu IRC): the shards carry them and the peers' clock scores them too.
+    import corpora.dataset
+
+    real = corpora.dataset.prepare
+
+    def with_unseen(cfg):
+        prepared = real(cfg)
+        prepared.corpus.unseen_test = prepared.corpus.test[:7]
+        return prepared
+
+    monkeypatch.setattr(corpora.dataset, "prepare", with_unseen)
+    w = Workload(data="demo", clients=4, max_train_tokens=2000, max_eval_sentences=20,
+                 hidden_size=8, vocab_size=300)  # fmt: skip
+    meta = write_shards(w, tmp_path / "s.npz")
+    shards = workload.Shards(str(tmp_path / "s.npz"))
+    assert meta["unseen_sentences"] == 7 and shards.unseen == shards.test[:7]
+    model = shards.model()
+    got = workload.Clock(shards).evaluate(model)
+    assert got["unseen_ppl"] == workload.perplexity(model, shards.test[:7])
+    assert set(got) == {"val_ppl", "test_ppl", "unseen_ppl"}

@@ -89,14 +89,16 @@ def cohorts(phones: int, size: int, seed: int) -> Iterator[str]:
 
 
 class EveryRound(TrainingProcessCallback):
-    """Validation and test perplexity of the global model before the first round and after each,
-    by pfl's distributed central evaluation; the times go to the clock."""
+    """Validation and test perplexity (and the unseen senders', where the shards have them) of
+    the global model before the first round and after each, by pfl's distributed central
+    evaluation; the times go to the clock."""
 
     def __init__(self, clock: workload.Clock, batch_size: int = 64):
         self.clock = clock
         self.params = NNEvalHyperParams(local_batch_size=batch_size)
         self.parts = []
-        for sentences in (clock.shards.valid, clock.shards.test):
+        shards = clock.shards
+        for sentences in [shards.valid, shards.test] + ([shards.unseen] if shards.unseen else []):
             ordered = sorted(sentences, key=len)  # less padding, as fedkey scores
             self.parts.append(Dataset(raw_data=list(padded(ordered))).get_worker_partition())
 
