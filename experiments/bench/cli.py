@@ -18,6 +18,7 @@ import typer
 
 from bench.aggregation import command as bench_aggregation
 from bench.checkout import RESULTS
+from bench.cohorts import command as bench_cohorts
 from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
@@ -267,40 +268,65 @@ def bench_attacks(
 
 @app.command("privacy")
 def bench_privacy(
-    out: Path = typer.Option(
-        RESULTS / "privacy",
+    workload: str = typer.Option(
+        "ptb",
+        "--workload",
+        help="ptb: PTB over IID phones, gaussian noise (issue 15). irc: the real Ubuntu IRC "
+        "population, one phone per sender, the gaussian, tree and blt mechanisms and rows with "
+        "a simulated deployment cohort's noise (issue 52). The options below override its "
+        "settings.",
+    ),
+    out: Path | None = typer.Option(
+        None,
         "--out",
-        help="Where results.json, results.md and privacy.png are written.",
+        help="Where results.json, results.md and privacy.png are written (default: "
+        "experiments/results/privacy, or privacy-irc for --workload irc).",
     ),
-    runs_dir: Path = typer.Option(
-        Path("runs/bench/privacy"),
+    runs_dir: Path | None = typer.Option(
+        None,
         "--runs-dir",
-        help="Each cell's own folder (checkpoints, metrics).",
+        help="Each cell's own folder (default: runs/bench/privacy[-irc]).",
     ),
-    data: Path = typer.Option(
-        Path("../shared/data/ptb"),
+    data: Path | None = typer.Option(
+        None,
         "--data",
-        help="The corpus folder (train/valid/test.txt), cut to --max-train-tokens words.",
+        help="The corpus folder (default: ../shared/data/ptb or ubuntu-irc).",
     ),
-    clients: int = typer.Option(1000, "--clients", "-K", min=2, help="Phones (IID shards)."),
-    fraction: float = typer.Option(
-        0.1, "--fraction", "-C", min=0.0, max=1.0, help="Share of phones in each fixed-size cohort."
+    clients: int | None = typer.Option(
+        None, "--clients", "-K", min=2, help="Phones (PTB: IID shards; irc: the top senders)."
     ),
-    rounds: int = typer.Option(10, "--rounds", "-R", min=1, help="Rounds of every cell."),
-    batch_size: int = typer.Option(
-        1, "--batch-size", "-B", min=1, help="Sentences per local step (one local epoch)."
+    fraction: float | None = typer.Option(
+        None, "--fraction", "-C", min=0.0, max=1.0, help="Share of phones in each cohort."
     ),
-    max_train_tokens: int = typer.Option(
-        100_000, "--max-train-tokens", min=1, help="Keep only the first N training words."
+    rounds: int | None = typer.Option(None, "--rounds", "-R", min=1, help="Rounds of every cell."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", "-B", min=1, help="Sentences per local step (one local epoch)."
     ),
-    max_eval_sentences: int = typer.Option(
-        400, "--max-eval-sentences", min=1, help="Validation and test sentences scored each round."
+    max_train_tokens: int | None = typer.Option(
+        None, "--max-train-tokens", min=1, help="Keep only the first N training words."
     ),
-    hidden_size: int = typer.Option(64, "--hidden-size", min=1, help="GRU units (= embedding)."),
+    max_eval_sentences: int | None = typer.Option(
+        None, "--max-eval-sentences", min=1, help="Validation and test sentences scored each round."
+    ),
+    hidden_size: int | None = typer.Option(
+        None, "--hidden-size", min=1, help="GRU units (= embedding)."
+    ),
+    vocab_size: int | None = typer.Option(None, "--vocab-size", min=2, help="Vocabulary."),
     epsilon: list[float] = typer.Option(
-        [2.0, 8.0, 32.0], "--epsilon", help="Target epsilons at --delta (repeatable)."
+        [], "--epsilon", help="Target epsilons at --delta (repeatable)."
     ),
-    delta: float = typer.Option(1e-5, "--delta", help="DP delta."),
+    delta: float | None = typer.Option(
+        None, "--delta", help="DP delta (PTB: 1e-5; irc: the server's 1/N^1.1)."
+    ),
+    mechanism: list[str] = typer.Option(
+        [], "--mechanism", help="DP mechanisms of the cells: gaussian, tree, blt (repeatable)."
+    ),
+    noise_cohort: list[int] = typer.Option(
+        [],
+        "--noise-cohort",
+        help="Add rows with the noise of a deployment whose cohorts are M phones (simulated; "
+        "repeatable).",
+    ),
     clip: float | None = typer.Option(
         None,
         "--clip-norm",
@@ -315,30 +341,33 @@ def bench_privacy(
 ) -> None:
     """Privacy-utility table: DP-FedAvg and DP-FedAtt at target epsilons (same clip, rounds and
     noise multiplier z, calibrated on the server's accountant), and both without noise; test
-    perplexity, epsilon reached, noise per round. A cell already in results.json with the same
-    settings is not run again, so an interrupted bench resumes."""
-    from bench.privacy import Protocol, run_privacy
+    perplexity (and top-1 for irc), epsilon reached, noise per round. A cell already in
+    results.json with the same settings is not run again, so an interrupted bench resumes."""
+    from dataclasses import replace
 
-    if not data.is_dir():
-        raise UserError(f"--data: no corpus folder {data} (it needs train/valid/test.txt)")
-    protocol = Protocol(
-        data=str(data.resolve()),
-        clients=clients,
-        fraction=fraction,
-        rounds=rounds,
-        batch_size=batch_size,
-        max_train_tokens=max_train_tokens,
-        max_eval_sentences=max_eval_sentences,
-        hidden_size=hidden_size,
-        epsilons=tuple(sorted(set(epsilon))),
-        delta=delta,
-        clip=clip,
-        workers=workers,
-    )
+    from bench.privacy import MECHANISMS, WORKLOADS, Protocol, run_privacy
+
+    if workload not in WORKLOADS:
+        raise UserError(f"--workload {workload}: choose one of {', '.join(WORKLOADS)}")
+    bad = [m for m in mechanism if m not in MECHANISMS]
+    if bad:
+        raise UserError(f"--mechanism {bad[0]}: choose among {', '.join(MECHANISMS)}")
+    base = WORKLOADS[workload]
+    if data is not None and not data.is_dir():
+        raise UserError(f"--data: no corpus folder {data} (it needs train/valid/test files)")
+    given: dict[str, object] = dict(
+        data=None if data is None else str(data.resolve()), clients=clients, fraction=fraction,
+        rounds=rounds, batch_size=batch_size, max_train_tokens=max_train_tokens,
+        max_eval_sentences=max_eval_sentences, hidden_size=hidden_size, vocab_size=vocab_size,
+        epsilons=tuple(sorted(set(epsilon))) or None, delta=delta, clip=clip, workers=workers,
+        mechanisms=tuple(mechanism) or None, noise_cohorts=tuple(noise_cohort) or None,
+    )  # fmt: skip
+    protocol: Protocol = replace(base, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
+    suffix = "" if workload == "ptb" else f"-{workload}"
     try:
         run_privacy(
-            out,
-            runs_dir,
+            out or RESULTS / f"privacy{suffix}",
+            runs_dir or Path(f"runs/bench/privacy{suffix}"),
             protocol,
             only=only or None,
             bench_command=shlex.join(["fedkey-bench", *sys.argv[1:]]),
@@ -424,6 +453,7 @@ def bench_load(
 
 
 app.command("aggregation")(bench_aggregation)
+app.command("cohorts")(bench_cohorts)
 
 
 @app.command("peers")

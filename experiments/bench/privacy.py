@@ -1,6 +1,7 @@
-"""`fedkey-bench privacy`: the privacy-utility table of DP-FedAvg and DP-FedAtt (issue 15).
+"""`fedkey-bench privacy`: the privacy-utility table of DP-FedAvg and DP-FedAtt (issues 15, 52).
 
-One workload, every cell the same but for the strategy and the noise: PTB cut to its first
+Two workloads (:data:`WORKLOADS`). ``ptb`` (issue 15), every cell the same but for the strategy
+and the noise: PTB cut to its first
 ``max_train_tokens`` training words, split IID over 1,000 phones, fixed-size cohorts of C = 0.1
 (100 phones a round), one local epoch in steps of ``batch_size`` sentences, a GRU of
 ``hidden_size`` units, the same DP clip S and the same number of rounds R. S is the median
@@ -17,6 +18,17 @@ with ``a = rho / (rho + m - 1)``, ``rho = e^(1/T)`` (the attention cap): 5.8x mo
 T = 1 and step 1.2. The no-DP cells use the same clip (``--bound fixed --bound-norm S``) without
 noise.
 
+``irc`` (issue 52): the real Ubuntu IRC population, one phone per sender (the K with the most
+training messages), delta the server's 1 / N^1.1, and three strategies: FedAvg, FedAtt with the
+fixed normalizer (DP-FedAvg's sensitivity) and the paper's softmax FedAtt. Each DP cell runs
+under one mechanism, gaussian (DP-FedAvg's sampled Gaussian), tree or blt (DP-FTRL at the default
+separation b = floor(N / m)), with z calibrated on that mechanism's accounting (:func:`epsilon_of`).
+Rows with a simulated cohort M (pfl-research's noise_cohort_size) train our cohort m with
+``z = z' m / M``, z' the noise multiplier a deployment of cohort M and population N M / m needs
+for the target (:func:`calibrate_cell`); their epsilon is that deployment's. Its results.json also
+keeps a "plan" record (the protocol and every cell), from which its page
+(bench.privacy_grid_report) lists the cells not run yet.
+
 Results: OUT/results.json (a cell already there with the same settings is not run again, so an
 interrupted bench resumes), OUT/results.md and OUT/privacy.png. Each cell runs in-process
 (runners.simulate.simulate) with its run folder (metrics.jsonl, checkpoints) under RUNS_DIR.
@@ -26,24 +38,33 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bench.paper import Bench
+from bench.privacy_noise import MECHANISMS, deployment_population, epsilon_of, z_for
 from bench.runs import ROOT
-from server.privacy import compute_epsilon
+from common.config import Scheme
+from server.privacy import population_delta
+from server.strategies.selection import cohort_size
 
 STRATEGIES = ("fedavg", "fedatt")
+#: A cell's strategy: the server's strategy and FedAtt's normalizer (None: the default, softmax).
+VARIANTS: dict[str, tuple[str, str | None]] = {
+    "fedavg": ("fedavg", None),
+    "fedatt": ("fedatt", None),
+    "fedatt-fixed": ("fedatt", "fixed"),
+}
 EPSILONS = (2.0, 8.0, 32.0)
 PROBE_ID = "probe-fedavg-nodp"
+PLAN_ID = "plan"
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """What every cell shares."""
+    """What every cell shares (the defaults: the PTB workload of issue 15)."""
 
     data: str = str(ROOT.parent / "shared" / "data" / "ptb")
     clients: int = 1000
@@ -51,106 +72,123 @@ class Protocol:
     rounds: int = 10
     local_epochs: int = 1
     batch_size: int = 1  # sentences per local step: a phone's ~5 sentences give ~5 steps
-    max_train_tokens: int = 100_000
+    max_train_tokens: int | None = 100_000
     max_eval_sentences: int = 400
     vocab_size: int = 10_000
     hidden_size: int = 64
     seed: int = 0
-    delta: float = 1e-5
+    delta: float | None = 1e-5  # None: the server's default, 1 / N^1.1 for N phones
     epsilons: tuple[float, ...] = EPSILONS
     clip: float | None = None  # the DP clip S; None: the probe's median update norm
     probe_rounds: int = 2
     workers: int | None = None  # training processes (None: one per core)
+    partition: Scheme = "iid"  # user: one phone per sender (the K with the most training text)
+    lr: float | None = None  # the phones' SGD learning rate (None: Settings' default)
+    strategies: tuple[str, ...] = STRATEGIES  # keys of VARIANTS
+    mechanisms: tuple[str, ...] = ("gaussian",)
+    noise_cohorts: tuple[int, ...] = ()  # M: rows with the noise of a deployment's cohort of M
 
     @property
     def cohort(self) -> int:
-        return max(1, round(self.fraction * self.clients))
+        return cohort_size(self.fraction, self.clients)
+
+    def delta_for(self, population: int) -> float:
+        """The delta of a population of N phones: the protocol's, or the server's 1 / N^1.1."""
+        return population_delta(population) if self.delta is None else self.delta
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the table: a strategy at a target epsilon (None: no DP, same clip)."""
+    """One run of the table: a strategy at a target epsilon under a mechanism (epsilon None: no
+    DP, same clip); with `noise_cohort` M, our cohort trained with the noise of a deployment
+    whose cohorts are M phones (simulated: pfl-research's noise_cohort_size)."""
 
     strategy: str
     epsilon: float | None
     noise_multiplier: float | None = field(default=None, compare=False)
+    mechanism: str = "gaussian"
+    noise_cohort: int | None = None
+    deployment_z: float | None = field(default=None, compare=False)  # z' of the deployment
 
     @property
     def id(self) -> str:
-        return f"{self.strategy}-" + ("nodp" if self.epsilon is None else f"eps{self.epsilon:g}")
+        if self.epsilon is None:
+            return f"{self.strategy}-nodp"
+        mech = "" if self.mechanism == "gaussian" else f"-{self.mechanism}"
+        sim = "" if self.noise_cohort is None else f"-M{self.noise_cohort}"
+        return f"{self.strategy}{mech}-eps{self.epsilon:g}{sim}"
+
+
+#: The workloads `fedkey-bench privacy --workload` runs: PTB (issue 15) and the real IRC
+#: population (issue 52: one phone per sender, the mechanisms, simulated deployment cohorts).
+WORKLOADS = {
+    "ptb": Protocol(),
+    "irc": Protocol(
+        data=str(ROOT.parent / "shared" / "data" / "ubuntu-irc"),
+        clients=2000,
+        fraction=0.05,
+        rounds=12,
+        batch_size=10,
+        max_train_tokens=None,
+        max_eval_sentences=500,
+        vocab_size=2000,
+        delta=None,
+        epsilons=(1.0, 2.0, 4.0, 8.0),
+        partition="user",
+        lr=3.0,
+        strategies=("fedavg", "fedatt-fixed", "fedatt"),
+        mechanisms=MECHANISMS,
+        noise_cohorts=(5000,),
+    ),
+}
+
+
+def usable_mechanisms(protocol: Protocol) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The protocol's mechanisms the server can run for its rounds and cohort, and why each
+    other one cannot (blt: no shipped factorization for these rounds at this separation)."""
+    ok, why = [], {}
+    for mech in protocol.mechanisms:
+        try:
+            epsilon_of(mech, protocol.rounds, protocol.clients, protocol.cohort, 1e-5)
+        except ValueError as e:
+            why[mech] = str(e)
+        else:
+            ok.append(mech)
+    return tuple(ok), why
 
 
 # --------------------------------------------------------------------------- calibration
 
 
-def epsilon_after(z: float, rounds: int, population: int, cohort: int, delta: float) -> float:
-    """The accountant's epsilon after `rounds` fixed-size rounds of `cohort` of `population`."""
-    return compute_epsilon(
-        "fixed", float(z), ((float(population), int(cohort), int(rounds)),), delta
-    )
-
-
-def calibrate_noise(
-    target: float,
-    rounds: int,
-    population: int,
-    cohort: int,
-    delta: float = 1e-5,
-    rel_tol: float = 2e-3,
-) -> float:
-    """The noise multiplier z whose epsilon after `rounds` rounds is `target` (within `rel_tol`).
-
-    Epsilon falls monotonically in z; the root is bracketed by doubling / halving z, then found by
-    regula falsi with the Illinois modification on (log z, log epsilon), which is nearly linear:
-    a handful of accountant calls (each ~0.5 s) instead of bisection's dozens.
-    """
-    if not (target > 0 and math.isfinite(target)):
-        raise ValueError(f"the target epsilon must be a positive number, got {target}")
-
-    def f(log_z: float) -> float:
-        return math.log(epsilon_after(math.exp(log_z), rounds, population, cohort, delta)) - (
-            math.log(target)
-        )
-
-    lo, hi = math.log(0.5), math.log(2.0)
-    f_lo, f_hi = f(lo), f(hi)
-    for _ in range(40):  # f_lo > 0 (too little noise) and f_hi < 0 (too much)
-        if f_lo > 0:
-            break
-        hi, f_hi, lo = lo, f_lo, lo - math.log(2.0)
-        f_lo = f(lo)
-    for _ in range(40):
-        if f_hi < 0:
-            break
-        lo, f_lo, hi = hi, f_hi, hi + math.log(2.0)
-        f_hi = f(hi)
-    if not (f_lo > 0 > f_hi):
-        raise ValueError(f"no noise multiplier reaches epsilon {target} in {rounds} rounds")
-    side = 0
-    for _ in range(60):
-        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        f_mid = f(mid)
-        if abs(f_mid) <= math.log1p(rel_tol):
-            return math.exp(mid)
-        if f_mid > 0:
-            lo, f_lo = mid, f_mid
-            if side == 1:
-                f_hi /= 2
-            side = 1
-        else:
-            hi, f_hi = mid, f_mid
-            if side == -1:
-                f_lo /= 2
-            side = -1
-    raise RuntimeError(f"the noise calibration for epsilon {target} did not converge")
+def calibrate_cell(protocol: Protocol, cell: Cell) -> Cell:
+    """`cell` with its noise: z for its target epsilon on our population; for a simulated cohort
+    of M, the deployment's z' (population N M / m: the same sampling rate, the same separation,
+    its own delta) and the run's ``z' m / M``, whose noise on our cohort's average,
+    ``z' m / M x 2S / m``, is the deployment's on its own, ``z' x 2S / M``."""
+    if cell.epsilon is None:
+        return cell
+    n, m, mech, rounds = protocol.clients, protocol.cohort, cell.mechanism, protocol.rounds
+    if cell.noise_cohort is None:
+        z = z_for(cell.epsilon, mech, rounds, n, m, protocol.delta_for(n))
+        return replace(cell, noise_multiplier=z)
+    big_n = deployment_population(n, m, cell.noise_cohort)
+    z_dep = z_for(cell.epsilon, mech, rounds, big_n, cell.noise_cohort, protocol.delta_for(big_n))
+    return replace(cell, deployment_z=z_dep, noise_multiplier=z_dep * m / cell.noise_cohort)
 
 
 # --------------------------------------------------------------------------- running
 
 
-def settings_fields(protocol: Protocol, strategy: str, clip: float | None, z: float | None) -> dict:
-    """The Settings fields of one run: DP when `z` is given (clip S, noise z), else the same clip
-    S as a fixed server bound (`clip` None: no bound at all, the probe)."""
+def settings_fields(
+    protocol: Protocol,
+    strategy: str,
+    clip: float | None,
+    z: float | None,
+    mechanism: str = "gaussian",
+) -> dict:
+    """The Settings fields of one run: DP when `z` is given (clip S, noise z, `mechanism`), else
+    the same clip S as a fixed server bound (`clip` None: no bound at all, the probe)."""
+    name, normalizer = VARIANTS[strategy]
     fields: dict = dict(
         data=protocol.data,
         vocab_size=protocol.vocab_size,
@@ -158,15 +196,21 @@ def settings_fields(protocol: Protocol, strategy: str, clip: float | None, z: fl
         max_eval_sentences=protocol.max_eval_sentences,
         seed=protocol.seed,
         hidden_size=protocol.hidden_size,
-        strategy=strategy,
+        strategy=name,
         fraction=protocol.fraction,
         local_epochs=protocol.local_epochs,
         batch_size=protocol.batch_size,
         ksr_sentences=0,
         dp_delta=protocol.delta,
     )
+    if normalizer is not None:
+        fields["fedatt_normalizer"] = normalizer
+    if protocol.lr is not None:
+        fields["lr"] = protocol.lr
     if z is not None:
         fields.update(dp_clip=clip, dp_noise_multiplier=z, dp_sampling="fixed")
+        if mechanism != "gaussian":
+            fields["dp_mechanism"] = mechanism
     elif clip is not None:
         fields.update(bound="fixed", bound_norm=clip)
     else:
@@ -176,13 +220,11 @@ def settings_fields(protocol: Protocol, strategy: str, clip: float | None, z: fl
 
 def run_fields(fields: dict, rounds: int, protocol: Protocol, run_dir: Path) -> tuple[list, float]:
     """One in-process simulation; its metrics rows and wall seconds."""
-    from dataclasses import replace
-
     from runners.simulate import SimulationConfig, simulate
     from server.settings import Settings
 
     settings = Settings(**fields, rounds=rounds)
-    data = replace(settings.data_config(), clients=protocol.clients, partition="iid")
+    data = replace(settings.data_config(), clients=protocol.clients, partition=protocol.partition)
     start = time.perf_counter()
     rows = simulate(
         SimulationConfig(
@@ -207,12 +249,15 @@ def _provenance() -> dict:
 
 
 def summarize(rows: list[dict], cell: Cell, clip: float, protocol: Protocol) -> dict:
-    """One results.json object from a cell's metrics rows (round 0: the initial model)."""
+    """One results.json object from a cell's metrics rows (round 0: the initial model). A
+    simulated cohort's ``epsilon`` is the deployment's; ``server_epsilon`` is what the server
+    accounted for our own population at the run's z."""
     last = rows[-1]
     dp = (last.get("info") or {}).get("dp") or {}
     clipped = [(r.get("info") or {}).get("clip", {}).get("clipped") for r in rows[1:]]
     clipped = [c for c in clipped if c is not None]
-    return {
+    best = last.get("best_round")
+    result = {
         "id": cell.id,
         "strategy": cell.strategy,
         "target_epsilon": cell.epsilon,
@@ -224,7 +269,7 @@ def summarize(rows: list[dict], cell: Cell, clip: float, protocol: Protocol) -> 
         "rounds": last["round"],
         "initial_test_ppl": rows[0]["test_ppl"],
         "final_test_ppl": last["test_ppl"],
-        "best_round": last.get("best_round"),
+        "best_round": best,
         "best_val_ppl": last.get("best_val_ppl"),
         "best_test_ppl": last.get("best_test_ppl"),
         "clipped_per_round": statistics.mean(clipped) if clipped else None,
@@ -234,17 +279,57 @@ def summarize(rows: list[dict], cell: Cell, clip: float, protocol: Protocol) -> 
         else None,
         "test_ppl_curve": [r["test_ppl"] for r in rows],
     }
+    if cell.mechanism != "gaussian" or protocol.partition != "iid":  # issue 52's fields
+        result.update(
+            mechanism=cell.mechanism,
+            final_top1=last.get("top1"),
+            best_top1=rows[best].get("top1") if best is not None and best < len(rows) else None,
+            min_separation=dp.get("min_separation"),
+            release_noise_std=dp.get("release_noise_std"),
+            **deployment(protocol, cell),
+        )
+        if cell.noise_cohort is not None:
+            result["server_epsilon"] = result["epsilon"]
+            result["epsilon"] = result["deployment_epsilon"]
+    return result
 
 
-def cells(protocol: Protocol, zs: dict[float, float]) -> list[Cell]:
-    """Every cell: each strategy without DP, then at each target epsilon (its calibrated z)."""
-    targets: list[float | None] = [None, *protocol.epsilons]
-    return [Cell(s, e, None if e is None else zs[e]) for s in STRATEGIES for e in targets]
+def deployment(protocol: Protocol, cell: Cell) -> dict:
+    """A simulated cohort's deployment: its cohort M, population N' = N M / m, delta, z' and
+    the epsilon its accountant gives z' (empty for a cell of our own population)."""
+    if cell.noise_cohort is None or cell.epsilon is None or cell.deployment_z is None:
+        return {"noise_cohort": None}
+    big_n = deployment_population(protocol.clients, protocol.cohort, cell.noise_cohort)
+    delta = protocol.delta_for(big_n)
+    fn = epsilon_of(cell.mechanism, protocol.rounds, big_n, cell.noise_cohort, delta)
+    return {
+        "noise_cohort": cell.noise_cohort,
+        "deployment_population": big_n,
+        "deployment_delta": delta,
+        "deployment_z": cell.deployment_z,
+        "deployment_epsilon": fn(cell.deployment_z),
+    }
+
+
+def cells(protocol: Protocol) -> list[Cell]:
+    """Every cell, uncalibrated: each strategy without DP, then under each mechanism at each
+    target epsilon, first for our cohort, then with each simulated cohort's noise."""
+    out = []
+    mechanisms, _ = usable_mechanisms(protocol)
+    for s in protocol.strategies:
+        out.append(Cell(s, None))
+        for mech in mechanisms:
+            for m_big in (None, *protocol.noise_cohorts):
+                out += [Cell(s, e, mechanism=mech, noise_cohort=m_big) for e in protocol.epsilons]
+    return out
 
 
 def _config(fields: dict, rounds: int, protocol: Protocol) -> str:
     """What a result depends on, as the key a finished cell is found by."""
-    return json.dumps({**fields, "rounds": rounds, "clients": protocol.clients}, sort_keys=True)
+    where: dict[str, object] = {"clients": protocol.clients}
+    if protocol.partition != "iid":
+        where["partition"] = protocol.partition
+    return json.dumps({**fields, "rounds": rounds, **where}, sort_keys=True)
 
 
 def _done(bench: Bench, cell_id: str, config: str) -> dict | None:
@@ -279,6 +364,7 @@ def measure_clip(
 
 
 def select(all_cells: list[Cell], only: list[str] | None) -> list[Cell]:
+    """The cells whose id matches one of the `only` globs (all of them without)."""
     if not only:
         return all_cells
     todo = [c for c in all_cells if any(fnmatch.fnmatch(c.id, pat) for pat in only)]
@@ -286,6 +372,29 @@ def select(all_cells: list[Cell], only: list[str] | None) -> list[Cell]:
         ids = ", ".join(c.id for c in all_cells)
         raise ValueError(f"--only {' '.join(only)} matches no cell (the cells: {ids})")
     return todo
+
+
+def plan_record(protocol: Protocol, planned: list[Cell]) -> dict:
+    """What an issue-52 page needs beyond its cells: the protocol and every planned cell with
+    its z, so that the page lists the cells not run yet (kept in results.json as id "plan")."""
+    return {
+        "id": PLAN_ID,
+        "protocol": asdict(protocol),
+        "cohort": protocol.cohort,
+        "delta": protocol.delta_for(protocol.clients),
+        "left_out": usable_mechanisms(protocol)[1],
+        "cells": [
+            {
+                "id": c.id,
+                "strategy": c.strategy,
+                "mechanism": c.mechanism,
+                "target_epsilon": c.epsilon,
+                "noise_multiplier": c.noise_multiplier,
+                "noise_cohort": c.noise_cohort,
+            }
+            for c in planned
+        ],  # fmt: skip
+    }
 
 
 def run_privacy(
@@ -298,20 +407,24 @@ def run_privacy(
     runner=run_fields,
 ) -> list[dict]:
     """Run every selected cell not yet in OUT/results.json (same settings), then the report.
-    `runner(fields, rounds, protocol, run_dir) -> (rows, wall seconds)` runs one simulation."""
+    `runner(fields, rounds, protocol, run_dir) -> (rows, wall seconds)` runs one simulation.
+    The PTB workload (gaussian only, IID) writes issue 15's page; any other also records the
+    plan (every cell, run or not) and writes issue 52's (bench.privacy_grid_report)."""
     from tqdm import tqdm
 
     from bench.privacy_report import write_report
 
     bench = Bench(out)
     clip = measure_clip(bench, protocol, runs_dir, bench_command, runner)
-    zs = {
-        e: calibrate_noise(e, protocol.rounds, protocol.clients, protocol.cohort, protocol.delta)
-        for e in protocol.epsilons
-    }
+    planned = [calibrate_cell(protocol, c) for c in cells(protocol)]
+    grid = protocol.mechanisms != ("gaussian",) or protocol.partition != "iid"
+    if grid:
+        bench.add(plan_record(protocol, planned), bench_command)
     todo = []
-    for cell in select(cells(protocol, zs), only):
-        fields = settings_fields(protocol, cell.strategy, clip, cell.noise_multiplier)
+    for cell in select(planned, only):
+        fields = settings_fields(
+            protocol, cell.strategy, clip, cell.noise_multiplier, cell.mechanism
+        )
         config = _config(fields, protocol.rounds, protocol)
         if _done(bench, cell.id, config) is None:
             todo.append((cell, fields, config))

@@ -1,6 +1,7 @@
 """The report of `fedkey-bench privacy` (bench.privacy): results.md (the table first, then what it
 shows and how it was made) and privacy.png (test perplexity against epsilon). Rebuilt from
-results.json alone: `python -m bench.privacy_report experiments/results/privacy`."""
+results.json alone: `python -m bench.privacy_report experiments/results/privacy` (or
+privacy-irc, whose page bench.privacy_grid_report writes)."""
 
 from __future__ import annotations
 
@@ -168,6 +169,13 @@ def plot(runs: list[dict], path: Path) -> None:
 
 
 def write_report(runs: list[dict], out: Path, commands: list[str], protocol: dict) -> None:
+    """OUT/results.md and privacy.png: issue 52's page when the runs carry a plan (the IRC
+    workload: bench.privacy_grid_report), else issue 15's PTB page below."""
+    if any(r["id"] == "plan" for r in runs):
+        from bench.privacy_grid_report import write_grid_report
+
+        write_grid_report(runs, out, commands)
+        return
     probe = next((r for r in runs if r["id"].startswith("probe")), None)
     clip = next((r["clip"] for r in cell_rows(runs)), None)
     p = protocol
@@ -239,7 +247,9 @@ def protocol_of(runs: list[dict]) -> dict:
 def rebuild(folder: Path) -> Path:
     """FOLDER/results.md and privacy.png from FOLDER/results.json; -> results.md."""
     data = json.loads((folder / "results.json").read_text())
-    write_report(data["runs"], folder, data["bench_commands"], protocol_of(data["runs"]))
+    runs = data["runs"]
+    protocol = {} if any(r["id"] == "plan" for r in runs) else protocol_of(runs)
+    write_report(runs, folder, data["bench_commands"], protocol)
     return folder / "results.md"
 
 
