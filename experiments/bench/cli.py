@@ -18,7 +18,6 @@ import typer
 
 from bench.aggregation import command as bench_aggregation
 from bench.checkout import RESULTS
-from bench.cohorts import command as bench_cohorts
 from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
@@ -453,7 +452,6 @@ def bench_load(
 
 
 app.command("aggregation")(bench_aggregation)
-app.command("cohorts")(bench_cohorts)
 
 
 @app.command("peers")
