@@ -284,6 +284,10 @@ def summarize(rows: list[dict], cell: Cell, clip: float, protocol: Protocol) -> 
             mechanism=cell.mechanism,
             final_top1=last.get("top1"),
             best_top1=rows[best].get("top1") if best is not None and best < len(rows) else None,
+            final_bar_top1=last.get("bar_top1"),  # as a suggestion bar ranks: no </s>, <unk>
+            best_bar_top1=(
+                rows[best].get("bar_top1") if best is not None and best < len(rows) else None
+            ),
             min_separation=dp.get("min_separation"),
             release_noise_std=dp.get("release_noise_std"),
             **deployment(protocol, cell),

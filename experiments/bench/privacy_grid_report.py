@@ -87,13 +87,16 @@ def table(runs: list[dict]) -> str:
         )
         target = "-" if nodp else f"{r['target_epsilon']:g}"
         d_ppl = "" if nodp or not b else _pct(_rel(r["final_test_ppl"], b["final_test_ppl"]))
-        d_top = "" if nodp or not b else _pct(_rel(r.get("final_top1"), b.get("final_top1")))
+        d_top = (
+            "" if nodp or not b else _pct(_rel(r.get("final_bar_top1"), b.get("final_bar_top1")))
+        )
+        name = STRATEGY_NAMES.get(r["strategy"], r["strategy"])
         lines.append(
-            f"| {STRATEGY_NAMES.get(r['strategy'], r['strategy'])} "
+            f"| {name.removeprefix('DP-') if nodp else name} "
             f"| {'no DP (same clip)' if nodp else r.get('mechanism', 'gaussian')} "
             f"| {'-' if nodp else cohort} | {target} "
             f"| {eps} | {'-' if nodp else z} | {_g(r['noise_std'])} "
-            f"| {_ppl(r['final_test_ppl'])} | {_pct(r.get('final_top1'))} "
+            f"| {_ppl(r['final_test_ppl'])} | {_pct(r.get('final_bar_top1'))} "
             f"| {d_ppl} | {d_top} | {r['best_round']}: {_ppl(r['best_test_ppl'])} |"
         )
     return "\n".join(lines)
@@ -112,10 +115,10 @@ def targets(runs: list[dict], delta: float | None) -> str:
     hits = []
     for r in real:
         b = base.get(r["strategy"])
-        if b is None or r.get("final_top1") is None or not b.get("final_top1"):
+        if b is None or r.get("final_bar_top1") is None or not b.get("final_bar_top1"):
             continue
         dp_ppl = _rel(r["final_test_ppl"], b["final_test_ppl"])
-        dp_top = _rel(r["final_top1"], b["final_top1"])
+        dp_top = _rel(r["final_bar_top1"], b["final_bar_top1"])
         if dp_ppl is not None and dp_top is not None:
             ok = dp_ppl <= PPL_SLACK and dp_top >= -TOP1_SLACK
             hits.append((ok, dp_ppl, r))
@@ -163,7 +166,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     rows = cell_rows(runs)
     fig, ax = plt.subplots(figsize=(7.0, 4.4))
-    styles = {"gaussian": "o-", "tree": "s-", "blt": "^-"}
+    styles = {"gaussian": "o", "tree": "s", "blt": "^"}
     for i, s in enumerate(STRATEGY_NAMES):
         color = f"C{i}"
         for mech, style in styles.items():
@@ -175,7 +178,7 @@ def plot(runs: list[dict], path: Path) -> None:
                 )  # fmt: skip
                 if pts:
                     label = f"{STRATEGY_NAMES[s]}, {mech}" + (", simulated cohort" if sim else "")
-                    ax.plot(*zip(*pts, strict=True), style, color=color, label=label,
+                    ax.plot(*zip(*pts, strict=True), marker=style, color=color, label=label,
                             mfc="none" if sim else color, linestyle=":" if sim else "-")  # fmt: skip
         base = _nodp(runs).get(s)
         if base is not None:
@@ -190,6 +193,11 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _share(cohorts: list[int], n: int) -> str:
+    """How much of our population of n the simulated cohorts would take each round."""
+    return ", ".join("more than all" if c >= n else f"{c / n:.0%}" for c in cohorts)
 
 
 def not_run(runs: list[dict], plan: dict) -> list[str]:
@@ -246,15 +254,21 @@ def write_grid_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "(bench.privacy.calibrate_noise) on the accountant the server uses: gaussian, "
         f"{p['rounds']} rounds of fixed-size sampling of m of N under replace-one adjacency; "
         "tree and blt, zCDP at the default minimum separation b = floor(N / m) (server.dp_ftrl."
-        "tree_rho, server.dp_blt.blt_rho). DP-FedAtt (fixed) is FedAtt with the fixed "
+        f"tree_rho, server.dp_blt.blt_rho; here b = {max(1, n // m)}, so each phone trains at "
+        f"most {-(-p['rounds'] // max(1, n // m))} time(s) in the run). DP-FedAtt (fixed) is FedAtt with the fixed "
         "normalizer, whose sensitivity is DP-FedAvg's 2S/m (server.strategies.sensitivity), so "
         "both get the same noise; DP-FedAtt (softmax) is the paper's attention, whose "
         "sensitivity is several times larger. 'noise std / round' is z x sensitivity per "
-        "coordinate (the tree's nodes; its prefix sums carry up to log2 T of them).",
+        "coordinate (the tree's nodes; its prefix sums carry up to log2 T of them). 'test ppl' "
+        "and 'top-1' are the last round's model; top-1 is the share of test words that are "
+        "the model's likeliest word a suggestion bar can show (never </s> or <unk>: the "
+        "metrics' bar_top1, what production keyboards report as top-1 recall).",
         "",
         f"Our population is too small for production's cohorts (thousands a round: DESIGN.md "
-        f"section 3): a cohort of M from our {n:,} phones would be "
-        f"{'most of them' if n else ''} and leave no sampling or separation to amplify privacy. "
+        f"section 3): a cohort of {', '.join(f'{c:,}' for c in p['noise_cohorts'])} would be "
+        f"{_share(p['noise_cohorts'], n)} of our {n:,} phones, every round, leaving no sampling "
+        "or separation to amplify privacy (b = floor(N / M) = "
+        f"{', '.join(str(max(1, n // c)) for c in p['noise_cohorts'])}). "
         "The rows 'noise of a cohort of M (simulated)' (pfl-research's noise_cohort_size) train "
         f"our cohort of {m} with the noise a deployment of cohort M would add: its population "
         "N' = N M / m keeps our sampling rate (and separation), its delta is 1/N'^1.1, its "

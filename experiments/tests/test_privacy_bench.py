@@ -208,8 +208,8 @@ def _fake_irc_runner(ran: list[tuple[str, dict]]):
             info["dp"] = {"sensitivity": 0.04, "noise_std": 0.04 * z, "min_separation": 2}
         ppl, top1 = (100.0, 0.20) if z is None else (110.0 + 10 * z, 0.19)
         rows = [
-            {"round": 0, "test_ppl": 2000.0, "top1": 0.0, "epsilon": None},
-            {"round": rounds, "test_ppl": ppl, "top1": top1, "best_round": rounds,
+            {"round": 0, "test_ppl": 2000.0, "bar_top1": 0.0, "epsilon": None},
+            {"round": rounds, "test_ppl": ppl, "bar_top1": top1, "best_round": rounds,
              "best_val_ppl": ppl, "best_test_ppl": ppl, "epsilon": 8.0 if z else None,
              "info": info},
         ]  # fmt: skip
