@@ -58,8 +58,9 @@ its own noise (replace-one sensitivity ``sqrt(L) (1 - e^(-1/T))`` over L layers)
 budget, that is add noise to the model at the same epsilon, against the point of the variant.
 Attention computed from the released (noised) aggregates and the public model alone would be
 free (post-processing) but sees no phone, so it cannot weigh phones at all: a server optimizer,
-not FedAtt. Poisson cohorts would take the same fixed denominator ``q N`` (add/remove-one
-``S / (q N)``, as the mean's); server.config.dp_problem still refuses attention there.
+not FedAtt. Poisson cohorts could take the fixed denominator ``q N`` instead of ``m``
+(add/remove-one ``step * S / (q N)``, the mean's times the step); server.config.dp_problem still
+refuses attention there, and server.dp_round's Poisson path declares the mean's.
 
 **FedAttOpt's step** (Jiang et al. 2020, eq. 7; gradient in
 :class:`server.strategies.aggregate.AttOptGradient`): ``Delta_out = -eps * grad`` with
