@@ -19,9 +19,10 @@ BACKEND = {
             envvar="FEDKEY_BACKEND",
             help=f"Where the phones train: {', '.join(BACKENDS)}. local: this machine's "
             "processes (--workers); ray: long-lived trainer actors on a Ray cluster (--ray-*); "
-            "stacked (simulate only): a round's phones trained at once as one stacked model in "
-            "this process, for a GPU (--device). Same seed, same weights (stacked: up to float "
-            "rounding, other dropout masks).",
+            "stacked (simulate only): a round's phones trained together as stacked models in "
+            "this process, on a GPU or the CPU (--device; on the CPU in stacks of a few phones, "
+            "one thread: about 2x --backend local's phones a CPU-second with small models). "
+            "Same seed, same weights (stacked: within 1e-6 in fp32, other dropout masks).",
         ),
     ),
     "ray_address": (

@@ -10,18 +10,32 @@ Python launching the written-out recurrence's kernels one by one, so on a GPU ea
 is captured once in a CUDA graph and replayed (Stack, `static`); the stack and its graphs stay
 on the device from round to round.
 
+On the CPU the products are as large as one phone's, so what stacking saves is the per-phone and
+per-step cost around them: a large cohort is cut into stacks of a few phones (StackedTrainer),
+each phone's sentences run longest first so the recurrence stops at each sentence's end
+(sort_rows), the softmax layer runs on each phone's own real words only (no padding to the
+stack's longest), the embedding's gradient is added by hand (no dense zero tensor a step) and
+SGD is torch's fused kernel. On the Ubuntu IRC population (one phone per sender, E 1, B 10) that
+trained about twice as many phones a CPU-second as train_local with the 96-unit model and about
+as many with the 300-unit default (experiments/results/cohorts).
+
 Each phone trains exactly as device_sim.trainer.train_local does: its own shard, its batches in
 the order its own seed draws, SGD with momentum, its gradient norm clipped on its own, the loss
-in fp32, the forward under bf16 autocast where the precision says so. A phone whose batches are
-done (a smaller shard) is carried along with an empty batch and a masked step, so its weights
-stop where its own training ends. The recurrent layers are written out (torch's fused GRU/LSTM
-has no per-phone weights); without dropout the updates equal train_local's up to float rounding
-(tests/device_sim/test_stacked.py). With dropout the masks come from one generator for the stack,
-so they differ from train_local's: the same training in distribution, not bit for bit.
+in fp32, the forward under bf16 autocast where the precision says so. The phones of a stack go
+in longest plan first; at each step only those with a batch left train (an eager stack: a prefix
+of it), so a phone's weights stop where its own training ends (a static stack carries a done
+phone along with an empty batch and a masked step). The recurrent layers are written out
+(torch's fused GRU/LSTM has no per-phone weights; device_sim.stacked_rnn). Without dropout, in
+fp32, every weight equals train_local's within 1e-6 absolute (tests/device_sim/test_stacked.py:
+the same arithmetic, summed in another order, so not bit for bit). Under bf16 autocast the
+products round to bf16 in other places than torch's fused GRU does: the same training, not the
+same bits. With dropout the masks come from one generator for the stack, so they differ from
+train_local's: the same training in distribution, not bit for bit.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -36,8 +50,9 @@ from torch import Tensor
 
 from common.config import TrainConfig
 from device_sim.pool import LocalTask
+from device_sim.stacked_rnn import recurrent
 from device_sim.trainer import TrainResult, before_upload, local_batches
-from models.batching import IGNORE, count_targets
+from models.batching import IGNORE, count_targets, split_long
 from models.checkpoint import check_state, expected_shapes
 from models.config import ModelConfig
 from models.precision import autocast, resolve_device, resolve_precision
@@ -67,49 +82,6 @@ def _to(t: Tensor, dev: torch.device) -> Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
-def _cast_once(t: Tensor) -> Tensor:
-    """`t` in the dtype autocast would cast it to, where autocast is on (a differentiable copy).
-    Autocast caches its casts of weights themselves, not of their views: a transposed weight
-    used at every time step was cast at every time step (T copies of P x 3H x H a step)."""
-    kind = t.device.type
-    if torch.is_autocast_enabled(kind):
-        return t.to(torch.get_autocast_dtype(kind))
-    return t
-
-
-def _recurrent(x: Tensor, w: dict[str, Tensor], layer: int, cell: str) -> Tensor:
-    """One stacked GRU/LSTM layer over x [P, B, T, in] from a zero state -> outputs [P, B, T, H].
-
-    The gates are torch.nn.GRU's and LSTM's (r, z, n and i, f, g, o, in that order); the inputs'
-    share of every time step is one batched product up front."""
-    w_ih, w_hh = w[f"rnn.weight_ih_l{layer}"], w[f"rnn.weight_hh_l{layer}"]
-    b_ih, b_hh = w[f"rnn.bias_ih_l{layer}"], w[f"rnn.bias_hh_l{layer}"]
-    P, B, T, _ = x.shape
-    H = w_hh.shape[-1]
-    w_hh_t = _cast_once(w_hh.transpose(1, 2))  # not once per time step, as autocast would
-    gi = torch.baddbmm(b_ih.unsqueeze(1), x.reshape(P, B * T, -1), w_ih.transpose(1, 2))
-    # One view per time step (unbind: its backward is one stack, where indexing gi[:, :, t] in
-    # the loop gave every step's gradient a zero-filled copy of the whole of gi).
-    steps = gi.view(P, B, T, -1).unbind(2)
-    h = x.new_zeros(P, B, H)
-    c = x.new_zeros(P, B, H)
-    outs = []
-    for t in range(T):
-        gh = torch.baddbmm(b_hh.unsqueeze(1), h, w_hh_t)
-        if cell == "gru":
-            i_r, i_z, i_n = steps[t].chunk(3, -1)
-            h_r, h_z, h_n = gh.chunk(3, -1)
-            r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-            n = torch.tanh(i_n + r * h_n)
-            h = n + z * (h - n)  # (1 - z) * n + z * h
-        else:
-            i, f, g, o = (steps[t] + gh).chunk(4, -1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            h = torch.sigmoid(o) * torch.tanh(c)
-        outs.append(h)
-    return torch.stack(outs, dim=2)
-
-
 def softmax_rows(targets: Tensor, dense: bool) -> tuple[Tensor | None, Tensor]:
     """Which positions of a step's [P, B, T] the softmax layer scores, and their targets [P, N].
     Compact (as LanguageModel.logits_at): each phone's real words first, in order, N the most
@@ -126,24 +98,49 @@ def softmax_rows(targets: Tensor, dense: bool) -> tuple[Tensor | None, Tensor]:
     return index, wanted
 
 
+def sort_rows(inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, list[int]]:
+    """A step's [P, B, T] with each phone's sentences longest first, and how many rows of every
+    phone are still words at each time step (recurrent's `rows`): the recurrence skips the
+    padding of short sentences. A batch's loss and gradient are sums over its sentences, so
+    their order changes only the float rounding of those sums."""
+    lengths = (targets != IGNORE).sum(-1)
+    order = torch.sort(lengths, dim=1, descending=True, stable=True)
+    pick = order.indices.unsqueeze(-1).expand_as(inputs)
+    longest = order.values.amax(0)  # [B], non-increasing
+    steps = torch.arange(inputs.shape[-1]).unsqueeze(1)
+    rows = (longest.unsqueeze(0) > steps).sum(1).clamp(min=1).tolist()
+    return inputs.gather(1, pick), targets.gather(1, pick), rows
+
+
 def stacked_loss(
-    w: dict[str, Tensor], cfg: ModelConfig, ids: Tensor, index: Tensor | None, wanted: Tensor
+    w: dict[str, Tensor],
+    cfg: ModelConfig,
+    ids: Tensor,
+    index: Tensor | None,
+    wanted: Tensor,
+    rows: list[int] | None = None,
+    x: Tensor | None = None,
 ) -> Tensor:
     """Each phone's summed cross-entropy [P] over its real words (padding scores nothing), as
     LanguageModel.logits_at and train_local compute it, the logits cast to fp32. `ids` [P, B, T]
     index the stacked embedding (phone p's word i is p * V + i); `index` and `wanted` are
-    softmax_rows'."""
+    softmax_rows', `rows` sort_rows' (None: every row at every time step). `x`: the embedded
+    ids, when the caller looks them up itself (Stack._train_step, to add their gradient to the
+    embedding's by hand)."""
     P, V = ids.shape[0], cfg.vocab_size
-    x = F.embedding(ids, w["embedding.weight"].reshape(P * V, -1))
+    if x is None:
+        x = F.embedding(ids, w["embedding.weight"].reshape(P * V, -1))
     x = F.dropout(x, cfg.dropout)
     for layer in range(cfg.num_layers):
         if layer > 0:  # nn.GRU's dropout between layers
             x = F.dropout(x, cfg.dropout)
-        x = _recurrent(x, w, layer, cfg.cell)
+        x = recurrent(x, w, layer, cfg.cell, rows)
     out = x.flatten(1, 2)
+    decoder = w["embedding.weight"] if cfg.tied else w["decoder.weight"]
+    if index is not None and ids.device.type == "cpu":
+        return _softmax_each(F.dropout(out, cfg.dropout), index, wanted, decoder, w["decoder.bias"])
     if index is not None:
         out = out.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-    decoder = w["embedding.weight"] if cfg.tied else w["decoder.weight"]
     logits = torch.baddbmm(
         w["decoder.bias"].unsqueeze(1), F.dropout(out, cfg.dropout), decoder.transpose(1, 2)
     )
@@ -151,6 +148,26 @@ def stacked_loss(
         logits.float().flatten(0, 1), wanted.flatten(), ignore_index=IGNORE, reduction="none"
     )
     return losses.view(P, -1).sum(1)
+
+
+def _softmax_each(
+    out: Tensor, index: Tensor, wanted: Tensor, decoder: Tensor, bias: Tensor
+) -> Tensor:
+    """stacked_loss's softmax layer one phone at a time, on its own real words only (on the
+    CPU: a batched product pads every phone to the most words any phone has, and a phone with
+    one short message stacked with one of ten long ones paid ten times its own softmax)."""
+    counts = (wanted != IGNORE).sum(1).tolist()
+    kind = out.device.type
+    if torch.is_autocast_enabled(kind):  # one cast of the stack, not one a phone
+        decoder = decoder.to(torch.get_autocast_dtype(kind))
+    losses = []
+    for p, (o, d, b) in enumerate(
+        zip(out.unbind(0), decoder.unbind(0), bias.unbind(0), strict=True)
+    ):
+        rows = o.index_select(0, index[p, : counts[p]])
+        logits = F.linear(rows, d, b)
+        losses.append(F.cross_entropy(logits.float(), wanted[p, : counts[p]], reduction="sum"))
+    return torch.stack(losses)
 
 
 class Stack:
@@ -173,35 +190,53 @@ class Stack:
         self.static = static
         self.graphs = static and dev.type == "cuda"
         shapes = expected_shapes(cfg)
-        self.w = {
-            k: torch.zeros((phones, *shape), device=dev, requires_grad=True)
-            for k, (shape, _) in shapes.items()
-        }
+        # Plain storage: each step trains views of it (the phones it trains) as its leaves.
+        self.w = {k: torch.zeros((phones, *shape), device=dev) for k, (shape, _) in shapes.items()}
         self.momentum = {k: torch.zeros_like(v) for k, v in self.w.items()}
         self.lr = torch.zeros((), device=dev)  # a tensor, so a new round's lr keeps the graphs
         self.offsets = (torch.arange(phones) * cfg.vocab_size).view(phones, 1, 1)
         self._captured: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, Tensor]]] = {}
 
-    def reset(self, global_state: dict[str, Tensor], lr: float) -> None:
-        """Every phone starts from the global weights, its momentum at zero."""
-        with torch.no_grad():
-            for k, v in self.w.items():
-                v.copy_(global_state[k].to(self.dev).expand_as(v))
-            for buf in self.momentum.values():
-                buf.zero_()
-            self.lr.fill_(lr)
+    def reset(self, global_state: dict[str, Tensor], lr: float, phones: int | None = None) -> None:
+        """The first `phones` (default all) start from the global weights, momentum at zero."""
+        count = self.P if phones is None else phones
+        for k, v in self.w.items():
+            v[:count].copy_(global_state[k].to(self.dev).expand_as(v[:count]))
+        for buf in self.momentum.values():
+            buf[:count].zero_()
+        self.lr.fill_(lr)
 
     def step(self, batches: list[Batch | None]) -> tuple[Tensor, Tensor]:
-        """Train every phone on its batch (None: the phone is done and keeps its weights); its
-        summed loss [P] (on the device) and its word count [P] (on the CPU)."""
+        """Train the first len(batches) phones, each on its batch (None: the phone is done and
+        keeps its weights); their summed losses (on the device) and word counts (on the CPU).
+        An eager stack trains only up to the last phone with a batch (train_stacked sorts the
+        phones so that those still training come first); a static one all P (its fixed shape)."""
+        if self.static:
+            asked = len(batches)
+            got, n = self._step_all(batches + [None] * (self.P - asked))
+            return got[:asked], n[:asked]
+        live = max((p + 1 for p, b in enumerate(batches) if b is not None), default=0)
+        if live < len(batches):
+            got = torch.zeros(len(batches), device=self.dev)
+            n = torch.zeros(len(batches), dtype=torch.long)
+            if live:
+                got[:live], n[:live] = self.step(batches[:live])
+            return got, n
+        return self._step_all(batches)
+
+    def _step_all(self, batches: list[Batch | None]) -> tuple[Tensor, Tensor]:
+        """Stack.step on every phone of `batches` (a static stack's: all P, its fixed shape)."""
         width = 1
         if self.static:
             longest = max((b[0].shape[1] for b in batches if b is not None), default=1)
             width = -(-longest // self.BUCKET) * self.BUCKET
         inputs, targets = stack_step(batches, self.train.batch_size if self.static else 1, width)
+        rows = None
+        if not self.static:
+            inputs, targets, rows = sort_rows(inputs, targets)
         n = (targets != IGNORE).flatten(1).sum(1)
         index, wanted = softmax_rows(targets, self.static)
-        ids = inputs + self.offsets
+        ids = inputs + self.offsets[: len(batches)]
         if self.graphs:
             try:
                 return self._replay(ids, wanted, n), n
@@ -211,8 +246,8 @@ class Stack:
                 self.graphs = False
                 self._captured.clear()
         dev = self.dev
-        rows = None if index is None else _to(index, dev)
-        return self._train_step(_to(ids, dev), rows, _to(wanted, dev), _to(n, dev)), n
+        at = None if index is None else _to(index, dev)
+        return self._train_step(_to(ids, dev), at, _to(wanted, dev), _to(n, dev), rows), n
 
     def _replay(self, ids: Tensor, wanted: Tensor, n: Tensor) -> Tensor:
         graph, static = self._graph(ids.shape)
@@ -221,15 +256,39 @@ class Stack:
         graph.replay()
         return static["losses"]
 
-    def _train_step(self, ids: Tensor, index: Tensor | None, wanted: Tensor, n: Tensor) -> Tensor:
-        with autocast(self.precision, self.dev, cache=not self.graphs):
-            losses = stacked_loss(self.w, self.cfg, ids, index, wanted)
-        for v in self.w.values():
-            v.grad = None
+    def _train_step(
+        self,
+        ids: Tensor,
+        index: Tensor | None,
+        wanted: Tensor,
+        n: Tensor,
+        rows: list[int] | None = None,
+    ) -> Tensor:
+        """Forward, backward and SGD of the first ids.shape[0] phones, on views of the stack."""
+        live = ids.shape[0]
+        w = {k: v[:live].requires_grad_() for k, v in self.w.items()}
+        momentum = {k: v[:live] for k, v in self.momentum.items()}
+        if self.static:  # every phone, a done one masked (a GPU captures this step)
+            with autocast(self.precision, self.dev, cache=not self.graphs):
+                losses = stacked_loss(w, self.cfg, ids, index, wanted, rows)
+            (losses / n.clamp(min=1)).sum().backward()
+            with torch.no_grad():
+                _clip_and_step(w, momentum, self.train.clip, self.train.momentum, self.lr, n > 0)
+            return losses.detach()
+        # Eager: every phone here has a batch. The embedding's gradient by hand: its rows'
+        # gradients added where the decoder's (tied) already is (autograd made a dense
+        # [P * V, H] zero tensor a step, and added it).
+        emb = w["embedding.weight"]
+        x = F.embedding(ids, emb.detach().view(-1, emb.shape[-1])).requires_grad_()
+        with autocast(self.precision, self.dev):
+            losses = stacked_loss(w, self.cfg, ids, index, wanted, rows, x)
         (losses / n.clamp(min=1)).sum().backward()
         with torch.no_grad():
-            _clip_and_step(self.w, self.momentum, self.train.clip, self.train.momentum,
-                           self.lr, n > 0)  # fmt: skip
+            grad = emb.grad if emb.grad is not None else torch.zeros_like(emb)
+            assert x.grad is not None
+            grad.view(-1, grad.shape[-1]).index_add_(0, ids.flatten(), x.grad.flatten(0, -2))
+            emb.grad = grad
+            _clip_and_fused_step(w, momentum, self.train.clip, self.train.momentum, self.lr)
         return losses.detach()
 
     def _graph(self, shape: torch.Size) -> tuple[torch.cuda.CUDAGraph, dict[str, Tensor]]:
@@ -257,9 +316,10 @@ class Stack:
             self._captured[width] = (graph, static)
         return self._captured[width]
 
-    def states(self) -> list[dict[str, Tensor]]:
-        """Each phone's weights, float32 on the CPU."""
-        return [{k: v[p].detach().cpu().clone() for k, v in self.w.items()} for p in range(self.P)]
+    def states(self, phones: int | None = None) -> list[dict[str, Tensor]]:
+        """The first `phones` (default all) phones' weights, float32 on the CPU."""
+        count = self.P if phones is None else phones
+        return [{k: v[p].cpu().clone() for k, v in self.w.items()} for p in range(count)]
 
 
 def train_stacked(
@@ -272,34 +332,68 @@ def train_stacked(
 ) -> list[TrainResult]:
     """Train one copy of the global model per (sentences, seed) in `tasks`, all at once on one
     device; the results in the tasks' order, each as train_local would return it (`seconds` is
-    the whole stack's time). `stack`: the weights' home on the device, kept from round to round
-    (StackedTrainer's); default a new eager one."""
+    the whole stack's time). `stack`: the weights' home on the device, at least len(tasks)
+    phones, kept from round to round (StackedTrainer's); default a new eager one.
+
+    The phones go into the stack longest plan first, so at every step those still training are
+    its first ones and an eager stack trains only them (Stack.step): a phone with one batch costs
+    one step, whatever its stack-mates hold. Each phone keeps its own batches in its own order."""
     if config.batching != "sentences":
         raise ValueError(f"the stacked backend trains sentence batches, not {config.batching!r}")
     start = time.perf_counter()
     dev = resolve_device(device)
     P = len(tasks)
     stack = stack or Stack(model_config, config, P, dev, static=False)
+    if stack.P < P:
+        raise ValueError(f"a stack of {stack.P} phones cannot train {P}")
     check_state(global_state, model_config)
-    stack.reset(global_state, config.lr)
+    stack.reset(global_state, config.lr, P)
     torch.manual_seed(tasks[0][1])  # dropout masks: one generator for the stack
     plans = [list(local_batches(s, config, seed)) for s, seed in tasks]
-    steps = max((len(p) for p in plans), default=0)
+    order = sorted(range(P), key=lambda p: -len(plans[p]))  # stable: ties keep the tasks' order
+    plans = [plans[p] for p in order]
+    steps = len(plans[0]) if plans else 0
     total_loss, total_tokens = torch.zeros(P, device=dev), torch.zeros(P, dtype=torch.long)
     for s in range(steps):
-        losses, n = stack.step([p[s] if s < len(p) else None for p in plans])
-        total_loss += losses
-        total_tokens += n
-    return [
-        TrainResult(
-            state=state,
-            num_tokens=count_targets(sentences),
-            train_loss=float(total_loss[p]) / max(int(total_tokens[p]), 1),
+        live = sum(1 for p in plans if len(p) > s)
+        losses, n = stack.step([p[s] for p in plans[:live]])
+        total_loss[:live] += losses
+        total_tokens[:live] += n
+    states = stack.states(P)
+    results: list[TrainResult | None] = [None] * P
+    for slot, p in enumerate(order):
+        results[p] = TrainResult(
+            state=states[slot],
+            num_tokens=count_targets(tasks[p][0]),
+            train_loss=float(total_loss[slot]) / max(int(total_tokens[slot]), 1),
             seconds=time.perf_counter() - start,
             precision=stack.precision,
         )
-        for p, ((sentences, _), state) in enumerate(zip(tasks, stack.states(), strict=True))
-    ]
+    return [r for r in results if r is not None]
+
+
+def plan_length(sentences: list[list[int]], config: TrainConfig) -> int:
+    """How many batches local_batches gives a phone of `sentences` (sentence batching)."""
+    return config.epochs * -(-len(split_long(sentences, config.max_len)) // config.batch_size)
+
+
+def _clip_and_fused_step(
+    w: dict[str, Tensor], momentum: dict[str, Tensor], clip: float, m: float, lr: Tensor
+) -> None:
+    """_clip_and_step for phones that all trained this step (an eager stack's): each phone's
+    gradient clipped on its own (only those over `clip` scaled), then the update of every
+    phone in one pass over memory, torch.optim.SGD's fused kernel (train_local's)."""
+    grads = [v.grad if v.grad is not None else torch.zeros_like(v) for v in w.values()]
+    if clip > 0:
+        norms = [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]
+        scale = (clip / (torch.linalg.vector_norm(torch.stack(norms), dim=0) + 1e-6)).tolist()
+        for p, s in enumerate(scale):
+            if s < 1.0:
+                for g in grads:
+                    g[p].mul_(s)
+    torch._fused_sgd_(list(w.values()), grads, list(momentum.values()), weight_decay=0.0,
+                      momentum=m, lr=float(lr), dampening=0.0, nesterov=False, maximize=False,
+                      is_first_step=False)  # fmt: skip
 
 
 def _clip_and_step(
@@ -334,20 +428,31 @@ def _clip_and_step(
 
 class StackedTrainer:
     """The `stacked` training backend (device_sim.backends.TrainingBackend): a round's tasks
-    trained together in this process on one device (their own device field: a GPU for the
-    gain). Tasks that share a model, a training config and a device are stacked together; the
-    stack stays on the device for the next round of the same shape (on a GPU with its captured
-    steps: `static`, default there)."""
+    trained together in this process on one device (their own device field). Tasks that share a
+    model, a training config and a device are stacked together, in stacks of at most `phones`
+    (default: on a GPU the whole group, on the CPU as many as STACK_BYTES of weights, momentum
+    and gradients hold, at most CPU_PHONES), longest plan first: a stack's phones have about as
+    many batches as each other, so few of its steps train only some of them. Each stack's
+    results are yielded as it ends, so a large cohort never holds more than one stack's weights
+    at once beyond what the caller keeps. The stack stays on the device for the next round of
+    the same shape (on a GPU with its captured steps: `static`, default there)."""
 
     workers = 1
 
     #: Stacks kept from round to round, the least recently used dropped first: a round may train
     #: two groups (the backdoor attack's phones train longer than the honest ones), each its own.
     KEPT = 2
+    #: The CPU's default stack: its weights, momentum, gradient and the step's temporaries
+    #: (about six copies of the model a phone) within this many bytes, at most CPU_PHONES phones:
+    #: 7 phones of the 300-unit default model, 21 of a 96-unit one. Larger stacks were no faster
+    #: (IRC, 100 phones, bf16, one thread: 8 phones a stack 10.7 phones a CPU-second, 32: 8.6).
+    STACK_BYTES = 512 << 20
+    CPU_PHONES = 64
 
-    def __init__(self, static: bool | None = None) -> None:
+    def __init__(self, static: bool | None = None, phones: int | None = None) -> None:
         self._lock = threading.Lock()  # one stack at a time (torch's global seed)
         self.static = static
+        self.phones = phones
         self._stacks: OrderedDict[tuple, Stack] = OrderedDict()  # kept for the next rounds
 
     def _stack_for(self, t: LocalTask, phones: int) -> Stack:
@@ -362,31 +467,43 @@ class StackedTrainer:
         self._stacks[key] = Stack(t.model_config, t.train, phones, dev, static)
         return self._stacks[key]
 
+    def stack_size(self, t: LocalTask, tasks: int) -> int:
+        """How many of a group of `tasks` like `t` one stack trains."""
+        if self.phones is not None:
+            return max(1, min(self.phones, tasks))
+        if resolve_device(t.device).type == "cuda":
+            return tasks
+        params = sum(math.prod(shape) for shape, _ in expected_shapes(t.model_config).values())
+        fits = self.STACK_BYTES // (6 * 4 * params)
+        return max(1, min(fits, self.CPU_PHONES, tasks))
+
     def run(
         self, tasks: list[LocalTask], global_state: dict[str, Tensor]
     ) -> dict[str, TrainResult]:
-        if not tasks:
-            return {}
-        groups: dict[tuple[str, str, str], list[LocalTask]] = {}
-        for t in tasks:
-            groups.setdefault((repr(t.model_config), repr(t.train), t.device), []).append(t)
-        done: dict[str, TrainResult] = {}
-        with self._lock:
-            for group in groups.values():
-                first = group[0]
-                shards = [(t.shard, t.seed) for t in group]
-                stack = self._stack_for(first, len(group))
-                trained = train_stacked(
-                    first.model_config, global_state, shards, first.train, first.device, stack
-                )
-                for t, result in zip(group, trained, strict=True):
-                    done[t.device_id] = before_upload(result, t.seed, t.beta, t.sigma)
-        return {t.device_id: done[t.device_id] for t in tasks}
+        from device_sim.backends import ordered
+
+        return ordered(tasks, self.stream(tasks, global_state))
 
     def stream(
         self, tasks: Iterable[LocalTask], global_state: dict[str, Tensor]
     ) -> Iterator[tuple[str, TrainResult | None]]:
-        yield from self.run(list(tasks), global_state).items()
+        groups: dict[tuple[str, str, str], list[LocalTask]] = {}
+        for t in tasks:
+            groups.setdefault((repr(t.model_config), repr(t.train), t.device), []).append(t)
+        with self._lock:
+            for group in groups.values():
+                first = group[0]
+                size = self.stack_size(first, len(group))
+                group = sorted(group, key=lambda t: -plan_length(t.shard, t.train))
+                for c in range(0, len(group), size):
+                    chunk = group[c : c + size]
+                    stack = self._stack_for(first, size)
+                    shards = [(t.shard, t.seed) for t in chunk]
+                    trained = train_stacked(
+                        first.model_config, global_state, shards, first.train, first.device, stack
+                    )
+                    for t, result in zip(chunk, trained, strict=True):
+                        yield t.device_id, before_upload(result, t.seed, t.beta, t.sigma)
 
     def submit(self, task: LocalTask, global_state: dict[str, Tensor]) -> Future:
         future: Future = Future()

@@ -72,6 +72,27 @@ def test_each_phone_gets_the_update_train_local_gives_it(cell, layers, tied, sta
         assert got.train_loss == pytest.approx(want.train_loss, rel=1e-6)
 
 
+def test_a_cohort_in_several_stacks_gets_train_locals_updates_within_the_tolerance():
+    """A CPU cohort cut into stacks of 2 (StackedTrainer's `phones`), shards from 1 sentence to
+    30: each phone's weights within 1e-6 of train_local's (fp32, no dropout: the docstring's
+    tolerance), its loss too, results in the tasks' order."""
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+    start = initial(cfg)
+    train = TrainConfig(epochs=2, batch_size=4, lr=0.5, clip=0.1, precision="fp32")
+    shards = [(SEQS[:1], 7), (SEQS[3:33], 8), (SEQS[:5], 9), (SEQS[20:29], 10), (SEQS[5:6], 11)]
+    tasks = [LocalTask(f"p{i}", s, seed, cfg, train, device="cpu") for i, (s, seed) in
+             enumerate(shards)]  # fmt: skip
+    backend = StackedTrainer(phones=2)
+    assert backend.stack_size(tasks[0], len(tasks)) == 2
+    got = backend.run(tasks, start)
+    assert list(got) == [t.device_id for t in tasks]
+    for t in tasks:
+        want = train_local(cfg, start, t.shard, train, t.seed, device="cpu")
+        for k, v in want.state.items():
+            torch.testing.assert_close(got[t.device_id].state[k], v, rtol=0, atol=1e-6)
+        assert got[t.device_id].train_loss == pytest.approx(want.train_loss, rel=1e-6)
+
+
 def test_with_dropout_and_bf16_it_still_learns_what_train_local_learns():
     """Other dropout masks than train_local's (one generator for the stack), bf16 autocast on
     the forward: the same direction of update, not the same bits."""
