@@ -18,6 +18,7 @@ import typer
 
 from bench.aggregation import command as bench_aggregation
 from bench.checkout import RESULTS
+from bench.cohorts import command as bench_cohorts
 from bench.load import DATABASES, FRACTION
 from bench.paper import PRESETS, SUITES
 from bench.report import STEPS
@@ -452,6 +453,7 @@ def bench_load(
 
 
 app.command("aggregation")(bench_aggregation)
+app.command("cohorts")(bench_cohorts)
 
 
 @app.command("peers")
