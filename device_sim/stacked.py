@@ -194,6 +194,7 @@ class Stack:
         self.w = {k: torch.zeros((phones, *shape), device=dev) for k, (shape, _) in shapes.items()}
         self.momentum = {k: torch.zeros_like(v) for k, v in self.w.items()}
         self.lr = torch.zeros((), device=dev)  # a tensor, so a new round's lr keeps the graphs
+        self.lr_value = 0.0
         self.offsets = (torch.arange(phones) * cfg.vocab_size).view(phones, 1, 1)
         self._captured: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, Tensor]]] = {}
 
@@ -205,6 +206,7 @@ class Stack:
         for buf in self.momentum.values():
             buf[:count].zero_()
         self.lr.fill_(lr)
+        self.lr_value = lr  # the eager step's (no read of a device tensor a step)
 
     def step(self, batches: list[Batch | None]) -> tuple[Tensor, Tensor]:
         """Train the first len(batches) phones, each on its batch (None: the phone is done and
@@ -288,7 +290,7 @@ class Stack:
             assert x.grad is not None
             grad.view(-1, grad.shape[-1]).index_add_(0, ids.flatten(), x.grad.flatten(0, -2))
             emb.grad = grad
-            _clip_and_fused_step(w, momentum, self.train.clip, self.train.momentum, self.lr)
+            _clip_and_fused_step(w, momentum, self.train.clip, self.train.momentum, self.lr_value)
         return losses.detach()
 
     def _graph(self, shape: torch.Size) -> tuple[torch.cuda.CUDAGraph, dict[str, Tensor]]:
@@ -378,7 +380,7 @@ def plan_length(sentences: list[list[int]], config: TrainConfig) -> int:
 
 
 def _clip_and_fused_step(
-    w: dict[str, Tensor], momentum: dict[str, Tensor], clip: float, m: float, lr: Tensor
+    w: dict[str, Tensor], momentum: dict[str, Tensor], clip: float, m: float, lr: float
 ) -> None:
     """_clip_and_step for phones that all trained this step (an eager stack's): each phone's
     gradient clipped on its own (only those over `clip` scaled), then the update of every
@@ -392,7 +394,7 @@ def _clip_and_fused_step(
                 for g in grads:
                     g[p].mul_(s)
     torch._fused_sgd_(list(w.values()), grads, list(momentum.values()), weight_decay=0.0,
-                      momentum=m, lr=float(lr), dampening=0.0, nesterov=False, maximize=False,
+                      momentum=m, lr=lr, dampening=0.0, nesterov=False, maximize=False,
                       is_first_step=False)  # fmt: skip
 
 
