@@ -6,9 +6,10 @@ cohort), so a 1,000-phone round of a 1.17M-parameter model is 140,000 reads of 3
 ``StoredState.flat_slice`` opens the file with safetensors' ``safe_open`` for each of them (open,
 parse the JSON header, mmap, copy, unmap): 147 us a read, 20 s a pass; an ``os.pread`` at the
 offset the header gives, parsed once per file and pass, is 13 us (timed by hand on 100
-stored updates, this 2-core machine; the script was not kept). Nothing is mapped, so the resident memory of a pass stays
-the slices being stacked, whatever the cohort (a safetensors handle kept open per phone would
-map, and count, every page it touched).
+stored updates, this 2-core machine; the script was not kept). The slice pass maps nothing, so
+its resident memory stays the slices being stacked, whatever the cohort (a safetensors handle
+kept open per phone would map, and count, every page it touched); a pass that reads phones whole
+maps one phone's file at a time (:meth:`SliceReader.mapped`).
 
 What. The safetensors layout (https://huggingface.co/docs/safetensors, "Format"): 8 bytes, the
 little-endian length N of a JSON header; the header, ``{name: {"dtype", "shape", "data_offsets":

@@ -279,7 +279,8 @@ def page(runs: list[dict]) -> str:
             "",
             f"`{r['command']}`, commit {str(r['git_commit'])[:10]}"
             + (f" (baseline {str(r['baseline_commit'])[:10]})" if r["baseline_commit"] else "")
-            + f", {r['date']}, {r['machine']}; median of {r['repeats']}.",
+            + f", {r['date']}, {r['machine']}; median of {r['repeats']}."
+            + (f" {r['note']}" if r.get("note") else ""),
             "",
             "| server | what | seconds | x read | CPU seconds | x read's CPU | peak RSS (MB) "
             "| every repeat (s) |",
@@ -292,6 +293,7 @@ def page(runs: list[dict]) -> str:
                 f"{row['per_read']:.2f} | {row['cpu_seconds']:.2f} | {row['cpu_per_read']:.2f} | "
                 f"{row['peak_rss_mb']} | {every} |"
             )
+    lines += ["", "Rebuild this page from results.json: `fedkey-bench aggregation --page`."]
     return "\n".join(lines) + "\n"
 
 
@@ -314,11 +316,20 @@ def command(
     out: Path = typer.Option(
         RESULTS / "aggregation", "--out", help="Where results.json and results.md are written."
     ),
+    page_only: bool = typer.Option(
+        False, "--page", help="Only rebuild OUT/results.md from OUT/results.json."
+    ),
 ) -> None:
     """The server's aggregation of one round of UPLOADS stored uploads at the default bound (FedAvg
     and FedAtt), against reading them once: seconds, peak RSS and the ratio, in OUT/results.md.
     Needs UPLOADS x the model's size on disk (13.5 GB at 1,000 of the default model), and that
     much page cache to measure reads from memory."""
+    if page_only:
+        data = out / "results.json"
+        if not data.is_file():
+            raise UserError(f"--page: no {data} to rebuild the page from")
+        (out / "results.md").write_text(page(json.loads(data.read_text())["runs"]))
+        return
     if baseline is not None and not (baseline / "server" / "influence.py").is_file():
         raise UserError(f"--baseline: {baseline} is not a fedkey checkout (no server/influence.py)")
     run_aggregation(uploads, repeats, work, out, baseline, vocab_size, hidden_size)
