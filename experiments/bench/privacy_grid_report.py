@@ -195,6 +195,21 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _scale_note(rows: list[dict], p: dict) -> str:
+    """How long a cell took, and so why the run is as short as it is."""
+    walls = sorted(r["wall_seconds"] for r in rows if "wall_seconds" in r)
+    if not walls:
+        return ""
+    mid = walls[len(walls) // 2]
+    return (
+        f"Scale: a cell of {p['rounds']} rounds took about {mid / 60:.0f} minutes "
+        f"(about {mid / p['rounds']:.0f} s a round with its setup, one process, "
+        f"`--workers {p['workers']}`) on the shared 2-core machine, so the run is far shorter than production's hundreds of rounds "
+        "with cohorts of hundreds to thousands; the model is still learning at its last round, "
+        "and its perplexity and top-1 are those of an early model."
+    )
+
+
 def _share(cohorts: list[int], n: int) -> str:
     """How much of our population of n the simulated cohorts would take each round."""
     return ", ".join("more than all" if c >= n else f"{c / n:.0%}" for c in cohorts)
@@ -278,6 +293,8 @@ def write_grid_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "population at that small z: `server_epsilon` in results.json); the training signal "
         f"is still our {m} phones' average, so these rows show what the noise costs, not what "
         "a larger cohort's averaging would gain.",
+        "",
+        _scale_note(rows, p),
         "",
         "Every run (wall seconds, git commit):",
         "",
