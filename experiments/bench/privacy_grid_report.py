@@ -210,6 +210,18 @@ def _scale_note(rows: list[dict], p: dict) -> str:
     )
 
 
+def _noise_ratio(rows: list[dict]) -> str:
+    """The fixed normalizer's noise over DP-FedAvg's, from the cells run under the same noise."""
+    ratios = [
+        r["noise_std"] / a["noise_std"]
+        for r in rows
+        if r["strategy"] == "fedatt-fixed" and r.get("noise_std")
+        for a in rows
+        if a["strategy"] == "fedavg" and a.get("noise_std") and _same_noise(a, r)
+    ]
+    return f": {ratios[0]:.2f}x DP-FedAvg's noise here" if ratios else ""
+
+
 def _share(cohorts: list[int], n: int) -> str:
     """How much of our population of n the simulated cohorts would take each round."""
     return ", ".join("more than all" if c >= n else f"{c / n:.0%}" for c in cohorts)
@@ -270,10 +282,12 @@ def write_grid_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         f"{p['rounds']} rounds of fixed-size sampling of m of N under replace-one adjacency; "
         "tree and blt, zCDP at the default minimum separation b = floor(N / m) (server.dp_ftrl."
         f"tree_rho, server.dp_blt.blt_rho; here b = {max(1, n // m)}, so each phone trains at "
-        f"most {-(-p['rounds'] // max(1, n // m))} time(s) in the run). DP-FedAtt (fixed) is FedAtt with the fixed "
-        "normalizer, whose sensitivity is DP-FedAvg's 2S/m (server.strategies.sensitivity), so "
-        "both get the same noise; DP-FedAtt (softmax) is the paper's attention, whose "
-        "sensitivity is several times larger. 'noise std / round' is z x sensitivity per "
+        f"most {-(-p['rounds'] // max(1, n // m))} time(s) in the run). DP-FedAtt (fixed) is "
+        "FedAtt with the fixed normalizer (issue 52 item 4), whose sensitivity is DP-FedAvg's "
+        "2S/m times FedAtt's server step (server.strategies.sensitivity)"
+        + _noise_ratio(rows)
+        + "; DP-FedAtt (softmax) is the paper's attention, whose sensitivity is several times "
+        "larger. Both strategies get the same z. 'noise std / round' is z x sensitivity per "
         "coordinate (the tree's nodes; its prefix sums carry up to log2 T of them). 'test ppl' "
         "and 'top-1' are the last round's model; top-1 is the share of test words that are "
         "the model's likeliest word a suggestion bar can show (never </s> or <unk>: the "
