@@ -11,11 +11,12 @@ For each run length n and minimum separation b it calls jax-privacy's
 ``buffered_toeplitz.optimize(n=n, min_sep=b, max_participations=None, error="max")``: the BLT
 strategy C (Dvijotham, McMahan, Pillutla, Steinke, Thakurta 2024, "Efficient and Near-Optimal
 Noise Generation for Streaming Differential Privacy") minimizing the largest per-round variance of
-the noisy prefix sums at unit min-sep sensitivity (McMahan, Xu, Zhang 2024, "A Hassle-free
-Algorithm for Strong Differential Privacy in Federated Learning Systems", Theorem 2), and records
-its parameters with the sensitivity ``toeplitz.minsep_sensitivity_squared`` computes. Entries are
+the noisy prefix sums at unit min-separation sensitivity (McMahan, Xu, Zhang 2024, "A Hassle-free
+Algorithm for Private Learning in Practice: Don't Use Tree Aggregation, Use BLTs"), and records
+its parameters with the sensitivity ``toeplitz.minsep_sensitivity_squared`` computes (Kalinin and
+Lampert 2024, Theorem 2; server.dp_blt derives the accounting). Entries are
 merged into the file (one per (n, b); b >= n is stored as b = n: one participation). ``--jobs``
-runs entries in separate processes; each optimization takes about a minute of one CPU core.
+runs entries in separate processes (each optimization takes seconds to minutes of a CPU core).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "server" / "blt_params.json"
 #: The table fedkey ships: every n with every b <= n of SEPARATIONS, and b = n.
-ROUNDS = (3, 5, 10, 20, 50, 100, 200, 500)
+ROUNDS = (3, 5, 10, 20, 50, 100, 200)
 SEPARATIONS = (1, 2, 5, 10, 20, 50)
 
 
