@@ -185,7 +185,9 @@ def plot(runs: list[dict], path: Path) -> None:
             ax.axhline(base["final_test_ppl"], color=color, linestyle="--",
                        label=f"{STRATEGY_NAMES[s]}, no DP")  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("epsilon")
+    targets = sorted({r["target_epsilon"] for r in rows if r["target_epsilon"] is not None})
+    ax.set_xticks(targets, [f"{e:g}" for e in targets])
+    ax.set_xlabel("epsilon (simulated cohorts: the deployment's)")
     ax.set_ylabel("test perplexity (final round)")
     ax.set_yscale("log")
     ax.set_title("Privacy-utility on the IRC population")
