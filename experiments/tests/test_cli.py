@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout
-COMMANDS = ("perf", "paper", "merge", "attacks", "privacy", "load", "peers")
+COMMANDS = ("perf", "paper", "merge", "attacks", "privacy", "load", "peers", "cohorts", "aggregation")
 
 # A fresh interpreter: the test process has torch loaded already (conftest.py).
 HELP_EVERYWHERE = """
@@ -60,5 +60,5 @@ def test_a_mistake_is_one_error_line():
     result = CliRunner().invoke(app, ["privacy", "--data", "/nonexistent/corpus"])
     assert result.exit_code == 1
     assert result.stderr.strip() == (
-        "error: --data: no corpus folder /nonexistent/corpus (it needs train/valid/test.txt)"
+        "error: --data: no corpus folder /nonexistent/corpus (it needs train/valid/test files)"
     )
