@@ -136,6 +136,17 @@ def targets(runs: list[dict], delta: float | None) -> str:
     else:
         parts = ["Target 1 (epsilon <= 8 on the real population): no DP cell with its no-DP "
                  "baseline has run yet."]  # fmt: skip
+    sims = [
+        f"{r['id']} perplexity {_pct(_rel(r['final_test_ppl'], b['final_test_ppl']))}, top-1 "
+        f"{_pct(_rel(r.get('final_bar_top1'), b.get('final_bar_top1')))}"
+        for r in rows
+        if r.get("noise_cohort") and (b := base.get(r["strategy"])) is not None
+    ]
+    if sims:
+        parts.append(
+            "With a simulated deployment cohort's noise (not our population, so not the "
+            "target): " + "; ".join(sims) + "."
+        )
     pairs = []
     for r in rows:
         if r["strategy"] == "fedavg" or r["target_epsilon"] is None:
