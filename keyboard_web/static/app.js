@@ -377,8 +377,11 @@
 
   // The privacy block: what the served export records (export.metadata.privacy_facts), said as
   // it is: epsilon so far against the budget at its delta, rho-zCDP and the mechanism (gaussian,
-  // or the tree with its separation b), "none" without DP, "not recorded" for an old export.
+  // or DP-FTRL's tree or BLT with its separation b), "none" without DP, "not recorded" for an old
+  // export.
   const isNum = (x) => typeof x === "number" && isFinite(x);
+  // DP-FTRL's mechanisms (server.config.FTRL_MECHANISMS) as the panel names them.
+  const FTRL = { tree: "DP-FTRL tree aggregation", blt: "DP-FTRL BLT matrix factorization" };
   const sig = (x) => String(Number(x.toPrecision(3)));
   const sci = (x) => Number(x.toPrecision(3)).toExponential();
 
@@ -398,15 +401,16 @@
     if (isNum(p.delta)) tail.push(`(delta ${sci(p.delta)})`);
     if (p.rho === "inf") tail.push("rho ∞");
     else if (isNum(p.rho)) tail.push(`rho ${sig(p.rho)}`);
-    if (p.mechanism === "tree") {
-      tail.push(Number.isInteger(p.min_separation) ? `tree, b = ${p.min_separation}` : "tree");
+    if (FTRL[p.mechanism]) {
+      const b = Number.isInteger(p.min_separation) ? `, b = ${p.min_separation}` : "";
+      tail.push(`${p.mechanism}${b}`);
     } else if (p.mechanism === "gaussian") {
       tail.push("gaussian");
     }
     if (isNum(p.target_epsilon) && (p.epsilon === "inf" || p.epsilon >= p.target_epsilon)) {
       details.push("budget spent");
     }
-    if (p.mechanism === "tree") details.push("DP-FTRL tree aggregation");
+    if (FTRL[p.mechanism]) details.push(FTRL[p.mechanism]);
     if (isNum(p.noise_multiplier)) details.push(`noise multiplier ${sig(p.noise_multiplier)}`);
     if (p.sampling === "fixed") details.push("fixed-size cohorts");
     else if (isNum(p.sampling_rate)) details.push(`Poisson sampling q = ${sig(p.sampling_rate)}`);

@@ -98,5 +98,14 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         )
         assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
         page.screenshot(path=SCREENSHOT.replace(".png", "-tree.png"))
+
+        # DP-FTRL with BLT noise: the same accounting fields, the mechanism named as such
+        blt = {**tree, "info": {**tree["info"], "dp": {**tree["info"]["dp"], "mechanism": "blt"}}}
+        save_round(models, 6, watch, metrics={**blt, "round": 6}, server=tree_server)
+        expect(page.get_by_test_id("round")).to_have_text("6")
+        expect(privacy).to_have_text(re.compile(r" · blt, b = 10$"))
+        expect(page.get_by_test_id("privacy-detail")).to_have_text(
+            re.compile(r"^DP-FTRL BLT matrix factorization · noise multiplier 1.2")
+        )
         context.close()
         assert not errors, errors
