@@ -11,7 +11,17 @@ from typer.testing import CliRunner
 from bench.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout
-COMMANDS = ("perf", "paper", "merge", "attacks", "privacy", "load", "peers", "cohorts", "aggregation")
+COMMANDS = (
+    "perf",
+    "paper",
+    "merge",
+    "attacks",
+    "privacy",
+    "load",
+    "peers",
+    "cohorts",
+    "aggregation",
+)
 
 # A fresh interpreter: the test process has torch loaded already (conftest.py).
 HELP_EVERYWHERE = """
