@@ -12,9 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from cli import app
 from server.config import FederationConfig, PrivacyConfig
 from server.dp_blt import (
     BLT,
@@ -262,42 +260,3 @@ def test_selection_keeps_phones_b_rounds_apart_and_a_resumed_run_gives_the_same_
     assert row["rho"] == rows[-1]["rho"]
     with pytest.raises(ValueError, match="--dp-mechanism blt"):
         make_fed(tmp_path / "resumed", replace(privacy, mechanism="tree")).resume()
-
-
-# --------------------------------------------------------------------------- the command line
-
-runner = CliRunner(env={"FEDKEY_HIDDEN_SIZE": "16"})  # a tiny model (no flag: a Settings field)
-TINY = [
-    "--data", "demo", "--clients", "8", "--fraction", "0.25", "--rounds", "3",
-    "--local-epochs", "1", "--max-train-tokens", "3000", "--max-eval-sentences", "40",
-    "--vocab-size", "300", "--ksr-sentences", "0", "--workers", "0",
-    "--dp-clip", "1", "--dp-noise-multiplier", "1", "--dp-mechanism", "blt",
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("strategy", ["fedavg", "fedatt"])
-def test_a_blt_run_reports_epsilon_rho_and_the_rule_every_round(tmp_path, strategy):
-    out = tmp_path / "run"
-    result = runner.invoke(app, ["simulate", *TINY, "--strategy", strategy, "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert (rows[0]["epsilon"], rows[0]["rho"]) == (0.0, 0.0)
-    last: dict[str, int] = {}
-    for row in rows:
-        dp = row["info"]["dp"]
-        assert dp["mechanism"] == "blt" and dp["min_separation"] == 4  # 8 phones, cohorts of 2
-        assert math.isfinite(row["epsilon"]) and math.isfinite(row["rho"])
-        assert row["rho"] == blt_rho(row["round"], 1.0, 4, select_blt(3, 4))
-        for phone in row["selected"]:
-            assert row["round"] - last.get(phone, -10) >= 4
-            last[phone] = row["round"]
-    assert rows[1]["epsilon"] > 0 and rows[2]["rho"] > rows[1]["rho"]
-
-
-def test_an_unsupported_run_length_is_one_line(tmp_path):
-    rounds = str(max(e.rounds for e in load_table()) + 1)
-    args = ["simulate", *TINY, "--rounds", rounds, "--out", str(tmp_path)]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 1
-    assert f"tools/blt_params.py --rounds {rounds}" in result.output
-    assert "Traceback" not in result.output
