@@ -6,15 +6,13 @@ cohort both draw the same noise and spend the same epsilon, where FedAtt's softm
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
 import torch
 
 from server.config import FederationConfig, PrivacyConfig
-from server.strategies import ClientUpdate
-from tests.support.federation import tiny_federation
+from tests.support.federation import seeded_updates, tiny_federation
 
 PHONES = 12
 DP = PrivacyConfig(clip_norm=0.05, noise_multiplier=1.0, delta=1e-5)
@@ -39,16 +37,7 @@ def run_round(fed) -> tuple[dict, dict[str, torch.Tensor]]:
     """One round whose phones send seeded deltas of norms 0.01 to 0.12 (half clipped at 0.05):
     its row and the new global model."""
     plan = fed.plan_round(sorted(fed.strategy.client_sizes))
-    updates = []
-    for d in plan.cohort:
-        i = int(d[1:])
-        gen = torch.Generator().manual_seed(plan.round * 1000 + i)
-        state = dict(fed.global_state)
-        draws = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
-        length = math.sqrt(sum(float((x * x).sum()) for x in draws.values()))
-        for k, x in draws.items():
-            state[k] = state[k] + 0.01 * (i + 1) * x / length
-        updates.append(ClientUpdate(state, 10 + i, 3.0, d))
+    updates = seeded_updates(fed, plan)
     row = fed.complete_round(plan, updates)
     return row, {k: v.clone() for k, v in fed.global_state.items()}
 

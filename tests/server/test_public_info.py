@@ -6,7 +6,6 @@ and the redaction changes no weight."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from models.checkpoint import read_metadata
 from server.config import PrivacyConfig
 from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, public_info
-from server.strategies import ClientUpdate
+from tests.support.federation import seeded_updates
 
 PHONES = 12
 DP = PrivacyConfig(clip_norm=0.05, noise_multiplier=1.0, delta=1e-5)
@@ -59,16 +58,7 @@ def run(fed, rounds: int = 3) -> list[dict]:
     rows = [fed.start()]
     for _ in range(rounds):
         plan = fed.plan_round(sorted(fed.strategy.client_sizes))
-        updates = []
-        for d in plan.cohort:
-            i = int(d[1:])
-            gen = torch.Generator().manual_seed(plan.round * 1000 + i)
-            state = dict(fed.global_state)
-            draws = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
-            length = math.sqrt(sum(float((x * x).sum()) for x in draws.values()))
-            for k, x in draws.items():
-                state[k] = state[k] + 0.01 * (i + 1) * x / length
-            updates.append(ClientUpdate(state, 10 + i, 3.0 + 0.1 * i, d))
+        updates = seeded_updates(fed, plan, lambda i: 3.0 + 0.1 * i)
         rows.append(fed.complete_round(plan, updates))
     return rows
 

@@ -4,13 +4,18 @@ nothing (the tests read the weights, the noise and the rows' privacy fields)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from models.config import ModelConfig
 from models.tokenizers import WordTokenizer
 from server.config import FederationConfig
 from server.engine import Federation
 from server.storage import RunStorage
+from server.strategies import ClientUpdate
 
 
 def tiny_federation(tmp_path: Path, config: FederationConfig, phones: int) -> Federation:
@@ -25,3 +30,21 @@ def tiny_federation(tmp_path: Path, config: FederationConfig, phones: int) -> Fe
         RunStorage(tmp_path),
         evaluator=lambda state: {"val_ppl": 1.0, "test_ppl": 1.0},
     )
+
+
+def seeded_updates(
+    fed: Federation, plan, loss: Callable[[int], float] = lambda i: 3.0
+) -> list[ClientUpdate]:
+    """The updates of `plan`'s cohort: phone p<i> sends the global model plus a delta of norm
+    0.01 (i + 1) in a direction seeded by (round, i), 10 + i examples, train loss loss(i)."""
+    updates = []
+    for d in plan.cohort:
+        i = int(d[1:])
+        gen = torch.Generator().manual_seed(plan.round * 1000 + i)
+        state = dict(fed.global_state)
+        draws = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
+        length = math.sqrt(sum(float((x * x).sum()) for x in draws.values()))
+        for k, x in draws.items():
+            state[k] = state[k] + 0.01 * (i + 1) * x / length
+        updates.append(ClientUpdate(state, 10 + i, loss(i), d))
+    return updates
