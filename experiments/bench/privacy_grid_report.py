@@ -40,6 +40,13 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _rel_pct(x) -> str:
+    """A relative change: a percentage, or the factor past 10x (a diverged model)."""
+    if x is not None and x > 9:
+        return f"{x + 1:.3g}x"
+    return _pct(x)
+
+
 def _key(r: dict) -> tuple:
     s = list(STRATEGY_NAMES).index(r["strategy"]) if r["strategy"] in STRATEGY_NAMES else 99
     mech = r.get("mechanism") or "gaussian"
@@ -86,7 +93,7 @@ def table(runs: list[dict]) -> str:
             f" (z' {r['deployment_z']:.3f})" if r.get("noise_cohort") else ""
         )
         target = "-" if nodp else f"{r['target_epsilon']:g}"
-        d_ppl = "" if nodp or not b else _pct(_rel(r["final_test_ppl"], b["final_test_ppl"]))
+        d_ppl = "" if nodp or not b else _rel_pct(_rel(r["final_test_ppl"], b["final_test_ppl"]))
         d_top = (
             "" if nodp or not b else _pct(_rel(r.get("final_bar_top1"), b.get("final_bar_top1")))
         )
@@ -124,7 +131,7 @@ def targets(runs: list[dict], delta: float | None) -> str:
             hits.append((ok, dp_ppl, r))
             if ok:
                 parts.append(
-                    f"{r['id']} meets it (perplexity {_pct(dp_ppl)}, top-1 {_pct(dp_top)})"
+                    f"{r['id']} meets it (perplexity {_rel_pct(dp_ppl)}, top-1 {_pct(dp_top)})"
                 )
     if hits:
         best = min(hits, key=lambda h: h[1])[2]
@@ -137,7 +144,7 @@ def targets(runs: list[dict], delta: float | None) -> str:
         parts = ["Target 1 (epsilon <= 8 on the real population): no DP cell with its no-DP "
                  "baseline has run yet."]  # fmt: skip
     sims = [
-        f"{r['id']} perplexity {_pct(_rel(r['final_test_ppl'], b['final_test_ppl']))}, top-1 "
+        f"{r['id']} perplexity {_rel_pct(_rel(r['final_test_ppl'], b['final_test_ppl']))}, top-1 "
         f"{_pct(_rel(r.get('final_bar_top1'), b.get('final_bar_top1')))}"
         for r in rows
         if r.get("noise_cohort") and (b := base.get(r["strategy"])) is not None
@@ -154,7 +161,9 @@ def targets(runs: list[dict], delta: float | None) -> str:
         twin = next((a for a in rows if a["strategy"] == "fedavg" and _same_noise(a, r)), None)
         rel = None if twin is None else _rel(r["final_test_ppl"], twin["final_test_ppl"])
         if rel is not None:
-            pairs.append(f"{r['id']} {_pct(rel)} ({'met' if rel <= FEDATT_SLACK else 'missed'})")
+            pairs.append(
+                f"{r['id']} {_rel_pct(rel)} ({'met' if rel <= FEDATT_SLACK else 'missed'})"
+            )
     parts.append(
         "Target 2 (DP-FedAtt within 5% of DP-FedAvg's perplexity at the same epsilon, or "
         "better): " + ("; ".join(pairs) if pairs else "no pair has run yet") + "."
