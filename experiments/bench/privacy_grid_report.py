@@ -6,8 +6,9 @@ bench.privacy_report.rebuild, which sends a results.json with a "plan" record he
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
+
+from bench.privacy_report import _f, _g, _ppl
 
 STRATEGY_NAMES = {
     "fedavg": "DP-FedAvg",
@@ -18,22 +19,6 @@ MECHANISM_ORDER = ("gaussian", "tree", "blt")
 #: The issue's targets: at epsilon <= 8 on the real population, within 15% of the non-private
 #: perplexity and 10% of its top-1; DP-FedAtt within 5% of DP-FedAvg's perplexity.
 PPL_SLACK, TOP1_SLACK, FEDATT_SLACK, TARGET_EPSILON = 0.15, 0.10, 0.05, 8.0
-
-
-def _g(x, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}g}"
-
-
-def _f(x, digits: int = 2) -> str:
-    if x is None:
-        return "-"
-    return "inf" if math.isinf(x) else f"{x:.{digits}f}"
-
-
-def _ppl(x) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3g}" if x >= 1e6 else f"{x:.1f}"
 
 
 def _pct(x) -> str:

@@ -31,8 +31,8 @@ def _ppl(x) -> str:
     return f"{x:.3g}" if x >= 1e6 else f"{x:.1f}"
 
 
-def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
+def _g(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}g}"
 
 
 def cell_rows(runs: list[dict]) -> list[dict]:
