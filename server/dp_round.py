@@ -12,8 +12,9 @@
 
 The mechanisms are server.privacy (the gaussian mechanism and its RDP accountant), server.dp_ftrl
 (DP-FTRL's tree aggregation, Kairouz et al. 2021), server.dp_blt (DP-FTRL's BLT matrix
-factorization, Dvijotham et al. 2024) and server.adaptive_clip (Andrew et al. 2021, Algorithm 1). Without DP (no --dp-clip) the object holds none of them and every call is a no-op:
-the engine calls it the same way either way. Its noise is seeded by (seed, round), as the
+factorization, Dvijotham et al. 2024) and server.adaptive_clip (Andrew et al. 2021, Algorithm 1).
+Without DP (no --dp-clip) the object holds none of them and every call is a no-op: the engine
+calls it the same way either way. Its noise is seeded by (seed, round), as the
 engine's selection is, so a resumed run draws the same.
 """
 
