@@ -24,6 +24,15 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 TokenizerKind = Literal["word", "sentencepiece"]
 #: How the training text is cut into the phones' shards (corpora.partition does it).
 Scheme = Literal["iid", "user", "dirichlet", "articles"]
+#: How the server adds DP noise (server.privacy, server.dp_ftrl, server.dp_blt): independent
+#: Gaussian noise each round on a sampled cohort (DP-FedAvg), or DP-FTRL's noise on the running
+#: sum of the rounds' aggregates, correlated across rounds by tree aggregation or by a BLT matrix
+#: factorization, with no sampling, only a minimum separation between one phone's participations.
+#: Here, below the server, so that an export's privacy facts (export.metadata) name the same ones.
+DPMechanism = Literal["gaussian", "tree", "blt"]
+DP_MECHANISMS: tuple[DPMechanism, ...] = get_args(DPMechanism)
+#: The DP-FTRL mechanisms: no sampling, the minimum-separation rule (--dp-min-separation).
+FTRL_MECHANISMS: tuple[DPMechanism, ...] = ("tree", "blt")
 
 
 @dataclass

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common.config import DP_MECHANISMS, FTRL_MECHANISMS
+
 METADATA_KEY = "fedkey"
 FORMAT = "fedkey-onnx-1"
 
@@ -157,7 +159,7 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
                 if _number(info.get(source)) is not None:
                     clip[key] = info[source]
     mechanism = dp_info.get("mechanism") or accountant.get("mechanism")
-    if mechanism not in ("gaussian", "tree", "blt"):
+    if mechanism not in DP_MECHANISMS:
         mechanism = "gaussian" if accountant else None
     separation = dp_info.get("min_separation", accountant.get("min_separation"))
     adaptive = None
@@ -183,7 +185,7 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
         "rho": rho,
         "mechanism": mechanism if dp else None,
         "min_separation": separation
-        if dp and mechanism in ("tree", "blt") and _is_int(separation)
+        if dp and mechanism in FTRL_MECHANISMS and _is_int(separation)
         else None,
         "delta": _number(accountant.get("delta")) or _number(metrics.get("delta")),
         "target_epsilon": _number(accountant.get("target_epsilon")),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from common.config import TrainConfig
+from common.config import DP_MECHANISMS, FTRL_MECHANISMS, DPMechanism, TrainConfig
 from server.adaptive_clip import DEFAULT_CLIP_LR, count_sensitivity, count_stddev_problem
 
 #: The aggregation methods (server.strategies.STRATEGIES has a class for each, and `adafl`).
@@ -35,14 +35,6 @@ CLIP_SCOPES: tuple[ClipScope, ...] = get_args(ClipScope)
 #: replacement (replace-one adjacency) or Poisson sampling (add/remove-one; uniform FedAvg only).
 DPSampling = Literal["fixed", "poisson"]
 DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
-#: How DP noise is added (server.dp_ftrl, server.dp_blt): independent Gaussian noise each round
-#: on a sampled cohort (DP-FedAvg), or DP-FTRL's noise on the running sum of the rounds'
-#: aggregates, correlated across rounds by tree aggregation or by a BLT matrix factorization,
-#: with no sampling, only a minimum separation between one phone's participations.
-DPMechanism = Literal["gaussian", "tree", "blt"]
-DP_MECHANISMS: tuple[DPMechanism, ...] = get_args(DPMechanism)
-#: The DP-FTRL mechanisms: no sampling, the minimum-separation rule (--dp-min-separation).
-FTRL_MECHANISMS: tuple[DPMechanism, ...] = ("tree", "blt")
 #: Where `fedkey server` completes its rounds (server.aggregator): a child process, so the event
 #: loop shares no GIL with the aggregation, or a thread of the server process.
 AggregateIn = Literal["process", "thread"]

@@ -380,7 +380,7 @@
   // or DP-FTRL's tree or BLT with its separation b), "none" without DP, "not recorded" for an old
   // export.
   const isNum = (x) => typeof x === "number" && isFinite(x);
-  // DP-FTRL's mechanisms (server.config.FTRL_MECHANISMS) as the panel names them.
+  // DP-FTRL's mechanisms (common.config.FTRL_MECHANISMS) as the panel names them.
   const FTRL = { tree: "DP-FTRL tree aggregation", blt: "DP-FTRL BLT matrix factorization" };
   const sig = (x) => String(Number(x.toPrecision(3)));
   const sci = (x) => Number(x.toPrecision(3)).toExponential();
