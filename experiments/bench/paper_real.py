@@ -74,9 +74,10 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
     """The table's rows: per REAL task, its done runs in the suite's order (the 3-gram first)."""
     p = PRESETS[preset]
     mine = _mine(runs, preset)
+    suite = real_suite(p, runs)
     rows: list[list] = []
     for task, fraction in REAL:
-        specs = [s for s in real_suite(p, runs) if s.dataset == task.dataset]
+        specs = [s for s in suite if s.dataset == task.dataset]
         ngram = _ngram(mine, specs)
         for s in specs:
             r = mine.get(s.id)
@@ -102,9 +103,10 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     each against the 3-gram's, and the best federated perplexity against the centralized."""
     p = PRESETS[preset]
     mine = _mine(runs, preset)
+    suite = real_suite(p, runs)
     rows: list[list] = []
     for task, fraction in REAL:
-        specs = [s for s in real_suite(p, runs) if s.dataset == task.dataset]
+        specs = [s for s in suite if s.dataset == task.dataset]
         done = [mine[s.id] for s in specs if s.id in mine]
         if not done:
             continue
@@ -129,10 +131,11 @@ def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = No
     """The real suite's runs not done, per task: "not run yet", or how far one stopped got."""
     begun = begun or {}
     done = {r["id"] for r in runs if r.get("preset") == preset and r["suite"] == "real"}
+    suite = real_suite(PRESETS[preset], runs)
     parts = []
     for task, _ in REAL:
         left = [f"{s.method} ({_where(begun.get(f'{preset}/{s.id}'), s.kind)})"
-                for s in real_suite(PRESETS[preset], runs) if s.dataset == task.dataset
+                for s in suite if s.dataset == task.dataset
                 and s.id not in done]  # fmt: skip
         if left:
             parts.append(f"{NAMES[task.dataset]}: {'; '.join(left)}")
