@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 
 from cli.errors import UserError
+from common.config import DPMechanism
+from models.canary import CanaryFormat
 from runners.canary_audit import AuditConfig, arms
 
 audit_app = typer.Typer(
@@ -41,8 +43,11 @@ def print_table(runs: list[dict]) -> None:
     Console(width=max(console.width, 150)).print(table)  # a log file is not 80 columns
 
 
-@audit_app.command("canary")
+@audit_app.command(
+    "canary", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
 def audit_canary(
+    ctx: typer.Context,
     rounds: int = typer.Option(_DEFAULT.rounds, "--rounds", "-R", min=1, help="Rounds per arm."),
     repeats: int = typer.Option(
         _DEFAULT.repeats,
@@ -73,6 +78,27 @@ def audit_canary(
         min=0.0,
         help="The DP arms' noise multiplier z (repeatable: a DP-FedAvg and a DP-FedAtt arm each).",
     ),
+    dp_mechanism: DPMechanism = typer.Option(
+        _DEFAULT.dp_mechanism,
+        "--dp-mechanism",
+        help="How the DP arms add noise: gaussian (DP-FedAvg), tree or blt (DP-FTRL), as for simulate.",
+    ),
+    bound_norm: float | None = typer.Option(
+        _DEFAULT.bound_norm,
+        "--bound-norm",
+        min=1e-6,
+        help="Clip the no-DP arms' updates to this norm too (--bound fixed), as a privacy table's no-DP cells do; default: no bound (--bound off).",
+    ),
+    canary_format: str = typer.Option(
+        _DEFAULT.canary_format,
+        "--canary-format",
+        help="The secret's template, '_' per slot (FEDKEY_CANARY_FORMAT of every arm); its words must be in the corpus's vocabulary.",
+    ),
+    canary_alphabet: str = typer.Option(
+        _DEFAULT.canary_alphabet,
+        "--canary-alphabet",
+        help="The words each slot takes, space-separated (FEDKEY_CANARY_ALPHABET), e.g. '0 1 2 3 4 5 6 7 8 9'.",
+    ),
     data: str = typer.Option(
         _DEFAULT.data,
         "--data",
@@ -102,7 +128,8 @@ def audit_canary(
     """Plant a random secret ('my secret is _ _ _ _', 10^4 candidates) k times in one phone's
     shard and measure its exposure every round (Carlini et al. 2019: log2 |R| - log2 rank; 13.3
     bits = ranked first, ~1.4 = chance) for FedAvg and FedAtt, without DP (no bound on updates)
-    and with DP. An arm already in results.json with the same command is not run again, so an
+    and with DP. Options after `--` go to every arm's `fedkey simulate` (e.g. `-- --vocab-size
+    2000 --lr 3`). An arm already in results.json with the same command is not run again, so an
     interrupted audit resumes."""
     from runners.canary_audit import run_audit
 
@@ -117,7 +144,16 @@ def audit_canary(
         dp_noise_multipliers=tuple(dp_noise_multiplier),
         seed=seed,
         workers=workers,
+        dp_mechanism=dp_mechanism,
+        bound_norm=bound_norm,
+        canary_format=" ".join(canary_format.split()),
+        canary_alphabet=" ".join(canary_alphabet.replace(",", " ").split()),
+        simulate_args=tuple(ctx.args),
     )
+    try:
+        CanaryFormat.parse(cfg.canary_format, cfg.canary_alphabet)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     try:
         runs = run_audit(
             cfg,

@@ -8,8 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE
+
 __all__ = [
     "STRATEGIES",
+    "number",
     "Arm",
     "AuditConfig",
     "arms",
@@ -41,6 +44,16 @@ class AuditConfig:
     max_eval_sentences: int = 200
     seed: int = 0
     workers: int = 2
+    dp_mechanism: str = "gaussian"  # --dp-mechanism of the DP arms: gaussian, tree or blt
+    # The target epsilon each noise multiplier was calibrated for (the research harness's
+    # bench.canary_irc): names the arms by it; empty: by z.
+    dp_epsilons: tuple[float, ...] = ()
+    # The no-DP arms' server bound: None, none (--bound off, the seed papers'); S, the same
+    # clip as the DP arms without noise (--bound fixed --bound-norm S, the privacy table's).
+    bound_norm: float | None = None
+    canary_format: str = DEFAULT_TEMPLATE  # FEDKEY_CANARY_FORMAT: its words must be in the vocab
+    canary_alphabet: str = " ".join(DEFAULT_ALPHABET)
+    simulate_args: tuple[str, ...] = ()  # more `fedkey simulate` options, the same for every arm
 
     def flags(self, repeats: int) -> list[str]:
         return [
@@ -49,7 +62,23 @@ class AuditConfig:
             "--local-epochs", str(self.local_epochs), "--max-eval-sentences",
             str(self.max_eval_sentences), "--ksr-sentences", "0", "--seed", str(self.seed),
             "--canary", "--canary-repeats", str(repeats), "--workers", str(self.workers),
+            *self.simulate_args,
         ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        """The canary format's variables a child needs (none for the default format)."""
+        env = {}
+        if self.canary_format != DEFAULT_TEMPLATE:
+            env["FEDKEY_CANARY_FORMAT"] = self.canary_format
+        if self.canary_alphabet != " ".join(DEFAULT_ALPHABET):
+            env["FEDKEY_CANARY_ALPHABET"] = self.canary_alphabet
+        return env
+
+
+def number(x: float) -> str:
+    """`x` as a flag value: %g where that is exact (1, 0.1), else every digit (a calibrated z)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 @dataclass(frozen=True)
@@ -59,40 +88,66 @@ class Arm:
     strategy: str
     noise: float | None = None  # the DP noise multiplier z; None: no DP
     planted: bool = True  # False: the control, nothing planted (--canary-repeats 0)
+    mechanism: str = "gaussian"  # --dp-mechanism
+    epsilon: float | None = None  # the target epsilon z was calibrated for, if any
 
     @property
     def dp(self) -> bool:
         return self.noise is not None
 
     def flags(self, cfg: AuditConfig) -> list[str]:
-        if self.noise is None:  # the undefended arm: no bound on any phone's update
-            return ["--strategy", self.strategy, "--bound", "off"]
+        if self.noise is None:  # no DP: no bound on any phone's update, or the DP arms' clip
+            if cfg.bound_norm is None:
+                return ["--strategy", self.strategy, "--bound", "off"]
+            return ["--strategy", self.strategy, "--bound", "fixed", "--bound-norm",
+                    number(cfg.bound_norm)]  # fmt: skip
+        mechanism = [] if self.mechanism == "gaussian" else ["--dp-mechanism", self.mechanism]
         return [
-            "--strategy", self.strategy, "--dp-clip", f"{cfg.dp_clip:g}",
-            "--dp-noise-multiplier", f"{self.noise:g}",
+            "--strategy", self.strategy, "--dp-clip", number(cfg.dp_clip),
+            "--dp-noise-multiplier", number(self.noise), *mechanism,
         ]  # fmt: skip
 
 
 STRATEGIES = (("fedavg", "FedAvg"), ("fedatt", "FedAtt"))
 
 
+def _dp_names(strategy: str, name: str, z: float, mech: str, eps: float | None) -> tuple[str, str]:
+    """A DP arm's id and label: by its target epsilon where it has one (the privacy table's cell
+    ids: fedavg-eps8, fedavg-blt-eps8), else by z (fedavg-dp-z1, fedavg-blt-z1)."""
+    tag = "" if mech == "gaussian" else f" ({mech})"
+    if eps is not None:
+        prefix = "" if mech == "gaussian" else f"-{mech}"
+        return f"{strategy}{prefix}-eps{eps:g}", f"DP-{name}{tag} eps {eps:g} (z {z:.3g})"
+    prefix = "-dp" if mech == "gaussian" else f"-{mech}"
+    return f"{strategy}{prefix}-z{z:g}", f"DP-{name}{tag} z {z:g}"
+
+
 def arms(cfg: AuditConfig) -> list[Arm]:
     """FedAvg and FedAtt without DP, then with DP at each noise multiplier of `cfg`, each DP arm
     beside its control (the same run with nothing planted)."""
+    if cfg.dp_epsilons and len(cfg.dp_epsilons) != len(cfg.dp_noise_multipliers):
+        raise ValueError("give one target epsilon per noise multiplier, or none")
     out = [Arm(s, name, s) for s, name in STRATEGIES]
-    for z in cfg.dp_noise_multipliers:
+    targets: tuple[float | None, ...] = cfg.dp_epsilons or (None,) * len(cfg.dp_noise_multipliers)
+    for z, eps in zip(cfg.dp_noise_multipliers, targets, strict=True):
         for s, name in STRATEGIES:
-            out.append(Arm(f"{s}-dp-z{z:g}", f"DP-{name} z {z:g}", s, z))
+            arm_id, label = _dp_names(s, name, z, cfg.dp_mechanism, eps)
+            out.append(Arm(arm_id, label, s, z, mechanism=cfg.dp_mechanism, epsilon=eps))
             out.append(
-                Arm(f"{s}-dp-z{z:g}-control", f"DP-{name} z {z:g}, not planted", s, z, False)
+                Arm(
+                    f"{arm_id}-control", f"{label}, not planted", s, z, False, cfg.dp_mechanism, eps
+                )  # fmt: skip
             )
     return out
 
 
 def command(arm: Arm, cfg: AuditConfig, run_dir: Path) -> list[str]:
-    """The fedkey command line of one arm (without the interpreter)."""
+    """The fedkey command line of one arm (without the interpreter), after `env NAME=value` for
+    a canary format other than the default (FEDKEY_CANARY_FORMAT, _ALPHABET)."""
     flags = cfg.flags(cfg.repeats if arm.planted else 0)
-    return ["fedkey", "simulate", *flags, *arm.flags(cfg), "--out", str(run_dir)]
+    env = cfg.environment()
+    prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+    return [*prefix, "fedkey", "simulate", *flags, *arm.flags(cfg), "--out", str(run_dir)]
 
 
 def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
@@ -104,6 +159,8 @@ def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
         "strategy": arm.strategy,
         "dp": arm.dp,
         "noise_multiplier": arm.noise,
+        "mechanism": arm.mechanism if arm.dp else None,
+        "target_epsilon": arm.epsilon,
         "planted": arm.planted,
         "rounds": last["round"],
         "exposure": last["canary_exposure"],
@@ -134,11 +191,13 @@ def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
 
 
 def select(choices: list[Arm], only: list[str] | None) -> list[Arm]:
+    """The arms named in `only`, in its order (all of them without)."""
     if not only:
         return choices
-    unknown = [o for o in only if o not in {a.id for a in choices}]
+    by_id = {a.id: a for a in choices}
+    unknown = [o for o in only if o not in by_id]
     if unknown:
         raise ValueError(
             f"no arm {', '.join(unknown)}; the arms are {', '.join(a.id for a in choices)}"
         )
-    return [a for a in choices if a.id in only]
+    return [by_id[o] for o in dict.fromkeys(only)]

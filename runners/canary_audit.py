@@ -89,6 +89,14 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _split_env(cmd: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`env NAME=value ... fedkey ...` -> ({NAME: value}, ["fedkey", ...])."""
+    if not cmd or cmd[0] != "env":
+        return {}, cmd
+    at = cmd.index("fedkey")
+    return dict(item.split("=", 1) for item in cmd[1:at]), cmd[at:]
+
+
 def run_fedkey(
     run_id: str,
     cmd: list[str],
@@ -97,7 +105,8 @@ def run_fedkey(
     on_round: Callable[[int], None] = lambda n: None,
     results: Path | None = None,
 ) -> tuple[list[dict], dict]:
-    """Run `cmd` (["fedkey", verb, ...]) with this interpreter, its output in RUN_DIR/log.txt;
+    """Run `cmd` (["fedkey", verb, ...], maybe after ["env", "NAME=value", ...]) with this
+    interpreter, its output in RUN_DIR/log.txt;
     -> (its metrics rows, the provenance fields of its results.json object). `on_round(rounds
     recorded so far)` follows metrics.jsonl. Ctrl-C stops the child; a failed run raises
     RuntimeError with the end of its log. `results`: the folder the audit writes into, which is
@@ -111,10 +120,14 @@ def run_fedkey(
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", top or ".", *aside))
     line = shlex.join(cmd)
     (run_dir / "command.txt").write_text(line + "\n")
+    assigned, argv = _split_env(cmd)
     start = time.perf_counter()
     with (run_dir / "log.txt").open("w") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "cli", *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "cli", *argv[1:]],
+            env={**env, **assigned},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             while child.poll() is None:
@@ -184,6 +197,12 @@ def run_audit(
         result = run_arm(arm, cfg, runs_dir, on_round=follow, results=out)
         follow(cfg.rounds)
         store.add(result, audit_command)
+        if arm.planted and not result["canary_rounds"]:
+            bar.write(
+                f"{arm.label}: {result['canary_phone']}, the phone holding the secret, was in no "
+                "round's aggregate, so this arm measures nothing: run more rounds, a larger "
+                "--fraction or another --seed"
+            )
         bar.write(
             f"{arm.label}: exposure {result['exposure']:.2f} bits (max "
             f"{result['max_exposure']:.2f}), test ppl {result['test_ppl']:.1f}, "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from common.files import atomic_write
-from models.canary import CanaryFormat
+from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from runners.canary_arms import STRATEGIES
 
 __all__ = ["CHANCE", "Results", "mean_exposure", "per_round_table", "plot", "write_report"]
@@ -141,7 +141,10 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
     if not runs:
         return
     cfg = runs[0]["config"]
-    fmt = CanaryFormat()
+    fmt = CanaryFormat.parse(
+        cfg.get("canary_format", DEFAULT_TEMPLATE),
+        cfg.get("canary_alphabet", " ".join(DEFAULT_ALPHABET)),
+    )
     secret = fmt.draw(cfg["seed"])
     bits = math.log2(fmt.size)
     phone = runs[0]["canary_phone"]
@@ -168,9 +171,10 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "# Canary audit: memorization of one phone's secret",
         "",
         f"The secret `{secret}` (drawn with seed {cfg['seed']} from `{fmt.template}`, each `_` one "
-        f"of {len(fmt.alphabet)} number words: |R| = {fmt.size:,} candidates) is planted "
-        f"{cfg['repeats']} times in the shard of {phone}, one of {cfg['clients']} phones "
-        f"(the demo corpus, one phone per owner); {m} of them train each round, "
+        f"of the {len(fmt.alphabet)} words {' '.join(fmt.alphabet)}: |R| = {fmt.size:,} candidates) "
+        f"is planted {cfg['repeats']} times in the shard of {phone}, one of {cfg['clients']} "
+        f"phones (the {Path(cfg['data']).name} corpus, one phone per owner, the largest "
+        f"first); {m} of them train each round, "
         f"E = {cfg['local_epochs']}, {cfg['rounds']} rounds. Exposure (Carlini et al. 2019, "
         '"The Secret Sharer") = log2 |R| - log2 rank of the secret among all candidates by the '
         f"global model's likelihood, computed exactly every round: {bits:.2f} bits when the "
@@ -178,12 +182,17 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         "the secret ranks it uniformly at random, so it shows an exposure of x bits or more with "
         "probability 2^-x: 4.3 bits 1 time in 20, 6.6 bits 1 time in 100, per round.",
         "",
-        "Without DP no update is bounded (`--bound off`, the seed papers' server). "
+        (
+            "Without DP no update is bounded (`--bound off`, the seed papers' server). "
+            if cfg.get("bound_norm") is None
+            else f"Without DP every update is clipped to the DP arms' S = {cfg['bound_norm']:g} "
+            "(`--bound fixed`) and no noise is added. "
+        )
         + (
             f"With DP (`--dp-clip {cfg['dp_clip']:g} --dp-noise-multiplier z`) the server clips "
             "each update to S and adds to every weight Gaussian noise of std z x the aggregate's "
             f"sensitivity (2S/m for the uniform mean of m = {m} updates, larger for FedAtt's "
-            "attention: the 'noise std' column); epsilon at delta 1e-5 after the last round. "
+            "attention: the 'noise std' column); epsilon at the server's delta after the last round. "
             "Each DP arm runs again with nothing planted (`--canary-repeats 0`): the same "
             "cohorts and the same seeded noise, so the difference between the two is what the "
             f"phone's data did. The initial model's test perplexity is "

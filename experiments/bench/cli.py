@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from bench.aggregation import command as bench_aggregation
+from bench.canary_irc import command as bench_canary
 from bench.checkout import RESULTS
 from bench.cohorts import command as bench_cohorts
 from bench.load import DATABASES, FRACTION
@@ -454,6 +455,7 @@ def bench_load(
 
 app.command("aggregation")(bench_aggregation)
 app.command("cohorts")(bench_cohorts)
+app.command("canary")(bench_canary)
 
 
 @app.command("peers")

@@ -1,0 +1,232 @@
+"""`fedkey-bench canary --workload irc` (issue 52, item 6): the canary audit (`fedkey audit canary`,
+runners.canary_audit) on the privacy-utility table's population, settings and noise.
+
+Every arm is one of the privacy table's cells (bench.privacy, workload ``irc``) with a secret
+planted: the same Settings fields (bench.privacy.settings_fields: 2,000 phones, one per sender,
+vocabulary 2,000, cohorts of 100, 12 rounds, E 1, B 10, SGD lr 3, GRU h64, the probe's clip S,
+delta 1/N^1.1), the same z for a target epsilon under a mechanism (bench.privacy.calibrate_cell,
+the server's own accounting), `--workers 0`. The no-DP arm is the table's no-DP cell (the same
+clip S as a fixed bound, no noise). Each DP arm runs again with nothing planted.
+
+The secret's format: the audit's default 'my secret is _ _ _ _' over one .. ten is not in this
+vocabulary ('secret' and four .. ten are not among the 2,000 words), so the secret here is
+'my password is _ _ _ _' over the digits 0 .. 9 (10^4 candidates, every word in the vocabulary;
+the run refuses a format with an unknown word, models.canary.check_vocabulary). It is planted in
+the first phone's shard: the sender with the most training messages.
+
+The arms run in PRIORITY order, each `fedkey simulate` a child process; results.json keeps each
+arm with its command, so an interrupted bench resumes, and ``until`` stops it from starting an
+arm after a given time. The page (OUT/results.md) is runners.canary_report's, with this
+workload's notes after its title.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from bench.checkout import RESULTS
+from bench.paper import Bench
+from bench.privacy import PROBE_ID, WORKLOADS, Cell, Protocol, _config, calibrate_cell
+from bench.privacy import settings_fields as privacy_fields
+from runners.canary_arms import AuditConfig, arms, number
+from runners.canary_audit import Results, run_audit, write_report
+
+#: The secret's format: all of its words are in the IRC workload's 2,000-word vocabulary.
+FORMAT = "my password is _ _ _ _"
+ALPHABET = "0 1 2 3 4 5 6 7 8 9"
+REPEATS = 20  # copies of the secret in the planted phone's shard (the audit's default)
+#: The arms in the order they run: (mechanism, target epsilon); (None, None): no DP.
+PRIORITY: tuple[tuple[str | None, float | None], ...] = (
+    (None, None),
+    ("gaussian", 8.0),
+    ("blt", 8.0),
+    ("blt", 2.0),
+    ("gaussian", 2.0),
+    ("gaussian", 4.0),
+    ("blt", 4.0),
+    ("gaussian", 1.0),
+    ("blt", 1.0),
+    ("tree", 8.0),
+    ("tree", 2.0),
+)
+#: The Settings fields the audit's own options set (AuditConfig.flags, Arm.flags).
+AUDIT_FIELDS = {
+    "data", "seed", "fraction", "local_epochs", "max_eval_sentences", "ksr_sentences",
+    "strategy", "bound", "bound_norm", "dp_clip", "dp_noise_multiplier", "dp_mechanism",
+}  # fmt: skip
+
+
+def probe_clip(protocol: Protocol, privacy_out: Path) -> float:
+    """The privacy table's clip S: its probe's, read from PRIVACY_OUT/results.json (the probe of
+    these settings; never run here)."""
+    config = _config(
+        privacy_fields(protocol, "fedavg", None, None), protocol.probe_rounds, protocol
+    )
+    probe = next(
+        (r for r in Bench(privacy_out).read() if r["id"] == PROBE_ID and r["config"] == config),
+        None,
+    )
+    if probe is None:
+        raise ValueError(
+            f"{privacy_out / 'results.json'} has no clip probe of this workload: run "
+            "`fedkey-bench privacy --workload irc --only fedavg-nodp` first, or pass --clip"
+        )
+    return float(probe["clip"])
+
+
+def flags(fields: dict) -> list[str]:
+    """`fedkey simulate` options for Settings `fields` (None: the default, left out)."""
+    out = []
+    for key, value in sorted(fields.items()):
+        if value is None:
+            continue
+        text = number(value) if isinstance(value, float) else str(value)
+        out += [f"--{key.replace('_', '-')}", text]
+    return out
+
+
+def audit_config(
+    protocol: Protocol, clip: float, mechanism: str, epsilons: tuple[float, ...]
+) -> AuditConfig:
+    """The audit of the table's FedAvg cells under `mechanism` at `epsilons`, z calibrated as
+    the table's (calibrate_cell)."""
+    cells = [calibrate_cell(protocol, Cell("fedavg", e, mechanism=mechanism)) for e in epsilons]
+    shared = privacy_fields(protocol, "fedavg", clip, None)
+    return AuditConfig(
+        data=protocol.data,
+        clients=protocol.clients,
+        fraction=protocol.fraction,
+        rounds=protocol.rounds,
+        local_epochs=protocol.local_epochs,
+        repeats=REPEATS,
+        dp_clip=clip,
+        dp_noise_multipliers=tuple(float(c.noise_multiplier or 0.0) for c in cells),
+        dp_epsilons=epsilons,
+        max_eval_sentences=protocol.max_eval_sentences,
+        seed=protocol.seed,
+        workers=0,
+        dp_mechanism=mechanism,
+        bound_norm=clip,
+        canary_format=FORMAT,
+        canary_alphabet=ALPHABET,
+        simulate_args=tuple(flags({k: v for k, v in shared.items() if k not in AUDIT_FIELDS})),
+    )
+
+
+def planned(protocol: Protocol, clip: float) -> list[tuple[AuditConfig, list[str]]]:
+    """Each step of PRIORITY: the audit that runs it and its arms' ids (FedAvg, planted then
+    not planted); mechanisms the protocol cannot run are left out."""
+    steps = []
+    for mech, eps in PRIORITY:
+        if eps is not None and (mech not in protocol.mechanisms or eps not in protocol.epsilons):
+            continue
+        cfg = audit_config(protocol, clip, mech or "gaussian", () if eps is None else (eps,))
+        ids = [a.id for a in arms(cfg) if a.strategy == "fedavg" and (a.dp == (eps is not None))]
+        steps.append((cfg, ids))
+    return steps
+
+
+def notes(protocol: Protocol, clip: float) -> str:
+    """This workload's paragraph of the page."""
+    return (
+        "The population and settings of the privacy-utility table on Ubuntu IRC "
+        "(experiments/results/privacy-irc, `fedkey-bench privacy --workload irc`): "
+        f"{protocol.clients:,} phones, one per sender (the {protocol.clients:,} with the most "
+        f"training messages), vocabulary {protocol.vocab_size:,}, cohorts of {protocol.cohort} "
+        f"(C {protocol.fraction:g}), {protocol.rounds} rounds, E {protocol.local_epochs}, "
+        f"B {protocol.batch_size}, SGD lr {protocol.lr:g}, GRU h{protocol.hidden_size}, clip "
+        f"S = {clip:.3g} (the table's probe), delta 1/N^1.1; each DP arm's z is the table's "
+        "for its target epsilon and mechanism (bench.privacy.calibrate_cell on the server's "
+        "accountant; DP-FTRL at the default separation b = floor(N/m), so a phone trains at "
+        "most once in these rounds). The no-DP arm is the table's no-DP cell: the same clip, no "
+        "noise. The audit's default secret format is not in this vocabulary ('secret' and "
+        "four .. ten are not among its words), so the secret is drawn from "
+        f"`{FORMAT}` over the digits {ALPHABET}. The planted phone is the sender with the most "
+        "training messages; the column 'rounds with' says in which rounds its update was "
+        "aggregated (the cohort of round 1 is drawn from every phone under every mechanism, "
+        "with the same seeded draw)."
+    )
+
+
+def write_page(out: Path, protocol: Protocol, clip: float) -> Path:
+    """OUT/results.md: the audit's report with this workload's notes after its title."""
+    results = Results(out)
+    write_report(results.read(), out, results.commands())
+    page = out / "results.md"
+    title, rest = page.read_text().split("\n", 1)
+    title = "# Canary exposure on the IRC population at the privacy table's epsilons"
+    page.write_text(f"{title}\n\n{notes(protocol, clip)}\n{rest}")
+    return page
+
+
+def run(
+    out: Path,
+    runs_dir: Path,
+    privacy_out: Path,
+    clip: float | None = None,
+    until: dt.datetime | None = None,
+    bench_command: str = "",
+    workload: str = "irc",
+) -> list[dict]:
+    """Run the arms not yet in OUT/results.json in PRIORITY order, starting none after `until`
+    (UTC); -> every arm recorded."""
+    protocol = replace(WORKLOADS[workload], workers=0)
+    s = probe_clip(protocol, privacy_out) if clip is None else clip
+    for cfg, ids in planned(protocol, s):
+        for arm_id in ids:
+            if until is not None and dt.datetime.now(dt.UTC) >= until:
+                print(f"stopped at {until:%H:%M} UTC before {arm_id}; run again to resume")
+                write_page(out, protocol, s)
+                return Results(out).read()
+            run_audit(cfg, out, runs_dir, only=[arm_id], audit_command=bench_command)
+            write_page(out, protocol, s)
+    write_page(out, protocol, s)
+    return Results(out).read()
+
+
+def command(
+    workload: str = typer.Option(
+        "irc", "--workload", help="The privacy table's workload (one phone per sender: irc)."
+    ),
+    clip: float | None = typer.Option(
+        None, "--clip", min=1e-6, help="The clip S (default: the privacy table's probe)."
+    ),
+    until: str | None = typer.Option(
+        None, "--until", help="Start no arm after this UTC time, HH:MM (run again to resume)."
+    ),
+    out: Path = typer.Option(
+        RESULTS / "canary-irc", "--out", help="Where results.json and results.md are written."
+    ),
+    runs_dir: Path = typer.Option(
+        Path("runs/bench/canary-irc"), "--runs-dir", help="Each arm's run folder."
+    ),
+) -> None:
+    """The canary audit on the privacy table's population at its target epsilons (FedAvg without
+    DP, then DP-FedAvg under gaussian and blt at epsilon 8, 2, 4, 1, then tree), each DP arm
+    also with nothing planted; resumable."""
+    from cli.errors import UserError
+
+    senders = [name for name, p in WORKLOADS.items() if p.partition == "user"]
+    if workload not in senders:
+        raise UserError(f"--workload {workload}: the audit needs one phone per sender: "
+                        f"choose {' or '.join(senders)}")  # fmt: skip
+    stop = None
+    if until is not None:
+        try:
+            at = dt.datetime.strptime(until, "%H:%M").time()
+        except ValueError:
+            raise UserError(f"--until {until}: give a UTC time as HH:MM, e.g. 17:05") from None
+        stop = dt.datetime.combine(dt.datetime.now(dt.UTC).date(), at, tzinfo=dt.UTC)
+    privacy_out = RESULTS / ("privacy" if workload == "ptb" else f"privacy-{workload}")
+    try:
+        run(out, runs_dir, privacy_out, clip, stop,
+            shlex.join(["fedkey-bench", *sys.argv[1:]]), workload)  # fmt: skip
+    except (ValueError, RuntimeError) as e:
+        raise UserError(str(e)) from None
+    typer.echo(f"report: {out / 'results.md'}")
