@@ -8,6 +8,7 @@ rename when the server writes it. Read the config with `safetensors.safe_open(p,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +133,16 @@ def checkpoint_bytes(
     )
 
 
-def public_bytes(path: str | Path) -> bytes:
+def public_bytes(
+    path: str | Path, metrics: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> bytes:
     """The checkpoint as served to devices: without the server's private memory (the strategy's
-    per-device scores and sample counts, the accountant), which only a restarted server needs."""
+    per-device scores and sample counts, the accountant), which only a restarted server needs;
+    `metrics`, when given, maps its metrics row to the row devices may see."""
     meta = read_metadata(path)
     meta.pop("server", None)
+    if metrics is not None and "metrics" in meta:
+        meta["metrics"] = metrics(meta["metrics"])
     state = st_load(Path(path).read_bytes())
     return st_save(state, metadata={"fedkey": json.dumps(meta)})
 

@@ -58,6 +58,7 @@ from server.driver import RoundDriver
 from server.engine import Federation
 from server.events import EventBus
 from server.global_model import GlobalModel
+from server.metrics_row import PHONE_EVENT_KEYS, public_row
 from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
@@ -90,7 +91,10 @@ class Coordinator:
     def __init__(self, settings: Settings, telemetry: Telemetry | None = None):
         self.settings = settings
         self.telemetry = telemetry or Telemetry()
-        self.events = EventBus(settings.event_queue_size)
+        self.privacy = settings.privacy_config()
+        # Under DP no published event names a phone (server.metrics_row.public_row's argument).
+        redact = PHONE_EVENT_KEYS if self.privacy.dp else frozenset()
+        self.events = EventBus(settings.event_queue_size, redact=redact)
         self.root = Path(settings.storage).resolve()
         self.uploads_dir = self.root / "uploads"
         secret = settings.enrollment_secret
@@ -344,8 +348,9 @@ class Coordinator:
         return {"status": "ok", "round": driver.shown_round(), "state": driver.state}
 
     def metrics_rows(self) -> list[dict]:
-        """The metrics rows, NaN and infinities (a diverged run) as null: JSON has neither, and
-        PostgreSQL stores them so (server.db.finite_json)."""
+        """The metrics rows as published (server.metrics_row.public_row: under DP no phone
+        named), NaN and infinities (a diverged run) as null: JSON has neither, and PostgreSQL
+        stores them so (server.db.finite_json)."""
         with self.sessions() as db:
             rows = [m.row for m in db.scalars(select(MetricRow).order_by(MetricRow.round))]
-        return [finite_json(row) for row in rows]
+        return [finite_json(public_row(row, self.privacy)) for row in rows]

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from models.tokenizers import Tokenizer
 from server.config import FederationConfig, scheduled_lr
 from server.dp_round import RoundPrivacy
 from server.influence import bound_round
-from server.metrics_row import public_info
+from server.metrics_row import public_info, public_row
 from server.seeds import client_seed as client_seed  # re-exported: callers import it here
 from server.server_opt import ServerOptimizer
 from server.storage import RunStorage, prune_checkpoints
@@ -323,7 +324,9 @@ class Federation:
         """The current global model as devices download it (models.checkpoint.public_bytes):
         kept in memory from the round that wrote it; read from its file once after a resume."""
         if self._public is None or self._public[0] != self.round:
-            self._public = (self.round, public_bytes(self.storage.checkpoint_path(self.round)))
+            path = self.storage.checkpoint_path(self.round)
+            row = partial(public_row, privacy=self.config.privacy)
+            self._public = (self.round, public_bytes(path, metrics=row))
         return self._public[1]
 
     @property
@@ -396,7 +399,7 @@ class Federation:
             self.tokenizer,
             round_idx=r,
             strategy=strategy,
-            extra={"metrics": row},
+            extra={"metrics": public_row(row, self.config.privacy)},
         )
         self._public = (r, public)
         if opt_buffers is not None:

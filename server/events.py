@@ -55,7 +55,10 @@ class Subscription:
 class EventBus:
     """Fan-out of events to subscribers. Publish from the event loop's thread."""
 
-    def __init__(self, queue_size: int = 256):
+    def __init__(self, queue_size: int = 256, redact: frozenset[str] = frozenset()):
+        """`redact`: fields no published event carries (under DP the phones' ids:
+        server.metrics_row.PHONE_EVENT_KEYS, set by the coordinator)."""
+        self.redact = redact
         self.queue_size = queue_size
         self.subscribers: set[Subscription] = set()
         self.closed = False
@@ -72,7 +75,8 @@ class EventBus:
         self.subscribers.discard(sub)
 
     def publish(self, type_: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": type_, "time": time.time(), **fields}
+        kept = {k: v for k, v in fields.items() if k not in self.redact}
+        event = {"type": type_, "time": time.time(), **kept}
         for sub in list(self.subscribers):
             sub.put(event)
         return event

@@ -40,11 +40,16 @@ ALWAYS: dict[str, RowField] = {
         "The corpus the phones trained on: its name (`demo`, `nus-sms`, `ubuntu-irc`, or the "
         "folder or file `--data` named, e.g. `ptb`).",
     ),
-    "selected": RowField("list[str]", "The phones the strategy selected for this round."),
+    "selected": RowField(
+        "list[str]",
+        "The phones the strategy selected for this round (under DP: only in the server's own "
+        "metrics.jsonl, never in what it publishes).",
+    ),
     "aggregated": RowField(
         "list[str]",
         "The phones whose updates went into the new global model (those that uploaded, and "
-        "passed the checks and the outlier filter, in time).",
+        "passed the checks and the outlier filter, in time; under DP: only in the server's own "
+        "metrics.jsonl, never in what it publishes).",
     ),
     "val_ppl": RowField(
         "float",
@@ -269,8 +274,8 @@ def public_info(info: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     under Poisson sampling, the exact cohort size, can each tell a phone's presence or its data,
     and epsilon would then bound nothing. Rows are public (GET /v1/metrics, metrics.jsonl, the
     checkpoint devices download, the export's privacy facts), so the row keeps only what the
-    guarantee covers; the server's own memory (the strategy's after_round state) is not the row's and
-    keeps what it needs. A key of an unknown shape is left out (an allow-list, not a deny-list).
+    guarantee covers (and, as published, names no phone: public_row); the server's own memory (the
+    strategy's after_round state) is not the row's and keeps what it needs. A key of an unknown shape is left out (an allow-list, not a deny-list).
     """
     if not privacy.dp:
         return info
@@ -286,3 +291,23 @@ def public_info(info: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
         elif isinstance(value, Mapping):
             public[key] = {k: v for k, v in value.items() if k in allowed}
     return public
+
+
+#: The row's fields that name phones, and the event fields that do (server.events).
+PHONE_KEYS = frozenset({"selected", "aggregated"})
+PHONE_EVENT_KEYS = frozenset({"device_id", "cohort", "aggregated", "selected"})
+
+
+def public_row(row: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
+    """The metrics row as the server publishes it (GET /v1/metrics, the checkpoint devices
+    download): under DP without the phones it names (PHONE_KEYS); without DP `row` itself.
+
+    Why: which phones were aggregated is an exact function of their updates (the checks and the
+    outlier filter decide it), and under Poisson sampling which phones were selected is the very
+    presence that add/remove-one adjacency protects; neither is a release the accountant paid for
+    (public_info's argument). The server, the trusted curator of central DP, keeps them in its
+    own records (metrics.jsonl, its database, its log).
+    """
+    if not privacy.dp:
+        return row
+    return {k: v for k, v in row.items() if k not in PHONE_KEYS}

@@ -13,6 +13,7 @@ from tests.support.http import (
     SECRET,
     Phone,
     enroll_phones,
+    header_metadata,
     make_settings,
     metrics,
     run_round,
@@ -188,3 +189,28 @@ def test_long_poll_waits_for_a_change_and_misses_none(tmp_path):
         t = time.monotonic()
         assert a.current(wait=20)["uploaded"] is True
         assert time.monotonic() - t < 5
+
+
+def test_under_dp_what_the_server_publishes_names_no_phone(tmp_path):
+    """Issue 52: which phones were selected and aggregated is not a release the accountant paid
+    for (server.metrics_row.public_row): GET /v1/metrics, the model devices download and the
+    event stream of a DP run name no phone; the server's own metrics.jsonl still does."""
+    settings = make_settings(
+        tmp_path, rounds=1, fraction=0.5, wait_devices=4, dp_clip=1.0, dp_noise_multiplier=1.0
+    )
+    with running(settings) as client:
+        with client.websocket_connect("/v1/events") as ws:
+            phones = enroll_phones(client, 4)
+            run_round(phones)
+            rows = wait_round(client, 1)
+            events = []
+            while not events or events[-1]["type"] != "run_finished":
+                events.append(ws.receive_json())
+        served = header_metadata(client.get("/v1/model").content)["metrics"]
+    names = [p.name for p in phones]
+    published = json.dumps([rows, served, events])
+    assert rows[1]["epsilon"] > 0 and served["round"] == 1
+    assert not any(name in published for name in names)
+    assert {"update_received", "round_aggregated", "device_enrolled"} <= {e["type"] for e in events}
+    own = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert len(own["aggregated"]) == 2 and set(own["selected"]) <= set(names)

@@ -13,7 +13,7 @@ import torch
 
 from models.checkpoint import read_metadata
 from server.config import PrivacyConfig
-from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, public_info
+from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, PHONE_KEYS, public_info, public_row
 from tests.support.federation import seeded_updates
 
 PHONES = 12
@@ -99,13 +99,27 @@ def test_a_dp_row_publishes_only_the_allow_list(tmp_path, strategy, privacy):
     assert ("num_updates" in last) == (privacy.sampling != "poisson")
     if privacy.clip_quantile is not None:  # the noised count is what adaptive clipping publishes
         assert {"unclipped_fraction_noisy", "next_clip"} <= set(last["dp"])
-    # What is on disk and downloaded is the same row.
+    # What is on disk and downloaded is the same info; the server's own record names the
+    # phones, what devices download names none (public_row), also once read back from disk.
     stored = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert stored["info"] == last
+    assert stored["info"] == last and set(stored["aggregated"]) <= set(phones)
+    assert stored["aggregated"] and stored["selected"]
     assert read_metadata(fed.storage.checkpoint_path(fed.round))["metrics"]["info"] == last
     public = tmp_path / "public.safetensors"
-    public.write_bytes(fed.public_checkpoint())
-    assert read_metadata(public)["metrics"]["info"] == last
+    for served in (fed.public_checkpoint(), reread(fed)):
+        public.write_bytes(served)
+        row = read_metadata(public)["metrics"]
+        assert row["info"] == last and row["test_ppl"] == rows[-1]["test_ppl"]
+        assert not PHONE_KEYS & set(row) and not any(p in json.dumps(row) for p in phones)
+    assert public_row(rows[-1], privacy) == {
+        k: v for k, v in rows[-1].items() if k not in ("selected", "aggregated")
+    }
+
+
+def reread(fed) -> bytes:
+    """The downloaded checkpoint as a restarted server serves it: from its file."""
+    fed._public = None
+    return fed.public_checkpoint()
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -120,6 +134,7 @@ def test_without_dp_the_row_is_as_before(tmp_path, strategy, monkeypatch):
                  "fedmed": "attention_mean"}[strategy]  # fmt: skip
     assert set(info[per_phone]) == set(rows[-1]["aggregated"])
     assert public_info(info, PrivacyConfig()) is info
+    assert public_row(rows[-1], PrivacyConfig()) is rows[-1]  # the phones stay named
 
     monkeypatch.setattr("server.engine.public_info", lambda info, privacy: info)
     plain = run(make_fed(tmp_path / "b", strategy, PrivacyConfig()))
