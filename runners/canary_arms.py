@@ -54,6 +54,8 @@ class AuditConfig:
     canary_format: str = DEFAULT_TEMPLATE  # FEDKEY_CANARY_FORMAT: its words must be in the vocab
     canary_alphabet: str = " ".join(DEFAULT_ALPHABET)
     simulate_args: tuple[str, ...] = ()  # more `fedkey simulate` options, the same for every arm
+    # Settings without a simulate option, as FEDKEY_<NAME> variables: (("HIDDEN_SIZE", "64"),)
+    simulate_env: tuple[tuple[str, str], ...] = ()
 
     def flags(self, repeats: int) -> list[str]:
         return [
@@ -66,8 +68,9 @@ class AuditConfig:
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:
-        """The canary format's variables a child needs (none for the default format)."""
-        env = {}
+        """The variables a child needs: simulate_env's, and the canary format's (none for the
+        default format)."""
+        env = {f"FEDKEY_{name.upper()}": value for name, value in self.simulate_env}
         if self.canary_format != DEFAULT_TEMPLATE:
             env["FEDKEY_CANARY_FORMAT"] = self.canary_format
         if self.canary_alphabet != " ".join(DEFAULT_ALPHABET):

@@ -80,15 +80,22 @@ def probe_clip(protocol: Protocol, privacy_out: Path) -> float:
     return float(probe["clip"])
 
 
-def flags(fields: dict) -> list[str]:
-    """`fedkey simulate` options for Settings `fields` (None: the default, left out)."""
-    out = []
+def flags(fields: dict) -> tuple[list[str], list[tuple[str, str]]]:
+    """`fedkey simulate` options for Settings `fields` (None: the default, left out), and the
+    FEDKEY_ variables (name, value) of those that have no option (hidden_size)."""
+    from cli.options import SETTINGS_GROUPS
+
+    options = {name for group in SETTINGS_GROUPS for name in group}
+    out, env = [], []
     for key, value in sorted(fields.items()):
         if value is None:
             continue
         text = number(value) if isinstance(value, float) else str(value)
-        out += [f"--{key.replace('_', '-')}", text]
-    return out
+        if key in options:
+            out += [f"--{key.replace('_', '-')}", text]
+        else:
+            env.append((key, text))
+    return out, env
 
 
 def audit_config(
@@ -98,6 +105,7 @@ def audit_config(
     the table's (calibrate_cell)."""
     cells = [calibrate_cell(protocol, Cell("fedavg", e, mechanism=mechanism)) for e in epsilons]
     shared = privacy_fields(protocol, "fedavg", clip, None)
+    args, env = flags({k: v for k, v in shared.items() if k not in AUDIT_FIELDS})
     return AuditConfig(
         data=protocol.data,
         clients=protocol.clients,
@@ -115,7 +123,8 @@ def audit_config(
         bound_norm=clip,
         canary_format=FORMAT,
         canary_alphabet=ALPHABET,
-        simulate_args=tuple(flags({k: v for k, v in shared.items() if k not in AUDIT_FIELDS})),
+        simulate_args=tuple(args),
+        simulate_env=tuple(env),
     )
 
 
