@@ -56,6 +56,9 @@ class AuditConfig:
     simulate_args: tuple[str, ...] = ()  # more `fedkey simulate` options, the same for every arm
     # Settings without a simulate option, as FEDKEY_<NAME> variables: (("HIDDEN_SIZE", "64"),)
     simulate_env: tuple[tuple[str, str], ...] = ()
+    # The no-DP arms also with nothing planted: the exposure the secret gets from the language
+    # alone (digits the corpus favours), without which a no-DP exposure is hard to read.
+    nodp_controls: bool = False
 
     def flags(self, repeats: int) -> list[str]:
         return [
@@ -126,11 +129,16 @@ def _dp_names(strategy: str, name: str, z: float, mech: str, eps: float | None) 
 
 
 def arms(cfg: AuditConfig) -> list[Arm]:
-    """FedAvg and FedAtt without DP, then with DP at each noise multiplier of `cfg`, each DP arm
-    beside its control (the same run with nothing planted)."""
+    """FedAvg and FedAtt without DP (with `cfg.nodp_controls`, each beside its control), then
+    with DP at each noise multiplier of `cfg`, each DP arm beside its control (the same run with
+    nothing planted)."""
     if cfg.dp_epsilons and len(cfg.dp_epsilons) != len(cfg.dp_noise_multipliers):
         raise ValueError("give one target epsilon per noise multiplier, or none")
     out = [Arm(s, name, s) for s, name in STRATEGIES]
+    if cfg.nodp_controls:
+        out += [
+            Arm(f"{s}-control", f"{name}, not planted", s, planted=False) for s, name in STRATEGIES
+        ]
     targets: tuple[float | None, ...] = cfg.dp_epsilons or (None,) * len(cfg.dp_noise_multipliers)
     for z, eps in zip(cfg.dp_noise_multipliers, targets, strict=True):
         for s, name in STRATEGIES:

@@ -234,6 +234,7 @@ def plot(runs: list[dict], path: Path, bits: float, phone: str) -> None:
     runs = _ordered(runs)
     planted = [r for r in runs if r.get("planted", True)]
     colors = {r["label"]: f"C{i}" for i, r in enumerate(planted)}
+    with_control = {r["label"].split(",")[0] for r in runs if not r.get("planted", True)}
     fig, (ax, cx, bx) = plt.subplots(1, 3, figsize=(15, 4.2))
     for r in runs:
         xs = [p["round"] for p in r["curve"]]
@@ -248,7 +249,7 @@ def plot(runs: list[dict], path: Path, bits: float, phone: str) -> None:
                     mfc="none", color=color)  # fmt: skip
             bx.plot(xs, [p["test_ppl"] for p in r["curve"]], style, marker="o", ms=3,
                     color=color, label=r["label"])  # fmt: skip
-        if r["dp"]:
+        if r["dp"] or r["label"].split(",")[0] in with_control:
             cx.plot(xs, ys, "-" if own else ":", marker="o" if own else "x", ms=3, color=color,
                     label=r["label"])  # fmt: skip
     for axis in (ax, cx):
@@ -259,7 +260,7 @@ def plot(runs: list[dict], path: Path, bits: float, phone: str) -> None:
         axis.set(xlabel="round", ylabel="exposure (bits)", ylim=(0, bits + 1))
         axis.legend(fontsize=7)
     ax.set_title(f"canary exposure (circled: {phone} aggregated)", fontsize=10)
-    cx.set_title("DP: planted (solid) vs nothing planted (dotted)", fontsize=10)
+    cx.set_title("planted (solid) vs nothing planted (dotted)", fontsize=10)
     bx.set(xlabel="round", ylabel="test perplexity", yscale="log")
     ppls = [p["test_ppl"] for r in planted for p in r["curve"]]
     top = max(ppls)

@@ -125,6 +125,7 @@ def audit_config(
         canary_alphabet=ALPHABET,
         simulate_args=tuple(args),
         simulate_env=tuple(env),
+        nodp_controls=True,
     )
 
 
