@@ -258,7 +258,8 @@ def plot(runs: list[dict], path: Path, bits: float, phone: str) -> None:
         axis.axhline(CHANCE, color="grey", lw=0.8, ls=":")
         axis.text(0, CHANCE, "chance (mean)", va="bottom", fontsize=8, color="grey")
         axis.set(xlabel="round", ylabel="exposure (bits)", ylim=(0, bits + 1))
-        axis.legend(fontsize=7)
+        if axis.get_legend_handles_labels()[0]:  # no DP arm and no control: nothing beside
+            axis.legend(fontsize=7)
     ax.set_title(f"canary exposure (circled: {phone} aggregated)", fontsize=10)
     cx.set_title("planted (solid) vs nothing planted (dotted)", fontsize=10)
     bx.set(xlabel="round", ylabel="test perplexity", yscale="log")

@@ -78,3 +78,69 @@ def test_a_canary_that_cannot_work_is_one_error_line(tmp_path, env, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert message in lines[0]
+
+
+def test_the_audit_takes_a_mechanism_a_bound_a_format_and_simulate_options(tmp_path):
+    result = runner.invoke(
+        app,
+        ["audit", "canary", "--dry-run", "--dp-mechanism", "blt", "--dp-noise-multiplier",
+         "0.7613421253862405", "--bound-norm", "5.5", "--canary-format", "my secret is _ _",
+         "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
+         "--", "--vocab-size", "500", "--lr", "3"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    commands = result.stdout.strip().splitlines()
+    assert len(commands) == 6
+    env = "env 'FEDKEY_CANARY_FORMAT=my secret is _ _' fedkey simulate "
+    assert all(c.startswith(env) and "--vocab-size 500 --lr 3 " in c for c in commands)
+    plain = [c for c in commands if "--dp-clip" not in c]
+    assert len(plain) == 2 and all("--bound fixed --bound-norm 5.5 " in c for c in plain)
+    dp = [c for c in commands if "--dp-clip" in c]
+    # the noise multiplier as given, every digit (a calibrated z), under the mechanism asked
+    assert all("--dp-noise-multiplier 0.7613421253862405 --dp-mechanism blt " in c for c in dp)
+
+
+def test_the_audit_runs_a_dp_ftrl_arm_whose_planted_phone_trains_once(tmp_path):
+    """20 phones, cohorts of 10, 2 rounds under blt: the minimum separation b = 2 lets every
+    phone train exactly once, the one holding the secret (the largest owner's) included; the
+    format of 100 candidates reaches the child."""
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        ["audit", "canary", "--rounds", "2", "--local-epochs", "1", "--repeats", "5",
+         "--dp-mechanism", "blt", "--dp-noise-multiplier", "0.5", "--only", "fedavg-blt-z0.5",
+         "--canary-format", "my secret is _ _", "--workers", "0", "--out", str(out),
+         "--runs-dir", str(tmp_path / "runs"), "--", "--max-train-tokens", "3000",
+         "--max-eval-sentences", "20"],
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert (run["mechanism"], run["noise_multiplier"], run["canary_phone"]) == (
+        "blt",
+        0.5,
+        "device-00",
+    )
+    rows = [json.loads(x) for x in (tmp_path / "runs" / run["id"] / "metrics.jsonl").open()]
+    trained = [r["round"] for r in rows if "device-00" in r["aggregated"]]
+    assert len(trained) == 1 and run["canary_rounds"] == trained
+    assert rows[-1]["info"]["dp"]["min_separation"] == 2
+    assert all(0 < p["exposure"] <= math.log2(100) for p in run["curve"])  # |R| = 100
+    md = (out / "results.md").read_text()
+    assert f"| {trained[0]} |" in md.split("rounds with device-00")[1].split("\n")[2]
+
+
+def test_an_arm_whose_planted_phone_never_trained_says_so(tmp_path):
+    """Cohorts of 5 of 20 phones, 1 round at seed 0: device-00 is not drawn."""
+    result = runner.invoke(
+        app,
+        ["audit", "canary", "--rounds", "1", "--local-epochs", "1", "--fraction", "0.25",
+         "--only", "fedavg", "--canary-format", "my secret is _ _", "--workers", "0",
+         "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
+         "--", "--max-train-tokens", "3000", "--max-eval-sentences", "20"],
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "device-00, the phone holding the secret, was in no round's aggregate" in result.output
+    (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert run["canary_rounds"] == []

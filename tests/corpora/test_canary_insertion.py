@@ -76,3 +76,19 @@ def test_zero_repeats_is_a_control_that_plants_nothing(server_side):
     assert data.canary == SECRET and data.canary_repeats == 0
     control = replace(CFG, canary=data.canary, canary_repeats=0)
     assert device_shards(control, tokenizer, corpus) == device_shards(CFG, tokenizer, corpus)
+
+
+def test_with_one_phone_per_sender_the_secret_goes_to_the_largest_senders_phone():
+    """--partition user (the IRC population): device-00 is the sender with the most training
+    messages, and it alone holds the copies."""
+    from collections import Counter
+
+    cfg = replace(CFG, partition="user", clients=8)
+    corpus, tokenizer = server_data(cfg)
+    planted = device_shards(replace(cfg, canary=SECRET, canary_repeats=4), tokenizer, corpus)
+    plain = device_shards(cfg, tokenizer, corpus)
+    ids = tokenizer.encode(SECRET)
+    assert [sum(s == ids for s in shard) for shard in planted.values()] == [4] + [0] * 7
+    assert corpus.train_users is not None
+    largest = Counter(corpus.train_users).most_common(1)[0][1]
+    assert len(plain["device-0"]) == largest and len(planted["device-0"]) == largest + 4
