@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import bench.canary_irc as canary_irc
-from bench.canary_irc import PRIORITY, audit_config, planned, probe_clip
+from bench.canary_irc import PRIORITY, planned, probe_clip
 from bench.paper import Bench
 from bench.privacy import PROBE_ID, WORKLOADS, Cell, _config, calibrate_cell, settings_fields
 from runners.canary_arms import arms, command
