@@ -193,11 +193,24 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
             "each update to S and adds to every weight Gaussian noise of std z x the aggregate's "
             f"sensitivity (2S/m for the uniform mean of m = {m} updates, larger for FedAtt's "
             "attention: the 'noise std' column); epsilon at the server's delta after the last round. "
-            "Each DP arm runs again with nothing planted (`--canary-repeats 0`): the same "
+            + (
+                "Under tree and blt (DP-FTRL) that noise goes on the running sum of the rounds' "
+                "aggregates, correlated across rounds, and a phone trains at most once every b "
+                "rounds. "
+                if any(r.get("mechanism") in ("tree", "blt") for r in runs)
+                else ""
+            )
+            + "Each DP arm runs again with nothing planted (`--canary-repeats 0`): the same "
             "cohorts and the same seeded noise, so the difference between the two is what the "
             f"phone's data did. The initial model's test perplexity is "
             f"{runs[0]['initial_test_ppl']:.0f}."
             if dp
+            else ""
+        )
+        + (
+            " The no-DP arms run so too: what the language alone (the words and digits the "
+            "corpus favours) gives the secret."
+            if any(not r["dp"] and not r.get("planted", True) for r in runs)
             else ""
         ),
         "",

@@ -23,7 +23,7 @@ CLIP = 5.575570284885108
 
 def parsed(argv: list[str]) -> dict:
     """The Settings fields a `env NAME=value ... fedkey simulate --flag value ...` line sets."""
-    fields = {}
+    fields: dict[str, object] = {}
     at = argv.index("fedkey")
     for item in argv[1:at]:
         name, value = item.split("=", 1)
