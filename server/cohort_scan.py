@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from functools import partial
 from itertools import pairwise
 
 import numpy as np
@@ -69,6 +70,16 @@ from server.upload_store import StoredState
 Limits = dict[str, tuple[Tensor, Tensor]]
 #: Elements worked on at a time (256 KB of float32: in a 2 MB L2 cache with the operands).
 BLOCK = 1 << 16
+#: Elements of the trim's stack ordered at a time (a few columns across the cohort: 512 KB of
+#: float32, with its transposed copy in the L2 cache) (:func:`trim_scan`).
+ORDER_BLOCK = 1 << 17
+#: At most this many columns in one such block (each phone's float32 sum over a block's columns
+#: has at most this many terms).
+ORDER_COLUMNS = 512
+#: Phones sorted together by the trim (:func:`_order_statistics`).
+SORT_GROUP = 512
+#: Phones summed together by :func:`weighted_scan` (their files mapped at once).
+PHONE_GROUP = 8
 
 
 def floating_keys(global_state: Mapping[str, Tensor]) -> list[str]:
@@ -118,6 +129,23 @@ class Cohort:
             if dtype == "F64":
                 return np.dtype(np.float64)
         return np.dtype(np.float32)
+
+    def native(self, key: str) -> bool:
+        """Whether every phone's layer ``key`` has the global layer's shape and dtype, float32 or
+        float64 (what :func:`weighted_scan` sums)."""
+        glob = self.global_state[key]
+        stored = {torch.float32: "F32", torch.float64: "F64"}.get(glob.dtype)
+        if stored is None:
+            return False
+        for s, r in zip(self.states, self.readers, strict=True):
+            if r is None and key not in s:
+                return False  # the strategy's own read says what is missing
+            if r is not None and r.dtype(key) is not None:
+                if r.dtype(key) != stored or r.shape(key) != tuple(glob.shape):
+                    return False
+            elif key not in s or s[key].dtype != glob.dtype or s[key].shape != glob.shape:
+                return False
+        return True
 
     def global_flat(self, key: str, dtype: np.dtype) -> np.ndarray:
         """The global layer, flattened, in ``dtype``."""
@@ -251,18 +279,20 @@ def trim_scan(
     """The trim's bounds (each coordinate's (k+1)-th smallest and largest value over the cohort,
     as tensors of the global's shape) and every phone's squared layer norms after the trim (an
     m x len(keys) array), from one slice-stacked read of the cohort: ``chunk`` elements across
-    the phones at a time. ``exact``: the norms in float64 arithmetic (the DP clip's).
-    ``threads``: each slice's sort split by columns among that many threads (np.sort releases
-    the GIL; the sort is most of the scan)."""
+    the phones at a time, then worked on ``ORDER_BLOCK`` elements (a few columns) at a time, in
+    cache (:func:`_trim_block`). ``exact``: the norms in float64 arithmetic (the DP clip's).
+    ``threads``: each slice's blocks shared among that many threads (numpy's sorts and copies
+    release the GIL; the sort is most of the scan)."""
     m = len(cohort)
     step = max(1, chunk // max(m, 1))
+    width = max(1, min(ORDER_COLUMNS, ORDER_BLOCK // max(m, 1)))  # a block's columns
     limits: Limits = {}
     sq = np.zeros((m, len(keys)))
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
         for j, key in enumerate(keys):
             dtype = cohort.wide(key)
             g = cohort.global_flat(key, dtype)
-            g64 = cohort.global_flat(key, np.dtype(np.float64)) if exact else g
+            g64 = cohort.global_flat(key, np.dtype(np.float64)) if exact else None
             lo, hi = np.empty(g.size, dtype), np.empty(g.size, dtype)
             stack = np.empty((m, min(step, g.size)), dtype)
             for a in range(0, g.size, step):
@@ -270,46 +300,120 @@ def trim_scan(
                 values = stack[:, : b - a]
                 for i in range(m):
                     cohort.read(i, key, a, b, values[i])
-                _order_statistics(values, k, lo[a:b], hi[a:b], pool, threads)
-                rows = max(1, BLOCK // (b - a))  # the trimmed norms a few phones at a time
-                for r in range(0, m, rows):
-                    part = values[r : r + rows]
-                    np.maximum(part, lo[a:b], out=part)  # np.clip: a third slower here
-                    np.minimum(part, hi[a:b], out=part)
-                    if exact:
-                        d = part.astype(np.float64) - g64[a:b]
-                        sq[r : r + rows, j] += np.einsum("ij,ij->i", d, d)
-                    else:
-                        np.subtract(part, g[a:b], out=part)
-                        np.square(part, out=part)
-                        sq[r : r + rows, j] += part.sum(axis=1, dtype=dtype)
+                # the blocks of columns c : c + width of this slice, its elements a + c on
+                work = partial(_trim_block, values, a, width, k, (lo, hi), g, g64)
+                starts = range(0, b - a, width)
+                done = map(work, starts) if pool is None else pool.map(work, starts)
+                for got in done:
+                    sq[:, j] += got
             shape = cohort.global_state[key].shape
             limits[key] = (torch.from_numpy(lo).reshape(shape), torch.from_numpy(hi).reshape(shape))
     return limits, sq
 
 
-def _order_statistics(
+def _trim_block(
     values: np.ndarray,
+    a: int,
+    width: int,
     k: int,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    pool: ThreadPoolExecutor | None,
-    threads: int,
-) -> None:
-    """Each column's (k+1)-th smallest and largest value into ``lo`` and ``hi``: one np.sort
-    along the cohort (SIMD; np.partition's two-sided selection was 3-6 times slower), its
-    columns in ``threads`` blocks on ``pool``."""
-    m, n = values.shape
+    limits: tuple[np.ndarray, np.ndarray],
+    g: np.ndarray,
+    g64: np.ndarray | None,
+    c: int,
+) -> np.ndarray:
+    """One block of the trim scan: columns ``c : c + width`` of ``values`` (the stacked slice: m
+    phones x the layer's elements ``a`` on) give their (k+1)-th smallest and largest values into
+    ``limits`` (the layer's lo and hi arrays, :func:`_order_statistics`), and each phone's squared distance to ``g`` over these columns
+    after the trim (returned; ``g64`` given: in float64 arithmetic, the DP clip's norms).
+    Worked on transposed (a column's values contiguous: numpy's elementwise loops on rows of m
+    phones rather than of a few columns, about half the time), sized to stay in cache
+    (``ORDER_BLOCK``). Each phone's sum over the block's columns is a float32 one (at most
+    ``ORDER_COLUMNS`` terms), the blocks' added in float64 by the caller."""
+    part = values[:, c : c + width]
+    at = slice(a + c, a + c + part.shape[1])
+    lo, hi, g = limits[0][at], limits[1][at], g[at]
+    cols = part.T.copy()  # a copy always (ascontiguousarray may give a view)
+    _order_statistics(cols.copy(), k, lo, hi)
+    np.maximum(cols, lo[:, None], out=cols)  # np.clip: a third slower
+    np.minimum(cols, hi[:, None], out=cols)
+    if g64 is not None:
+        d = cols.astype(np.float64) - g64[at, None]
+        return np.einsum("ij,ij->j", d, d)
+    np.subtract(cols, g[:, None], out=cols)
+    return np.einsum("ij,ij->j", cols, cols).astype(np.float64)
 
-    def block(c: slice) -> None:
-        ordered = np.sort(values[:, c], axis=0)
-        lo[c], hi[c] = ordered[k], ordered[m - k - 1]
 
-    if pool is None or n < threads:
-        block(slice(0, n))
+def _order_statistics(cols: np.ndarray, k: int, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Each row's (k+1)-th smallest and largest value into ``lo`` and ``hi`` (``cols``: a
+    contiguous columns x phones array, reordered in place). The phones are sorted in groups of
+    at most ``SORT_GROUP`` (numpy's SIMD sort orders rows of up to 512 float32 with sorting
+    networks, 1.2 ns an element, and rows of 1,000 at 5.6, timed by hand on this machine's AVX-512
+    EPYC), then each group's k+1 smallest and k+1 largest values sorted together: the cohort's
+    k+1 smallest values are each among their group's k+1 smallest, so the (k+1)-th smallest of
+    those candidates is the cohort's (and so for the largest). The same values as one np.sort
+    of the whole row (NaN last, as np.sort puts it)."""
+    m = cols.shape[1]
+    groups = -(-m // SORT_GROUP)
+    if groups == 1:
+        cols.sort(axis=1)
+        lo[:], hi[:] = cols[:, k], cols[:, m - k - 1]
         return
-    edges = [n * t // threads for t in range(threads + 1)]
-    list(pool.map(block, [slice(a, b) for a, b in pairwise(edges)]))  # list: raises what raised
+    edges = [m * t // groups for t in range(groups + 1)]
+    for a, b in pairwise(edges):
+        cols[:, a:b].sort(axis=1)
+    low = np.concatenate([cols[:, a : min(a + k + 1, b)] for a, b in pairwise(edges)], axis=1)
+    low.sort(axis=1)
+    lo[:] = low[:, k]
+    high = np.concatenate([cols[:, max(b - k - 1, a) : b] for a, b in pairwise(edges)], axis=1)
+    high.sort(axis=1)
+    hi[:] = high[:, high.shape[1] - k - 1]
+
+
+def weighted_scan(
+    cohort: Cohort, keys: Sequence[str], limits: Limits | None, coefs: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per layer, ``sum_i coefs[i, l] clamp(theta_i^l, lo^l, hi^l)`` (flat, float64) from one pass
+    over the cohort, ``PHONE_GROUP`` phones at a time (a stored upload mapped, not copied:
+    :meth:`Cohort.phone`), ``BLOCK`` elements at a time: each phone's block clamped to the trim's
+    range (``limits``; None: no trim) in its own dtype (exact), the group's blocks widened to
+    float64 and summed by BLAS (``coefs @ block``), so the accumulator, the range and the
+    global's block are read once a group and stay in cache. Every phone's layers must be in the
+    global's dtype (:meth:`Cohort.native`)."""
+    m = len(cohort)
+    group = max(1, min(PHONE_GROUP, m))
+    dtypes = {key: np.dtype(_numpy(cohort.global_state[key]).dtype) for key in keys}
+    sizes = {key: cohort.global_state[key].numel() for key in keys}
+    bufs = [{key: np.empty(sizes[key], dtypes[key]) for key in keys} for _ in range(group)]
+    flat = {
+        key: (_numpy(lo).reshape(-1), _numpy(hi).reshape(-1))
+        for key, (lo, hi) in (limits or {}).items()
+    }
+    out = {key: np.zeros(sizes[key]) for key in keys}
+    wide = np.empty((group, BLOCK))
+    narrow = {dt: np.empty((group, BLOCK), dt) for dt in set(dtypes.values())}
+    summed = np.empty(BLOCK)
+    for g0 in range(0, m, group):
+        rows = [cohort.phone(i, bufs[i - g0]) for i in range(g0, min(g0 + group, m))]
+        n = len(rows)
+        for j, key in enumerate(keys):
+            c = np.ascontiguousarray(coefs[g0 : g0 + n, j], dtype=np.float64)
+            stack = narrow[dtypes[key]]
+            bounds = flat.get(key)
+            for a in range(0, sizes[key], BLOCK):
+                b = min(a + BLOCK, sizes[key])
+                block = stack[:n, : b - a]
+                for r, row in enumerate(rows):
+                    if bounds is None:
+                        block[r] = row[key][a:b]
+                    else:
+                        np.maximum(row[key][a:b], bounds[0][a:b], out=block[r])
+                        np.minimum(block[r], bounds[1][a:b], out=block[r])
+                if block.dtype != np.float64:
+                    block = wide[:n, : b - a]
+                    block[...] = stack[:n, : b - a]
+                np.add(out[key][a:b], np.dot(c, block, out=summed[: b - a]), out=out[key][a:b])
+        del rows  # the group's mappings, if any, go with them
+    return out
 
 
 #: The safetensors dtype each tensor dtype is read from by :func:`load_state`.

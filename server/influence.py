@@ -80,6 +80,7 @@ from server.cohort_scan import (
     load_state,
     norm_scan,
     trim_scan,
+    weighted_scan,
 )
 from server.config import InfluenceConfig
 from server.strategies import Bound, ClientUpdate
@@ -266,6 +267,48 @@ class BoundedRound:
     limits: Limits | None = None  # the coordinate trim's range of values, when it applies
     exact: bool = True  # the clip in float64 (DP); else in float32 (scale_deltas)
     norms: list[float] = field(default_factory=list)  # each update's whole-model norm (trimmed)
+    layer_norms: list[dict[str, float]] = field(default_factory=list)  # the same, per layer
+    cohort: Cohort | None = field(default=None, repr=False)  # the updates' readers, for sums
+
+    def distances(self) -> list[dict[str, float]] | None:
+        """Each update's bounded layer distances ``f_k^l ||u_k^l||`` (its trimmed layer norm
+        times its clip factor: what FedAtt scores), where :meth:`weighted_sum` applies. None
+        where it does not: under DP (its clip in float64, an update at a time), with no
+        updates, or where some update's layer is not in the model's dtype (bfloat16: the
+        iterated clip rounds to it) or shape; the strategy then iterates the round."""
+        cohort = self.cohort
+        if self.exact or cohort is None or not self.updates:
+            return None
+        if not all(cohort.native(k) for k in floating_keys(self.global_state)):
+            return None
+        return [
+            {k: n * f[k] for k, n in norms.items()}
+            for norms, f in zip(self.layer_norms, self.factors, strict=True)
+        ]
+
+    def weighted_sum(self, coefs: Sequence[Mapping[str, float]]) -> dict[str, Tensor]:
+        """Per floating layer, ``sum_k c_k^l u_k^l`` over the bounded deltas (trimmed, then
+        clipped) with ``coefs[k][l]`` = ``c_k^l``, in float64, from one read of the updates
+        (server.cohort_scan.weighted_scan) instead of :meth:`__iter__`'s update at a time: the
+        clip's factor goes into the coefficient, ``f (t - theta)`` summed as ``sum_k c_k f_k
+        t_k - (sum_k c_k f_k) theta``. The iterated clip rounds each clipped update to float32
+        (one ulp of the weights, :func:`scale_deltas`) and sums the deltas; this sum rounds
+        once, in float64: the two agree to float32 rounding (tests/server/test_cohort_scan.py).
+        Only where :meth:`distances` is not None."""
+        if self.cohort is None:
+            raise ValueError("no fused read for this round: iterate it")
+        keys = floating_keys(self.global_state)
+        scaled = np.array(
+            [[c[k] * f[k] for k in keys] for c, f in zip(coefs, self.factors, strict=True)],
+            dtype=np.float64,
+        ).reshape(len(self.factors), len(keys))
+        sums = weighted_scan(self.cohort, keys, self.limits, scaled)
+        out: dict[str, Tensor] = {}
+        for j, key in enumerate(keys):
+            g = self.global_state[key].detach().to(torch.float64)
+            total = math.fsum(scaled[:, j].tolist())
+            out[key] = torch.from_numpy(sums[key]).reshape(g.shape) - total * g
+        return out
 
     def __iter__(self) -> Iterator[ClientUpdate]:
         """The bounded updates; iterable more than once (each pass trims and clips again)."""
@@ -356,5 +399,15 @@ def bound_round(
         if k:
             bound = replace(bound, distance_caps=distance_caps(norms, factors, k))
     return BoundedRound(
-        global_state, updates, bound, factors, samples, info, limits, exact=dp, norms=whole
+        global_state,
+        updates,
+        bound,
+        factors,
+        samples,
+        info,
+        limits,
+        exact=dp,
+        norms=whole,
+        layer_norms=norms,
+        cohort=cohort,
     )

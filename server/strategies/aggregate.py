@@ -52,6 +52,7 @@ __all__ = [
     "layer_distance",
     "model_distance",
     "num_parameters",
+    "step_by",
 ]
 
 
@@ -90,6 +91,18 @@ def _finish(global_state: Mapping[str, Tensor], new64: Mapping[str, Tensor]) -> 
     for k, v in global_state.items():
         out[k] = new64[k].to(dtype=v.dtype) if k in new64 else v.detach().clone()
     return out
+
+
+def step_by(
+    global_state: Mapping[str, Tensor], sums: Mapping[str, Tensor], step: float = 1.0
+) -> StateDict:
+    """``theta + step * s`` per floating layer (``sums``: float64, e.g. a weighted sum of the
+    deltas), in the global dtypes, other entries copied."""
+    new = {
+        k: global_state[k].detach().to(ACC_DTYPE) + step * sums[k]
+        for k in floating_keys(global_state)
+    }
+    return _finish(global_state, new)
 
 
 def _check_finite(x: float, what: str) -> float:
@@ -313,13 +326,7 @@ class LayerwiseAttention:
             g = self.global_state[k]
             c = _layer(client_state, k)
             u = _delta(g, c, k)
-            s = _check_finite(float(self.score_fn(u, g, c)), f"score of layer {k!r}")
-            if self.score_cap is not None and s > self.score_cap[k]:
-                # the cap is computed in float64 from the same delta: count real cuts only
-                self.capped += s > self.score_cap[k] * (1 + 1e-6)
-                s = self.score_cap[k]
-            if self.score_scale is not None:
-                s *= self.score_scale[k]
+            s = self._logit(k, float(self.score_fn(u, g, c)))
             self.layers[k].add(s, {k: u})
             layer_scores[k] = s
             if also is not None:
@@ -328,6 +335,27 @@ class LayerwiseAttention:
             also.add_deltas(deltas, weight)
         self.scores.append((tag, layer_scores))
         return layer_scores
+
+    def add_scores(self, scores: Mapping[str, float], tag: Hashable = None) -> dict[str, float]:
+        """Add one client by its layers' raw scores alone (a caller that sums the deltas itself
+        with :meth:`weights` or :meth:`fixed_weights`: :meth:`result` then has nothing to
+        return); return its logits, as :meth:`add` does."""
+        layer_scores = {k: self._logit(k, float(scores[k])) for k in self.keys}
+        for k, s in layer_scores.items():
+            self.layers[k].push(s)
+        self.scores.append((tag, layer_scores))
+        return layer_scores
+
+    def _logit(self, key: str, s: float) -> float:
+        """Layer ``key``'s raw score ``s`` capped (``score_cap``) and scaled (``score_scale``)."""
+        s = _check_finite(s, f"score of layer {key!r}")
+        if self.score_cap is not None and s > self.score_cap[key]:
+            # the cap is computed in float64 from the same delta: count real cuts only
+            self.capped += s > self.score_cap[key] * (1 + 1e-6)
+            s = self.score_cap[key]
+        if self.score_scale is not None:
+            s *= self.score_scale[key]
+        return s
 
     @property
     def count(self) -> int:

@@ -12,9 +12,9 @@ server resumes where it stopped.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 from torch import Tensor
@@ -55,6 +55,24 @@ class ClientUpdate:
     num_samples: int
     train_loss: float
     device_id: str
+
+
+@runtime_checkable
+class SummableRound(Protocol):
+    """A round's bounded updates that can also be summed in one read instead of iterated
+    (server.influence.BoundedRound): the strategies whose next model is a weighted sum of the
+    deltas (FedAvg, FedAtt) sum them this way (:meth:`Strategy._aggregate_sum`)."""
+
+    updates: Sequence[ClientUpdate]  # the updates, unbounded (their ids and declared n_k)
+    samples: list[int]  # the weights n_k the strategy sees (capped; 1 under DP)
+
+    def distances(self) -> list[dict[str, float]] | None:
+        """Each update's bounded layer distances ``||u_k^l||``; None: iterate instead."""
+        ...
+
+    def weighted_sum(self, coefs: Sequence[Mapping[str, float]]) -> dict[str, Tensor]:
+        """Per layer ``sum_k c_k^l u_k^l`` over the bounded deltas, float64."""
+        ...
 
 
 class Strategy(ABC):
@@ -130,6 +148,10 @@ class Strategy(ABC):
         what the method reports). ``updates`` is iterated exactly once; with no updates the global
         model is returned unchanged (copied). ``bound``: the clip every update satisfies (attentive
         strategies then cap their weights); None: unbounded, the papers' methods as published."""
+        if isinstance(updates, SummableRound) and updates.updates:
+            done = self._aggregate_sum(global_state, updates, bound)
+            if done is not None:
+                return done
         it = iter(updates)
         first = next(it, None)
         if first is None:
@@ -146,6 +168,14 @@ class Strategy(ABC):
     ) -> tuple[StateDict, Info]:
         """:meth:`aggregate` for at least one update: iterate ``updates`` once, return the next
         global model and the info dict."""
+
+    def _aggregate_sum(
+        self, global_state: Mapping[str, Tensor], updates: SummableRound, bound: Bound | None
+    ) -> tuple[StateDict, Info] | None:
+        """:meth:`aggregate` from one weighted sum of the round's bounded deltas
+        (:class:`SummableRound`), for a strategy whose next model is one; None (the default,
+        and where the round cannot be summed): :meth:`_aggregate` iterates the round."""
+        return None
 
     def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
         """Replace-one L2 sensitivity of :meth:`aggregate`'s output over cohorts of ``m`` updates

@@ -20,8 +20,9 @@ from server.strategies.aggregate import (
     attopt_step_scale,
     floating_keys,
     num_parameters,
+    step_by,
 )
-from server.strategies.base import Bound, ClientUpdate, Info, Strategy
+from server.strategies.base import Bound, ClientUpdate, Info, Strategy, SummableRound
 from server.strategies.selection import top_k_lowest
 
 
@@ -71,16 +72,39 @@ class FedAvg(Strategy):
             w = float(u.num_samples) if self.weighted else 1.0
             acc.add(u.state, w)
             weights[u.device_id] = w
-        new = acc.result()
-        total = acc.total_weight
-        info: Info = {
+        return acc.result(), self._info(acc.count, acc.total_weight, weights)
+
+    def _aggregate_sum(
+        self, global_state: Mapping[str, Tensor], updates: SummableRound, bound: Bound | None
+    ) -> tuple[StateDict, Info] | None:
+        """``theta + sum_k (w_k / sum_j w_j) u_k`` from one weighted sum of the bounded deltas:
+        the same weights as :meth:`_aggregate`, checked the same way."""
+        if updates.distances() is None:
+            return None
+        check = WeightedAverage(global_state)  # its checks of the weights, and their sum
+        weights: dict[str, float] = {}
+        ws = []
+        for u, n in zip(updates.updates, updates.samples, strict=True):
+            w = float(n) if self.weighted else 1.0
+            check.add_deltas({}, w)
+            weights[u.device_id] = w
+            ws.append(w)
+        total = check.total_weight
+        if total <= 0.0:
+            raise ValueError("total weight is zero: cannot average")
+        keys = floating_keys(global_state)
+        sums = updates.weighted_sum([dict.fromkeys(keys, w / total) for w in ws])
+        return step_by(global_state, sums), self._info(check.count, total, weights)
+
+    def _info(self, count: int, total: float, weights: dict[str, float]) -> Info:
+        """The round's info: the updates' normalized weights."""
+        return {
             "strategy": self.name,
             "mode": "fedavg",
-            "num_updates": acc.count,
+            "num_updates": count,
             "total_weight": total,
             "weights": {k: w / total for k, w in weights.items()},
         }
-        return new, info
 
     def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
         """The uniform mean's ``2 S / m`` (the engine gives every update weight 1 under DP)."""
@@ -165,15 +189,50 @@ class FedAtt(Strategy):
         updates: Iterator[ClientUpdate],
         bound: Bound | None,
     ) -> tuple[StateDict, Info]:
+        att = self._attention(global_state, bound)
+        for u in updates:
+            att.add(u.state, tag=u.device_id)
+        if self.normalizer == "fixed":
+            ceiling = None if bound is None else dict.fromkeys(att.keys, 1.0 / bound.temperature)
+            new = att.fixed_result(self.epsilon, ceiling)
+        else:
+            new = att.result(self.epsilon)
+        return new, self._info(att, bound)[0]
+
+    def _aggregate_sum(
+        self, global_state: Mapping[str, Tensor], updates: SummableRound, bound: Bound | None
+    ) -> tuple[StateDict, Info] | None:
+        """The same step from one weighted sum of the bounded deltas: the attention's scores
+        are the bounded layer distances the bound measured (its L2 norms: not with the spectral
+        norm), so its weights are known before the deltas are read."""
+        distances = updates.distances() if self.norm == "l2" else None
+        if distances is None:
+            return None
+        att = self._attention(global_state, bound)
+        for u, d in zip(updates.updates, distances, strict=True):
+            att.add_scores(d, tag=u.device_id)
+        info, weights = self._info(att, bound)
+        sums = updates.weighted_sum([w for _, w in weights])
+        return step_by(global_state, sums, self.epsilon), info
+
+    def _attention(
+        self, global_state: Mapping[str, Tensor], bound: Bound | None
+    ) -> LayerwiseAttention:
+        """The round's attention: its logits scaled by the bound and, under the trim, the
+        distances winsorized at the bound's caps."""
         scale = cap = None
         if bound is not None:  # logits ||u^l|| / (T S_l) in [0, 1/T]: weights capped
             scale = {k: 1.0 / (bound.temperature * s) for k, s in bound.layers.items()}
             if self.norm == "l2":  # the caps are order statistics of the L2 distances
                 cap = bound.distance_caps
         scorer = LayerwiseAttention.fedatt_scorer(self.norm)
-        att = LayerwiseAttention(global_state, scorer, scale, cap)
-        for u in updates:
-            att.add(u.state, tag=u.device_id)
+        return LayerwiseAttention(global_state, scorer, scale, cap)
+
+    def _info(
+        self, att: LayerwiseAttention, bound: Bound | None
+    ) -> tuple[Info, list[tuple[Hashable, dict[str, float]]]]:
+        """The round's info, and each update's layer weights in the step ``theta + epsilon
+        sum_k w_k^l u_k^l``: the softmax's, or the fixed normalizer's ``exp(s - c) / m``."""
         info: Info = {
             "strategy": self.name,
             "mode": "fedatt",
@@ -183,7 +242,6 @@ class FedAtt(Strategy):
         if self.normalizer == "fixed":
             # the logits' public ceiling 1/T under a bound; without one, the cohort's largest
             ceiling = None if bound is None else dict.fromkeys(att.keys, 1.0 / bound.temperature)
-            new = att.fixed_result(self.epsilon, ceiling)
             weights = [
                 (t, {k: x / att.count for k, x in w.items()}) for t, w in att.fixed_weights(ceiling)
             ]
@@ -191,13 +249,13 @@ class FedAtt(Strategy):
             info["attention_cap"] = 1.0 / att.count  # every w <= 1
             info["attention_scale"] = att.fixed_scale(ceiling)
         else:
-            new = att.result(self.epsilon)
-            info.update(_attention_summary(att.weights()))
+            weights = att.weights()
+            info.update(_attention_summary(weights))
             if bound is not None:
                 info["attention_cap"] = _cap(att.count, math.exp(1.0 / bound.temperature))
-        if cap is not None:
+        if att.score_cap is not None:
             info["winsorized_scores"] = att.capped
-        return new, info
+        return info, weights
 
     def sensitivity(self, global_state: Mapping[str, Tensor], bound: Bound, m: int) -> float:
         """``epsilon`` times the attention bound with ``rho = e^(1/T)`` (the spectral norm is at

@@ -283,3 +283,23 @@ def test_the_rounds_aggregate_is_the_unfused_algebras_on_a_cohort_with_outliers(
     want, _ = get_strategy(strategy).aggregate(GLOBAL, want_updates, bound)
     for key in GLOBAL:
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("m", "k"), [(13, 2), (9, 4), (20, 0)])
+def test_the_trim_sorted_in_groups_is_the_whole_cohorts_order_statistics(m, k, monkeypatch):
+    """Phones sorted a few at a time (their groups' k+1 extremes merged) give each coordinate's
+    (k+1)-th smallest and largest value of the whole cohort, ties included, and the same trimmed
+    norms as one sort of everyone, whatever the blocks' widths."""
+    states = cohort(m, torch.float32, seed=m)
+    for st in states[::3]:  # ties: a third of the phones share one value of each coordinate
+        st["emb"] = states[0]["emb"].clone()
+    keys = floating_keys(GLOBAL)
+    monkeypatch.setattr(cohort_scan, "ORDER_BLOCK", 3 * m)  # blocks of 3 columns
+    monkeypatch.setattr(cohort_scan, "SORT_GROUP", 4)
+    limits, sq = trim_scan(Cohort(GLOBAL, states), keys, k, 7 * m, exact=False)
+    for key in keys:
+        d = torch.stack([s[key] for s in states]).sort(dim=0).values
+        assert torch.equal(limits[key][0], d[k]) and torch.equal(limits[key][1], d[m - k - 1])
+    monkeypatch.setattr(cohort_scan, "SORT_GROUP", 512)
+    whole = trim_scan(Cohort(GLOBAL, states), keys, k, 7 * m, exact=False)[1]
+    assert sq == pytest.approx(whole, rel=1e-6)
