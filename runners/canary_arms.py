@@ -59,6 +59,9 @@ class AuditConfig:
     # The no-DP arms also with nothing planted: the exposure the secret gets from the language
     # alone (digits the corpus favours), without which a no-DP exposure is hard to read.
     nodp_controls: bool = False
+    # FedAtt's normalizer (--fedatt-normalizer; None: simulate's default, softmax); fixed: the
+    # arms are named fedatt-fixed as in the privacy table.
+    fedatt_normalizer: str | None = None
 
     def flags(self, repeats: int) -> list[str]:
         return [
@@ -104,14 +107,20 @@ class Arm:
     def flags(self, cfg: AuditConfig) -> list[str]:
         if self.noise is None:  # no DP: no bound on any phone's update, or the DP arms' clip
             if cfg.bound_norm is None:
-                return ["--strategy", self.strategy, "--bound", "off"]
-            return ["--strategy", self.strategy, "--bound", "fixed", "--bound-norm",
-                    number(cfg.bound_norm)]  # fmt: skip
+                return ["--strategy", self.strategy, *self.normalizer(cfg), "--bound", "off"]
+            return ["--strategy", self.strategy, *self.normalizer(cfg), "--bound", "fixed",
+                    "--bound-norm", number(cfg.bound_norm)]  # fmt: skip
         mechanism = [] if self.mechanism == "gaussian" else ["--dp-mechanism", self.mechanism]
         return [
-            "--strategy", self.strategy, "--dp-clip", number(cfg.dp_clip),
+            "--strategy", self.strategy, *self.normalizer(cfg), "--dp-clip", number(cfg.dp_clip),
             "--dp-noise-multiplier", number(self.noise), *mechanism,
         ]  # fmt: skip
+
+    def normalizer(self, cfg: AuditConfig) -> list[str]:
+        """FedAtt's --fedatt-normalizer where the audit sets one."""
+        if self.strategy != "fedatt" or cfg.fedatt_normalizer is None:
+            return []
+        return ["--fedatt-normalizer", cfg.fedatt_normalizer]
 
 
 STRATEGIES = (("fedavg", "FedAvg"), ("fedatt", "FedAtt"))
@@ -134,15 +143,20 @@ def arms(cfg: AuditConfig) -> list[Arm]:
     nothing planted)."""
     if cfg.dp_epsilons and len(cfg.dp_epsilons) != len(cfg.dp_noise_multipliers):
         raise ValueError("give one target epsilon per noise multiplier, or none")
-    out = [Arm(s, name, s) for s, name in STRATEGIES]
+    kinds = [(s, s, name) for s, name in STRATEGIES]
+    if cfg.fedatt_normalizer is not None:  # the privacy table's names: fedatt-fixed, (fixed)
+        n = cfg.fedatt_normalizer
+        kinds = [(f"{s}-{n}", s, f"{name} ({n})") if s == "fedatt" else (s, s, name)
+                 for s, name in STRATEGIES]  # fmt: skip
+    out = [Arm(key, name, s) for key, s, name in kinds]
     if cfg.nodp_controls:
         out += [
-            Arm(f"{s}-control", f"{name}, not planted", s, planted=False) for s, name in STRATEGIES
+            Arm(f"{k}-control", f"{name}, not planted", s, planted=False) for k, s, name in kinds
         ]
     targets: tuple[float | None, ...] = cfg.dp_epsilons or (None,) * len(cfg.dp_noise_multipliers)
     for z, eps in zip(cfg.dp_noise_multipliers, targets, strict=True):
-        for s, name in STRATEGIES:
-            arm_id, label = _dp_names(s, name, z, cfg.dp_mechanism, eps)
+        for key, s, name in kinds:
+            arm_id, label = _dp_names(key, name, z, cfg.dp_mechanism, eps)
             out.append(Arm(arm_id, label, s, z, mechanism=cfg.dp_mechanism, epsilon=eps))
             out.append(
                 Arm(

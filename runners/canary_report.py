@@ -185,7 +185,7 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
         (
             "Without DP no update is bounded (`--bound off`, the seed papers' server). "
             if cfg.get("bound_norm") is None
-            else f"Without DP every update is clipped to the DP arms' S = {cfg['bound_norm']:g} "
+            else f"Without DP every update is clipped to the DP arms' S = {cfg['bound_norm']:.3g} "
             "(`--bound fixed`) and no noise is added. "
         )
         + (

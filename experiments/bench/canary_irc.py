@@ -36,25 +36,32 @@ from bench.privacy import PROBE_ID, WORKLOADS, Cell, Protocol, _config, calibrat
 from bench.privacy import settings_fields as privacy_fields
 from runners.canary_arms import AuditConfig, arms, number
 from runners.canary_audit import Results, run_audit, write_report
+from runners.canary_report import mean_exposure
 
 #: The secret's format: all of its words are in the IRC workload's 2,000-word vocabulary.
 FORMAT = "my password is _ _ _ _"
 ALPHABET = "0 1 2 3 4 5 6 7 8 9"
 REPEATS = 20  # copies of the secret in the planted phone's shard (the audit's default)
-#: The arms in the order they run: (mechanism, target epsilon); (None, None): no DP.
-PRIORITY: tuple[tuple[str | None, float | None], ...] = (
-    (None, None),
-    ("gaussian", 8.0),
-    ("blt", 8.0),
-    ("blt", 2.0),
-    ("gaussian", 2.0),
-    ("gaussian", 4.0),
-    ("blt", 4.0),
-    ("gaussian", 1.0),
-    ("blt", 1.0),
-    ("tree", 8.0),
-    ("tree", 2.0),
+#: The arms in the order they run: (the privacy table's strategy, mechanism, target epsilon);
+#: (strategy, None, None): no DP.
+PRIORITY: tuple[tuple[str, str | None, float | None], ...] = (
+    ("fedavg", None, None),
+    ("fedavg", "gaussian", 8.0),
+    ("fedavg", "blt", 8.0),
+    ("fedavg", "blt", 2.0),
+    ("fedavg", "gaussian", 2.0),
+    ("fedavg", "gaussian", 4.0),
+    ("fedavg", "blt", 4.0),
+    ("fedavg", "gaussian", 1.0),
+    ("fedavg", "blt", 1.0),
+    ("fedavg", "tree", 8.0),
+    ("fedavg", "tree", 2.0),
+    ("fedatt-fixed", None, None),
+    ("fedatt-fixed", "gaussian", 8.0),
+    ("fedatt-fixed", "blt", 8.0),
 )
+#: The table's FedAtt: the fixed normalizer (DP-FedAvg's sensitivity), as fedatt-fixed.
+NORMALIZER = "fixed"
 #: The Settings fields the audit's own options set (AuditConfig.flags, Arm.flags).
 AUDIT_FIELDS = {
     "data", "seed", "fraction", "local_epochs", "max_eval_sentences", "ksr_sentences",
@@ -126,20 +133,36 @@ def audit_config(
         simulate_args=tuple(args),
         simulate_env=tuple(env),
         nodp_controls=True,
+        fedatt_normalizer=NORMALIZER,
     )
 
 
 def planned(protocol: Protocol, clip: float) -> list[tuple[AuditConfig, list[str]]]:
-    """Each step of PRIORITY: the audit that runs it and its arms' ids (FedAvg, planted then
-    not planted); mechanisms the protocol cannot run are left out."""
+    """Each step of PRIORITY: the audit that runs it and its arms' ids (planted, then not
+    planted); strategies, mechanisms and epsilons the protocol has not are left out."""
     steps = []
-    for mech, eps in PRIORITY:
+    for strategy, mech, eps in PRIORITY:
         if eps is not None and (mech not in protocol.mechanisms or eps not in protocol.epsilons):
             continue
+        if strategy not in protocol.strategies:
+            continue
         cfg = audit_config(protocol, clip, mech or "gaussian", () if eps is None else (eps,))
-        ids = [a.id for a in arms(cfg) if a.strategy == "fedavg" and (a.dp == (eps is not None))]
+        ids = [
+            a.id
+            for a in arms(cfg)
+            if table_strategy(a.id) == strategy and a.dp == (eps is not None)
+        ]
         steps.append((cfg, ids))
     return steps
+
+
+def table_strategy(arm_id: str) -> str:
+    """The privacy table's strategy (bench.privacy.VARIANTS) of an arm: fedavg, fedatt-fixed."""
+    return (
+        "fedatt-" + NORMALIZER
+        if arm_id.startswith("fedatt-" + NORMALIZER)
+        else arm_id.split("-")[0]
+    )
 
 
 def notes(protocol: Protocol, clip: float) -> str:
@@ -164,15 +187,63 @@ def notes(protocol: Protocol, clip: float) -> str:
     )
 
 
+def _f(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def paired(runs: list[dict]) -> str:
+    """A row per planted arm beside its not-planted control (the same run, nothing planted):
+    exposure in the last round, its mean from the planted phone's round, its max; no DP first,
+    then gaussian, blt, tree, each from the largest epsilon down."""
+    mechs = ("gaussian", "blt", "tree")
+    controls = {r["id"].removesuffix("-control"): r for r in runs if not r.get("planted", True)}
+    planted = sorted(
+        (r for r in runs if r.get("planted", True)),
+        key=lambda r: (r["strategy"], r["dp"], mechs.index(r.get("mechanism") or "gaussian"),
+                       -(r.get("target_epsilon") or 0.0)),
+    )  # fmt: skip
+    lines = [
+        "| arm | mechanism | target epsilon | epsilon | z | exposure, last round: planted / "
+        "not planted | mean from the phone's round | max | rank (planted) | test ppl | "
+        "rounds with the phone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in planted:
+        c = controls.get(r["id"])
+
+        def pair(key: str, c: dict | None = c, r: dict = r) -> str:
+            get = (lambda x: mean_exposure(x)) if key == "mean" else (lambda x: x[key])
+            return f"{_f(get(r))} / {_f(get(c)) if c else '-'}"
+
+        lines.append(
+            f"| {r['label']} | {r.get('mechanism') or 'no DP (same clip)'} | "
+            f"{_f(r.get('target_epsilon'), 'g')} | {_f(r['epsilon'])} | "
+            f"{_f(r['noise_multiplier'], '.3f')} | {pair('exposure')} | {pair('mean')} | "
+            f"{pair('max_exposure')} | {r['rank']:.0f} | {r['test_ppl']:.1f} | "
+            f"{', '.join(map(str, r['canary_rounds'])) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
 def write_page(out: Path, protocol: Protocol, clip: float) -> Path:
-    """OUT/results.md: the audit's report with this workload's notes after its title."""
+    """OUT/results.md: the audit's report with this workload's notes and the paired table after
+    its title."""
     results = Results(out)
-    write_report(results.read(), out, results.commands())
+    runs = results.read()
+    write_report(runs, out, results.commands())
     page = out / "results.md"
     title, rest = page.read_text().split("\n", 1)
     title = "# Canary exposure on the IRC population at the privacy table's epsilons"
-    page.write_text(f"{title}\n\n{notes(protocol, clip)}\n{rest}")
+    page.write_text(f"{title}\n\n{notes(protocol, clip)}\n\n{paired(runs)}\n{rest}")
     return page
+
+
+def rebuild(folder: Path, workload: str = "irc") -> Path:
+    """FOLDER/results.md from FOLDER/results.json alone (the clip: its arms')."""
+    runs = Results(folder).read()
+    if not runs:
+        raise ValueError(f"{folder / 'results.json'} holds no arm yet")
+    return write_page(folder, WORKLOADS[workload], float(runs[0]["config"]["dp_clip"]))
 
 
 def run(
@@ -240,3 +311,7 @@ def command(
     except (ValueError, RuntimeError) as e:
         raise UserError(str(e)) from None
     typer.echo(f"report: {out / 'results.md'}")
+
+
+if __name__ == "__main__":  # python -m bench.canary_irc [FOLDER]: the page from results.json
+    print(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "canary-irc"))

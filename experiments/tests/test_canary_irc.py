@@ -43,21 +43,23 @@ def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
     steps = planned(PROTOCOL, CLIP)
     order = [(cfg.dp_mechanism if cfg.dp_epsilons else None, cfg.dp_epsilons) for cfg, _ in steps]
     assert order == [(None, ()), ("gaussian", (8.0,)), ("blt", (8.0,)), ("blt", (2.0,)),
-                     ("gaussian", (2.0,)), ("tree", (8.0,)), ("tree", (2.0,))]  # fmt: skip
+                     ("gaussian", (2.0,)), ("tree", (8.0,)), ("tree", (2.0,)), (None, ()),
+                     ("gaussian", (8.0,)), ("blt", (8.0,))]  # fmt: skip
     ids = [i for _, step in steps for i in step]
     assert ids[:4] == ["fedavg", "fedavg-control", "fedavg-eps8", "fedavg-eps8-control"]
+    assert ids[14:18] == ["fedatt-fixed", "fedatt-fixed-control", "fedatt-fixed-eps8",
+                          "fedatt-fixed-eps8-control"]  # fmt: skip
     for cfg, step in steps:
         for arm in (a for a in arms(cfg) if a.id in step):
             argv = command(arm, cfg, Path("runs/x"))
             given = parsed(argv)
+            strategy = "fedatt-fixed" if arm.strategy == "fedatt" else "fedavg"
             z = None
             if arm.dp:
-                cell = calibrate_cell(
-                    PROTOCOL, Cell("fedavg", arm.epsilon, mechanism=arm.mechanism)
-                )
-                z = cell.noise_multiplier
+                cell = Cell(strategy, arm.epsilon, mechanism=arm.mechanism)
+                z = calibrate_cell(PROTOCOL, cell).noise_multiplier
                 assert float(given["dp_noise_multiplier"]) == z  # every digit of the table's z
-            table = settings_fields(PROTOCOL, "fedavg", CLIP, z, arm.mechanism)
+            table = settings_fields(PROTOCOL, strategy, CLIP, z, arm.mechanism)
             settings = Settings(**{k: v for k, v in given.items() if k in Settings.model_fields})
             ours = settings.model_dump()
             assert {k: ours[k] for k in table} == Settings(**table).model_dump(include=set(table))
@@ -99,6 +101,6 @@ def test_an_interrupted_bench_resumes_in_priority_order(tmp_path, monkeypatch):
     canary_irc.run(tmp_path / "out", tmp_path / "runs", tmp_path, clip=CLIP)
     assert ran[:6] == ["fedavg", "fedavg-control", "fedavg-eps8", "fedavg-eps8-control",
                        "fedavg-blt-eps8", "fedavg-blt-eps8-control"]  # fmt: skip
-    assert len(ran) == 2 * len([p for p in PRIORITY if p[1] in (None, 8.0, 2.0)])
+    assert len(ran) == 2 * len([p for p in PRIORITY if p[2] in (None, 8.0, 2.0)]) == 20
     canary_irc.run(tmp_path / "out", tmp_path / "runs", tmp_path, clip=CLIP)
-    assert len(ran) == 14  # nothing again
+    assert len(ran) == 20  # nothing again
