@@ -199,7 +199,9 @@ def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
         "noise_std": ((last.get("info") or {}).get("dp") or {}).get("noise_std"),
         # Rounds whose aggregate held the canary phone's update.
         "canary_phone": phone,
-        "canary_rounds": [r["round"] for r in rows if phone in r["aggregated"]],
+        "canary_rounds": [r["round"] for r in rows if aggregated(r, phone)],
+        # Rounds whose cohort held it but whose outlier filter rejected its update (no DP only).
+        "canary_rejected": [r["round"] for r in rows if phone in rejected(r)],
         "curve": [
             {
                 "round": r["round"],
@@ -208,11 +210,22 @@ def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
                 "val_ppl": r["val_ppl"],
                 "test_ppl": r["test_ppl"],
                 "epsilon": r.get("epsilon"),
-                "canary_phone": phone in r["aggregated"],
+                "canary_phone": aggregated(r, phone),
             }
             for r in rows
         ],
     }
+
+
+def rejected(row: dict) -> set[str]:
+    """The phones whose update the round's cosine outlier filter rejected (info.clip.outliers:
+    on by default without DP, server.strategies.outliers): uploaded, but not in the aggregate."""
+    return set(((row.get("info") or {}).get("clip") or {}).get("outliers") or {})
+
+
+def aggregated(row: dict, phone: str) -> bool:
+    """Whether the round's aggregate holds `phone`'s update: uploaded and not rejected."""
+    return phone in row["aggregated"] and phone not in rejected(row)
 
 
 def select(choices: list[Arm], only: list[str] | None) -> list[Arm]:

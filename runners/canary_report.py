@@ -17,7 +17,15 @@ from common.files import atomic_write
 from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from runners.canary_arms import STRATEGIES
 
-__all__ = ["CHANCE", "Results", "mean_exposure", "per_round_table", "plot", "write_report"]
+__all__ = [
+    "CHANCE",
+    "Results",
+    "mean_exposure",
+    "per_round_table",
+    "plot",
+    "rounds_with",
+    "write_report",
+]
 
 T = TypeVar("T")
 
@@ -118,6 +126,15 @@ def mean_exposure(run: dict) -> float | None:
     return sum(after) / len(after)
 
 
+def rounds_with(run: dict) -> str:
+    """The rounds whose aggregate held the canary phone's update, and those whose outlier
+    filter rejected it."""
+    text = ", ".join(map(str, run["canary_rounds"])) or "none"
+    if run.get("canary_rejected"):
+        text += f" (rejected by the outlier filter: {', '.join(map(str, run['canary_rejected']))})"
+    return text
+
+
 def per_round_table(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: a row per round, each arm's exposure (and a * when the canary phone's
     update was in that round's aggregate)."""
@@ -160,7 +177,7 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
             _f(r["test_ppl"], ".4g"),
             _f(r["epsilon"], ".1f"),
             _f(r["noise_std"], ".3g"),
-            ", ".join(map(str, r["canary_rounds"])) or "none",
+            rounds_with(r),
             f"{r['wall_seconds']:.0f}",
         ]
         for r in runs

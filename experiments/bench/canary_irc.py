@@ -23,6 +23,7 @@ workload's notes after its title.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import shlex
 import sys
 from dataclasses import replace
@@ -36,16 +37,19 @@ from bench.privacy import PROBE_ID, WORKLOADS, Cell, Protocol, _config, calibrat
 from bench.privacy import settings_fields as privacy_fields
 from runners.canary_arms import AuditConfig, arms, number
 from runners.canary_audit import Results, run_audit, write_report
-from runners.canary_report import mean_exposure
+from runners.canary_report import mean_exposure, rounds_with
 
 #: The secret's format: all of its words are in the IRC workload's 2,000-word vocabulary.
 FORMAT = "my password is _ _ _ _"
 ALPHABET = "0 1 2 3 4 5 6 7 8 9"
 REPEATS = 20  # copies of the secret in the planted phone's shard (the audit's default)
 #: The arms in the order they run: (the privacy table's strategy, mechanism, target epsilon);
-#: (strategy, None, None): no DP.
+#: (strategy, None, None): no DP, the table's (the clip, the server's default trim and outlier
+#: filter); epsilon inf: the DP arms' aggregation without noise (z = 0: the clip and the
+#: uniform mean, no trim, no filter).
 PRIORITY: tuple[tuple[str, str | None, float | None], ...] = (
     ("fedavg", None, None),
+    ("fedavg", "gaussian", math.inf),
     ("fedavg", "gaussian", 8.0),
     ("fedavg", "blt", 8.0),
     ("fedavg", "blt", 2.0),
@@ -110,7 +114,10 @@ def audit_config(
 ) -> AuditConfig:
     """The audit of the table's FedAvg cells under `mechanism` at `epsilons`, z calibrated as
     the table's (calibrate_cell)."""
-    cells = [calibrate_cell(protocol, Cell("fedavg", e, mechanism=mechanism)) for e in epsilons]
+    if epsilons == (math.inf,):  # no noise: z = 0, the arm named by it (fedavg-dp-z0)
+        cells, epsilons = [Cell("fedavg", None, noise_multiplier=0.0)], ()
+    else:
+        cells = [calibrate_cell(protocol, Cell("fedavg", e, mechanism=mechanism)) for e in epsilons]
     shared = privacy_fields(protocol, "fedavg", clip, None)
     args, env = flags({k: v for k, v in shared.items() if k not in AUDIT_FIELDS})
     return AuditConfig(
@@ -142,7 +149,8 @@ def planned(protocol: Protocol, clip: float) -> list[tuple[AuditConfig, list[str
     planted); strategies, mechanisms and epsilons the protocol has not are left out."""
     steps = []
     for strategy, mech, eps in PRIORITY:
-        if eps is not None and (mech not in protocol.mechanisms or eps not in protocol.epsilons):
+        known = eps is None or math.isinf(eps) or eps in protocol.epsilons
+        if eps is not None and (mech not in protocol.mechanisms or not known):
             continue
         if strategy not in protocol.strategies:
             continue
@@ -220,7 +228,7 @@ def paired(runs: list[dict]) -> str:
             f"{_f(r.get('target_epsilon'), 'g')} | {_f(r['epsilon'])} | "
             f"{_f(r['noise_multiplier'], '.3f')} | {pair('exposure')} | {pair('mean')} | "
             f"{pair('max_exposure')} | {r['rank']:.0f} | {r['test_ppl']:.1f} | "
-            f"{', '.join(map(str, r['canary_rounds'])) or 'none'} |"
+            f"{rounds_with(r)} |"
         )
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@ Settings, the z calibrate_cell gives its target epsilon), in the priority order,
 the table's probe; an interrupted bench resumes."""
 
 import json
+import math
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -41,13 +42,20 @@ def parsed(argv: list[str]) -> dict:
 
 def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
     steps = planned(PROTOCOL, CLIP)
-    order = [(cfg.dp_mechanism if cfg.dp_epsilons else None, cfg.dp_epsilons) for cfg, _ in steps]
-    assert order == [(None, ()), ("gaussian", (8.0,)), ("blt", (8.0,)), ("blt", (2.0,)),
-                     ("gaussian", (2.0,)), ("tree", (8.0,)), ("tree", (2.0,)), (None, ()),
-                     ("gaussian", (8.0,)), ("blt", (8.0,))]  # fmt: skip
+    order = [
+        (
+            cfg.dp_mechanism if cfg.dp_noise_multipliers else None,
+            cfg.dp_epsilons or cfg.dp_noise_multipliers,
+        )
+        for cfg, _ in steps
+    ]  # the table's epsilons; (0.0,): z = 0
+    assert order == [(None, ()), ("gaussian", (0.0,)), ("gaussian", (8.0,)), ("blt", (8.0,)),
+                     ("blt", (2.0,)), ("gaussian", (2.0,)), ("tree", (8.0,)), ("tree", (2.0,)),
+                     (None, ()), ("gaussian", (8.0,)), ("blt", (8.0,))]  # fmt: skip
     ids = [i for _, step in steps for i in step]
-    assert ids[:4] == ["fedavg", "fedavg-control", "fedavg-eps8", "fedavg-eps8-control"]
-    assert ids[14:18] == ["fedatt-fixed", "fedatt-fixed-control", "fedatt-fixed-eps8",
+    assert ids[:6] == ["fedavg", "fedavg-control", "fedavg-dp-z0", "fedavg-dp-z0-control",
+                       "fedavg-eps8", "fedavg-eps8-control"]  # fmt: skip
+    assert ids[16:20] == ["fedatt-fixed", "fedatt-fixed-control", "fedatt-fixed-eps8",
                           "fedatt-fixed-eps8-control"]  # fmt: skip
     for cfg, step in steps:
         for arm in (a for a in arms(cfg) if a.id in step):
@@ -55,7 +63,9 @@ def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
             given = parsed(argv)
             strategy = "fedatt-fixed" if arm.strategy == "fedatt" else "fedavg"
             z = None
-            if arm.dp:
+            if arm.noise == 0.0:  # the DP arms' aggregation without noise
+                z = 0.0
+            elif arm.dp:
                 cell = Cell(strategy, arm.epsilon, mechanism=arm.mechanism)
                 z = calibrate_cell(PROTOCOL, cell).noise_multiplier
                 assert float(given["dp_noise_multiplier"]) == z  # every digit of the table's z
@@ -99,8 +109,9 @@ def test_an_interrupted_bench_resumes_in_priority_order(tmp_path, monkeypatch):
     monkeypatch.setattr(canary_irc, "write_page", lambda *a: None)
     monkeypatch.setattr(canary_irc, "WORKLOADS", {"irc": PROTOCOL})
     canary_irc.run(tmp_path / "out", tmp_path / "runs", tmp_path, clip=CLIP)
-    assert ran[:6] == ["fedavg", "fedavg-control", "fedavg-eps8", "fedavg-eps8-control",
-                       "fedavg-blt-eps8", "fedavg-blt-eps8-control"]  # fmt: skip
-    assert len(ran) == 2 * len([p for p in PRIORITY if p[2] in (None, 8.0, 2.0)]) == 20
+    assert ran[:8] == ["fedavg", "fedavg-control", "fedavg-dp-z0", "fedavg-dp-z0-control",
+                       "fedavg-eps8", "fedavg-eps8-control", "fedavg-blt-eps8",
+                       "fedavg-blt-eps8-control"]  # fmt: skip
+    assert len(ran) == 2 * len([p for p in PRIORITY if p[2] in (None, math.inf, 8.0, 2.0)]) == 22
     canary_irc.run(tmp_path / "out", tmp_path / "runs", tmp_path, clip=CLIP)
-    assert len(ran) == 20  # nothing again
+    assert len(ran) == 22  # nothing again

@@ -95,3 +95,13 @@ def test_the_report_shows_each_arm_per_round(tmp_path, fake_runs):
 
 def test_the_canary_phone_is_named_as_the_shards_are():
     assert canary_phone(20) == "device-00" and canary_phone(5) == "device-0"
+
+
+def test_a_round_whose_outlier_filter_rejected_the_canary_phone_does_not_count_as_its_round():
+    """Without DP the cosine outlier filter may reject the planted phone's upload: it was in the
+    cohort and uploaded, but its update is not in the aggregate (info.clip.outliers)."""
+    got = rows([0.6, 2.0, 2.1], {1, 2})
+    got[1]["info"] = {"clip": {"outliers": {"device-00": 10.4}}}
+    summary = summarize(got, arms(CFG)[0], 20)
+    assert (summary["canary_rounds"], summary["canary_rejected"]) == ([2], [1])
+    assert [p["canary_phone"] for p in summary["curve"]] == [False, False, True]
