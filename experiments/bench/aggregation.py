@@ -110,7 +110,7 @@ def _in_child(tree: str | None, what: str, cohort: Cohort) -> tuple[float, float
     shared machine the wall time counts the others' load too) and peak RSS in MB. ``tree``:
     import the server from that checkout."""
     if tree is not None:
-        sys.path.insert(0, tree)
+        _import_from(tree)
     import torch
 
     torch.set_num_threads(1)
@@ -121,6 +121,21 @@ def _in_child(tree: str | None, what: str, cohort: Cohort) -> tuple[float, float
     jobs[what]()
     seconds, cpu = time.perf_counter() - start, _cpu() - cpu
     return seconds, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _import_from(tree: str) -> None:
+    """Import the server from the checkout ``tree``: its folder first on the path, and every
+    module of its packages that this process imported already (the bench's own imports bring
+    in ``server.config`` and the ``server`` package from this checkout, and a package's
+    submodules are looked up in its folder, whatever the path says) forgotten, so they are
+    imported again from ``tree``. Without it, ``--baseline`` timed this checkout's
+    ``server.influence`` and ``server.cohort_scan`` (found under the ``server`` package already
+    imported from here) as the baseline's."""
+    sys.path.insert(0, tree)
+    tops = {p.name for p in Path(tree).iterdir() if (p / "__init__.py").is_file()}
+    for name in list(sys.modules):
+        if name.partition(".")[0] in tops:
+            del sys.modules[name]
 
 
 def _cpu() -> float:

@@ -303,3 +303,49 @@ def test_the_trim_sorted_in_groups_is_the_whole_cohorts_order_statistics(m, k, m
     monkeypatch.setattr(cohort_scan, "SORT_GROUP", 512)
     whole = trim_scan(Cohort(GLOBAL, states), keys, k, 7 * m, exact=False)[1]
     assert sq == pytest.approx(whole, rel=1e-6)
+
+
+@pytest.mark.parametrize("where", ["memory", "stored"])
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [("fedavg", {}), ("fedavg", {"weighted": False}), ("fedatt", {}),
+     ("fedatt", {"normalizer": "fixed"})],
+)  # fmt: skip
+def test_the_summed_round_is_the_iterated_round(where, strategy, options, tmp_path, monkeypatch):
+    """FedAvg and FedAtt sum a bounded round in one read (BoundedRound.weighted_sum); iterating
+    the same round update by update (each trimmed and clipped, then summed in float64) gives the
+    same model to float32 rounding of the clipped weights, and the same info (FedAtt's
+    attention from the bound's norms, to float32 rounding)."""
+    monkeypatch.setattr(cohort_scan, "BLOCK", 16)
+    monkeypatch.setattr(cohort_scan, "PHONE_GROUP", 3)  # groups of phones, one a short one
+    states = cohort(11, torch.float32, seed=8)
+    held = store(states, tmp_path) if where == "stored" else states
+    ups = [ClientUpdate(s, 10 + 7 * i, 1.0, f"d{i:02d}") for i, s in enumerate(held)]
+    rnd = bound_round(InfluenceConfig(), GLOBAL, ups)
+    assert rnd.distances() is not None and rnd.info["clipped"] > 0
+    summed, info = get_strategy(strategy, **options).aggregate(GLOBAL, rnd, rnd.bound)
+    iterated, want = get_strategy(strategy, **options).aggregate(GLOBAL, list(rnd), rnd.bound)
+    for key in GLOBAL:
+        torch.testing.assert_close(summed[key], iterated[key], rtol=1e-6, atol=1e-7)
+        assert not torch.equal(summed[key], GLOBAL[key]) or key == "steps"
+    assert info.keys() == want.keys()
+    if strategy == "fedavg":  # the same weights
+        assert info == want
+    else:  # the attention from the bound's norms (float32 sums) or from each clipped delta's
+        for name in ("attention_mean", "attention_max", "attention_scale"):
+            if name in want:
+                assert info[name] == pytest.approx(want[name], rel=1e-5)
+        assert info["winsorized_scores"] == want["winsorized_scores"]
+
+
+def test_a_round_with_bfloat16_updates_is_iterated():
+    """The iterated clip rounds a bfloat16 update's clipped values to bfloat16; the summed one
+    would not, so such a round is not summed (distances() is None) and FedAvg iterates it."""
+    states = cohort(6, torch.bfloat16, seed=2)
+    ups = [ClientUpdate(s, 10, 1.0, f"d{i}") for i, s in enumerate(states)]
+    rnd = bound_round(InfluenceConfig(), GLOBAL, ups)
+    assert rnd.distances() is None
+    got, _ = get_strategy("fedavg").aggregate(GLOBAL, rnd, rnd.bound)
+    want, _ = get_strategy("fedavg").aggregate(GLOBAL, list(rnd), rnd.bound)
+    for key in GLOBAL:
+        assert torch.equal(got[key], want[key])
