@@ -20,20 +20,33 @@ What, pass by pass (m phones, n parameters):
   two passes cannot be one (short of the m x m Gram matrix, O(m^2 n): 23 s at m = 1,000 where a
   pass is about 2).
 * :func:`trim_scan`: the cohort stacked slice by slice (``chunk`` elements across the kept
-  phones at a time, one ``pread`` per phone and slice, server.stored_slices): the trim's order
-  statistics from one np.sort along the cohort (SIMD sort: 0.36 s a pass at m = 100 where
-  np.partition's two-sided selection took 2.1; 9.7 against 30 at m = 1,000), and in the same
-  read every phone's trimmed layer norms: its slice clamped to the cohort's range, the global
-  subtracted, squared and summed. The trimmed updates are not trimmed again for their norms.
-* the strategy's pass (influence.BoundedRound): each kept upload read once more, one ``pread`` a
-  layer into buffers of its own (:func:`load_state`), trimmed and clipped there in place.
+  phones at a time, one ``pread`` per phone and slice, server.stored_slices), then worked on
+  ``ORDER_BLOCK`` elements (a few hundred columns) at a time, in cache: the block transposed (a
+  coordinate's m values contiguous), the trim's order statistics from numpy's SIMD sort of
+  groups of at most ``SORT_GROUP`` phones and a sort of the groups' k+1 extremes
+  (:func:`_order_statistics`), and in the same read every phone's trimmed layer norms (the
+  block clamped, the global subtracted, squared and summed). One np.sort along the cohort of
+  the whole stack took 6-9 ns an element at m = 300-1,000 (its column copies out of cache, rows
+  of 1,000 past the sorting networks); the blocks take 4-5, the transposing copies and the
+  sort of rows padded to a power of two most of it.
+* :func:`weighted_scan`, the strategy's pass (influence.BoundedRound.weighted_sum): FedAvg's
+  weights and FedAtt's attention are known once the bound is (FedAtt scores the bounded
+  distances, the trimmed norms times the clip factors), so the step ``sum_k c_k^l u_k^l`` is
+  one weighted sum: a few phones' files mapped at once, each block clamped in the update's
+  dtype, widened and summed by BLAS into a float64 accumulator that stays in cache. The clip
+  factor goes into the coefficient. The update-at-a-time path it replaces (each upload read
+  into buffers, trimmed and clipped in place, then widened and accumulated a whole layer at a
+  time in float64) took 3 times as long (1.3 s against 0.42 at 300 uploads of 1.14M
+  parameters). Other strategies, DP's exact clip and bfloat16 updates iterate the round
+  (:meth:`influence.BoundedRound.__iter__`, :func:`load_state`).
 
-Four passes, and no fewer without holding the cohort in memory (14 GB at 1,000 uploads of the
-default model): each needs what the one before it finished (V, then the kept phones, then every
-trimmed norm for the clip's median). Reading is not what they cost: at 200 uploads of the
-default model reading them all once is 0.5 s of CPU, the round's aggregation 10-13 s
-(experiments/results/aggregation; most of it the trim's sort, 8 ns an element at m = 1,000, and
-the strategy's float64 arithmetic).
+Four passes, and no fewer without holding the cohort in memory (4.6 GB at 1,000 uploads of a
+1.14M-parameter model): each needs what the one before it finished (V, then the kept phones,
+then every trimmed norm for the clip's median and the strategy's weights). Per pass, one core,
+300 uploads of 1.14M parameters whose read once takes 0.16 s of CPU (safetensors, page cache
+warm): the filter's two phone passes 0.7 s, the trim's pass 1.7, the weighted sum 0.4
+(bench script not kept; ``fedkey-bench aggregation`` gives the totals,
+experiments/results/aggregation). The trim's transposes and sorts are most of what is left.
 
 The trim's bounds are kept as values, not deltas: ``theta + clamp(theta_k - theta, lo - theta,
 hi - theta)`` is ``clamp(theta_k, lo, hi)`` (the delta is monotone in the value and the bounds
@@ -43,12 +56,15 @@ float64 round trip, and gives the same numbers.
 Precision. Updates are stacked in float32 (float64 when the model or an update is float64),
 which holds their bfloat16, float16 and float32 values exactly, so the trim's order statistics
 and the clamp are exact. The deltas are subtracted, squared and multiplied in that dtype; the
-trim's sums are numpy's pairwise ones (error O(log n) ulps), the phone passes' are BLAS's
-``np.dot`` within a block (2e-7 relative on 65,536 random elements, as the pairwise sum; 0.28
-ms of CPU for 3.55M elements where ``np.square(d).sum()`` took 2.2, timed by hand), the sums of blocks, slices and layers added in float64: the
-cosine scores and the norms of a 1.17M-parameter float32 model agree with the float64 reference
-to about 1e-7 relative (tests/server/test_cohort_scan.py). ``exact`` (the DP clip's norms, which
-its sensitivity analysis bounds): float64 arithmetic throughout, as before.
+trim's sums run over at most ``ORDER_COLUMNS`` coordinates of a block in float32, the phone
+passes' are BLAS's ``np.dot`` within a block (2e-7 relative on 65,536 random elements, as the
+pairwise sum; 0.28 ms of CPU for 3.55M elements where ``np.square(d).sum()`` took 2.2, timed by
+hand), the sums of blocks, slices and layers added in float64: the cosine scores and the norms
+of a 1.17M-parameter float32 model agree with the float64 reference to about 1e-7 relative
+(tests/server/test_cohort_scan.py). The weighted sum is float64 (each block widened exactly,
+BLAS's dgemv): it rounds once where the update-at-a-time clip rounded each clipped update to
+float32 first, and agrees with it to that rounding. ``exact`` (the DP clip's norms, which its
+sensitivity analysis bounds): float64 arithmetic throughout, as before.
 """
 
 from __future__ import annotations
@@ -323,12 +339,13 @@ def _trim_block(
 ) -> np.ndarray:
     """One block of the trim scan: columns ``c : c + width`` of ``values`` (the stacked slice: m
     phones x the layer's elements ``a`` on) give their (k+1)-th smallest and largest values into
-    ``limits`` (the layer's lo and hi arrays, :func:`_order_statistics`), and each phone's squared distance to ``g`` over these columns
-    after the trim (returned; ``g64`` given: in float64 arithmetic, the DP clip's norms).
-    Worked on transposed (a column's values contiguous: numpy's elementwise loops on rows of m
-    phones rather than of a few columns, about half the time), sized to stay in cache
-    (``ORDER_BLOCK``). Each phone's sum over the block's columns is a float32 one (at most
-    ``ORDER_COLUMNS`` terms), the blocks' added in float64 by the caller."""
+    ``limits`` (the layer's lo and hi arrays, :func:`_order_statistics`), and each phone's
+    squared distance to ``g`` over these columns after the trim (returned; ``g64`` given: in
+    float64 arithmetic, the DP clip's norms). Worked on transposed (a column's values
+    contiguous: numpy's elementwise loops then run along m phones rather than a few columns,
+    about half the time), sized to stay in cache (``ORDER_BLOCK``). Each phone's sum over the
+    block's columns is a float32 one (at most ``ORDER_COLUMNS`` terms), the blocks' added in
+    float64 by the caller."""
     part = values[:, c : c + width]
     at = slice(a + c, a + c + part.shape[1])
     lo, hi, g = limits[0][at], limits[1][at], g[at]
