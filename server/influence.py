@@ -52,12 +52,17 @@ computed over the phones kept. Off under DP, as the trim is.
 How the round is read (server.cohort_scan): four passes over the stored uploads, as few as the
 order of the computation allows (each needs what the one before it finished): the filter's two
 passes a phone at a time, then one slice-stacked pass over the kept phones for the trim's range
-and the trimmed norms together; the strategy's pass reads each kept upload once more and trims
-(a clamp) and clips it in place. ``fedkey-bench aggregation`` times a round against reading its
-uploads once (experiments/results/aggregation): one thread, on the shared 2-core machine, 200
-uploads of the default model (3.55M parameters) take 10-13 s of CPU, 20-26 times the read's
-0.5 s, and 1,000 uploads of a 1.14M-parameter model 20-22 s, 23-25 times the read's 0.9 s; most
-of it the trim's sort and the strategy's float64 arithmetic, not the reads.
+and the trimmed norms together, then the strategy's. FedAvg's weights and FedAtt's attention
+(its scores are the bounded distances: the trimmed norms times the clip factors) are known once
+the bound is, so their step is one weighted sum of the bounded deltas, a few uploads at a time
+(:meth:`BoundedRound.weighted_sum`); other strategies, DP's float64 clip and bfloat16 uploads
+iterate the round, each upload read once more, trimmed (a clamp) and clipped in place.
+``fedkey-bench aggregation`` times a round against reading its uploads once
+(experiments/results/aggregation): one thread, on the shared 2-core machine, 500 uploads of a
+1.14M-parameter model take 4.6-4.9 s of CPU, 17-18 times the read's 0.27 s (the update-at-a-time
+strategy pass and the whole-stack sort before: 5.9-6.6 s, 22-24 times, in the same run); most of
+what is left is the trim's transposes and sorts (1.7 s of 2.9 at 300 uploads), then the
+filter's two passes (0.7), not the reads.
 """
 
 from __future__ import annotations
