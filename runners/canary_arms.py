@@ -62,6 +62,9 @@ class AuditConfig:
     # FedAtt's normalizer (--fedatt-normalizer; None: simulate's default, softmax); fixed: the
     # arms are named fedatt-fixed as in the privacy table.
     fedatt_normalizer: str | None = None
+    # Name the planted arms by their copies (fedavg-dp-z0-k400, ", k 400"): arms of several k in
+    # one results.json; their controls (nothing planted) are the same runs whatever k.
+    name_repeats: bool = False
 
     def flags(self, repeats: int) -> list[str]:
         return [
@@ -148,7 +151,8 @@ def arms(cfg: AuditConfig) -> list[Arm]:
         n = cfg.fedatt_normalizer
         kinds = [(f"{s}-{n}", s, f"{name} ({n})") if s == "fedatt" else (s, s, name)
                  for s, name in STRATEGIES]  # fmt: skip
-    out = [Arm(key, name, s) for key, s, name in kinds]
+    k_id, k_label = (f"-k{cfg.repeats}", f", k {cfg.repeats}") if cfg.name_repeats else ("", "")
+    out = [Arm(key + k_id, name + k_label, s) for key, s, name in kinds]
     if cfg.nodp_controls:
         out += [
             Arm(f"{k}-control", f"{name}, not planted", s, planted=False) for k, s, name in kinds
@@ -157,7 +161,9 @@ def arms(cfg: AuditConfig) -> list[Arm]:
     for z, eps in zip(cfg.dp_noise_multipliers, targets, strict=True):
         for key, s, name in kinds:
             arm_id, label = _dp_names(key, name, z, cfg.dp_mechanism, eps)
-            out.append(Arm(arm_id, label, s, z, mechanism=cfg.dp_mechanism, epsilon=eps))
+            out.append(
+                Arm(arm_id + k_id, label + k_label, s, z, mechanism=cfg.dp_mechanism, epsilon=eps)
+            )
             out.append(
                 Arm(
                     f"{arm_id}-control", f"{label}, not planted", s, z, False, cfg.dp_mechanism, eps

@@ -169,7 +169,7 @@ def write_report(runs: list[dict], out: Path, commands: list[str]) -> None:
     summary = [
         [
             r["label"],
-            str(cfg["repeats"]) if r.get("planted", True) else "0",
+            str(r["config"]["repeats"]) if r.get("planted", True) else "0",
             _f(r["exposure"]),
             _f(mean_exposure(r)),
             _f(r["max_exposure"]),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import shlex
 import sys
 from dataclasses import replace
@@ -47,13 +48,18 @@ REPEATS = 20  # copies of the secret in the planted phone's shard (the audit's d
 #: (strategy, None, None): no DP, the table's (the clip, the server's default trim and outlier
 #: filter); epsilon inf: the DP arms' aggregation without noise (z = 0: the clip and the
 #: uniform mean, no trim, no filter).
-PRIORITY: tuple[tuple[str, str | None, float | None], ...] = (
+#: A fourth entry: the copies planted (default REPEATS), for arms named by it (-k400).
+STRESS = 400  # a fifth of the planted phone's ~800 messages: can the audit see the secret at all?
+PRIORITY: tuple[tuple, ...] = (
     ("fedavg", None, None),
     ("fedavg", "gaussian", math.inf),
     ("fedavg", "gaussian", 8.0),
     ("fedavg", "blt", 8.0),
     ("fedavg", "blt", 2.0),
     ("fedavg", "gaussian", 2.0),
+    ("fedavg", "gaussian", math.inf, STRESS),
+    ("fedavg", "gaussian", 8.0, STRESS),
+    ("fedavg", "blt", 8.0, STRESS),
     ("fedavg", "gaussian", 4.0),
     ("fedavg", "blt", 4.0),
     ("fedavg", "gaussian", 1.0),
@@ -110,7 +116,11 @@ def flags(fields: dict) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def audit_config(
-    protocol: Protocol, clip: float, mechanism: str, epsilons: tuple[float, ...]
+    protocol: Protocol,
+    clip: float,
+    mechanism: str,
+    epsilons: tuple[float, ...],
+    repeats: int = REPEATS,
 ) -> AuditConfig:
     """The audit of the table's FedAvg cells under `mechanism` at `epsilons`, z calibrated as
     the table's (calibrate_cell)."""
@@ -126,7 +136,8 @@ def audit_config(
         fraction=protocol.fraction,
         rounds=protocol.rounds,
         local_epochs=protocol.local_epochs,
-        repeats=REPEATS,
+        repeats=repeats,
+        name_repeats=repeats != REPEATS,
         dp_clip=clip,
         dp_noise_multipliers=tuple(float(c.noise_multiplier or 0.0) for c in cells),
         dp_epsilons=epsilons,
@@ -148,13 +159,13 @@ def planned(protocol: Protocol, clip: float) -> list[tuple[AuditConfig, list[str
     """Each step of PRIORITY: the audit that runs it and its arms' ids (planted, then not
     planted); strategies, mechanisms and epsilons the protocol has not are left out."""
     steps = []
-    for strategy, mech, eps in PRIORITY:
+    for strategy, mech, eps, *k in PRIORITY:
         known = eps is None or math.isinf(eps) or eps in protocol.epsilons
         if eps is not None and (mech not in protocol.mechanisms or not known):
             continue
         if strategy not in protocol.strategies:
             continue
-        cfg = audit_config(protocol, clip, mech or "gaussian", () if eps is None else (eps,))
+        cfg = audit_config(protocol, clip, mech or "gaussian", () if eps is None else (eps,), *k)
         ids = [
             a.id
             for a in arms(cfg)
@@ -209,10 +220,11 @@ def paired(runs: list[dict]) -> str:
     then gaussian, blt, tree, each from the largest epsilon down."""
     mechs = ("gaussian", "blt", "tree")
     controls = {r["id"].removesuffix("-control"): r for r in runs if not r.get("planted", True)}
+    base = {r["id"]: re.sub(r"-k\d+$", "", r["id"]) for r in runs}  # a -k400 arm's control
     planted = sorted(
         (r for r in runs if r.get("planted", True)),
         key=lambda r: (r["strategy"], r["dp"], mechs.index(r.get("mechanism") or "gaussian"),
-                       -(r.get("target_epsilon") or 0.0)),
+                       -(r.get("target_epsilon") or math.inf), r["config"]["repeats"]),
     )  # fmt: skip
     lines = [
         "| arm | mechanism | target epsilon | epsilon | z | exposure, last round: planted / "
@@ -221,7 +233,7 @@ def paired(runs: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in planted:
-        c = controls.get(r["id"])
+        c = controls.get(base[r["id"]])
 
         def pair(key: str, c: dict | None = c, r: dict = r) -> str:
             get = (lambda x: mean_exposure(x)) if key == "mean" else (lambda x: x[key])

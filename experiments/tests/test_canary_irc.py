@@ -3,7 +3,6 @@ Settings, the z calibrate_cell gives its target epsilon), in the priority order,
 the table's probe; an interrupted bench resumes."""
 
 import json
-import math
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import bench.canary_irc as canary_irc
-from bench.canary_irc import PRIORITY, planned, probe_clip
+from bench.canary_irc import planned, probe_clip
 from bench.paper import Bench
 from bench.privacy import PROBE_ID, WORKLOADS, Cell, _config, calibrate_cell, settings_fields
 from runners.canary_arms import arms, command
@@ -50,13 +49,18 @@ def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
         for cfg, _ in steps
     ]  # the table's epsilons; (0.0,): z = 0
     assert order == [(None, ()), ("gaussian", (0.0,)), ("gaussian", (8.0,)), ("blt", (8.0,)),
-                     ("blt", (2.0,)), ("gaussian", (2.0,)), ("tree", (8.0,)), ("tree", (2.0,)),
+                     ("blt", (2.0,)), ("gaussian", (2.0,)), ("gaussian", (0.0,)),
+                     ("gaussian", (8.0,)), ("blt", (8.0,)), ("tree", (8.0,)), ("tree", (2.0,)),
                      (None, ()), ("gaussian", (8.0,)), ("blt", (8.0,))]  # fmt: skip
     ids = [i for _, step in steps for i in step]
     assert ids[:6] == ["fedavg", "fedavg-control", "fedavg-dp-z0", "fedavg-dp-z0-control",
                        "fedavg-eps8", "fedavg-eps8-control"]  # fmt: skip
-    assert ids[16:20] == ["fedatt-fixed", "fedatt-fixed-control", "fedatt-fixed-eps8",
+    assert ids[12:18] == ["fedavg-dp-z0-k400", "fedavg-dp-z0-control", "fedavg-eps8-k400",
+                          "fedavg-eps8-control", "fedavg-blt-eps8-k400",
+                          "fedavg-blt-eps8-control"]  # fmt: skip
+    assert ids[22:26] == ["fedatt-fixed", "fedatt-fixed-control", "fedatt-fixed-eps8",
                           "fedatt-fixed-eps8-control"]  # fmt: skip
+    controls: dict[str, list[str]] = {}
     for cfg, step in steps:
         for arm in (a for a in arms(cfg) if a.id in step):
             argv = command(arm, cfg, Path("runs/x"))
@@ -74,7 +78,11 @@ def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
             ours = settings.model_dump()
             assert {k: ours[k] for k in table} == Settings(**table).model_dump(include=set(table))
             assert (given["partition"], given["clients"], given["rounds"]) == ("user", "2000", "12")
-            assert given["canary_repeats"] == ("20" if arm.planted else "0")
+            assert given["canary_repeats"] == (str(cfg.repeats) if arm.planted else "0")
+            if arm.planted:
+                assert cfg.repeats == (400 if arm.id.endswith("-k400") else 20)
+            else:  # a control is the same run whatever k the planted arm beside it has
+                assert controls.setdefault(arm.id, argv) == argv
             assert settings.canary_spec().size == 10**4  # my password is _ _ _ _ over 0 .. 9
 
 
@@ -112,6 +120,9 @@ def test_an_interrupted_bench_resumes_in_priority_order(tmp_path, monkeypatch):
     assert ran[:8] == ["fedavg", "fedavg-control", "fedavg-dp-z0", "fedavg-dp-z0-control",
                        "fedavg-eps8", "fedavg-eps8-control", "fedavg-blt-eps8",
                        "fedavg-blt-eps8-control"]  # fmt: skip
-    assert len(ran) == 2 * len([p for p in PRIORITY if p[2] in (None, math.inf, 8.0, 2.0)]) == 22
+    # each step a planted arm and its control; a -k400 arm's control is the k 20 arm's
+    assert len(ran) == 2 * 11 + 3 and ran[12:15] == [
+        "fedavg-dp-z0-k400", "fedavg-eps8-k400", "fedavg-blt-eps8-k400"
+    ]  # fmt: skip
     canary_irc.run(tmp_path / "out", tmp_path / "runs", tmp_path, clip=CLIP)
-    assert len(ran) == 22  # nothing again
+    assert len(ran) == 25  # nothing again
