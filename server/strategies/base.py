@@ -145,9 +145,11 @@ class Strategy(ABC):
         bound: Bound | None = None,
     ) -> tuple[StateDict, Info]:
         """The next global model and the round's info (``strategy``, ``mode``, ``num_updates`` and
-        what the method reports). ``updates`` is iterated exactly once; with no updates the global
-        model is returned unchanged (copied). ``bound``: the clip every update satisfies (attentive
-        strategies then cap their weights); None: unbounded, the papers' methods as published."""
+        what the method reports). ``updates`` is iterated exactly once (a :class:`SummableRound`
+        that the strategy can sum is read once by its ``weighted_sum`` instead); with no updates
+        the global model is returned unchanged (copied). ``bound``: the clip every update
+        satisfies (attentive strategies then cap their weights); None: unbounded, the papers'
+        methods as published."""
         if isinstance(updates, SummableRound) and updates.updates:
             done = self._aggregate_sum(global_state, updates, bound)
             if done is not None:
