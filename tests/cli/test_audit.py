@@ -128,19 +128,3 @@ def test_the_audit_runs_a_dp_ftrl_arm_whose_planted_phone_trains_once(tmp_path):
     assert all(0 < p["exposure"] <= math.log2(100) for p in run["curve"])  # |R| = 100
     md = (out / "results.md").read_text()
     assert f"| {trained[0]} |" in md.split("rounds with device-00")[1].split("\n")[2]
-
-
-def test_an_arm_whose_planted_phone_never_trained_says_so(tmp_path):
-    """Cohorts of 5 of 20 phones, 1 round at seed 0: device-00 is not drawn."""
-    result = runner.invoke(
-        app,
-        ["audit", "canary", "--rounds", "1", "--local-epochs", "1", "--fraction", "0.25",
-         "--only", "fedavg", "--canary-format", "my secret is _ _", "--workers", "0",
-         "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
-         "--", "--max-train-tokens", "3000", "--max-eval-sentences", "20"],
-        env={"COLUMNS": "200"},
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert "device-00, the phone holding the secret, was in no round's aggregate" in result.output
-    (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
-    assert run["canary_rounds"] == []

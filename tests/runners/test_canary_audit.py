@@ -105,3 +105,21 @@ def test_a_round_whose_outlier_filter_rejected_the_canary_phone_does_not_count_a
     summary = summarize(got, arms(CFG)[0], 20)
     assert (summary["canary_rounds"], summary["canary_rejected"]) == ([2], [1])
     assert [p["canary_phone"] for p in summary["curve"]] == [False, False, True]
+
+
+def test_an_arm_whose_planted_phone_never_trained_says_so(tmp_path, monkeypatch, capsys):
+    """A cohort that never drew the canary phone: the arm measured nothing, and the audit says so."""
+
+    def run_arm(arm, cfg, runs_dir, on_round=lambda n: None, results=None):
+        return {**summarize(rows([0.6, 1.2, 0.9], set()), arm, cfg.clients), "wall_seconds": 1.0,
+                "command": " ".join(canary.command(arm, cfg, runs_dir / arm.id)),
+                "git_commit": "abc", "git_dirty": False, "device": "cpu",
+                "config": {**CFG.__dict__}}  # fmt: skip
+
+    monkeypatch.setattr(canary, "run_arm", run_arm)
+    monkeypatch.setattr(canary_report, "plot", lambda *a: None)
+    (run,) = run_audit(CFG, tmp_path / "out", tmp_path / "runs", only=["fedavg"])
+    assert run["canary_rounds"] == []
+    said = "".join(capsys.readouterr())
+    assert "FedAvg: device-00, the phone holding the secret, was in no round's aggregate" in said
+    assert "| FedAvg | 20 | 0.90 | - | 1.20 | " in (tmp_path / "out" / "results.md").read_text()
