@@ -3,6 +3,9 @@
 a page, and removes its uploads."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,3 +47,24 @@ def test_a_run_measures_every_row_against_the_read_and_cleans_up(tmp_path):
     assert json.loads((out / "results.json").read_text())["runs"] == [record]
     assert "| this checkout | fedatt |" in (out / "results.md").read_text()
     assert not list((tmp_path / "work").rglob("*.safetensors"))
+
+
+def test_the_baseline_is_imported_from_its_own_checkout(tmp_path):
+    """``--baseline``'s measurement imports the server's modules from the baseline's folder,
+    although the bench's own imports loaded the ``server`` package from this checkout."""
+    tree = tmp_path / "baseline"
+    (tree / "server").mkdir(parents=True)
+    (tree / "server" / "__init__.py").write_text("")
+    (tree / "server" / "influence.py").write_text("WHERE = 'baseline'\n")
+    code = (
+        "import sys, bench.aggregation as a\n"
+        "assert 'server' in sys.modules\n"
+        f"a._import_from({str(tree)!r})\n"
+        "import server.influence\n"
+        "print(server.influence.WHERE)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "baseline"
