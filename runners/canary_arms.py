@@ -65,6 +65,9 @@ class AuditConfig:
     # Name the planted arms by their copies (fedavg-dp-z0-k400, ", k 400"): arms of several k in
     # one results.json; their controls (nothing planted) are the same runs whatever k.
     name_repeats: bool = False
+    # Appended to every arm's id and label ("-unbounded", ", no bound"): audits of other
+    # settings in one results.json.
+    tag: tuple[str, str] = ("", "")
 
     def flags(self, repeats: int) -> list[str]:
         return [
@@ -152,6 +155,7 @@ def arms(cfg: AuditConfig) -> list[Arm]:
         kinds = [(f"{s}-{n}", s, f"{name} ({n})") if s == "fedatt" else (s, s, name)
                  for s, name in STRATEGIES]  # fmt: skip
     k_id, k_label = (f"-k{cfg.repeats}", f", k {cfg.repeats}") if cfg.name_repeats else ("", "")
+    kinds = [(key + cfg.tag[0], s, name + cfg.tag[1]) for key, s, name in kinds]
     out = [Arm(key + k_id, name + k_label, s) for key, s, name in kinds]
     if cfg.nodp_controls:
         out += [

@@ -49,15 +49,15 @@ def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
         for cfg, _ in steps
     ]  # the table's epsilons; (0.0,): z = 0
     assert order == [(None, ()), ("gaussian", (0.0,)), ("gaussian", (8.0,)), ("blt", (8.0,)),
-                     ("blt", (2.0,)), ("gaussian", (2.0,)), ("gaussian", (0.0,)),
-                     ("gaussian", (8.0,)), ("blt", (8.0,)), ("tree", (8.0,)), ("tree", (2.0,)),
-                     (None, ()), ("gaussian", (8.0,)), ("blt", (8.0,))]  # fmt: skip
+                     ("blt", (2.0,)), ("gaussian", (2.0,)), ("gaussian", (0.0,)), (None, ()),
+                     (None, ()), ("tree", (8.0,)), ("tree", (2.0,)), (None, ()),
+                     ("gaussian", (8.0,)), ("blt", (8.0,))]  # fmt: skip
     ids = [i for _, step in steps for i in step]
     assert ids[:6] == ["fedavg", "fedavg-control", "fedavg-dp-z0", "fedavg-dp-z0-control",
                        "fedavg-eps8", "fedavg-eps8-control"]  # fmt: skip
-    assert ids[12:18] == ["fedavg-dp-z0-k400", "fedavg-dp-z0-control", "fedavg-eps8-k400",
-                          "fedavg-eps8-control", "fedavg-blt-eps8-k400",
-                          "fedavg-blt-eps8-control"]  # fmt: skip
+    assert ids[12:18] == ["fedavg-dp-z0-k400", "fedavg-dp-z0-control", "fedavg-unbounded-k400",
+                          "fedavg-unbounded-control", "fedavg-unbounded",
+                          "fedavg-unbounded-control"]  # fmt: skip
     assert ids[22:26] == ["fedatt-fixed", "fedatt-fixed-control", "fedatt-fixed-eps8",
                           "fedatt-fixed-eps8-control"]  # fmt: skip
     controls: dict[str, list[str]] = {}
@@ -73,7 +73,10 @@ def test_every_arm_is_the_privacy_tables_cell_with_its_calibrated_z():
                 cell = Cell(strategy, arm.epsilon, mechanism=arm.mechanism)
                 z = calibrate_cell(PROTOCOL, cell).noise_multiplier
                 assert float(given["dp_noise_multiplier"]) == z  # every digit of the table's z
-            table = settings_fields(PROTOCOL, strategy, CLIP, z, arm.mechanism)
+            unbounded = arm.id.startswith("fedavg-unbounded")  # --bound off: no clip at all
+            table = settings_fields(
+                PROTOCOL, strategy, None if unbounded else CLIP, z, arm.mechanism
+            )
             settings = Settings(**{k: v for k, v in given.items() if k in Settings.model_fields})
             ours = settings.model_dump()
             assert {k: ours[k] for k in table} == Settings(**table).model_dump(include=set(table))
@@ -121,8 +124,8 @@ def test_an_interrupted_bench_resumes_in_priority_order(tmp_path, monkeypatch):
                        "fedavg-eps8", "fedavg-eps8-control", "fedavg-blt-eps8",
                        "fedavg-blt-eps8-control"]  # fmt: skip
     # each step a planted arm and its control; a -k400 arm's control is the k 20 arm's
-    assert len(ran) == 2 * 11 + 3 and ran[12:15] == [
-        "fedavg-dp-z0-k400", "fedavg-eps8-k400", "fedavg-blt-eps8-k400"
+    assert len(ran) == 2 * 14 - 2 and ran[12:15] == [
+        "fedavg-dp-z0-k400", "fedavg-unbounded-k400", "fedavg-unbounded-control"
     ]  # fmt: skip
     canary_irc.run(tmp_path / "out", tmp_path / "runs", tmp_path, clip=CLIP)
-    assert len(ran) == 25  # nothing again
+    assert len(ran) == 26  # nothing again
