@@ -223,6 +223,10 @@ def _f(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _no_dp(run: dict) -> str:
+    return "no DP (same clip)" if run["config"].get("bound_norm") else "no DP, no bound"
+
+
 def paired(runs: list[dict]) -> str:
     """A row per planted arm beside its not-planted control (the same run, nothing planted):
     exposure in the last round, its mean from the planted phone's round, its max; no DP first,
@@ -249,7 +253,7 @@ def paired(runs: list[dict]) -> str:
             return f"{_f(get(r))} / {_f(get(c)) if c else '-'}"
 
         lines.append(
-            f"| {r['label']} | {r.get('mechanism') or 'no DP (same clip)'} | "
+            f"| {r['label']} | {r.get('mechanism') or _no_dp(r)} | "
             f"{_f(r.get('target_epsilon'), 'g')} | {_f(r['epsilon'])} | "
             f"{_f(r['noise_multiplier'], '.3f')} | {pair('exposure')} | {pair('mean')} | "
             f"{pair('max_exposure')} | {r['rank']:.0f} | {r['test_ppl']:.1f} | "
