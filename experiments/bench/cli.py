@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from bench.aggregation import command as bench_aggregation
-from bench.canary_irc import command as bench_canary
+from bench.canary_cli import command as bench_canary
 from bench.checkout import RESULTS
 from bench.cohorts import command as bench_cohorts
 from bench.load import DATABASES, FRACTION

@@ -21,6 +21,7 @@ COMMANDS = (
     "peers",
     "cohorts",
     "aggregation",
+    "canary",
 )
 
 # A fresh interpreter: the test process has torch loaded already (conftest.py).
