@@ -193,8 +193,7 @@ class FedAtt(Strategy):
         for u in updates:
             att.add(u.state, tag=u.device_id)
         if self.normalizer == "fixed":
-            ceiling = None if bound is None else dict.fromkeys(att.keys, 1.0 / bound.temperature)
-            new = att.fixed_result(self.epsilon, ceiling)
+            new = att.fixed_result(self.epsilon, _ceiling(att, bound))
         else:
             new = att.result(self.epsilon)
         return new, self._info(att, bound)[0]
@@ -240,8 +239,7 @@ class FedAtt(Strategy):
             "epsilon": self.epsilon,
         }
         if self.normalizer == "fixed":
-            # the logits' public ceiling 1/T under a bound; without one, the cohort's largest
-            ceiling = None if bound is None else dict.fromkeys(att.keys, 1.0 / bound.temperature)
+            ceiling = _ceiling(att, bound)
             weights = [
                 (t, {k: x / att.count for k, x in w.items()}) for t, w in att.fixed_weights(ceiling)
             ]
@@ -445,3 +443,9 @@ class FedMed(Strategy):
         super().load_state_dict(d)
         prev = d.get("prev_loss")
         self.prev_loss = None if prev is None else float(prev)
+
+
+def _ceiling(att: LayerwiseAttention, bound: Bound | None) -> dict[str, float] | None:
+    """The fixed normalizer's logit ceiling: the public 1/T under a bound; None without one (the
+    cohort's largest)."""
+    return None if bound is None else dict.fromkeys(att.keys, 1.0 / bound.temperature)
