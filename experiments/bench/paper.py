@@ -39,6 +39,7 @@ from bench.runs import (
     best_so_far,
     can_resume,
     device_label,
+    rounds_done,
     run_fedkey,
     twins,
     what_it_computes,
@@ -401,8 +402,16 @@ def run_bench(
     # kill: bench.cli makes SIGTERM one), so that no child goes on writing its folder unseen.
     interrupted = threading.Event()
 
-    def stop() -> bool:
-        return interrupted.is_set() or time_left() <= 0
+    def stop_for(spec: RunSpec) -> Callable[[], bool]:
+        """When to stop `spec`'s run: at the time limit, or once the bench is interrupted. A run
+        whose metrics hold its last round (or epoch) is let end at the time limit: writing its
+        results takes seconds, and stopped there it would be lost on a lent machine."""
+        planned = units(shlex.join(argv(spec)))
+
+        def ended() -> bool:
+            return planned > 0 and rounds_done(run_root / spec.id) >= planned
+
+        return lambda: interrupted.is_set() or (time_left() <= 0 and not ended())
 
     def too_long(spec: RunSpec, pace: Pace | None) -> float | None:
         """The run's expected seconds if they are more than the time left, else None."""
@@ -489,7 +498,8 @@ def run_bench(
         try:
             while True:
                 for spec in to_start(max(jobs, 1) - len(running)):
-                    running[pool.submit(run_one, spec, preset, data_root, run_root, stop)] = spec
+                    job = pool.submit(run_one, spec, preset, data_root, run_root, stop_for(spec))
+                    running[job] = spec
                 if not running:  # all done, or nothing left fits in the time left
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)

@@ -388,3 +388,35 @@ def test_a_run_left_whose_twin_is_left_too_is_listed_as_recorded_from_it(
     assert "  confirm-ptb-fedavg-c0.1 (the same run as rank-ptb-fedavg-c0.1: recorded from it)" in (
         printed
     )
+
+
+def test_a_run_past_its_last_round_at_the_limit_is_let_end_and_recorded(data_root, monkeypatch):
+    """A run whose metrics hold its last round when the time is up has only its results to write
+    (seconds): stopped there, its every round would be lost with a lent GPU's folder. It is let
+    end and recorded done, not noted begun; a run short of its last round still stops."""
+    clock = Clock()
+    monkeypatch.setattr(paper, "time", clock)
+    last, short = "table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"
+
+    def fake_run(spec, preset, data_root, runs_dir, stop=None):
+        rounds = preset.rounds if spec.id == last else preset.rounds - 1
+        (runs_dir / spec.id).mkdir(parents=True)
+        (runs_dir / spec.id / "metrics.jsonl").write_text(
+            "".join(
+                json.dumps({"round": r, "val_ppl": 500.0 - r}) + "\n" for r in range(rounds + 1)
+            )
+        )
+        clock.now += 3600.0  # past the limit
+        if stop():
+            raise Stopped(spec.id, rounds)
+        cmd = shlex.join(paper.command(spec, preset, data_root, runs_dir / spec.id))
+        return {"id": spec.id, "preset": preset.name, "suite": "table", "test_ppl": 480.0,
+                "best_round": rounds, "wall_seconds": 3600.0, "command": cmd}  # fmt: skip
+
+    monkeypatch.setattr(paper, "run_one", fake_run)
+    monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
+    paper.run_bench("smoke", ["table"], data_root, data_root / "out", data_root / "runs",
+                    only=[last, short], jobs=2, hours=0.5)  # fmt: skip
+    results = paper.Bench(data_root / "out" / "smoke")
+    assert [r["id"] for r in results.read()] == [last]
+    assert list(results.begun()) == [f"smoke/{short}"]
