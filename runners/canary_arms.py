@@ -234,7 +234,8 @@ def rejected(row: dict) -> set[str]:
 
 
 def aggregated(row: dict, phone: str) -> bool:
-    """Whether the round's aggregate holds `phone`'s update: uploaded and not rejected."""
+    """Whether the round's aggregate holds `phone`'s update: uploaded and not rejected (rows
+    written before the row's "uploaded" field listed the rejected phones as aggregated)."""
     return phone in row["aggregated"] and phone not in rejected(row)
 
 

@@ -345,9 +345,10 @@ class RoundDriver:
         self.next_attempt = 0
         self._telemetry.rounds_completed.inc()
         log.info(
-            "round %d aggregated %d updates: val_ppl %.2f test_ppl %.2f",
+            "round %d aggregated %d of %d updates: val_ppl %.2f test_ppl %.2f",
             row["round"],
             len(row["aggregated"]),
+            len(row["uploaded"]),
             row["val_ppl"],
             row["test_ppl"],
         )

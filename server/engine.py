@@ -158,7 +158,15 @@ class Federation:
         """Evaluate and checkpoint the initial model as round 0."""
         info = self.privacy.start_info()
         return self._record(
-            0, self.global_state, [], [], bytes_up=0, bytes_down=0, seconds=0.0, info=info
+            0,
+            self.global_state,
+            [],
+            [],
+            uploaded=[],
+            bytes_up=0,
+            bytes_down=0,
+            seconds=0.0,
+            info=info,
         )
 
     # -- one round -----------------------------------------------------------------------------
@@ -207,13 +215,14 @@ class Federation:
         updates = sorted(updates, key=lambda u: u.device_id)
         snapshot = json.loads(json.dumps(self.server_state()))  # a deep copy
         try:
-            new_state, info = self._aggregate(plan, updates)
+            new_state, info, kept = self._aggregate(plan, updates)
             new_state, opt_buffers = self.server_opt.step(self.global_state, new_state, plan.round)
             return self._record(
                 plan.round,
                 new_state,
                 plan.cohort,
-                [u.device_id for u in updates],
+                kept,
+                uploaded=[u.device_id for u in updates],
                 bytes_up=self.model_bytes * len(updates),
                 bytes_down=self.model_bytes * len(plan.cohort),
                 seconds=time.perf_counter() - plan.started,
@@ -226,10 +235,11 @@ class Federation:
 
     def _aggregate(
         self, plan: RoundPlan, updates: list[ClientUpdate]
-    ) -> tuple[dict[str, torch.Tensor], Info]:
+    ) -> tuple[dict[str, torch.Tensor], Info, list[str]]:
         """Bound the updates (server.influence), aggregate them with the strategy, and under DP
         add the noise calibrated to the aggregate's sensitivity and account for it
-        (server.dp_round)."""
+        (server.dp_round). -> (the new weights, the round's info, the phones aggregated: those
+        the outlier filter kept)."""
         bounded = bound_round(
             self.config.influence,
             self.global_state,
@@ -243,7 +253,8 @@ class Federation:
         if dp is not None:
             info["dp"] = dp
         self.strategy.after_round(plan.round - 1, new_state, bounded)
-        return {k: v.contiguous() for k, v in new_state.items()}, info
+        kept = [u.device_id for u in bounded.updates]
+        return {k: v.contiguous() for k, v in new_state.items()}, info, kept
 
     # -- memory across rounds, for a restarted server ----------------------------------------------
 
@@ -341,6 +352,7 @@ class Federation:
         selected,
         aggregated,
         *,
+        uploaded,
         bytes_up,
         bytes_down,
         seconds,
@@ -360,6 +372,7 @@ class Federation:
             "strategy": self.config.label or self.config.strategy,
             "data": self.data,
             "selected": selected,
+            "uploaded": uploaded,
             "aggregated": aggregated,
             **scores,
             **{f"best_{k}": v for k, v in self.best.items()},

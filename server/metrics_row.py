@@ -45,11 +45,16 @@ ALWAYS: dict[str, RowField] = {
         "The phones the strategy selected for this round (under DP: only in the server's own "
         "metrics.jsonl, never in what it publishes).",
     ),
+    "uploaded": RowField(
+        "list[str]",
+        "The phones whose uploads the round took: in time, and past the checks (under DP: only "
+        "in the server's own metrics.jsonl, never in what it publishes).",
+    ),
     "aggregated": RowField(
         "list[str]",
-        "The phones whose updates went into the new global model (those that uploaded, and "
-        "passed the checks and the outlier filter, in time; under DP: only in the server's own "
-        "metrics.jsonl, never in what it publishes).",
+        "The phones whose updates went into the new global model: those uploaded that the "
+        "outlier filter kept (under DP: only in the server's own metrics.jsonl, never in what it "
+        "publishes).",
     ),
     "val_ppl": RowField(
         "float",
@@ -80,8 +85,16 @@ ALWAYS: dict[str, RowField] = {
         "float",
         "The test perplexity of the best-validation model so far (the seed papers' reporting).",
     ),
-    "bytes_up": RowField("int", "Bytes the aggregated phones uploaded this round."),
-    "bytes_down": RowField("int", "Bytes of the model sent to the selected phones this round."),
+    "bytes_up": RowField(
+        "int",
+        "Bytes of the uploads the round took (`uploaded`; under DP with Poisson sampling: only "
+        "in the server's own metrics.jsonl, as the cohort's size).",
+    ),
+    "bytes_down": RowField(
+        "int",
+        "Bytes of the model sent to the selected phones this round (under DP with Poisson "
+        "sampling: only in the server's own metrics.jsonl).",
+    ),
     "epsilon": RowField(
         "float | null",
         "The differential-privacy epsilon spent so far (at the run's delta); null without DP.",
@@ -294,13 +307,17 @@ def public_info(info: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
 
 
 #: The row's fields that name phones, and the event fields that do (server.events).
-PHONE_KEYS = frozenset({"selected", "aggregated"})
-PHONE_EVENT_KEYS = frozenset({"device_id", "cohort", "aggregated", "selected"})
+PHONE_KEYS = frozenset({"selected", "uploaded", "aggregated"})
+PHONE_EVENT_KEYS = frozenset({"device_id", "cohort", "uploaded", "aggregated", "selected"})
+#: The row's fields that are a multiple of the cohort's size (the model's bytes times it).
+ROW_COHORT_SIZE_KEYS = frozenset({"bytes_up", "bytes_down"})
 
 
 def public_row(row: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     """The metrics row as the server publishes it (GET /v1/metrics, the checkpoint devices
-    download): under DP without the phones it names (PHONE_KEYS); without DP `row` itself.
+    download): under DP without the phones it names (PHONE_KEYS), and under Poisson sampling
+    without the cohort's size either (ROW_COHORT_SIZE_KEYS, as public_info's COHORT_SIZE_KEYS);
+    without DP `row` itself.
 
     Why: which phones were aggregated is an exact function of their updates (the checks and the
     outlier filter decide it), and under Poisson sampling which phones were selected is the very
@@ -310,4 +327,5 @@ def public_row(row: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     """
     if not privacy.dp:
         return row
-    return {k: v for k, v in row.items() if k not in PHONE_KEYS}
+    drop = PHONE_KEYS | (ROW_COHORT_SIZE_KEYS if privacy.sampling == "poisson" else frozenset())
+    return {k: v for k, v in row.items() if k not in drop}

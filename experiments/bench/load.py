@@ -344,7 +344,7 @@ def summarize(cell: Cell, d: Drive, rss: RssMonitor, drivers: int) -> dict:
             {
                 "round": r,
                 "selected": len(row.get("selected") or []),
-                "uploads": len(row.get("aggregated") or []),
+                "uploads": len(row.get("uploaded", row.get("aggregated")) or []),
                 "uploads_accepted": stats.uploads.get(str(r), 0),
                 "seconds": None if seconds is None else round(seconds, 2),
                 "server_seconds": row.get("seconds"),

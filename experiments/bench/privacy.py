@@ -253,6 +253,7 @@ def summarize(rows: list[dict], cell: Cell, clip: float, protocol: Protocol) -> 
     simulated cohort's ``epsilon`` is the deployment's; ``server_epsilon`` is what the server
     accounted for our own population at the run's z."""
     last = rows[-1]
+    uploaded = last.get("uploaded", last.get("aggregated"))  # rows of runs before "uploaded"
     dp = (last.get("info") or {}).get("dp") or {}
     clipped = [(r.get("info") or {}).get("clip", {}).get("clipped") for r in rows[1:]]
     clipped = [c for c in clipped if c is not None]
@@ -274,9 +275,7 @@ def summarize(rows: list[dict], cell: Cell, clip: float, protocol: Protocol) -> 
         "best_test_ppl": last.get("best_test_ppl"),
         "clipped_per_round": statistics.mean(clipped) if clipped else None,
         # float32 parameters: the bytes one upload carries / 4
-        "num_params": last["bytes_up"] // (4 * len(last["aggregated"]))
-        if last.get("aggregated")
-        else None,
+        "num_params": last["bytes_up"] // (4 * len(uploaded)) if uploaded else None,
         "test_ppl_curve": [r["test_ppl"] for r in rows],
     }
     if cell.mechanism != "gaussian" or protocol.partition != "iid":  # issue 52's fields

@@ -56,3 +56,30 @@ def test_every_field_is_described_once():
     for name, field in FIELDS.items():
         assert field.description and field.type, name
         assert bool(field.when) == (name in CONDITIONAL), name
+
+
+def test_a_phone_the_outlier_filter_rejects_uploaded_but_was_not_aggregated(tmp_path):
+    """The row's "aggregated" is the phones whose updates are in the new model: a phone whose
+    update the cosine outlier filter rejects is in "uploaded" (and in bytes_up: its bytes came)
+    and in info.clip.outliers, not in "aggregated" (which once listed every upload)."""
+    import torch
+
+    from server.strategies import ClientUpdate
+    from tests.support.federation import tiny_federation
+
+    fed = tiny_federation(tmp_path, FederationConfig(fraction=1.0, rounds=1, seed=1), 10)
+    fed.start()
+    plan = fed.plan_round(sorted(fed.strategy.client_sizes))
+    gen = torch.Generator().manual_seed(0)
+    shared = {k: torch.randn(v.shape, generator=gen) for k, v in fed.global_state.items()}
+    updates = []
+    for d in plan.cohort:  # the same direction, each with its own small noise; p09 against it
+        sign = -1.0 if d == "p09" else 1.0
+        state = {k: v + 0.01 * (sign * shared[k] + 0.1 * torch.randn(v.shape, generator=gen))
+                 for k, v in fed.global_state.items()}  # fmt: skip
+        updates.append(ClientUpdate(state, 10, 3.0, d))
+    row = fed.complete_round(plan, updates)
+    assert list(row["info"]["clip"]["outliers"]) == ["p09"]
+    assert row["uploaded"] == plan.cohort and "p09" in row["uploaded"]
+    assert row["aggregated"] == [d for d in plan.cohort if d != "p09"]
+    assert row["bytes_up"] == fed.model_bytes * 10
