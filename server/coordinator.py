@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -346,6 +347,31 @@ class Coordinator:
             return {"status": "ok", "round": 0, "state": RoundState.STARTING}
         driver = self.parts.driver
         return {"status": "ok", "round": driver.shown_round(), "state": driver.state}
+
+    def check_operator(self, authorization: str | None) -> None:
+        """GET /metrics's gate: with a metrics token set (FEDKEY_METRICS_TOKEN), 401 without
+        `Authorization: Bearer <it>`; without one, open, but 403 under DP: the counters are
+        exact counts of what the phones did (uploads refused by reason, loss reports), which no
+        epsilon pays for (server.metrics_row.public_info's argument), so only an operator
+        holding the token may read them."""
+        token = self.settings.metrics_token
+        if token is None:
+            if self.privacy.dp:
+                raise ApiError(
+                    403,
+                    "under DP the Prometheus counters are exact counts of the phones' doings: "
+                    "start the server with FEDKEY_METRICS_TOKEN set and scrape with "
+                    "'Authorization: Bearer <that token>'",
+                    "forbidden",
+                )
+            return
+        expected = f"Bearer {token.get_secret_value()}".encode()
+        if not hmac.compare_digest((authorization or "").strip().encode(), expected):
+            raise ApiError(
+                401,
+                "GET /metrics needs 'Authorization: Bearer <FEDKEY_METRICS_TOKEN>'",
+                "unauthorized",
+            )
 
     def metrics_rows(self) -> list[dict]:
         """The metrics rows as published (server.metrics_row.public_row: under DP no phone

@@ -168,6 +168,9 @@ class Settings(BaseSettings):
     storage: Path = Path("runs/server")
     database_url: str | None = None  # default sqlite:///<storage>/fedkey.db
     enrollment_secret: SecretStr | None = None  # None: a random one is generated and logged
+    # GET /metrics (Prometheus) answers only `Authorization: Bearer <metrics_token>` when set;
+    # under DP it must be set, as the counters are exact counts of what the phones did
+    metrics_token: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size

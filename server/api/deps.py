@@ -45,6 +45,23 @@ async def authorization_header(
 
 AuthorizationDep = Annotated[str | None, Depends(authorization_header)]
 
+# The operator's scheme (GET /metrics): the server's metrics token, not a device's.
+operator_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="operator",
+    description="the server's metrics token (FEDKEY_METRICS_TOKEN)",
+)
+
+
+async def operator_authorization(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(operator_bearer)]
+) -> str | None:
+    """The raw `Authorization` header, for the coordinator's operator check."""
+    return request.headers.get("authorization")
+
+
+OperatorAuthorizationDep = Annotated[str | None, Depends(operator_authorization)]
+
 
 async def current_device(coordinator: CoordinatorDep, authorization: AuthorizationDep) -> str:
     """The authenticated device's id, or 401 (before any of the body is read)."""

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server.api.deps import CoordinatorDep
-from server.api.schemas import Health, MetricsRows, errors
+from server.api.deps import CoordinatorDep, OperatorAuthorizationDep
+from server.api.schemas import Health, MetricsRows, errors, json_errors
 
 router = APIRouter(tags=["ops"])
 
@@ -24,7 +24,18 @@ async def healthz(coordinator: CoordinatorDep):
     return coordinator.health()
 
 
-@router.get("/metrics", response_class=PlainTextResponse, responses=errors({}))
-async def prometheus(coordinator: CoordinatorDep):
-    """Prometheus metrics (text format)."""
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses=json_errors(
+        {
+            401: "a metrics token is set and the request does not carry it",
+            403: "a DP run without a metrics token: its counters are not published",
+        }
+    ),
+)
+async def prometheus(coordinator: CoordinatorDep, authorization: OperatorAuthorizationDep):
+    """Prometheus metrics (text format): for the operator (with FEDKEY_METRICS_TOKEN set, only
+    with `Authorization: Bearer <it>`; under DP only so)."""
+    coordinator.check_operator(authorization)
     return Response(generate_latest(coordinator.telemetry.registry), media_type=CONTENT_TYPE_LATEST)

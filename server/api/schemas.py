@@ -173,6 +173,10 @@ STALLED = "the body stalled: no bytes for 30 s (send it again)"
 FULL_DISK = "the server's disk is full: the {what} was not stored; retry after Retry-After"
 
 
+#: The ErrorBody schema in the OpenAPI document.
+ERROR_BODY_REF = {"$ref": "#/components/schemas/ErrorBody"}
+
+
 def errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route: each status with its one-line description and an ErrorBody (429
     and 507 with Retry-After), plus the 503 any route may get: the server's own (an ErrorBody with
@@ -185,9 +189,20 @@ def errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     out[503] = {
         "description": OVERLOADED,
         "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}},
+            "application/json": {"schema": ERROR_BODY_REF},
             "text/plain": {"schema": {"type": "string"}},
         },
         "headers": RETRY_AFTER,
     }
+    return out
+
+
+def json_errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """errors(described) for a route whose own answer is not JSON (GET /metrics, text): its
+    error bodies are still ErrorBody JSON, which FastAPI would otherwise list under the route's
+    media type."""
+    out = errors(described)
+    for status in described:
+        del out[status]["model"]
+        out[status]["content"] = {"application/json": {"schema": ERROR_BODY_REF}}
     return out

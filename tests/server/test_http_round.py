@@ -214,3 +214,21 @@ def test_under_dp_what_the_server_publishes_names_no_phone(tmp_path):
     assert {"update_received", "round_aggregated", "device_enrolled"} <= {e["type"] for e in events}
     own = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(own["aggregated"]) == 2 and set(own["selected"]) <= set(names)
+
+
+def test_prometheus_counters_are_the_operators(tmp_path):
+    """GET /metrics holds exact counts of what the phones did (uploads refused by reason): with
+    FEDKEY_METRICS_TOKEN set it answers only that bearer token (401 otherwise), and a DP run
+    without one refuses it (403, saying how to set one); without DP or token it stays open."""
+    dp = dict(rounds=1, wait_devices=4, dp_clip=1.0, dp_noise_multiplier=1.0)
+    with running(make_settings(tmp_path / "dp", **dp)) as client:
+        refused = client.get("/metrics")
+        assert refused.status_code == 403 and "FEDKEY_METRICS_TOKEN" in refused.json()["detail"]
+    with running(make_settings(tmp_path / "token", metrics_token="op-s3cret", **dp)) as client:
+        for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "op-s3cret"}):
+            assert client.get("/metrics", headers=header).status_code == 401
+        scraped = client.get("/metrics", headers={"Authorization": "Bearer op-s3cret"})
+        assert scraped.status_code == 200 and "fedkey_uploads_rejected" in scraped.text
+        assert client.get("/v1/metrics").status_code == 200  # the rows stay public (redacted)
+    with running(make_settings(tmp_path / "plain", rounds=1, wait_devices=4)) as client:
+        assert client.get("/metrics").status_code == 200
