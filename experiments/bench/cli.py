@@ -188,6 +188,12 @@ def bench_merge(
         "--into",
         help="The results folder to take it into (its results.json; results.md rebuilt).",
     ),
+    theirs: list[str] = typer.Option(
+        [],
+        "--theirs",
+        help="PRESET/ID of a run whose record there replaces this one's (one the other machine "
+        "ran again at settings the suite plans now); repeatable.",
+    ),
 ) -> None:
     """Take another machine's `fedkey-bench paper` results into this one's: the runs this one
     lacks, the bench command lines, the notes of runs begun there; results.md is rebuilt. A begun
@@ -198,7 +204,7 @@ def bench_merge(
     if not other.is_file():
         raise UserError(f"{other}: no such file; give the other machine's results.json")
     try:
-        taken, kept = Bench(into).merge(other)
+        taken, kept = Bench(into).merge(other, theirs)
     except ValueError as e:
         raise UserError(str(e)) from None
     print(
@@ -207,7 +213,7 @@ def bench_merge(
     )
     if kept:
         print(f"kept {len(kept)} runs as they are here, which it records otherwise: "
-              f"{', '.join(kept)}")  # fmt: skip
+              f"{', '.join(kept)} (--theirs PRESET/ID takes its record)")  # fmt: skip
     unwritten = write_fresh(into)
     if unwritten:
         raise UserError(unwritten)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shlex
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -123,12 +123,14 @@ class Bench:
                 data["lr_choices"] = {**data["lr_choices"], preset.name: lr_choices(runs, preset)}
         return runs
 
-    def merge(self, path: Path) -> tuple[list[str], list[str]]:
+    def merge(self, path: Path, take: Collection[str] = ()) -> tuple[list[str], list[str]]:
         """Take in the results.json at `path` of the same bench run on another machine (a GPU
         lent for a session): its runs that this one lacks (by preset and id), its bench command
         lines, and its notes of runs begun there and not done here (the note with more rounds
         winning); the sweep's choices are recomputed. -> ("preset/id" of the runs taken, of
-        those this one has too, recorded otherwise there, and keeps as they are here). A begun
+        those this one has too, recorded otherwise there, and keeps as they are here). `take`
+        ("preset/id"): runs whose record there replaces this one's (a run the other machine ran
+        again at settings the suite plans now); each must be in the other results.json. A begun
         run goes on where its checkpoints are: its folder stays on the machine that ran it."""
         try:
             theirs = json.loads(path.read_text())
@@ -140,6 +142,8 @@ class Bench:
                 raise ValueError("a note of a begun run without its rounds")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a bench's results.json ({e})") from None
+        if missing := sorted(set(take) - set(names)):
+            raise ValueError(f"{path} has no run {', '.join(missing)} (--theirs takes PRESET/ID)")
         taken: list[str] = []
         kept: list[str] = []
         with self._updating() as data:
@@ -148,6 +152,9 @@ class Bench:
                 if name not in have:
                     taken.append(name)
                     data["runs"].append(r)
+                elif name in take:
+                    taken.append(name)
+                    data["runs"] = [r if x is have[name] else x for x in data["runs"]]
                 elif have[name] != r:
                     kept.append(name)
             data["bench_commands"] += [x for x in lines if x not in data["bench_commands"]]

@@ -3,6 +3,7 @@ preset's costliest runs) taken into this one's results, without losing what this
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
@@ -40,6 +41,13 @@ def test_merge_takes_the_runs_and_notes_this_machine_lacks_and_keeps_its_own(tmp
     assert here.lr_choices()["cpu"] == lr_choices(sweep, PRESETS["cpu"])
 
     assert here.merge(there) == ([], ["cpu/a"])  # again: nothing new; the same runs not named
+
+    # A run the other machine ran again at new settings: --theirs takes its record, in place.
+    assert here.merge(there, take=["cpu/a"]) == (["cpu/a"], [])
+    runs = [r for r in here.read() if r["id"] == "a"]
+    assert len(runs) == 1 and runs[0]["test_ppl"] == 150.0
+    with pytest.raises(ValueError, match="has no run cpu/zz"):
+        here.merge(there, take=["cpu/zz"])
 
 
 def test_bench_merge_takes_a_gpu_sessions_runs_and_rebuilds_the_report(tmp_path, monkeypatch):
