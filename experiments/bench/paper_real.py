@@ -62,6 +62,7 @@ def _ngram(runs: dict, specs: list) -> dict:
 
 
 def _phones(task, fraction: float) -> str:
+    """The text, its phones and how many train a round at C `fraction`."""
     return (f"{NAMES[task.dataset]} ({task.clients} phones, C {fraction:g}: "
             f"{round(task.clients * fraction)} a round)")  # fmt: skip
 
@@ -85,7 +86,7 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
                 continue
             fed = r["kind"] != "ngram"
             rows.append([
-                _phones(task, fraction), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
+                _phones(task, s.fraction or fraction), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
                 _f(r["test_ppl"]), _f(r.get("bar_top1"), ".3f"), _f(r.get("bar_top3"), ".3f"),
                 _f(r.get("ksr"), ".3f"),
                 _x(r.get("bar_top1"), ngram.get("bar_top1")) if fed else "-",
@@ -100,13 +101,14 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
 def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     """results.md's answer on real typing, a row per REAL task with a run: the 3-gram's and the
     centralized model's top-1, the best federated run's (lowest test perplexity) and FedAtt's,
-    each against the 3-gram's, and the best federated perplexity against the centralized."""
+    each against the 3-gram's, and the best federated perplexity against the centralized; of
+    the runs at the task's C (the other cohort sizes are on REAL_PAGE)."""
     p = PRESETS[preset]
     mine = _mine(runs, preset)
     suite = real_suite(p, runs)
     rows: list[list] = []
     for task, fraction in REAL:
-        specs = [s for s in suite if s.dataset == task.dataset]
+        specs = [s for s in suite if s.dataset == task.dataset and s.fraction in (None, fraction)]
         done = [mine[s.id] for s in specs if s.id in mine]
         if not done:
             continue
@@ -133,13 +135,19 @@ def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = No
     done = {r["id"] for r in runs if r.get("preset") == preset and r["suite"] == "real"}
     suite = real_suite(PRESETS[preset], runs)
     parts = []
-    for task, _ in REAL:
-        left = [f"{s.method} ({_where(begun.get(f'{preset}/{s.id}'), s.kind)})"
+    for task, fraction in REAL:
+        left = [f"{s.method}{_cohort(task, s.fraction, fraction)} "
+                f"({_where(begun.get(f'{preset}/{s.id}'), s.kind)})"
                 for s in suite if s.dataset == task.dataset
                 and s.id not in done]  # fmt: skip
         if left:
             parts.append(f"{NAMES[task.dataset]}: {'; '.join(left)}")
     return ("Not done: " + ". ".join(parts) + ".") if parts else "Every run of the suite is done."
+
+
+def _cohort(task, c: float | None, usual: float) -> str:
+    """The label of a run at another C than its task's (", N a round"), else nothing."""
+    return "" if c is None or c == usual else f", {round(task.clients * c)} a round"
 
 
 def _presets(runs: list[dict]) -> list[str]:

@@ -25,7 +25,8 @@ Ranking suites (presets `cpu` and `gpu`, issue 18):
 Real typing (preset `cpu`, issue 51 item 4):
   real    keyboard quality on text people typed, as production measures it: NUS SMS and the
           Ubuntu IRC population, one phone per sender, scored on the phones' own later messages
-          and on held-out senders who never trained (REAL, real_suite).
+          and on held-out senders who never trained (REAL, real_suite); the IRC population's
+          FedAvg at 50 and 1,000 phones a round too (REAL_COHORTS).
 """
 
 from __future__ import annotations
@@ -446,9 +447,9 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
     """Per REAL task: the Kneser-Ney 3-gram and the centralized model (as many examples as C) on
     the phones' text, then FedAvg, FedAtt, FedAvgM, FedAdam, and FedMed and FedAttOpt of the
     seed papers, at the sweep's choices on the task (`results`: results.json's run objects) or
-    REAL_LRS, and the centralized model and FedAvg again with dropout; the vocabulary from the
-    training split (no --paper-protocol), every row scored on the phones' later messages and the
-    held-out senders' (the unseen_* fields)."""
+    REAL_LRS, the centralized model and FedAvg again with dropout, and FedAvg at the task's
+    REAL_COHORTS; the vocabulary from the training split (no --paper-protocol), every row scored
+    on the phones' later messages and the held-out senders' (the unseen_* fields)."""
     choices = lr_choices(results or [], preset)
     runs = []
     for t, fraction in REAL:
@@ -470,7 +471,15 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
                                 group=group, **common))  # type: ignore[arg-type]  # fmt: skip
         runs += [_with_dropout(s) for s in runs if s.dataset == t.dataset
                  and (s.kind == "central" or s.method == "FedAvg")]  # fmt: skip
+        fedavg = next(s for s in runs if s.dataset == t.dataset and s.method == "FedAvg")
+        runs += [replace(fedavg, fraction=c) for c in REAL_COHORTS.get(t.dataset, ())]
     return runs
+
+
+#: The other cohort sizes a real task's FedAvg also runs at (issue 51: the IRC population at 50
+#: to 1,000 phones a round), at the same learning rate and rounds as its C 0.1 row: C 0.05 (50
+#: phones a round) and 1 (all 1,000 phones every round, ten times a C 0.1 run's training).
+REAL_COHORTS = {"ubuntu-irc": (0.05, 1.0)}
 
 
 #: The real suite's dropout (its centralized model and FedAvg run again with it): the NUS SMS

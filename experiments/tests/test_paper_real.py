@@ -6,10 +6,17 @@ import shlex
 from pathlib import Path
 
 from bench.paper import command, summarize
-from bench.paper_real import REAL_PAGE, real_markdown, real_rows, real_section, real_waiting
+from bench.paper_real import (
+    REAL_PAGE,
+    real_markdown,
+    real_rows,
+    real_section,
+    real_summary,
+    real_waiting,
+)
 from bench.paper_report import markdown
 from bench.paper_spec import RunSpec
-from bench.paper_suites import REAL, REAL_GROUP, SWEPT_GROUP, real_suite
+from bench.paper_suites import REAL, REAL_COHORTS, REAL_GROUP, SWEPT_GROUP, real_suite
 from bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
 from bench.presets import PRESETS
 
@@ -32,10 +39,16 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
             assert f"--max-eval-sentences {REAL_EVAL}" in words
             assert cmd[cmd.index("--data") + 1] == f"/data/{task.dataset}"
             if s.kind == "federated":
-                assert f"--fraction {fraction:g}" in words
+                assert f"--fraction {s.fraction:g}" in words
+        cohorts = sorted(s.fraction for s in mine if s.fraction not in (None, fraction))
+        assert cohorts == sorted(REAL_COHORTS.get(task.dataset, ()))
     # 50 to 1,000 phones, tens of them a round (IRC: 100)
     assert {t.dataset: round(t.clients * c) for t, c in REAL} == {
         "nus-sms": 30, "ubuntu-irc": 100}  # fmt: skip
+    # the IRC population's FedAvg at 50 and at all 1,000 phones a round, as its C 0.1 row else
+    irc = {s.fraction: s for s in specs if s.dataset == "ubuntu-irc" and s.method == "FedAvg"}
+    assert sorted(irc) == [0.05, 0.1, 1.0] and len({s.id for s in irc.values()}) == 3
+    assert irc[0.05].args == irc[1.0].args == irc[0.1].args and irc[1.0].lr == irc[0.1].lr
     # the other suites' runs keep --paper-protocol
     rank = RunSpec("rank", "ptb", "FedAvg", 0.1)
     assert "--paper-protocol" in command(rank, CPU, Path("/data"), Path("/runs/x"))
@@ -127,3 +140,19 @@ def test_the_sweep_tunes_the_real_corpora_as_their_runs_are_made():
     assert KNOBS["fedatt_step"].flag in fedatt.args
     irc = [s for s in real_suite(CPU, results) if s.dataset == "ubuntu-irc"]
     assert {s.group for s in irc} == {REAL_GROUP}  # one corpus's choices are its own
+
+
+def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
+    specs = {(s.method, s.fraction): s for s in real_suite(CPU) if s.dataset == "ubuntu-irc"}
+    runs = [_result(specs["Kneser-Ney 3-gram", None], 100.0, 0.2, 0.18),
+            _result(specs["FedAvg", 0.1], 140.0, 0.18, 0.14),
+            _result(specs["FedAvg", 0.05], 120.0, 0.19, 0.15)]  # fmt: skip
+    rows = {r[0]: r for r in real_rows(runs) if r[1] == "FedAvg"}
+    assert rows["Ubuntu IRC (1000 phones, C 0.05: 50 a round)"][5] == "120.00"
+    assert rows["Ubuntu IRC (1000 phones, C 0.1: 100 a round)"][5] == "140.00"
+    # the summary's best federated run is of the task's C: 140 (C 0.1), not 120 (C 0.05)
+    row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
+    assert row[8] == "140.00" and row[-1] == "1 of 7"
+    waiting = real_waiting(runs)
+    assert "FedAvg, 1000 a round (not run yet)" in waiting
+    assert "FedAvg, 50 a round" not in waiting and "FedAvg (" not in waiting.split("Ubuntu IRC")[1]
