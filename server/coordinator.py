@@ -54,7 +54,7 @@ from models.exposure import ExposureProbe
 from server import recovery
 from server.aggregator import Aggregator
 from server.db import BatchWriter, MetricRow, finite_json, make_sessionmaker
-from server.devices import DEVICE_NAME, DeviceRegistry
+from server.devices import DEVICE_NAME, DeviceRegistry, bearer_token
 from server.driver import RoundDriver
 from server.engine import Federation
 from server.events import EventBus
@@ -365,13 +365,9 @@ class Coordinator:
                     "forbidden",
                 )
             return
-        expected = f"Bearer {token.get_secret_value()}".encode()
-        if not hmac.compare_digest((authorization or "").strip().encode(), expected):
-            raise ApiError(
-                401,
-                "GET /metrics needs 'Authorization: Bearer <FEDKEY_METRICS_TOKEN>'",
-                "unauthorized",
-            )
+        given = bearer_token(authorization, "<FEDKEY_METRICS_TOKEN>").encode()
+        if not hmac.compare_digest(given, token.get_secret_value().encode()):
+            raise ApiError(401, "GET /metrics: not the FEDKEY_METRICS_TOKEN", "unauthorized")
 
     def metrics_rows(self) -> list[dict]:
         """The metrics rows as published (server.metrics_row.public_row: under DP no phone

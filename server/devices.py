@@ -32,6 +32,18 @@ LAST_SEEN_EVERY = 30.0
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def bearer_token(authorization: str | None, what: str = "<token>") -> str:
+    """The token of an `Authorization: Bearer <token>` header, or 401 saying what the header
+    must be (`what`: the token's name there). The scheme is matched in any case (RFC 7235,
+    section 2.1: "case-insensitive"); the token is stripped of surrounding spaces."""
+    if not authorization:
+        raise ApiError(401, f"missing 'Authorization: Bearer {what}' header", "unauthorized")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, f"the Authorization header must be 'Bearer {what}'", "unauthorized")
+    return token.strip()
+
+
 class DeviceRegistry:
     """Who is enrolled: enrollment (POST /v1/devices), the bearer token of every request, and the
     devices' last_seen, written in batches by :meth:`write_last_seen_every`. Until :meth:`open`
@@ -144,12 +156,7 @@ class DeviceRegistry:
 
     def authenticate(self, authorization: str | None) -> str:
         """`Authorization: Bearer <token>` -> device id, or 401."""
-        if not authorization:
-            raise ApiError(401, "missing 'Authorization: Bearer <token>' header", "unauthorized")
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "the Authorization header must be 'Bearer <token>'", "unauthorized")
-        device_id = self._tokens.get(hash_token(token.strip()))
+        device_id = self._tokens.get(hash_token(bearer_token(authorization)))
         if device_id is None:
             raise ApiError(401, "unknown device token: enroll first", "unauthorized")
         now = time.time()

@@ -229,6 +229,8 @@ def test_prometheus_counters_are_the_operators(tmp_path):
             assert client.get("/metrics", headers=header).status_code == 401
         scraped = client.get("/metrics", headers={"Authorization": "Bearer op-s3cret"})
         assert scraped.status_code == 200 and "fedkey_uploads_rejected" in scraped.text
+        # the scheme in any case, as a device's token (RFC 7235: case-insensitive)
+        assert client.get("/metrics", headers={"Authorization": "bearer  op-s3cret "}).is_success
         assert client.get("/v1/metrics").status_code == 200  # the rows stay public (redacted)
     with running(make_settings(tmp_path / "plain", rounds=1, wait_devices=4)) as client:
         assert client.get("/metrics").status_code == 200
