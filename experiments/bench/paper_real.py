@@ -16,13 +16,12 @@ from __future__ import annotations
 from bench.paper_spec import command_flag
 from bench.paper_suites import REAL, REAL_GROUP, SWEPT_GROUP, real_suite
 from bench.paper_sweep import REAL_EVAL
-from bench.paper_tables import Begun, _f, _key, _where, _x
+from bench.paper_tables import NAMES, Begun, _f, _key, _where, _x
 from bench.presets import PRESETS
 from bench.report import markdown_table
 
 #: The target of issue 51: top-1 at least this many times the 3-gram's.
 TOP1_VS_NGRAM = 1.25
-NAMES = {"nus-sms": "NUS SMS", "ubuntu-irc": "Ubuntu IRC"}
 
 
 def _lr(run: dict) -> str:

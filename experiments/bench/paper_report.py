@@ -142,8 +142,11 @@ def _presets(runs: list[dict]) -> list[str]:
 
 
 def _phones(dataset: str) -> str:
-    """How a sweep's dataset is dealt to the phones (its task's partition)."""
+    """How a sweep's dataset is dealt to the phones (its task's partition; a real corpus's
+    phones are its senders)."""
     task = TASK_OF.get(dataset)
+    if task and task.real:
+        return f"{task.clients:,} phones, one per sender"
     return PARTITIONS.get(task.partition if task else "iid", "")
 
 

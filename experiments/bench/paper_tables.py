@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.report import markdown_table
 
 DATASET_NAMES = {"ptb": "PTB", "wikitext-2": "WikiText-2"}
-NAMES = {**DATASET_NAMES, "demo": "demo corpus"}
+NAMES = {**DATASET_NAMES, "demo": "demo corpus", "nus-sms": "NUS SMS", "ubuntu-irc": "Ubuntu IRC"}
 #: How each partition's phones are described in the tables.
 PARTITIONS = {"iid": "100 IID phones", "articles": "100 phones of whole articles",
               "user": "one phone per owner"}  # fmt: skip
