@@ -14,7 +14,7 @@ stopped at a time limit, says so. Written from results.json's objects alone.
 from __future__ import annotations
 
 from bench.paper_spec import command_flag
-from bench.paper_suites import REAL, REAL_GROUP, SWEPT_GROUP, real_suite
+from bench.paper_suites import REAL, REAL_COHORTS, REAL_GROUP, SWEPT_GROUP, real_suite
 from bench.paper_sweep import REAL_EVAL
 from bench.paper_tables import NAMES, Begun, _f, _key, _where, _x
 from bench.presets import PRESETS
@@ -149,6 +149,23 @@ def _cohort(task, c: float | None, usual: float) -> str:
     return "" if c is None or c == usual else f", {round(task.clients * c)} a round"
 
 
+def _cohorts_note() -> str:
+    """What the rows at other cohort sizes (REAL_COHORTS) are."""
+    parts = []
+    for task, fraction in REAL:
+        if cs := REAL_COHORTS.get(task.dataset):
+            sizes = " and ".join(f"{round(task.clients * c):,} (C {c:g})" for c in cs)
+            parts.append(f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round, "
+                          "at the same lr and rounds as at C "
+                          f"{fraction:g}")  # fmt: skip
+    if not parts:
+        return ""
+    return (
+        "; ".join(parts)
+        + ": how the cohort's size moves it; results.md sums up the task's C alone."
+    )
+
+
 def _presets(runs: list[dict]) -> list[str]:
     return [p for p in PRESETS if any(r.get("preset") == p and r["suite"] == "real"
                                       for r in runs)]  # fmt: skip
@@ -209,6 +226,6 @@ def real_markdown(runs: list[dict], begun: Begun | None = None) -> str:
             f"{REAL_EVAL:,} messages each (senders interleaved). Learning rates: {REAL_GROUP}, "
             "or, marked (swept), chosen by the sweep on the corpus's validation set. "
             "The 3-gram and the centralized model (as many examples) train on the same phones' "
-            "text.",
+            f"text. {_cohorts_note()}",
         ]  # fmt: skip
     return "\n".join(out) + "\n"
