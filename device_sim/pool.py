@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +23,10 @@ import torch
 from common.config import TrainConfig
 from device_sim.trainer import TrainResult, phone_round
 from models.config import ModelConfig
+
+#: Tasks a worker process has submitted at once while a round streams: one training, one queued
+#: behind it so the worker never waits on the parent.
+IN_FLIGHT = 2
 
 
 def _init_worker() -> None:
@@ -96,11 +100,26 @@ class TrainerPool:
     def stream(
         self, tasks: Iterable[LocalTask], global_state: dict[str, torch.Tensor]
     ) -> Iterator[tuple[str, TrainResult | None]]:
-        """(device_id, result) as each task finishes. A worker process that dies breaks the
-        whole executor (BrokenProcessPool), so here that is an error, not a lost phone."""
-        futures = {self.submit(t, global_state): t.device_id for t in tasks}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+        """(device_id, result) as each task finishes, at most IN_FLIGHT tasks a worker submitted
+        at once (in this process: one at a time), so a result the caller let go is freed: a
+        round's results are not all held at once. A worker process that dies breaks the whole
+        executor (BrokenProcessPool), so here that is an error, not a lost phone."""
+        if self.pool is None:
+            for t in tasks:
+                yield t.device_id, self.train(t, global_state)
+            return
+        todo = iter(tasks)
+        pending: dict[Future, str] = {}
+        while True:
+            while len(pending) < IN_FLIGHT * self.workers:
+                if (task := next(todo, None)) is None:
+                    break
+                pending[self.submit(task, global_state)] = task.device_id
+            if not pending:
+                return
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield pending.pop(future), future.result()
 
     def run(
         self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]

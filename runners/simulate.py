@@ -26,8 +26,9 @@ Ubuntu IRC: ``Corpus.unseen_test``) every row also scores their messages (`Unsee
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -50,6 +51,7 @@ from device_sim.trainer import TrainResult
 from models.batching import count_targets
 from models.config import ModelConfig
 from models.precision import resolve_device, resolve_precision
+from runners.spool import UploadSpool, tensor_bytes
 from server.config import FederationConfig
 from server.engine import Federation, Probe, RoundPlan, client_seed
 from server.storage import RunStorage
@@ -187,6 +189,7 @@ class _Run:
     federation: Federation
     rejections: _Rejections
     placement: _Placement
+    spool: UploadSpool  # the round's uploads until aggregated: in memory, or on disk if large
 
 
 def simulate(config: SimulationConfig) -> list[dict]:
@@ -230,7 +233,10 @@ def _prepare_run(config: SimulationConfig) -> _Run:
     federation = make_federation(
         config.fed, model_config, prepared, prepared.shards, config.out_dir, config.device, probes
     )
-    return _Run(config, prepared, model_config, backdoor, bad, federation, rejections, placement)
+    spool = UploadSpool(Path(config.out_dir) / "uploads")
+    return _Run(
+        config, prepared, model_config, backdoor, bad, federation, rejections, placement, spool
+    )
 
 
 def _attackers(names: list[str], malicious: int) -> set[str]:
@@ -270,13 +276,17 @@ def _run_round(run: _Run, pool: TrainingBackend, bar: tqdm) -> dict:
     federation = run.federation
     plan = federation.plan_round(list(run.prepared.shards))
     tasks = _round_tasks(run, plan)
-    results, uploads = _train_and_check(run, pool, plan, tasks)
-    lost = _lost_phones(pool, plan.cohort, results)
-    run.placement.lost, run.placement.trained_on = lost, _trained_on(pool, results)
-    if lost:
-        bar.write(f"round {plan.round}: lost {len(lost)} phone(s) ({', '.join(lost)})")
-    updates = _round_updates(run, plan, results, uploads, lost)
-    return federation.complete_round(plan, updates)
+    run.spool.start(len(plan.cohort), tensor_bytes(federation.global_state))
+    try:
+        results, uploads = _train_and_check(run, pool, plan, tasks)
+        lost = _lost_phones(pool, plan.cohort, results)
+        run.placement.lost, run.placement.trained_on = lost, _trained_on(pool, results)
+        if lost:
+            bar.write(f"round {plan.round}: lost {len(lost)} phone(s) ({', '.join(lost)})")
+        updates = _round_updates(run, plan, results, uploads, lost)
+        return federation.complete_round(plan, updates)
+    finally:
+        run.spool.clear()
 
 
 def _round_tasks(run: _Run, plan: RoundPlan) -> list[LocalTask]:
@@ -307,7 +317,7 @@ def _round_tasks(run: _Run, plan: RoundPlan) -> list[LocalTask]:
 
 def _train_and_check(
     run: _Run, pool: TrainingBackend, plan: RoundPlan, tasks: list[LocalTask]
-) -> tuple[dict[str, TrainResult], dict[str, dict[str, torch.Tensor]]]:
+) -> tuple[dict[str, TrainResult], dict[str, Mapping[str, torch.Tensor]]]:
     """(each phone's training result, each accepted upload) as the phones finish: an attacker's
     upload attacked, every upload through the HTTP server's checks (a refusal recorded in
     run.rejections)."""
@@ -315,21 +325,21 @@ def _train_and_check(
     attackers = sum(d in bad for d in plan.cohort)
     boost = boost_factor(run.backdoor, len(plan.cohort), attackers)
     results: dict[str, TrainResult] = {}
-    uploads: dict[str, dict[str, torch.Tensor]] = {}
+    uploads: dict[str, Mapping[str, torch.Tensor]] = {}
     run.rejections.current = {}
     for d, result in pool.stream(tasks, federation.global_state):
         if result is None:  # its trainer died twice: lost for this round
             continue
         if attack == "backdoor" and d in bad:  # declares its own shard's size, as if honest
             result = replace(result, num_tokens=count_targets(run.prepared.shards[d]))
-        results[d] = result
         state = apply_attack(
             attack if d in bad else None, result.state, federation.global_state, boost
         )
+        results[d] = replace(result, state={})  # the upload alone holds the tensors
         try:  # the HTTP server's checks on an upload's tensors, as it arrives
             check_tensors(state, run.model_config)
             check_finite(state)
-            uploads[d] = state
+            uploads[d] = run.spool.keep(state)
         except ValidationError as e:
             run.rejections.current[d] = f"{e.status} {e.message}"
     return results, uploads
@@ -339,7 +349,7 @@ def _round_updates(
     run: _Run,
     plan: RoundPlan,
     results: dict[str, TrainResult],
-    uploads: dict[str, dict[str, torch.Tensor]],
+    uploads: dict[str, Mapping[str, torch.Tensor]],
     lost: dict[str, str],
 ) -> list[ClientUpdate]:
     """The updates to aggregate, in the cohort's order, from the phones chosen to upload; a
