@@ -306,4 +306,7 @@ def run(
 
 
 if __name__ == "__main__":  # python -m bench.canary_irc [FOLDER]: the page from results.json
-    print(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "canary-irc"))
+    try:
+        print(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "canary-irc"))
+    except ValueError as e:
+        sys.exit(f"error: {e}; run `fedkey-bench canary --workload irc` first")
