@@ -60,8 +60,10 @@ def _ngram(runs: dict, specs: list) -> dict:
     return next((runs[s.id] for s in specs if s.kind == "ngram" and s.id in runs), {})
 
 
-def _phones(task, fraction: float) -> str:
-    """The text, its phones and how many train a round at C `fraction`."""
+def _phones(task, fraction: float | None) -> str:
+    """The text, its phones and how many train a round at C `fraction` (None: AdaFL's own)."""
+    if fraction is None:
+        return f"{NAMES[task.dataset]} ({task.clients} phones, AdaFL's C: 0.1 rising to 0.5)"
     return (f"{NAMES[task.dataset]} ({task.clients} phones, C {fraction:g}: "
             f"{round(task.clients * fraction)} a round)")  # fmt: skip
 
@@ -85,7 +87,7 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
                 continue
             fed = r["kind"] != "ngram"
             rows.append([
-                _phones(task, s.fraction or fraction), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
+                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
                 _f(r["test_ppl"]), _f(r.get("bar_top1"), ".3f"), _f(r.get("bar_top3"), ".3f"),
                 _f(r.get("ksr"), ".3f"),
                 _x(r.get("bar_top1"), ngram.get("bar_top1")) if fed else "-",
@@ -101,13 +103,14 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     """results.md's answer on real typing, a row per REAL task with a run: the 3-gram's and the
     centralized model's top-1, the best federated run's (lowest test perplexity) and FedAtt's,
     each against the 3-gram's, and the best federated perplexity against the centralized; of
-    the runs at the task's C (the other cohort sizes are on REAL_PAGE)."""
+    the runs at the task's C (the other cohort sizes and AdaFL's are on REAL_PAGE)."""
     p = PRESETS[preset]
     mine = _mine(runs, preset)
     suite = real_suite(p, runs)
     rows: list[list] = []
     for task, fraction in REAL:
-        specs = [s for s in suite if s.dataset == task.dataset and s.fraction in (None, fraction)]
+        specs = [s for s in suite if s.dataset == task.dataset
+                 and (s.fraction == fraction or s.kind == "ngram")]  # fmt: skip
         done = [mine[s.id] for s in specs if s.id in mine]
         if not done:
             continue
@@ -162,7 +165,8 @@ def _cohorts_note() -> str:
         return ""
     return (
         "; ".join(parts)
-        + ": how the cohort's size moves it; results.md sums up the task's C alone."
+        + ": how the cohort's size moves it. results.md sums up the runs at the task's C alone "
+        "(not these, nor AdaFL's, whose C rises from 0.1 to 0.5)."
     )
 
 

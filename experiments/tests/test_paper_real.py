@@ -38,7 +38,9 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
             assert f"--clients {task.clients}" in words and "--partition user" in words
             assert f"--max-eval-sentences {REAL_EVAL}" in words
             assert cmd[cmd.index("--data") + 1] == f"/data/{task.dataset}"
-            if s.kind == "federated":
+            if s.kind == "federated" and s.fraction is None:  # AdaFL's fraction is its own
+                assert "--adafl" in cmd and "--fraction" not in cmd
+            elif s.kind == "federated":
                 assert f"--fraction {s.fraction:g}" in words
         cohorts = sorted(s.fraction for s in mine if s.fraction not in (None, fraction))
         assert cohorts == sorted(REAL_COHORTS.get(task.dataset, ()))
@@ -90,7 +92,7 @@ def test_the_table_holds_both_held_out_sets_against_the_3gram():
     summary = "\n".join(real_section(runs))
     row = next(line for line in summary.splitlines() if line.startswith("| NUS SMS"))
     assert row.split(" | ")[1:8] == ["0.170", "0.210", "FedAvg", "0.190", "1.12x", "-", "-"]
-    assert "+8.3%" in row and "1 of 7" in row  # 130 against 120; FedAtt not run
+    assert "+8.3%" in row and "1 of 8" in row  # 130 against 120; FedAtt not run
     assert f"]({REAL_PAGE})" in summary
     assert real_markdown(runs).count("| NUS SMS") == 3
     waiting = real_waiting(runs, begun={f"cpu/{specs[3].id}": [7, 50]})
@@ -146,13 +148,18 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     specs = {(s.method, s.fraction): s for s in real_suite(CPU) if s.dataset == "ubuntu-irc"}
     runs = [_result(specs["Kneser-Ney 3-gram", None], 100.0, 0.2, 0.18),
             _result(specs["FedAvg", 0.1], 140.0, 0.18, 0.14),
-            _result(specs["FedAvg", 0.05], 120.0, 0.19, 0.15)]  # fmt: skip
+            _result(specs["FedAvg", 0.05], 120.0, 0.19, 0.15),
+            _result(specs["AdaFL + FedAvg", None], 110.0, 0.2, 0.16)]  # fmt: skip
+    adafl = next(r for r in real_rows(runs) if r[1] == "AdaFL + FedAvg")
+    assert adafl[0] == "Ubuntu IRC (1000 phones, AdaFL's C: 0.1 rising to 0.5)"
     rows = {r[0]: r for r in real_rows(runs) if r[1] == "FedAvg"}
     assert rows["Ubuntu IRC (1000 phones, C 0.05: 50 a round)"][5] == "120.00"
     assert rows["Ubuntu IRC (1000 phones, C 0.1: 100 a round)"][5] == "140.00"
-    # the summary's best federated run is of the task's C: 140 (C 0.1), not 120 (C 0.05)
+    # the summary's best federated run is of the task's C: 140 (C 0.1), not 120 (C 0.05) or
+    # AdaFL's 110 (up to 5 times the phones a round)
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
-    assert row[8] == "140.00" and row[-1] == "1 of 7"
+    assert row[8] == "140.00" and row[-1] == "1 of 8"  # AdaFL's C is its own: not counted
     waiting = real_waiting(runs)
-    assert "FedAvg, 1000 a round (not run yet)" in waiting
-    assert "FedAvg, 50 a round" not in waiting and "FedAvg (" not in waiting.split("Ubuntu IRC")[1]
+    left = waiting.split("Ubuntu IRC: ")[1].rstrip(".").split("; ")
+    assert "FedAvg, 50 a round (not run yet)" not in left and "FedAvg (not run yet)" not in left
+    assert "FedAvg, 1000 a round (not run yet)" in left
