@@ -24,7 +24,23 @@ from bench.report import markdown_table
 TOP1_VS_NGRAM = 1.25
 
 
-def _lr(run: dict) -> str:
+#: The flags of a row's learning rates (the local one, the server's, the attentive step).
+RATE_FLAGS = ("--lr", "--server-lr", "--epsilon")
+
+
+def _swept(run: dict, spec) -> bool:
+    """Whether a row ran at rates the sweep chose: recorded so, or at the very rates the plan
+    now takes from the sweep (a row run before the sweep chose what it had run at)."""
+    if run.get("group") == SWEPT_GROUP:
+        return True
+    if spec.group != SWEPT_GROUP:
+        return False
+    planned = " ".join(("--lr", f"{spec.lr:g}", *spec.args))
+    cmd = run.get("command", "")
+    return all(command_flag(cmd, f) == command_flag(planned, f) for f in RATE_FLAGS)
+
+
+def _lr(run: dict, swept: bool) -> str:
     """The learning rates a row ran at, from its command: the local one, and the server's."""
     cmd = run.get("command", "")
     server = command_flag(cmd, "--server-lr")
@@ -34,7 +50,7 @@ def _lr(run: dict) -> str:
         out += f", server lr {server}"
     if step != "-":
         out += f", step {step}"
-    return out + (" (swept)" if run.get("group") == SWEPT_GROUP else "")
+    return out + (" (swept)" if swept else "")
 
 
 def _rounds(run: dict, preset_rounds: int) -> str:
@@ -87,7 +103,7 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
                 continue
             fed = r["kind"] != "ngram"
             rows.append([
-                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, p.rounds), _lr(r), _f(r["best_val_ppl"]),
+                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, p.rounds), _lr(r, _swept(r, s)), _f(r["best_val_ppl"]),
                 _f(r["test_ppl"]), _f(r.get("bar_top1"), ".3f"), _f(r.get("bar_top3"), ".3f"),
                 _f(r.get("ksr"), ".3f"),
                 _x(r.get("bar_top1"), ngram.get("bar_top1")) if fed else "-",

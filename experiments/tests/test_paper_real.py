@@ -163,3 +163,17 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     left = waiting.split("Ubuntu IRC: ")[1].rstrip(".").split("; ")
     assert "FedAvg, 50 a round (not run yet)" not in left and "FedAvg (not run yet)" not in left
     assert "FedAvg, 1000 a round (not run yet)" in left
+
+
+def test_a_row_run_before_the_sweep_at_the_rates_it_chose_counts_as_swept():
+    before = {s.method: s for s in real_suite(CPU) if s.dataset == "nus-sms"}
+    runs = [_result(before[m], 150.0, 0.15, 0.14) for m in ("FedAvg", "FedAtt", "FedAvgM")]
+    # the sweep chooses client lr 3, the rate FedAvg ran at; FedAtt's step is not swept yet
+    runs += _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 250.0, 3.0: 200.0, 10.0: 900.0}, 0)
+    rates = {r[1]: r[3] for r in real_rows(runs)}
+    assert rates["FedAvg"] == "lr 3 (swept)"
+    assert rates["FedAtt"] == "lr 3, step 0.3"
+    assert rates["FedAvgM"] == "lr 1, server lr 0.3"
+    # a swept rate other than the one a row ran at: the row is not marked
+    runs[-4:] = _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
+    assert {r[1]: r[3] for r in real_rows(runs)}["FedAvg"] == "lr 3"
