@@ -33,8 +33,13 @@ def _swept(run: dict, spec) -> bool:
     now takes from the sweep (a row run before the sweep chose what it had run at)."""
     if run.get("group") == SWEPT_GROUP:
         return True
-    if spec.group != SWEPT_GROUP:
-        return False
+    return spec.group == SWEPT_GROUP and _planned_rates(run, spec)
+
+
+def _planned_rates(run: dict, spec) -> bool:
+    """Whether a row ran at the rates its plan names now (RATE_FLAGS)."""
+    if spec.lr is None:  # the 3-gram
+        return True
     planned = " ".join(("--lr", f"{spec.lr:g}", *spec.args))
     cmd = run.get("command", "")
     return all(command_flag(cmd, f) == command_flag(planned, f) for f in RATE_FLAGS)
@@ -148,19 +153,24 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
 
 
 def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = None) -> str:
-    """The real suite's runs not done, per task: "not run yet", or how far one stopped got."""
+    """The real suite's runs not done, per task: "not run yet", how far one stopped got, or
+    that a row ran at other rates than the sweep has since chosen (to run again)."""
     begun = begun or {}
-    done = {r["id"] for r in runs if r.get("preset") == preset and r["suite"] == "real"}
+    done = {r["id"]: r for r in runs if r.get("preset") == preset and r["suite"] == "real"}
     suite = real_suite(PRESETS[preset], runs)
     parts = []
     for task, fraction in REAL:
         left = [f"{s.method}{_cohort(task, s.fraction, fraction)} "
-                f"({_where(begun.get(f'{preset}/{s.id}'), s.kind)})"
+                f"({_where(begun.get(f'{preset}/{s.id}'), s.kind) if s.id not in done else AGAIN})"
                 for s in suite if s.dataset == task.dataset
-                and s.id not in done]  # fmt: skip
+                and (s.id not in done or not _planned_rates(done[s.id], s))]  # fmt: skip
         if left:
             parts.append(f"{NAMES[task.dataset]}: {'; '.join(left)}")
     return ("Not done: " + ". ".join(parts) + ".") if parts else "Every run of the suite is done."
+
+
+#: How the not-done line names a row that ran at rates the sweep did not choose.
+AGAIN = "to run again at the rates the sweep chose; the table shows the rates it ran at"
 
 
 def _cohort(task, c: float | None, usual: float) -> str:

@@ -172,8 +172,10 @@ def test_a_row_run_before_the_sweep_at_the_rates_it_chose_counts_as_swept():
     runs += _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 250.0, 3.0: 200.0, 10.0: 900.0}, 0)
     rates = {r[1]: r[3] for r in real_rows(runs)}
     assert rates["FedAvg"] == "lr 3 (swept)"
+    assert "FedAvg (to run again" not in real_waiting(runs)
     assert rates["FedAtt"] == "lr 3, step 0.3"
     assert rates["FedAvgM"] == "lr 1, server lr 0.3"
     # a swept rate other than the one a row ran at: the row is not marked
     runs[-4:] = _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
     assert {r[1]: r[3] for r in real_rows(runs)}["FedAvg"] == "lr 3"
+    assert "FedAvg (to run again at the rates the sweep chose" in real_waiting(runs)
