@@ -36,14 +36,21 @@ async def get_coordinator(conn: HTTPConnection) -> Coordinator:
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
 
 
-async def authorization_header(
-    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> str | None:
-    """The raw `Authorization` header, for the coordinator to check (the upload's own order)."""
-    return request.headers.get("authorization")
+def raw_authorization(scheme: HTTPBearer):
+    """A dependency giving the raw `Authorization` header, for the coordinator to check in the
+    request's own order; `scheme` declares it in OpenAPI and refuses nothing itself."""
+
+    # Depends as a default, not in the annotation: the module's annotations are strings
+    # (__future__), and a string cannot name this closure's `scheme`
+    async def header(
+        request: Request, _: HTTPAuthorizationCredentials | None = Depends(scheme)
+    ) -> str | None:
+        return request.headers.get("authorization")
+
+    return header
 
 
-AuthorizationDep = Annotated[str | None, Depends(authorization_header)]
+AuthorizationDep = Annotated[str | None, Depends(raw_authorization(bearer))]
 
 # The operator's scheme (GET /metrics): the server's metrics token, not a device's.
 operator_bearer = HTTPBearer(
@@ -52,15 +59,7 @@ operator_bearer = HTTPBearer(
     description="the server's metrics token (FEDKEY_METRICS_TOKEN)",
 )
 
-
-async def operator_authorization(
-    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(operator_bearer)]
-) -> str | None:
-    """The raw `Authorization` header, for the coordinator's operator check."""
-    return request.headers.get("authorization")
-
-
-OperatorAuthorizationDep = Annotated[str | None, Depends(operator_authorization)]
+OperatorAuthorizationDep = Annotated[str | None, Depends(raw_authorization(operator_bearer))]
 
 
 async def current_device(coordinator: CoordinatorDep, authorization: AuthorizationDep) -> str:
