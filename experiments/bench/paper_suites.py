@@ -447,8 +447,8 @@ def real_lrs(chosen: dict[str, float], method: str) -> tuple[dict[str, float], s
 def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpec]:
     """Per REAL task: the Kneser-Ney 3-gram and the centralized model (as many examples as C) on
     the phones' text, then FedAvg, FedAtt, FedAvgM, FedAdam, and FedMed, FedAttOpt, FedMed's
-    topK and AdaFL's selection of the seed papers, at the sweep's choices on the task (`results`: results.json's run objects) or
-    REAL_LRS, the centralized model and FedAvg again with dropout, and FedAvg at the task's
+    topK and AdaFL's selection of the seed papers, at the sweep's choices on the task
+    (`results`: results.json's run objects) or REAL_LRS, the centralized model and FedAvg again with dropout, and FedAvg at the task's
     REAL_COHORTS; the vocabulary from the training split (no --paper-protocol), every row scored
     on the phones' later messages and the held-out senders' (the unseen_* fields)."""
     choices = lr_choices(results or [], preset)
@@ -467,7 +467,7 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
         for method, flags, client_key in _real_methods():
             lr, group = real_lrs(chosen, method)
             args = tuple(f.format(**lr) for f in flags)
-            own = method in OWN_FRACTION  # AdaFL's dynamic fraction replaces C
+            own = "--adafl" in flags  # AdaFL's dynamic fraction replaces C
             runs.append(RunSpec("real", t.dataset, method, None if own else fraction, (*args,
                                 *t.args("federated")), lr=lr[client_key], partition=t.partition,
                                 group=group, **common))  # type: ignore[arg-type]  # fmt: skip
@@ -514,10 +514,6 @@ def _real_methods() -> list[tuple[str, tuple[str, ...], str]]:
         # AdaFL's client selection (its fraction rising 0.1 to 0.5: 3x a C 0.1 row's training)
         ("AdaFL + FedAvg", ("--strategy", "fedavg", "--adafl"), "client_lr"),
     ]  # fmt: skip
-
-
-#: The real suite's methods whose C is their own (bench.paper_spec.RunSpec.fraction None).
-OWN_FRACTION = ("AdaFL + FedAvg",)
 
 
 def suite_runs(suite: str, preset: Preset, results: list[dict] | None = None) -> list[RunSpec]:
