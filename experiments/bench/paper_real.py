@@ -13,8 +13,18 @@ stopped at a time limit, says so. Written from results.json's objects alone.
 
 from __future__ import annotations
 
+import re
+
 from bench.paper_spec import command_flag
-from bench.paper_suites import REAL, REAL_COHORTS, REAL_GROUP, SWEPT_GROUP, real_suite
+from bench.paper_suites import (
+    REAL,
+    REAL_COHORTS,
+    REAL_GROUP,
+    STEP_LOWER_GROUP,
+    SWEPT_GROUP,
+    planned_rates,
+    real_suite,
+)
 from bench.paper_sweep import REAL_EVAL
 from bench.paper_tables import NAMES, Begun, _f, _key, _where, _x
 from bench.presets import PRESETS
@@ -24,28 +34,22 @@ from bench.report import markdown_table
 TOP1_VS_NGRAM = 1.25
 
 
-#: The flags of a row's learning rates (the local one, the server's, the attentive step).
-RATE_FLAGS = ("--lr", "--server-lr", "--epsilon")
-
-
 def _swept(run: dict, spec) -> bool:
     """Whether a row ran at rates the sweep chose: recorded so, or at the very rates the plan
     now takes from the sweep (a row run before the sweep chose what it had run at)."""
     if run.get("group") == SWEPT_GROUP:
         return True
-    return spec.group == SWEPT_GROUP and _planned_rates(run, spec)
+    return spec.group == SWEPT_GROUP and planned_rates(run, spec)
 
 
-def _planned_rates(run: dict, spec) -> bool:
-    """Whether a row ran at the rates its plan names now (RATE_FLAGS)."""
-    if spec.lr is None:  # the 3-gram
-        return True
-    planned = " ".join(("--lr", f"{spec.lr:g}", *spec.args))
-    cmd = run.get("command", "")
-    return all(command_flag(cmd, f) == command_flag(planned, f) for f in RATE_FLAGS)
+def _note(run: dict, spec) -> str:
+    """What the table says of where a row's rates came from: the sweep, one step below it."""
+    if _swept(run, spec):
+        return " (swept)"
+    return " (one step lower)" if spec.group == STEP_LOWER_GROUP else ""
 
 
-def _lr(run: dict, swept: bool) -> str:
+def _lr(run: dict, note: str) -> str:
     """The learning rates a row ran at, from its command: the local one, and the server's."""
     cmd = run.get("command", "")
     server = command_flag(cmd, "--server-lr")
@@ -55,7 +59,7 @@ def _lr(run: dict, swept: bool) -> str:
         out += f", server lr {server}"
     if step != "-":
         out += f", step {step}"
-    return out + (" (swept)" if swept else "")
+    return out + note
 
 
 def _rounds(run: dict, preset_rounds: int) -> str:
@@ -108,7 +112,7 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
                 continue
             fed = r["kind"] != "ngram"
             rows.append([
-                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, p.rounds), _lr(r, _swept(r, s)), _f(r["best_val_ppl"]),
+                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, p.rounds), _lr(r, _note(r, s)), _f(r["best_val_ppl"]),
                 _f(r["test_ppl"]), _f(r.get("bar_top1"), ".3f"), _f(r.get("bar_top3"), ".3f"),
                 _f(r.get("ksr"), ".3f"),
                 _x(r.get("bar_top1"), ngram.get("bar_top1")) if fed else "-",
@@ -122,9 +126,11 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
 
 def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     """results.md's answer on real typing, a row per REAL task with a run: the 3-gram's and the
-    centralized model's top-1, the best federated run's (lowest test perplexity) and FedAtt's,
-    each against the 3-gram's, and the best federated perplexity against the centralized; of
-    the runs at the task's C (the other cohort sizes and AdaFL's are on REAL_PAGE)."""
+    centralized model's top-1, the best federated run's and FedAtt's, each against the
+    3-gram's, and the best federated perplexity against the centralized; of the runs at the
+    task's C (the other cohort sizes and AdaFL's are on REAL_PAGE). The best federated run and
+    the centralized one: those of lowest validation perplexity (dropout and a step lower
+    among them)."""
     p = PRESETS[preset]
     mine = _mine(runs, preset)
     suite = real_suite(p, runs)
@@ -136,9 +142,9 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
         if not done:
             continue
         ngram = _ngram(mine, specs)
-        central: dict = next((r for r in done if r["kind"] == "central"), {})
+        central = _best_on_validation([r for r in done if r["kind"] == "central"])
         fed = [r for r in done if r["kind"] == "federated"]
-        best: dict = min(fed, key=lambda r: _key(r["test_ppl"]), default={})
+        best = _best_on_validation(fed)
         att: dict = next((r for r in fed if r["method"] == "FedAtt"), {})
         gap = (f"{best['test_ppl'] / central['test_ppl'] - 1:+.1%}"
                if best and central else "-")  # fmt: skip
@@ -152,6 +158,12 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     return rows
 
 
+def _best_on_validation(runs: list[dict]) -> dict:
+    """The run of lowest best validation perplexity ({} where none): a row is chosen as its
+    learning rates were, never by its test perplexity."""
+    return min(runs, key=lambda r: _key(r["best_val_ppl"]), default={})
+
+
 def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = None) -> str:
     """The real suite's runs not done, per task: "not run yet", how far one stopped got, or
     that a row ran at other rates than the sweep has since chosen (to run again)."""
@@ -160,10 +172,10 @@ def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = No
     suite = real_suite(PRESETS[preset], runs)
     parts = []
     for task, fraction in REAL:
-        left = [f"{s.method}{_cohort(task, s.fraction, fraction)} "
+        left = [f"{s.method}{_cohort(task, s.fraction, fraction)}{_step(s)} "
                 f"({_where(begun.get(f'{preset}/{s.id}'), s.kind) if s.id not in done else AGAIN})"
                 for s in suite if s.dataset == task.dataset
-                and (s.id not in done or not _planned_rates(done[s.id], s))]  # fmt: skip
+                and (s.id not in done or not planned_rates(done[s.id], s))]  # fmt: skip
         if left:
             parts.append(f"{NAMES[task.dataset]}: {'; '.join(left)}")
     return ("Not done: " + ". ".join(parts) + ".") if parts else "Every run of the suite is done."
@@ -171,6 +183,15 @@ def real_waiting(runs: list[dict], preset: str = "cpu", begun: Begun | None = No
 
 #: How the not-done line names a row that ran at rates the sweep did not choose.
 AGAIN = "to run again at the rates the sweep chose; the table shows the rates it ran at"
+
+
+def _step(spec) -> str:
+    """The label of a row one grid step below the sweep's choice (", server lr 0.3"), else
+    nothing."""
+    if spec.group != STEP_LOWER_GROUP:
+        return ""
+    name, value = re.fullmatch(r"(.*lr)(.+)", spec.tag).groups()  # type: ignore[union-attr]
+    return f", {name.replace('-', ' ')} {value}"
 
 
 def _cohort(task, c: float | None, usual: float) -> str:
@@ -217,7 +238,8 @@ def real_section(runs: list[dict], begun: Begun | None = None) -> list[str]:
             markdown_table(header, real_summary(runs, preset)),
             "",
             f"On the phones' later messages; {BAR}. Best federated: the federated run of lowest "
-            "test perplexity; centralized: the model that saw as many examples. Target (issue "
+            "validation perplexity; centralized: the model that saw as many examples (of its "
+            "runs, the one of lowest validation perplexity). Target (issue "
             f"51): top-1 at least {TOP1_VS_NGRAM:g}x the Kneser-Ney 3-gram's, for the best "
             "federated method and for FedAtt. Every row, on the senders who never trained too: "
             f"[{REAL_PAGE}]({REAL_PAGE}). {real_waiting(runs, preset, begun)}",

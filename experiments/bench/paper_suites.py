@@ -26,7 +26,8 @@ Real typing (preset `cpu`, issue 51 item 4):
   real    keyboard quality on text people typed, as production measures it: NUS SMS and the
           Ubuntu IRC population, one phone per sender, scored on the phones' own later messages
           and on held-out senders who never trained (REAL, real_suite); the IRC population's
-          FedAvg at 50 and 1,000 phones a round too (REAL_COHORTS).
+          FedAvg at 50 and 1,000 phones a round too (REAL_COHORTS); the rows whose rates the
+          sweep chose on the corpus again one grid step lower, as the confirm suite checks.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from bench.paper_spec import DATASETS, RunSpec
+from bench.paper_spec import DATASETS, RunSpec, command_flag
 from bench.paper_sweep import (
     DEMO_OWNERS,
     KNOBS,
@@ -43,6 +44,7 @@ from bench.paper_sweep import (
     SWEEP_FRACTION,
     TASK_OF,
     TASKS,
+    Knob,
     _score,
     choices_so_far,
     grid_step,
@@ -366,22 +368,38 @@ def confirm_suite(
     for s in rank_suite(preset, results, DATASETS, choices) + noniid:
         if s.fraction != SWEEP_FRACTION or (s.kind != "central" and s.method not in CONFIRMED):
             continue
-        knob = KNOBS["central_lr" if s.kind == "central" else CONFIRMED[s.method]]
         again = replace(s, suite="confirm")
-        runs.append(again)
-        at = s.args.index(knob.flag) + 1 if knob.flag in s.args else 0  # a server lr's place
-        value, above = float(s.args[at]) if at else (s.lr or preset.lr), done.get(s.id)
-        for _ in range(MAX_EXTENSIONS):
-            value = lower_lr(getattr(preset, knob.grid), value)
-            if at:
-                args = (*s.args[:at], f"{value:g}", *s.args[at + 1 :])
-                runs.append(replace(again, args=args, tag=f"server-lr{value:g}"))
-            else:
-                runs.append(replace(again, lr=value, tag=f"lr{value:g}"))
-            below = done.get(runs[-1].id)
-            if above is None or below is None or _score(below) >= _score(above):
-                break
-            above = below
+        runs += [again, *steps_lower(preset, again, _confirmed_knob(s), done.get(s.id), done)]
+    return runs
+
+
+def _confirmed_knob(spec: RunSpec) -> Knob:
+    """The knob whose value the confirm step lowers for a row (CONFIRMED's, or the centralized
+    model's lr)."""
+    return KNOBS["central_lr" if spec.kind == "central" else CONFIRMED[spec.method]]
+
+
+def steps_lower(
+    preset: Preset, spec: RunSpec, knob: Knob, above: dict | None, done: dict[str, dict]
+) -> list[RunSpec]:
+    """`spec` again at lower_lr of its `knob`'s value (tagged "lr<value>", or "server-lr<value>"
+    for a server optimizer's); while the last of them ended better on validation than the run
+    above it (`above`: the record of `spec` itself; `done`: records by id), one step lower again,
+    as the sweep extends a grid (MAX_EXTENSIONS steps at most)."""
+    runs: list[RunSpec] = []
+    at = spec.args.index(knob.flag) + 1 if knob.flag in spec.args else 0  # a server lr's place
+    value = float(spec.args[at]) if at else (spec.lr or preset.lr)
+    for _ in range(MAX_EXTENSIONS):
+        value = lower_lr(getattr(preset, knob.grid), value)
+        if at:
+            args = (*spec.args[:at], f"{value:g}", *spec.args[at + 1 :])
+            runs.append(replace(spec, args=args, tag=f"server-lr{value:g}"))
+        else:
+            runs.append(replace(spec, lr=value, tag=f"lr{value:g}"))
+        below = done.get(runs[-1].id)
+        if above is None or below is None or _score(below) >= _score(above):
+            break
+        above = below
     return runs
 
 
@@ -426,6 +444,10 @@ REAL_LRS = {"client_lr": 3.0, "central_lr": 1.0, "momentum_server_lr": 0.3,
             "fedatt_step": 0.3, "fedattopt_step": 1000.0}  # fmt: skip
 REAL_GROUP = "lr from the demo-by-owner sweep (not swept here)"
 SWEPT_GROUP = "lr chosen on this corpus's validation set"
+#: A real row again one grid step below the sweep's choice (the confirm suite's check, at the
+#: real suite's full length: NUS SMS's FedAvgM at the sweep's server lr 1 peaked at round 25 and
+#: ended at test 205.85, at the demo's 0.3 at 152.96).
+STEP_LOWER_GROUP = "one grid step below the sweep's choice"
 #: The knobs each row's learning rates come from (one group per row: all swept, or not).
 REAL_KNOBS = {"centralized": ("central_lr",), "FedAvg": ("client_lr",),
               "FedAtt": ("client_lr", "fedatt_step"),
@@ -448,10 +470,13 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
     """Per REAL task: the Kneser-Ney 3-gram and the centralized model (as many examples as C) on
     the phones' text, then FedAvg, FedAtt, FedAvgM, FedAdam, and FedMed, FedAttOpt, FedMed's
     topK and AdaFL's selection of the seed papers, at the sweep's choices on the task
-    (`results`: results.json's run objects) or REAL_LRS, the centralized model and FedAvg again with dropout, and FedAvg at the task's
-    REAL_COHORTS; the vocabulary from the training split (no --paper-protocol), every row scored
-    on the phones' later messages and the held-out senders' (the unseen_* fields)."""
+    (`results`: results.json's run objects) or REAL_LRS, the centralized model and FedAvg again
+    with dropout, FedAvg at the task's REAL_COHORTS, and the rows whose rates the sweep chose
+    again one grid step lower (_real_steps_lower); the vocabulary from the training split (no
+    --paper-protocol), every row scored on the phones' later messages and the held-out senders'
+    (the unseen_* fields)."""
     choices = lr_choices(results or [], preset)
+    done = {r["id"]: r for r in results or [] if r.get("preset") == preset.name}
     runs = []
     for t, fraction in REAL:
         chosen = choices.get(t.dataset, {})
@@ -475,7 +500,38 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
                  and (s.kind == "central" or s.method == "FedAvg")]  # fmt: skip
         fedavg = next(s for s in runs if s.dataset == t.dataset and s.method == "FedAvg")
         runs += [replace(fedavg, fraction=c) for c in REAL_COHORTS.get(t.dataset, ())]
+        mine = [s for s in runs if s.dataset == t.dataset and s.fraction == fraction]
+        runs += _real_steps_lower(preset, mine, done)
     return runs
+
+
+#: The flags of a real row's learning rates (the local one, the server's, the attentive step).
+RATE_FLAGS = ("--lr", "--server-lr", "--epsilon")
+
+
+def planned_rates(run: dict, spec: RunSpec) -> bool:
+    """Whether a row's record ran at the rates its plan names now (RATE_FLAGS)."""
+    if spec.lr is None:  # the 3-gram
+        return True
+    planned = " ".join(("--lr", f"{spec.lr:g}", *spec.args))
+    cmd = run.get("command", "")
+    return all(command_flag(cmd, f) == command_flag(planned, f) for f in RATE_FLAGS)
+
+
+def _real_steps_lower(preset: Preset, specs: list[RunSpec], done: dict) -> list[RunSpec]:
+    """The confirm suite's check on a real task's rows whose rates the sweep chose (the
+    centralized model and CONFIRMED's methods, without dropout): steps_lower of each, compared
+    with its record where it ran at the planned rates."""
+    out = []
+    for s in specs:
+        confirmed = s.kind == "central" or s.method in CONFIRMED
+        if s.group != SWEPT_GROUP or "--dropout" in s.args or not confirmed:
+            continue
+        above = done.get(s.id)
+        above = above if above is not None and planned_rates(above, s) else None
+        lower = steps_lower(preset, s, _confirmed_knob(s), above, done)
+        out += [replace(v, group=STEP_LOWER_GROUP) for v in lower]
+    return out
 
 
 #: The other cohort sizes a real task's FedAvg also runs at (issue 51: the IRC population at 50

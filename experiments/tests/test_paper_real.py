@@ -3,6 +3,7 @@ population (one phone per sender, the vocabulary of the training messages, every
 the held-out senders too), and the table that leads results.md with them."""
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from bench.paper import command, summarize
@@ -16,7 +17,14 @@ from bench.paper_real import (
 )
 from bench.paper_report import markdown
 from bench.paper_spec import RunSpec
-from bench.paper_suites import REAL, REAL_COHORTS, REAL_GROUP, SWEPT_GROUP, real_suite
+from bench.paper_suites import (
+    REAL,
+    REAL_COHORTS,
+    REAL_GROUP,
+    STEP_LOWER_GROUP,
+    SWEPT_GROUP,
+    real_suite,
+)
 from bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
 from bench.presets import PRESETS
 
@@ -132,7 +140,8 @@ def test_the_sweep_tunes_the_real_corpora_as_their_runs_are_made():
     # FedAvg's client lr chosen on validation (1 of 0.3, 1, 3): FedAvg, FedMed take it; FedAtt
     # keeps the demo's rates until its server step is chosen too, and so does the 3-gram
     results = _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
-    specs = {s.method: s for s in real_suite(CPU, results) if s.dataset == "nus-sms"}
+    specs = {s.method: s for s in real_suite(CPU, results)
+             if s.dataset == "nus-sms" and s.group != STEP_LOWER_GROUP}  # fmt: skip
     assert specs["FedAvg"].lr == specs["FedMed"].lr == 1.0
     assert specs["FedAvg"].group == SWEPT_GROUP
     assert specs["FedAtt"].lr == 3.0 and specs["FedAtt"].group == REAL_GROUP
@@ -179,3 +188,43 @@ def test_a_row_run_before_the_sweep_at_the_rates_it_chose_counts_as_swept():
     runs[-4:] = _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
     assert {r[1]: r[3] for r in real_rows(runs)}["FedAvg"] == "lr 3"
     assert "FedAvg (to run again at the rates the sweep chose" in real_waiting(runs)
+
+
+def test_a_swept_row_runs_again_one_grid_step_lower_and_the_summary_chooses_on_validation():
+    """As the confirm suite checks the rank suite's: a short sweep favours the larger rate (NUS
+    SMS's FedAvgM at the sweep's server lr 1 ended at test 205.85, at 0.3 at 152.96), so a row
+    whose rates the sweep chose runs one grid step lower too, and lower again while the step
+    lower wins on validation; the summary takes the run of lowest validation perplexity."""
+    results = _swept("nus-sms", "client_lr", {0.3: 300.0, 1.0: 250.0, 3.0: 200.0, 10.0: 900.0}, 0)
+    results += _swept("nus-sms", "central_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
+
+    def lower(runs: list[dict]) -> dict[str, RunSpec]:
+        return {s.id: s for s in real_suite(CPU, runs) if s.group == STEP_LOWER_GROUP}
+
+    steps = lower(results)
+    assert sorted((s.method.split(",")[0], s.lr) for s in steps.values()) == [
+        ("FedAvg", 1.0), ("centralized", 0.3)]  # fmt: skip
+    assert all(s.dataset == "nus-sms" and s.fraction == 0.1 for s in steps.values())
+    specs = {(s.method, s.tag): s for s in real_suite(CPU, results) if s.dataset == "nus-sms"}
+    fedavg, step = specs["FedAvg", ""], specs["FedAvg", "lr1"]
+    assert step.args == fedavg.args and step.id == f"{fedavg.id}-lr1"
+    assert "FedAvg, lr 1 (not run yet)" in real_waiting(results)
+    # the step lower wins on validation: one more step, as the sweep extends a grid
+    runs = results + [_result(fedavg, 150.0, 0.15, 0.14), _result(step, 140.0, 0.16, 0.15)]
+    assert sorted(s.lr for s in lower(runs).values() if s.method == "FedAvg") == [0.3, 1.0]
+    assert "FedAvg, lr 0.3 (not run yet)" in real_waiting(runs)
+    rates = [r[3] for r in real_rows(runs) if r[1] == "FedAvg"]
+    assert rates == ["lr 3 (swept)", "lr 1 (one step lower)"]
+    # lower again loses on validation (though not on test): no further step, and the summary
+    # takes the run of lowest validation perplexity, never the lowest test
+    third = _result(replace(step, lr=0.3, tag="lr0.3"), 130.0, 0.2, 0.2)
+    third["best_val_ppl"] = 160.0
+    runs.append(third)
+    assert sorted(s.lr for s in lower(runs).values() if s.method == "FedAvg") == [0.3, 1.0]
+    row = next(r for r in real_summary(runs) if r[0].startswith("NUS SMS"))
+    assert row[3] == "FedAvg" and row[8] == "140.00"
+    # a row's record at other rates than its plan's is not compared: one step, no more
+    stale = _result(fedavg, 150.0, 0.15, 0.14)
+    stale["command"] = stale["command"].replace("--lr 3", "--lr 10")
+    again = [r for r in runs if r["id"] != fedavg.id] + [stale]
+    assert sorted(s.lr for s in lower(again).values() if s.method == "FedAvg") == [1.0]
