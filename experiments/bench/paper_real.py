@@ -13,6 +13,7 @@ stopped at a time limit, says so. Written from results.json's objects alone.
 
 from __future__ import annotations
 
+import math
 import re
 
 from bench.paper_spec import command_flag
@@ -20,6 +21,7 @@ from bench.paper_suites import (
     REAL,
     REAL_COHORTS,
     REAL_GROUP,
+    REAL_SMALLER,
     STEP_LOWER_GROUP,
     SWEPT_GROUP,
     planned_rates,
@@ -128,16 +130,16 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
     """results.md's answer on real typing, a row per REAL task with a run: the 3-gram's and the
     centralized model's top-1, the best federated run's and FedAtt's, each against the
     3-gram's, and the best federated perplexity against the centralized; of the runs at the
-    task's C (the other cohort sizes and AdaFL's are on REAL_PAGE). The best federated run and
-    the centralized one: those of lowest validation perplexity (dropout and a step lower
-    among them)."""
+    task's C or as many phones in all (the other cohort sizes and AdaFL's are on REAL_PAGE).
+    The best federated run and the centralized one: those of lowest validation perplexity
+    (dropout and a step lower among them)."""
     p = PRESETS[preset]
     mine = _mine(runs, preset)
     suite = real_suite(p, runs)
     rows: list[list] = []
     for task, fraction in REAL:
         specs = [s for s in suite if s.dataset == task.dataset
-                 and (s.fraction == fraction or s.kind == "ngram")]  # fmt: skip
+                 and _as_many_examples(s, fraction, p.rounds)]  # fmt: skip
         done = [mine[s.id] for s in specs if s.id in mine]
         if not done:
             continue
@@ -156,6 +158,16 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
             _f(central.get("test_ppl")), gap, f"{len(fed)} of {sum(s.kind == 'federated' for s in specs)}",
         ])  # fmt: skip
     return rows
+
+
+def _as_many_examples(spec, fraction: float, rounds: int) -> bool:
+    """Whether a row trains as many phones in all as one at C `fraction` for `rounds` rounds
+    (the 3-gram: yes; AdaFL's own rising C: no)."""
+    if spec.kind == "ngram":
+        return True
+    if spec.fraction is None:
+        return False
+    return math.isclose((spec.rounds or rounds) * spec.fraction, rounds * fraction)
 
 
 def _best_on_validation(runs: list[dict]) -> dict:
@@ -200,20 +212,25 @@ def _cohort(task, c: float | None, usual: float) -> str:
 
 
 def _cohorts_note() -> str:
-    """What the rows at other cohort sizes (REAL_COHORTS) are."""
+    """What the rows at other cohort sizes (REAL_COHORTS, REAL_SMALLER) are."""
     parts = []
     for task, fraction in REAL:
         if cs := REAL_COHORTS.get(task.dataset):
             sizes = " and ".join(f"{round(task.clients * c):,} (C {c:g})" for c in cs)
             parts.append(f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round, "
-                          "at the same lr and rounds as at C "
-                          f"{fraction:g}")  # fmt: skip
+                          f"at the same lr and rounds as at C {fraction:g}")  # fmt: skip
+        if cs := REAL_SMALLER.get(task.dataset):
+            sizes = " and ".join(f"{round(task.clients * c):,}" for c in cs)
+            parts.append(
+                f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round "
+                f"for as many more rounds (as many examples as at C {fraction:g})"
+            )
     if not parts:
         return ""
     return (
         "; ".join(parts)
-        + ": how the cohort's size moves it. results.md sums up the runs at the task's C alone "
-        "(not these, nor AdaFL's, whose C rises from 0.1 to 0.5)."
+        + ": how the cohort's size moves it. results.md sums up the runs at the task's C or "
+        "with as many examples (not the others, nor AdaFL's, whose C rises from 0.1 to 0.5)."
     )
 
 

@@ -21,6 +21,7 @@ from bench.paper_suites import (
     REAL,
     REAL_COHORTS,
     REAL_GROUP,
+    REAL_SMALLER,
     STEP_LOWER_GROUP,
     SWEPT_GROUP,
     real_suite,
@@ -50,8 +51,17 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
                 assert "--adafl" in cmd and "--fraction" not in cmd
             elif s.kind == "federated":
                 assert f"--fraction {s.fraction:g}" in words
-        cohorts = sorted(s.fraction for s in mine if s.fraction not in (None, fraction))
+        cohorts = sorted(s.fraction for s in mine
+                         if s.fraction not in (None, fraction) and s.rounds is None)  # fmt: skip
         assert cohorts == sorted(REAL_COHORTS.get(task.dataset, ()))
+        # smaller cohorts for as many more rounds: as many phones trained in all as at C
+        smaller = {s.fraction: s for s in mine if s.rounds is not None}
+        assert sorted(smaller) == sorted(REAL_SMALLER[task.dataset])
+        fedavg = next(s for s in mine if s.method == "FedAvg")
+        for c, s in smaller.items():
+            assert round(s.rounds * c, 9) == round(CPU.rounds * fraction, 9)
+            assert (s.args, s.lr) == (fedavg.args, fedavg.lr) and f"--rounds {s.rounds}" in (
+                shlex.join(command(s, CPU, Path("/data"), Path("/r"))))  # fmt: skip
     # 50 to 1,000 phones, tens of them a round (IRC: 100)
     assert {t.dataset: round(t.clients * c) for t, c in REAL} == {
         "nus-sms": 30, "ubuntu-irc": 100}  # fmt: skip
@@ -100,7 +110,7 @@ def test_the_table_holds_both_held_out_sets_against_the_3gram():
     summary = "\n".join(real_section(runs))
     row = next(line for line in summary.splitlines() if line.startswith("| NUS SMS"))
     assert row.split(" | ")[1:8] == ["0.170", "0.210", "FedAvg", "0.190", "1.12x", "-", "-"]
-    assert "+8.3%" in row and "1 of 8" in row  # 130 against 120; FedAtt not run
+    assert "+8.3%" in row and "1 of 10" in row  # 130 against 120; FedAtt not run
     assert f"]({REAL_PAGE})" in summary
     assert real_markdown(runs).count("| NUS SMS") == 3
     waiting = real_waiting(runs, begun={f"cpu/{specs[3].id}": [7, 50]})
@@ -164,10 +174,17 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     rows = {r[0]: r for r in real_rows(runs) if r[1] == "FedAvg"}
     assert rows["Ubuntu IRC (1000 phones, C 0.05: 50 a round)"][5] == "120.00"
     assert rows["Ubuntu IRC (1000 phones, C 0.1: 100 a round)"][5] == "140.00"
-    # the summary's best federated run is of the task's C: 140 (C 0.1), not 120 (C 0.05) or
-    # AdaFL's 110 (up to 5 times the phones a round)
+    # the summary's best federated run is of the task's C: 140 (C 0.1), not 120 (C 0.05, half
+    # the phones in all) or AdaFL's 110 (up to 5 times the phones a round)
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
-    assert row[8] == "140.00" and row[-1] == "1 of 8"  # AdaFL's C is its own: not counted
+    assert row[8] == "140.00" and row[-1] == "1 of 10"  # AdaFL's C is its own: not counted
+    # a smaller cohort for as many more rounds trains as many phones: it is in the summary
+    smaller = next(s for s in real_suite(CPU) if s.dataset == "ubuntu-irc" and s.rounds == 100)
+    runs.append(_result(smaller, 130.0, 0.19, 0.15))
+    row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
+    assert row[3] == smaller.method == "FedAvg, 100 rounds (as many examples as C 0.1)"
+    assert row[8] == "130.00" and row[-1] == "2 of 10"
+    assert "0.05: 50 a round" in next(r[0] for r in real_rows(runs) if r[1] == smaller.method)
     waiting = real_waiting(runs)
     left = waiting.split("Ubuntu IRC: ")[1].rstrip(".").split("; ")
     assert "FedAvg, 50 a round (not run yet)" not in left and "FedAvg (not run yet)" not in left
