@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 from bench.paper_spec import command_flag
 from bench.paper_suites import (
@@ -234,6 +235,29 @@ def _cohorts_note() -> str:
     )
 
 
+#: The x axis of the real suite's figures.
+PHONES_TRAINED = "phones trained in all (one pass over a phone's text each)"
+
+
+def real_curves(runs: list[dict], preset: str = "cpu") -> dict[str, list[dict]]:
+    """Per REAL task (its dataset): FedAvg at every cohort size and the centralized model (no
+    dropout, no step lower), each with its curve's rounds as the phones trained so far (a
+    federated round trains clients x C phones, a centralized epoch every phone once), so that
+    runs at different cohort sizes meet where they have seen as many examples."""
+    mine = _mine(runs, preset)
+    out: dict[str, list[dict]] = {}
+    for task, _ in REAL:
+        specs = [s for s in real_suite(PRESETS[preset], runs) if s.dataset == task.dataset
+                 and s.group != STEP_LOWER_GROUP and "--dropout" not in s.args and s.id in mine
+                 and (s.kind == "central" or s.method.split(",")[0] == "FedAvg")]  # fmt: skip
+        for s in specs:  # a centralized epoch trains every phone once (its C is the task's)
+            r = mine[s.id]
+            per_step = task.clients * ((s.fraction or 1.0) if s.kind == "federated" else 1.0)
+            curve = [[step * per_step, *rest] for step, *rest in r["curve"]]
+            out.setdefault(task.dataset, []).append({**r, "curve": curve})
+    return out
+
+
 def _presets(runs: list[dict]) -> list[str]:
     return [p for p in PRESETS if any(r.get("preset") == p and r["suite"] == "real"
                                       for r in runs)]  # fmt: skip
@@ -265,8 +289,11 @@ def real_section(runs: list[dict], begun: Begun | None = None) -> list[str]:
     return out
 
 
-def real_markdown(runs: list[dict], begun: Begun | None = None) -> str:
-    """REAL_PAGE: every row of the real suite per preset, and how they were scored."""
+def real_markdown(
+    runs: list[dict], begun: Begun | None = None, plots: dict[str, Path] | None = None
+) -> str:
+    """REAL_PAGE: every row of the real suite per preset, how they were scored, and its figures
+    (`plots`: "real:<preset>:<dataset>" -> a figure of real_curves)."""
     out = ["# fedkey-bench paper: keyboard quality on text people typed", "",
            "How well each method's model suggests the next word on real people's messages "
            "(NUS SMS, the Ubuntu IRC population), against the Kneser-Ney 3-gram a keyboard would "
@@ -297,4 +324,10 @@ def real_markdown(runs: list[dict], begun: Begun | None = None) -> str:
             "The 3-gram and the centralized model (as many examples) train on the same phones' "
             f"text. {_cohorts_note()}",
         ]  # fmt: skip
+        figures = [p for k, p in (plots or {}).items() if k.startswith(f"real:{preset}:")]
+        if figures:
+            out += ["", "FedAvg at each cohort size against the centralized model, by the "
+                    "phones trained so far (test perplexity; a smaller cohort takes more rounds "
+                    "to as many examples):", ""]  # fmt: skip
+            out += [f"![{p.stem}]({p.name})" for p in figures]
     return "\n".join(out) + "\n"

@@ -29,7 +29,13 @@ from pathlib import Path
 
 from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
-from bench.paper_real import REAL_PAGE, real_markdown, real_section
+from bench.paper_real import (
+    PHONES_TRAINED,
+    REAL_PAGE,
+    real_curves,
+    real_markdown,
+    real_section,
+)
 from bench.paper_seeds import CHANCE_SD, seed_curves, seed_notes, seeds_section
 from bench.paper_spec import RunSpec, command_flag
 from bench.paper_suites import SUITES, planned
@@ -566,6 +572,11 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
         plots[f"spread:{name}"] = plot_spread(
             sel, out, f"spread_{name}.png", f"the server's weights per round ({name})"
         )
+        for ds, sel in real_curves(runs, name).items():
+            title = f"{_name(ds)}: FedAvg by cohort, and the centralized model ({name})"
+            plots[f"real:{name}:{ds}"] = plot_curves(
+                sel, out, f"curves_{name}_real_{ds}.png", title, xlabel=PHONES_TRAINED
+            )
     plots["step"] = plot_steps(runs, out, "attopt_step.png")
     for ds in DATASET_NAMES:
         sel = [r for r in runs if r["suite"] == "code" and r["dataset"] == ds]
@@ -593,7 +604,7 @@ def write_report(
     path.write_text(markdown(runs, list(bench_commands), choices or {}, plots, begun))
     (out / LR_PAGE).write_text(lr_markdown(runs, choices or {}, begun))
     if any(r["suite"] == "real" for r in runs):
-        (out / REAL_PAGE).write_text(real_markdown(runs, begun))
+        (out / REAL_PAGE).write_text(real_markdown(runs, begun, plots))
     return path
 
 

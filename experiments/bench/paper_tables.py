@@ -176,7 +176,13 @@ CEILING = 1e5
 
 
 def plot_curves(
-    runs: list[dict], out: Path, name: str, title: str, curve: str = "curve", split: str = "test"
+    runs: list[dict],
+    out: Path,
+    name: str,
+    title: str,
+    curve: str = "curve",
+    split: str = "test",
+    xlabel: str = "round (epoch for the centralized model)",
 ) -> Path | None:
     """Test (or validation: ``split="val"``) perplexity per round, one line per run (log scale;
     points above CEILING left out); `curve` names the results.json field (col_curve: the seed
@@ -199,7 +205,7 @@ def plot_curves(
         ax.plot(x, y, color=f"C{colour % 10}", ls=ls,
                 label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
     ax.set_yscale("log")
-    ax.set_xlabel("round (epoch for the centralized model)")
+    ax.set_xlabel(xlabel)
     measure = "validation" if split == "val" else "test"
     ax.set_ylabel(("column " if curve == "col_curve" else "") + f"{measure} perplexity (log scale)")
     ax.set_title(title)

@@ -9,6 +9,7 @@ from pathlib import Path
 from bench.paper import command, summarize
 from bench.paper_real import (
     REAL_PAGE,
+    real_curves,
     real_markdown,
     real_rows,
     real_section,
@@ -245,3 +246,23 @@ def test_a_swept_row_runs_again_one_grid_step_lower_and_the_summary_chooses_on_v
     stale["command"] = stale["command"].replace("--lr 3", "--lr 10")
     again = [r for r in runs if r["id"] != fedavg.id] + [stale]
     assert sorted(s.lr for s in lower(again).values() if s.method == "FedAvg") == [1.0]
+
+
+def test_the_cohort_figure_sets_fedavg_and_the_centralized_model_at_as_many_phones_trained():
+    specs = {(s.method, s.fraction): s for s in real_suite(CPU) if s.dataset == "ubuntu-irc"}
+    central = next(s for s in specs.values() if s.kind == "central" and "dropout" not in s.method)
+    smaller = next(s for s in specs.values() if s.rounds == 100)
+    runs = [_result(s, 140.0, 0.18, 0.14) for s in (
+        specs["FedAvg", 0.1], specs["FedAvg", 0.05], smaller, central, specs["FedAvgM", 0.1],
+        specs["FedAvg, dropout 0.3", 0.1])]  # fmt: skip
+    curves = real_curves(runs)["ubuntu-irc"]
+    # FedAvg at each cohort size and the centralized model; not FedAvgM, nor dropout
+    assert sorted(r["id"] for r in curves) == sorted(
+        s.id for s in (specs["FedAvg", 0.1], specs["FedAvg", 0.05], smaller, central))  # fmt: skip
+    last = {r["id"]: r["curve"][-1][0] for r in curves}  # _result's curve: rounds 0 and 1
+    assert last[specs["FedAvg", 0.1].id] == 100 and last[smaller.id] == 50
+    assert last[central.id] == 1000  # an epoch: every phone once
+    fedavg = next(r for r in curves if r["id"] == runs[0]["id"])
+    assert [p[1:] for p in fedavg["curve"]] == [p[1:] for p in runs[0]["curve"]]  # the same ppl
+    page = real_markdown(runs, plots={"real:cpu:ubuntu-irc": Path("/o/curves_cpu_real_x.png")})
+    assert "![curves_cpu_real_x](curves_cpu_real_x.png)" in page
