@@ -153,12 +153,19 @@ def real_summary(runs: list[dict], preset: str = "cpu") -> list[list]:
                if best and central else "-")  # fmt: skip
         rows.append([
             _phones(task, fraction), _f(ngram.get("bar_top1"), ".3f"), _f(central.get("bar_top1"), ".3f"),
-            best.get("method", "-"), _f(best.get("bar_top1"), ".3f"),
+            _label(task, best, fraction), _f(best.get("bar_top1"), ".3f"),
             _x(best.get("bar_top1"), ngram.get("bar_top1")), _f(att.get("bar_top1"), ".3f"),
             _x(att.get("bar_top1"), ngram.get("bar_top1")), _f(best.get("test_ppl")),
             _f(central.get("test_ppl")), gap, f"{len(fed)} of {sum(s.kind == 'federated' for s in specs)}",
         ])  # fmt: skip
     return rows
+
+
+def _label(task, run: dict, fraction: float) -> str:
+    """A run's method, and its phones a round where not the task's ("-" for no run)."""
+    if not run:
+        return "-"
+    return run["method"] + _cohort(task, run["fraction"], fraction)
 
 
 def _as_many_examples(spec, fraction: float, rounds: int) -> bool:

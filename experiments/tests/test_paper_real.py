@@ -183,7 +183,7 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     smaller = next(s for s in real_suite(CPU) if s.dataset == "ubuntu-irc" and s.rounds == 100)
     runs.append(_result(smaller, 130.0, 0.19, 0.15))
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
-    assert row[3] == smaller.method == "FedAvg, 100 rounds (as many examples as C 0.1)"
+    assert row[3] == "FedAvg, 100 rounds (as many examples as C 0.1), 50 a round"
     assert row[8] == "130.00" and row[-1] == "2 of 10"
     assert "0.05: 50 a round" in next(r[0] for r in real_rows(runs) if r[1] == smaller.method)
     waiting = real_waiting(runs)
