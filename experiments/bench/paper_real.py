@@ -327,7 +327,9 @@ def real_markdown(
             "KSR: keystroke savings with a 3-slot bar, first 100 messages. Vocabulary: 10k "
             "words of the training messages. Validation, test and unseen: the first "
             f"{REAL_EVAL:,} messages each (senders interleaved). Learning rates: {REAL_GROUP}, "
-            "or, marked (swept), chosen by the sweep on the corpus's validation set. "
+            "or, marked (swept), chosen by the sweep on the corpus's validation set; marked (one "
+            "step lower), a swept row again one grid step below the sweep's choice, and lower "
+            "again while that wins on validation (10-round sweeps favour large rates). "
             "The 3-gram and the centralized model (as many examples) train on the same phones' "
             f"text. {_cohorts_note()}",
         ]  # fmt: skip
