@@ -539,7 +539,7 @@ def _real_steps_lower(preset: Preset, specs: list[RunSpec], done: dict) -> list[
 #: The other cohort sizes a real task's FedAvg also runs at (issue 51: the IRC population at 50
 #: to 1,000 phones a round), at the same learning rate and rounds as its C 0.1 row: C 0.05 (50
 #: phones a round) and 1 (all 1,000 phones every round, ten times a C 0.1 run's training).
-REAL_COHORTS = {"ubuntu-irc": (0.05, 1.0)}
+REAL_COHORTS: dict[str, tuple[float, ...]] = {"ubuntu-irc": (0.05, 1.0)}
 
 
 #: Smaller cohorts a real task's FedAvg also trains, for proportionally more rounds: as many
@@ -548,7 +548,10 @@ REAL_COHORTS = {"ubuntu-irc": (0.05, 1.0)}
 #: FedAvg's 50 (issue 51's target: within 10% with as many examples seen). On IRC, 50 phones a
 #: round for 100 rounds ended at 117.46 against 142.69, so 10 a round (C 0.01) too; on NUS SMS
 #: 6 a round (C 0.02) at lr 3 was worse (213.51 against 161.24), so not fewer.
-REAL_SMALLER = {"nus-sms": (0.05, 0.02), "ubuntu-irc": (0.05, 0.02, 0.01)}
+REAL_SMALLER: dict[str, tuple[float, ...]] = {
+    "nus-sms": (0.05, 0.02),
+    "ubuntu-irc": (0.05, 0.02, 0.01),
+}
 
 
 def _as_many_examples(preset: Preset, spec: RunSpec, fraction: float) -> RunSpec:
