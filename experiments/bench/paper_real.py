@@ -14,7 +14,6 @@ stopped at a time limit, says so. Written from results.json's objects alone.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from bench.paper_spec import command_flag
@@ -210,8 +209,8 @@ def _step(spec) -> str:
     nothing."""
     if spec.group != STEP_LOWER_GROUP:
         return ""
-    name, value = re.fullmatch(r"(.*lr)(.+)", spec.tag).groups()  # type: ignore[union-attr]
-    return f", {name.replace('-', ' ')} {value}"
+    server = command_flag(" ".join(spec.args), "--server-lr")  # a server optimizer's step
+    return f", server lr {server}" if server != "-" else f", lr {spec.lr:g}"
 
 
 def _cohort(task, c: float | None, usual: float) -> str:
@@ -252,9 +251,10 @@ def real_curves(runs: list[dict], preset: str = "cpu") -> dict[str, list[dict]]:
     federated round trains clients x C phones, a centralized epoch every phone once), so that
     runs at different cohort sizes meet where they have seen as many examples."""
     mine = _mine(runs, preset)
+    suite = real_suite(PRESETS[preset], runs)
     out: dict[str, list[dict]] = {}
     for task, _ in REAL:
-        specs = [s for s in real_suite(PRESETS[preset], runs) if s.dataset == task.dataset
+        specs = [s for s in suite if s.dataset == task.dataset
                  and s.group != STEP_LOWER_GROUP and "--dropout" not in s.args and s.id in mine
                  and (s.kind == "central" or s.method.split(",")[0] == "FedAvg")]  # fmt: skip
         for s in specs:  # a centralized epoch trains every phone once (its C is the task's)

@@ -501,7 +501,7 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
                  and (s.kind == "central" or s.method == "FedAvg")]  # fmt: skip
         fedavg = next(s for s in runs if s.dataset == t.dataset and s.method == "FedAvg")
         runs += [replace(fedavg, fraction=c) for c in REAL_COHORTS.get(t.dataset, ())]
-        runs += [_as_many_examples(preset, fedavg, c) for c in REAL_SMALLER.get(t.dataset, ())]
+        runs += [_smaller_cohort(preset, fedavg, c) for c in REAL_SMALLER.get(t.dataset, ())]
         mine = [s for s in runs if s.dataset == t.dataset and s.fraction == fraction]
         runs += _real_steps_lower(preset, mine, done)
     return runs
@@ -554,7 +554,7 @@ REAL_SMALLER: dict[str, tuple[float, ...]] = {
 }
 
 
-def _as_many_examples(preset: Preset, spec: RunSpec, fraction: float) -> RunSpec:
+def _smaller_cohort(preset: Preset, spec: RunSpec, fraction: float) -> RunSpec:
     """`spec` (a row at C spec.fraction) at C `fraction`, for as many more rounds as it takes to
     train as many phones in all."""
     rounds = round(preset.rounds * (spec.fraction or 1.0) / fraction)
