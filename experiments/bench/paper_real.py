@@ -18,8 +18,10 @@ from pathlib import Path
 
 from bench.paper_spec import command_flag
 from bench.paper_suites import (
+    LR_FLOOR,
     REAL,
     REAL_COHORTS,
+    REAL_DECAYED,
     REAL_GROUP,
     REAL_SMALLER,
     STEP_LOWER_GROUP,
@@ -219,7 +221,7 @@ def _cohort(task, c: float | None, usual: float) -> str:
 
 
 def _cohorts_note() -> str:
-    """What the rows at other cohort sizes (REAL_COHORTS, REAL_SMALLER) are."""
+    """What the rows at other cohort sizes (REAL_COHORTS, REAL_SMALLER, REAL_DECAYED) are."""
     parts = []
     for task, fraction in REAL:
         if cs := REAL_COHORTS.get(task.dataset):
@@ -231,6 +233,13 @@ def _cohorts_note() -> str:
             parts.append(
                 f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round "
                 f"for as many more rounds (as many examples as at C {fraction:g})"
+            )
+        if (c := REAL_DECAYED.get(task.dataset)) is not None:
+            parts.append(
+                f"at {round(task.clients * c):,} a round it trains again with its lr decayed "
+                f"to {LR_FLOOR:g}x by its last round (marked lr decayed), beside the "
+                "centralized model with its lr falling as fast per example seen, stepped per "
+                "epoch"
             )
     if not parts:
         return ""

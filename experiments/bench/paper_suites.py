@@ -27,7 +27,8 @@ Real typing (preset `cpu`, issue 51 item 4):
           Ubuntu IRC population, one phone per sender, scored on the phones' own later messages
           and on held-out senders who never trained (REAL, real_suite); the IRC population's
           FedAvg at 50 and 1,000 phones a round too (REAL_COHORTS); FedAvg at smaller cohorts
-          for as many more rounds (REAL_SMALLER); the rows whose rates the sweep chose on the
+          for as many more rounds (REAL_SMALLER), one of them with its lr decayed beside a
+          centralized model decayed alike (REAL_DECAYED); the rows whose rates the sweep chose on the
           corpus again one grid step lower, as the confirm suite checks.
 """
 
@@ -472,7 +473,8 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
     the phones' text, then FedAvg, FedAtt, FedAvgM, FedAdam, and FedMed, FedAttOpt, FedMed's
     topK and AdaFL's selection of the seed papers, at the sweep's choices on the task
     (`results`: results.json's run objects) or REAL_LRS, the centralized model and FedAvg again
-    with dropout, FedAvg at the task's REAL_COHORTS, and the rows whose rates the sweep chose
+    with dropout, FedAvg at the task's REAL_COHORTS and REAL_SMALLER, REAL_DECAYED's pair with
+    the lr decayed, and the rows whose rates the sweep chose
     again one grid step lower (_real_steps_lower); the vocabulary from the training split (no
     --paper-protocol), every row scored on the phones' later messages and the held-out senders'
     (the unseen_* fields)."""
@@ -503,6 +505,9 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
         runs += [replace(fedavg, fraction=c) for c in REAL_COHORTS.get(t.dataset, ())]
         runs += [_smaller_cohort(preset, fedavg, c) for c in REAL_SMALLER.get(t.dataset, ())]
         mine = [s for s in runs if s.dataset == t.dataset and s.fraction == fraction]
+        if (c := REAL_DECAYED.get(t.dataset)) is not None:
+            central = next(s for s in mine if s.kind == "central")
+            runs += _decayed_pair(preset, _smaller_cohort(preset, fedavg, c), central)
         runs += _real_steps_lower(preset, mine, done)
     return runs
 
@@ -527,7 +532,8 @@ def _real_steps_lower(preset: Preset, specs: list[RunSpec], done: dict) -> list[
     out = []
     for s in specs:
         confirmed = s.kind == "central" or s.method in CONFIRMED
-        if s.group != SWEPT_GROUP or "--dropout" in s.args or not confirmed:
+        own = "--dropout" in s.args or "--lr-decay" in s.args
+        if s.group != SWEPT_GROUP or own or not confirmed:
             continue
         above = done.get(s.id)
         above = above if above is not None and planned_rates(above, s) else None
@@ -560,6 +566,32 @@ def _smaller_cohort(preset: Preset, spec: RunSpec, fraction: float) -> RunSpec:
     rounds = round(preset.rounds * (spec.fraction or 1.0) / fraction)
     label = f"{spec.method}, {rounds} rounds (as many examples as C {spec.fraction:g})"
     return replace(spec, method=label, fraction=fraction, rounds=rounds)
+
+
+#: A smaller cohort's FedAvg again with its local lr decayed to LR_FLOOR of itself by its last
+#: round (--lr-decay), and the centralized model with its lr falling as fast per example seen,
+#: stepped per epoch, as the decay suite does on PTB. Why: at 20 and 10 phones a round one phone
+#: can carry half a round's weight, and at a constant lr 3 the IRC validation perplexity jumps
+#: from round to round (10 a round: 105 at round 368, 137 at round 378; 20 a round: 116 at round
+#: 210, 149 at round 230); a decaying lr ends below that noise. One schedule, not swept.
+REAL_DECAYED: dict[str, float] = {"ubuntu-irc": 0.02}
+LR_FLOOR = 0.1
+
+
+def _decayed_pair(preset: Preset, spec: RunSpec, central: RunSpec) -> list[RunSpec]:
+    """`spec` (a smaller cohort's row) with its lr decayed to LR_FLOOR by its last round, and
+    `central` with its lr falling per epoch as `spec`'s does over the rounds that see as many
+    examples (an epoch: spec.rounds / the centralized model's epochs)."""
+    assert spec.rounds and central.fraction
+    per_round = LR_FLOOR ** (1 / (spec.rounds - 1))
+    per_epoch = per_round ** (spec.rounds / preset.central_epochs_for(central.fraction))
+    return [_with_decay(spec, per_round), _with_decay(central, per_epoch)]
+
+
+def _with_decay(spec: RunSpec, decay: float) -> RunSpec:
+    """A real-suite row again with --lr-decay `decay` (its label and id say so)."""
+    return replace(spec, method=f"{spec.method}, lr decayed",
+                   args=(*spec.args, "--lr-decay", f"{decay:.4g}"))  # fmt: skip
 
 
 #: The real suite's dropout (its centralized model and FedAvg run again with it): the NUS SMS

@@ -21,6 +21,7 @@ from bench.paper_spec import RunSpec
 from bench.paper_suites import (
     REAL,
     REAL_COHORTS,
+    REAL_DECAYED,
     REAL_GROUP,
     REAL_SMALLER,
     STEP_LOWER_GROUP,
@@ -56,7 +57,9 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
                          if s.fraction not in (None, fraction) and s.rounds is None)  # fmt: skip
         assert cohorts == sorted(REAL_COHORTS.get(task.dataset, ()))
         # smaller cohorts for as many more rounds: as many phones trained in all as at C
-        smaller = {s.fraction: s for s in mine if s.rounds is not None}
+        smaller = {
+            s.fraction: s for s in mine if s.rounds is not None and "--lr-decay" not in s.args
+        }
         assert sorted(smaller) == sorted(REAL_SMALLER[task.dataset])
         fedavg = next(s for s in mine if s.method == "FedAvg")
         for c, s in smaller.items():
@@ -178,13 +181,13 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     # the summary's best federated run is of the task's C: 140 (C 0.1), not 120 (C 0.05, half
     # the phones in all) or AdaFL's 110 (up to 5 times the phones a round)
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
-    assert row[8] == "140.00" and row[-1] == "1 of 11"  # AdaFL's C is its own: not counted
+    assert row[8] == "140.00" and row[-1] == "1 of 12"  # AdaFL's C is its own: not counted
     # a smaller cohort for as many more rounds trains as many phones: it is in the summary
     smaller = next(s for s in real_suite(CPU) if s.dataset == "ubuntu-irc" and s.rounds == 100)
     runs.append(_result(smaller, 130.0, 0.19, 0.15))
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
     assert row[3] == "FedAvg, 100 rounds (as many examples as C 0.1), 50 a round"
-    assert row[8] == "130.00" and row[-1] == "2 of 11"
+    assert row[8] == "130.00" and row[-1] == "2 of 12"
     assert "0.05: 50 a round" in next(r[0] for r in real_rows(runs) if r[1] == smaller.method)
     waiting = real_waiting(runs)
     left = waiting.split("Ubuntu IRC: ")[1].rstrip(".").split("; ")
@@ -266,3 +269,45 @@ def test_the_cohort_figure_sets_fedavg_and_the_centralized_model_at_as_many_phon
     assert [p[1:] for p in fedavg["curve"]] == [p[1:] for p in runs[0]["curve"]]  # the same ppl
     page = real_markdown(runs, plots={"real:cpu:ubuntu-irc": Path("/o/curves_cpu_real_x.png")})
     assert "![curves_cpu_real_x](curves_cpu_real_x.png)" in page
+
+
+def test_a_smaller_cohort_runs_again_with_its_lr_decayed_beside_a_centralized_model_decayed_alike():
+    """At 20 phones a round one phone can carry half a round's weight and a constant lr leaves
+    the validation perplexity jumping; REAL_DECAYED's FedAvg falls to a tenth of its lr by its
+    last round, and the centralized model's lr falls as fast per example seen, per epoch."""
+    results = _swept(
+        "ubuntu-irc", "client_lr", {0.3: 300.0, 1.0: 250.0, 3.0: 200.0, 10.0: 900.0}, 0
+    )
+    results += _swept("ubuntu-irc", "central_lr", {0.3: 300.0, 1.0: 200.0, 3.0: 250.0}, 0)
+    specs = [s for s in real_suite(CPU, results) if s.dataset == "ubuntu-irc"]
+    decayed = [s for s in specs if "--lr-decay" in s.args]
+    fed, central = sorted(decayed, key=lambda s: s.kind != "federated")
+    assert [s.dataset for s in real_suite(CPU) if "--lr-decay" in s.args] == ["ubuntu-irc"] * 2
+    plain = next(s for s in specs if s.fraction == REAL_DECAYED["ubuntu-irc"]
+                 and s.rounds and "--lr-decay" not in s.args)  # fmt: skip
+    assert (fed.fraction, fed.rounds, fed.lr) == (plain.fraction, plain.rounds, plain.lr)
+    assert fed.method == f"{plain.method}, lr decayed" and fed.id != plain.id
+    per_round = float(fed.args[fed.args.index("--lr-decay") + 1])
+    assert abs(per_round ** (fed.rounds - 1) - 0.1) < 1e-3  # a tenth by its last round
+    # the centralized model: per epoch, the decay of the rounds that see as many examples
+    per_epoch = float(central.args[central.args.index("--lr-decay") + 1])
+    assert abs(per_epoch - per_round ** (fed.rounds / 5)) < 1e-3 and central.fraction == 0.1
+    # neither is stepped lower: a schedule is its own row, not the sweep's choice checked
+    assert all(s.group != STEP_LOWER_GROUP or "--lr-decay" not in s.args for s in specs)
+    lower = [s for s in specs if s.group == STEP_LOWER_GROUP]
+    assert sorted(s.kind for s in lower) == ["central", "federated"]
+    # both are of as many examples: the summary chooses among them on validation
+    base = next(s for s in specs if s.kind == "central" and "--lr-decay" not in s.args
+                and s.group != STEP_LOWER_GROUP and "--dropout" not in s.args)  # fmt: skip
+    runs = results + [
+        _result(plain, 110.0, 0.2, 0.15),
+        _result(fed, 95.0, 0.21, 0.16),
+        _result(base, 90.0, 0.22, 0.17),
+        _result(central, 85.0, 0.22, 0.17),
+    ]
+    row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
+    assert row[3] == f"{fed.method}, 20 a round" and (row[8], row[9]) == ("95.00", "85.00")
+    assert {r[1] for r in real_rows(runs)} >= {fed.method, central.method}
+    assert {r["id"] for r in real_curves(runs)["ubuntu-irc"]} == {
+        s.id for s in (plain, fed, base, central)
+    }
