@@ -234,12 +234,12 @@ def _cohorts_note() -> str:
                 f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round "
                 f"for as many more rounds (as many examples as at C {fraction:g})"
             )
-        if (c := REAL_DECAYED.get(task.dataset)) is not None:
+        if cs := REAL_DECAYED.get(task.dataset):
+            sizes = " and ".join(f"{round(task.clients * c):,}" for c in cs)
             parts.append(
-                f"at {round(task.clients * c):,} a round it trains again with its lr decayed "
-                f"to {LR_FLOOR:g}x by its last round (marked lr decayed), beside the "
-                "centralized model with its lr falling as fast per example seen, stepped per "
-                "epoch"
+                f"at {sizes} a round it trains again with its lr decayed to {LR_FLOOR:g}x by its "
+                "last round (marked lr decayed), beside the centralized model with its lr "
+                f"falling to {LR_FLOOR:g}x over its epochs, stepped per epoch"
             )
     if not parts:
         return ""

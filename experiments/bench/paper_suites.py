@@ -473,7 +473,7 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
     the phones' text, then FedAvg, FedAtt, FedAvgM, FedAdam, and FedMed, FedAttOpt, FedMed's
     topK and AdaFL's selection of the seed papers, at the sweep's choices on the task
     (`results`: results.json's run objects) or REAL_LRS, the centralized model and FedAvg again
-    with dropout, FedAvg at the task's REAL_COHORTS and REAL_SMALLER, REAL_DECAYED's pair with
+    with dropout, FedAvg at the task's REAL_COHORTS and REAL_SMALLER, REAL_DECAYED's rows with
     the lr decayed, and the rows whose rates the sweep chose
     again one grid step lower (_real_steps_lower); the vocabulary from the training split (no
     --paper-protocol), every row scored on the phones' later messages and the held-out senders'
@@ -505,9 +505,9 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
         runs += [replace(fedavg, fraction=c) for c in REAL_COHORTS.get(t.dataset, ())]
         runs += [_smaller_cohort(preset, fedavg, c) for c in REAL_SMALLER.get(t.dataset, ())]
         mine = [s for s in runs if s.dataset == t.dataset and s.fraction == fraction]
-        if (c := REAL_DECAYED.get(t.dataset)) is not None:
+        if cs := REAL_DECAYED.get(t.dataset, ()):
             central = next(s for s in mine if s.kind == "central")
-            runs += _decayed_pair(preset, _smaller_cohort(preset, fedavg, c), central)
+            runs += _decayed(preset, central, [_smaller_cohort(preset, fedavg, c) for c in cs])
         runs += _real_steps_lower(preset, mine, done)
     return runs
 
@@ -568,24 +568,26 @@ def _smaller_cohort(preset: Preset, spec: RunSpec, fraction: float) -> RunSpec:
     return replace(spec, method=label, fraction=fraction, rounds=rounds)
 
 
-#: A smaller cohort's FedAvg again with its local lr decayed to LR_FLOOR of itself by its last
-#: round (--lr-decay), and the centralized model with its lr falling as fast per example seen,
-#: stepped per epoch, as the decay suite does on PTB. Why: at 20 and 10 phones a round one phone
-#: can carry half a round's weight, and at a constant lr 3 the IRC validation perplexity jumps
-#: from round to round (10 a round: 105 at round 368, 137 at round 378; 20 a round: 116 at round
-#: 210, 149 at round 230); a decaying lr ends below that noise. One schedule, not swept.
-REAL_DECAYED: dict[str, float] = {"ubuntu-irc": 0.02}
+#: Smaller cohorts' FedAvg again with the local lr decayed to LR_FLOOR of itself by the last
+#: round (--lr-decay), and the centralized model with its lr falling by as much per example
+#: seen (LR_FLOOR over its epochs, stepped per epoch), as the decay suite does on PTB. Why: at 20
+#: and 10 phones a round one phone can carry half a round's weight, and at a constant lr 3 the
+#: IRC validation perplexity jumps from round to round (10 a round: 105 at round 368, 137 at
+#: round 378; 20 a round: 116 at round 210, 149 at round 230); a decaying lr ends below that
+#: noise. One schedule, not swept.
+REAL_DECAYED: dict[str, tuple[float, ...]] = {"ubuntu-irc": (0.02,)}
 LR_FLOOR = 0.1
 
 
-def _decayed_pair(preset: Preset, spec: RunSpec, central: RunSpec) -> list[RunSpec]:
-    """`spec` (a smaller cohort's row) with its lr decayed to LR_FLOOR by its last round, and
-    `central` with its lr falling per epoch as `spec`'s does over the rounds that see as many
-    examples (an epoch: spec.rounds / the centralized model's epochs)."""
-    assert spec.rounds and central.fraction
-    per_round = LR_FLOOR ** (1 / (spec.rounds - 1))
-    per_epoch = per_round ** (spec.rounds / preset.central_epochs_for(central.fraction))
-    return [_with_decay(spec, per_round), _with_decay(central, per_epoch)]
+def _decayed(preset: Preset, central: RunSpec, smaller: list[RunSpec]) -> list[RunSpec]:
+    """`central` with its lr falling to LR_FLOOR over its epochs, and each of `smaller` (rows
+    of smaller cohorts) with its lr falling to LR_FLOOR by its last round."""
+    assert central.fraction
+    per_epoch = LR_FLOOR ** (1 / preset.central_epochs_for(central.fraction))
+    out = [_with_decay(central, per_epoch)]
+    return out + [
+        _with_decay(s, LR_FLOOR ** (1 / ((s.rounds or preset.rounds) - 1))) for s in smaller
+    ]
 
 
 def _with_decay(spec: RunSpec, decay: float) -> RunSpec:
