@@ -28,8 +28,8 @@ Real typing (preset `cpu`, issue 51 item 4):
           and on held-out senders who never trained (REAL, real_suite); the IRC population's
           FedAvg at 50 and 1,000 phones a round too (REAL_COHORTS); FedAvg at smaller cohorts
           for as many more rounds (REAL_SMALLER), one of them with its lr decayed beside a
-          centralized model decayed alike (REAL_DECAYED); the rows whose rates the sweep chose on the
-          corpus again one grid step lower, as the confirm suite checks.
+          centralized model decayed alike (REAL_DECAYED); the rows whose rates the sweep
+          chose on the corpus again one grid step lower, as the confirm suite checks.
 """
 
 from __future__ import annotations
@@ -474,10 +474,9 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
     topK and AdaFL's selection of the seed papers, at the sweep's choices on the task
     (`results`: results.json's run objects) or REAL_LRS, the centralized model and FedAvg again
     with dropout, FedAvg at the task's REAL_COHORTS and REAL_SMALLER, REAL_DECAYED's rows with
-    the lr decayed, and the rows whose rates the sweep chose
-    again one grid step lower (_real_steps_lower); the vocabulary from the training split (no
-    --paper-protocol), every row scored on the phones' later messages and the held-out senders'
-    (the unseen_* fields)."""
+    the lr decayed, and the rows whose rates the sweep chose again one grid step lower
+    (_real_steps_lower); the vocabulary from the training split (no --paper-protocol), every
+    row scored on the phones' later messages and the held-out senders' (the unseen_* fields)."""
     choices = lr_choices(results or [], preset)
     done = {r["id"]: r for r in results or [] if r.get("preset") == preset.name}
     runs = []
