@@ -252,15 +252,19 @@ def _cohorts_note() -> str:
 
 #: The x axis of the real suite's figures.
 PHONES_TRAINED = "phones trained in all (one pass over a phone's text each)"
+#: Their y axis's top: the first rounds' perplexity (10,000) would flatten where runs differ.
+REAL_CURVE_TOP = 400.0
 
 
 def real_curves(runs: list[dict], preset: str = "cpu") -> dict[str, list[dict]]:
     """Per REAL task (its dataset): FedAvg at every cohort size and the centralized model (no
     dropout, no step lower), each with its curve's rounds as the phones trained so far (a
     federated round trains clients x C phones, a centralized epoch every phone once), so that
-    runs at different cohort sizes meet where they have seen as many examples."""
+    runs at different cohort sizes meet where they have seen as many examples; each named in
+    the legend by its phones a round and rounds (and "lr decayed" where it is)."""
     mine = _mine(runs, preset)
     suite = real_suite(PRESETS[preset], runs)
+    preset_rounds = PRESETS[preset].rounds
     out: dict[str, list[dict]] = {}
     for task, _ in REAL:
         specs = [s for s in suite if s.dataset == task.dataset
@@ -270,7 +274,11 @@ def real_curves(runs: list[dict], preset: str = "cpu") -> dict[str, list[dict]]:
             r = mine[s.id]
             per_step = task.clients * ((s.fraction or 1.0) if s.kind == "federated" else 1.0)
             curve = [[step * per_step, *rest] for step, *rest in r["curve"]]
-            out.setdefault(task.dataset, []).append({**r, "curve": curve})
+            label = (s.method.split(" (")[0] if s.kind == "central" else
+                     f"FedAvg, {round(task.clients * (s.fraction or 1.0)):,} a round x "
+                     f"{s.rounds or preset_rounds} rounds")  # fmt: skip
+            label += ", lr decayed" if "--lr-decay" in s.args else ""
+            out.setdefault(task.dataset, []).append({**r, "curve": curve, "label": label})
     return out
 
 

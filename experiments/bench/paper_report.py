@@ -31,6 +31,7 @@ from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
 from bench.paper_real import (
     PHONES_TRAINED,
+    REAL_CURVE_TOP,
     REAL_PAGE,
     real_curves,
     real_markdown,
@@ -575,8 +576,9 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
         for ds, sel in real_curves(runs, name).items():
             title = f"{_name(ds)}: FedAvg by cohort, and the centralized model ({name})"
             plots[f"real:{name}:{ds}"] = plot_curves(
-                sel, out, f"curves_{name}_real_{ds}.png", title, xlabel=PHONES_TRAINED
-            )
+                sel, out, f"curves_{name}_real_{ds}.png", title, xlabel=PHONES_TRAINED,
+                top=REAL_CURVE_TOP,
+            )  # fmt: skip
     plots["step"] = plot_steps(runs, out, "attopt_step.png")
     for ds in DATASET_NAMES:
         sel = [r for r in runs if r["suite"] == "code" and r["dataset"] == ds]

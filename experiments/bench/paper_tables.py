@@ -183,11 +183,13 @@ def plot_curves(
     curve: str = "curve",
     split: str = "test",
     xlabel: str = "round (epoch for the centralized model)",
+    top: float | None = None,
 ) -> Path | None:
     """Test (or validation: ``split="val"``) perplexity per round, one line per run (log scale;
-    points above CEILING left out); `curve` names the results.json field (col_curve: the seed
-    papers' column perplexity). A run may name its own line as "line": (colour index, line
-    style), as the seeds' figure does (a colour per row, a style per seed)."""
+    points above CEILING left out, the axis cut at `top` where given); `curve` names the
+    results.json field (col_curve: the seed papers' column perplexity). A run may name its own
+    line as "line": (colour index, line style), as the seeds' figure does (a colour per row, a
+    style per seed), and its legend entry as "label"."""
     at = 1 if split == "val" else 2
     runs = [dict(r, curve=r[curve]) for r in runs if len(r.get(curve, ())) > 1]
     if not runs:
@@ -202,9 +204,13 @@ def plot_curves(
         x = [p[0] for p in r["curve"]]
         y = [p[at] if p[at] is not None and p[at] <= CEILING else math.nan for p in r["curve"]]
         colour, ls = r.get("line", (i % 10, "-" if i < 10 else "--"))
-        ax.plot(x, y, color=f"C{colour % 10}", ls=ls,
-                label=r["method"] + ("" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"))  # fmt: skip
+        label = r.get("label") or r["method"] + (
+            "" if r["kind"] != "federated" else f" (C {_c(r['fraction'])})"
+        )
+        ax.plot(x, y, color=f"C{colour % 10}", ls=ls, label=label)
     ax.set_yscale("log")
+    if top is not None:
+        ax.set_ylim(top=top)
     ax.set_xlabel(xlabel)
     measure = "validation" if split == "val" else "test"
     ax.set_ylabel(("column " if curve == "col_curve" else "") + f"{measure} perplexity (log scale)")

@@ -266,6 +266,11 @@ def test_the_cohort_figure_sets_fedavg_and_the_centralized_model_at_as_many_phon
     assert sorted(r["id"] for r in curves) == sorted(
         s.id for s in (specs["FedAvg", 0.1], specs["FedAvg", 0.05], smaller, central))  # fmt: skip
     last = {r["id"]: r["curve"][-1][0] for r in curves}  # _result's curve: rounds 0 and 1
+    # the legend names a run by its phones a round and rounds: C 0.05's two rows differ
+    labels = {r["id"]: r["label"] for r in curves}
+    assert labels[specs["FedAvg", 0.1].id] == "FedAvg, 100 a round x 50 rounds"
+    assert labels[smaller.id] == "FedAvg, 50 a round x 100 rounds"
+    assert labels[central.id] == "centralized, 5 epochs" and len(set(labels.values())) == 4
     assert last[specs["FedAvg", 0.1].id] == 100 and last[smaller.id] == 50
     assert last[central.id] == 1000  # an epoch: every phone once
     fedavg = next(r for r in curves if r["id"] == runs[0]["id"])
@@ -311,6 +316,7 @@ def test_a_smaller_cohort_runs_again_with_its_lr_decayed_beside_a_centralized_mo
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
     assert row[3] == f"{fed.method}, 20 a round" and (row[8], row[9]) == ("95.00", "85.00")
     assert {r[1] for r in real_rows(runs)} >= {fed.method, central.method}
-    assert {r["id"] for r in real_curves(runs)["ubuntu-irc"]} == {
-        s.id for s in (plain, fed, base, central)
-    }
+    curves = {r["id"]: r["label"] for r in real_curves(runs)["ubuntu-irc"]}
+    assert curves.keys() == {s.id for s in (plain, fed, base, central)}
+    assert [curves[s.id].endswith(", lr decayed") for s in (plain, fed, base, central)] == [
+        False, True, False, True]  # fmt: skip
