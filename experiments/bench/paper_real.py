@@ -234,13 +234,8 @@ def _cohorts_note() -> str:
                 f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round "
                 f"for as many more rounds (as many examples as at C {fraction:g})"
             )
-        if cs := REAL_DECAYED.get(task.dataset):
-            sizes = " and ".join(f"{round(task.clients * c):,}" for c in cs)
-            parts.append(
-                f"at {sizes} a round it trains again with its lr decayed to {LR_FLOOR:g}x by its "
-                "last round (marked lr decayed), beside the centralized model with its lr "
-                f"falling to {LR_FLOOR:g}x over its epochs, stepped per epoch"
-            )
+        if task.dataset in REAL_DECAYED:
+            parts.append(_decayed_note(task))
     if not parts:
         return ""
     return (
@@ -248,6 +243,15 @@ def _cohorts_note() -> str:
         + ": how the cohort's size moves it. results.md sums up the runs at the task's C or "
         "with as many examples (not the others, nor AdaFL's, whose C rises from 0.1 to 0.5)."
     )
+
+
+def _decayed_note(task) -> str:
+    """What a task's rows with the lr decayed (REAL_DECAYED) are."""
+    sizes = " and ".join(f"{round(task.clients * c):,}" for c in REAL_DECAYED[task.dataset])
+    fedavg = f", and its FedAvg at {sizes} a round to {LR_FLOOR:g}x by its last round"
+    return (f"{NAMES[task.dataset]}'s centralized model trains again with its lr falling "
+            f"{1 / LR_FLOOR:g}-fold over its epochs (stepped per epoch){fedavg if sizes else ''} "
+            "(marked lr decayed)")  # fmt: skip
 
 
 #: The x axis of the real suite's figures.

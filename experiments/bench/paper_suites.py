@@ -504,8 +504,9 @@ def real_suite(preset: Preset, results: list[dict] | None = None) -> list[RunSpe
         runs += [replace(fedavg, fraction=c) for c in REAL_COHORTS.get(t.dataset, ())]
         runs += [_smaller_cohort(preset, fedavg, c) for c in REAL_SMALLER.get(t.dataset, ())]
         mine = [s for s in runs if s.dataset == t.dataset and s.fraction == fraction]
-        if cs := REAL_DECAYED.get(t.dataset, ()):
+        if t.dataset in REAL_DECAYED:
             central = next(s for s in mine if s.kind == "central")
+            cs = REAL_DECAYED[t.dataset]
             runs += _decayed(preset, central, [_smaller_cohort(preset, fedavg, c) for c in cs])
         runs += _real_steps_lower(preset, mine, done)
     return runs
@@ -568,14 +569,15 @@ def _smaller_cohort(preset: Preset, spec: RunSpec, fraction: float) -> RunSpec:
     return replace(spec, method=label, fraction=fraction, rounds=rounds)
 
 
-#: Smaller cohorts' FedAvg again with the local lr decayed to LR_FLOOR of itself by the last
-#: round (--lr-decay), and the centralized model with its lr falling by as much per example
-#: seen (LR_FLOOR over its epochs, stepped per epoch), as the decay suite does on PTB. Why: at 20
-#: and 10 phones a round one phone can carry half a round's weight, and at a constant lr 3 the
-#: IRC validation perplexity jumps from round to round (10 a round: 105 at round 368, 137 at
-#: round 378; 20 a round: 116 at round 210, 149 at round 230); a decaying lr ends below that
-#: noise. One schedule, not swept.
-REAL_DECAYED: dict[str, tuple[float, ...]] = {"ubuntu-irc": (0.02,)}
+#: Per task: its centralized model again with its lr falling to LR_FLOOR over its epochs
+#: (--lr-decay, stepped per epoch), and the FedAvg of these smaller cohorts with the local lr
+#: falling to LR_FLOOR by the last round, as the decay suite does on PTB. Why: at 20 and 10
+#: phones a round one phone can carry half a round's weight, and at a constant lr 3 the IRC
+#: validation perplexity jumps from round to round (10 a round: 105 at round 368, 137 at round
+#: 378); a decaying lr ends below that noise. It did not for FedAvg (IRC at 20 a round: 116.72
+#: against 109.61 at a constant lr: it moves less), and it did for the centralized model (78.60
+#: against 89.50), which the target is held against: so NUS SMS's too. One schedule, not swept.
+REAL_DECAYED: dict[str, tuple[float, ...]] = {"nus-sms": (), "ubuntu-irc": (0.02,)}
 LR_FLOOR = 0.1
 
 

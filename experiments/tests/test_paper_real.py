@@ -290,7 +290,10 @@ def test_a_smaller_cohort_runs_again_with_its_lr_decayed_beside_a_centralized_mo
     specs = [s for s in real_suite(CPU, results) if s.dataset == "ubuntu-irc"]
     decayed = [s for s in specs if "--lr-decay" in s.args]
     fed, central = sorted(decayed, key=lambda s: s.kind != "federated")
-    assert [s.dataset for s in real_suite(CPU) if "--lr-decay" in s.args] == ["ubuntu-irc"] * 2
+    # NUS SMS's centralized model decays too (no FedAvg of its: at 20 a round it moved less)
+    everywhere = [(s.dataset, s.kind) for s in real_suite(CPU) if "--lr-decay" in s.args]
+    assert sorted(everywhere) == [("nus-sms", "central"), ("ubuntu-irc", "central"),
+                                  ("ubuntu-irc", "federated")]  # fmt: skip
     plain = next(s for s in specs if s.fraction == REAL_DECAYED["ubuntu-irc"][0]
                  and s.rounds and "--lr-decay" not in s.args)  # fmt: skip
     assert (fed.fraction, fed.rounds, fed.lr) == (plain.fraction, plain.rounds, plain.lr)
