@@ -250,8 +250,8 @@ def _decayed_note(task) -> str:
     sizes = " and ".join(f"{round(task.clients * c):,}" for c in REAL_DECAYED[task.dataset])
     fedavg = f", and its FedAvg at {sizes} a round to {LR_FLOOR:g}x by its last round"
     return (f"{NAMES[task.dataset]}'s centralized model trains again with its lr falling "
-            f"{1 / LR_FLOOR:g}-fold over its epochs (stepped per epoch){fedavg if sizes else ''} "
-            "(marked lr decayed)")  # fmt: skip
+            f"{1 / LR_FLOOR:g}-fold over its epochs (stepped per epoch)"
+            f"{fedavg if sizes else ''} (marked lr decayed)")  # fmt: skip
 
 
 #: The x axis of the real suite's figures.
