@@ -433,7 +433,7 @@ class StackedTrainer:
     """The `stacked` training backend (device_sim.backends.TrainingBackend): a round's tasks
     trained together in this process on one device (their own device field). Tasks that share a
     model, a training config and a device are stacked together, in stacks of at most `phones`
-    (default: on a GPU the whole group, on the CPU as many as STACK_BYTES of weights, momentum
+    (default: on a GPU at most GPU_PHONES, on the CPU as many as STACK_BYTES of weights, momentum
     and gradients hold, at most CPU_PHONES), longest plan first: a stack's phones have about as
     many batches as each other, so few of its steps train only some of them. Each stack's
     results are yielded as it ends, so a large cohort never holds more than one stack's weights
@@ -451,6 +451,11 @@ class StackedTrainer:
     #: (IRC, 100 phones, bf16, one thread: 8 phones a stack 10.7 phones a CPU-second, 32: 8.6).
     STACK_BYTES = 512 << 20
     CPU_PHONES = 64
+    #: The GPU's default stack: a stack of 100 phones of the 300-unit model on the Ubuntu IRC
+    #: population (C 0.1) held about 35 GB of an H100 with its captured steps, so a whole round
+    #: of 1,000 (C 1) in one stack would not fit even an H200; 100 phones already run about as
+    #: fast a phone as a larger stack (a round of 50 took twice a round of 10 on an H200).
+    GPU_PHONES = 100
 
     def __init__(self, static: bool | None = None, phones: int | None = None) -> None:
         self._lock = threading.Lock()  # one stack at a time (torch's global seed)
@@ -475,7 +480,7 @@ class StackedTrainer:
         if self.phones is not None:
             return max(1, min(self.phones, tasks))
         if resolve_device(t.device).type == "cuda":
-            return tasks
+            return min(self.GPU_PHONES, tasks)
         params = sum(math.prod(shape) for shape, _ in expected_shapes(t.model_config).values())
         fits = self.STACK_BYTES // (6 * 4 * params)
         return max(1, min(fits, self.CPU_PHONES, tasks))

@@ -72,6 +72,21 @@ def test_each_phone_gets_the_update_train_local_gives_it(cell, layers, tied, sta
         assert got.train_loss == pytest.approx(want.train_loss, rel=1e-6)
 
 
+def test_a_gpu_round_of_a_thousand_phones_is_cut_into_stacks_that_fit(monkeypatch):
+    """On a GPU a round is stacked whole only up to GPU_PHONES: at C 1 on the IRC population
+    (1,000 phones) one stack would outgrow the GPU's memory. A smaller round stays one stack,
+    and an explicit `phones` still wins."""
+    import device_sim.stacked as stacked
+
+    monkeypatch.setattr(stacked, "resolve_device", lambda d: torch.device("cuda"))
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=16, hidden_size=16)
+    task = LocalTask("p0", SEQS[:5], 0, cfg, TrainConfig(), device="cuda")
+    gpu = StackedTrainer.GPU_PHONES
+    assert StackedTrainer().stack_size(task, 1000) == gpu < 1000
+    assert StackedTrainer().stack_size(task, 50) == min(50, gpu)
+    assert StackedTrainer(phones=300).stack_size(task, 1000) == 300
+
+
 def test_a_cohort_in_several_stacks_gets_train_locals_updates_within_the_tolerance():
     """A CPU cohort cut into stacks of 2 (StackedTrainer's `phones`), shards from 1 sentence to
     30: each phone's weights within 1e-6 of train_local's (fp32, no dropout: the docstring's
