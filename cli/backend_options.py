@@ -20,7 +20,8 @@ BACKEND = {
             help=f"Where the phones train: {', '.join(BACKENDS)}. local: this machine's "
             "processes (--workers); ray: long-lived trainer actors on a Ray cluster (--ray-*); "
             "stacked (simulate only): a round's phones trained together as stacked models in "
-            "this process, on a GPU or the CPU (--device; on the CPU in stacks of a few phones, "
+            "this process, on a GPU or the CPU (--device; in stacks of up to 100 phones on a GPU, "
+            "of a few on the CPU, "
             "one thread: 1.5-1.8x the phones a second of one --backend local process with a "
             "96-unit model). "
             "Same seed, same weights (stacked: within 1e-6 in fp32, other dropout masks).",
