@@ -20,10 +20,10 @@ from bench.paper_spec import command_flag
 from bench.paper_suites import (
     LR_FLOOR,
     REAL,
+    REAL_AS_MANY,
     REAL_COHORTS,
     REAL_DECAYED,
     REAL_GROUP,
-    REAL_SMALLER,
     STEP_LOWER_GROUP,
     SWEPT_GROUP,
     planned_rates,
@@ -66,12 +66,12 @@ def _lr(run: dict, note: str) -> str:
     return out + note
 
 
-def _rounds(run: dict, preset_rounds: int) -> str:
+def _rounds(run: dict, planned_rounds: int) -> str:
     """Best round / rounds run, and a note where a row ran fewer than its suite plans."""
     if run["kind"] == "ngram":
         return "-"
     text = f"{run['best_round']} / {run['rounds']}"
-    planned = preset_rounds if run["kind"] == "federated" else None
+    planned = planned_rounds if run["kind"] == "federated" else None
     if planned is not None and run["rounds"] < planned:
         text += f" (of {planned} planned)"
     return text
@@ -116,7 +116,7 @@ def real_rows(runs: list[dict], preset: str = "cpu") -> list[list]:
                 continue
             fed = r["kind"] != "ngram"
             rows.append([
-                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, p.rounds), _lr(r, _note(r, s)), _f(r["best_val_ppl"]),
+                _phones(task, fraction if s.kind == "ngram" else s.fraction), r["method"], _rounds(r, s.rounds or p.rounds), _lr(r, _note(r, s)), _f(r["best_val_ppl"]),
                 _f(r["test_ppl"]), _f(r.get("bar_top1"), ".3f"), _f(r.get("bar_top3"), ".3f"),
                 _f(r.get("ksr"), ".3f"),
                 _x(r.get("bar_top1"), ngram.get("bar_top1")) if fed else "-",
@@ -221,18 +221,18 @@ def _cohort(task, c: float | None, usual: float) -> str:
 
 
 def _cohorts_note() -> str:
-    """What the rows at other cohort sizes (REAL_COHORTS, REAL_SMALLER, REAL_DECAYED) are."""
+    """What the rows at other cohort sizes (REAL_COHORTS, REAL_AS_MANY, REAL_DECAYED) are."""
     parts = []
     for task, fraction in REAL:
         if cs := REAL_COHORTS.get(task.dataset):
             sizes = " and ".join(f"{round(task.clients * c):,} (C {c:g})" for c in cs)
             parts.append(f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round, "
                           f"at the same lr and rounds as at C {fraction:g}")  # fmt: skip
-        if cs := REAL_SMALLER.get(task.dataset):
+        if cs := REAL_AS_MANY.get(task.dataset):
             sizes = " and ".join(f"{round(task.clients * c):,}" for c in cs)
             parts.append(
                 f"{NAMES[task.dataset]}'s FedAvg also trains {sizes} phones a round "
-                f"for as many more rounds (as many examples as at C {fraction:g})"
+                f"for as many fewer or more rounds (as many examples as at C {fraction:g})"
             )
         if task.dataset in REAL_DECAYED:
             parts.append(_decayed_note(task))

@@ -20,10 +20,10 @@ from bench.paper_report import markdown
 from bench.paper_spec import RunSpec
 from bench.paper_suites import (
     REAL,
+    REAL_AS_MANY,
     REAL_COHORTS,
     REAL_DECAYED,
     REAL_GROUP,
-    REAL_SMALLER,
     STEP_LOWER_GROUP,
     SWEPT_GROUP,
     real_suite,
@@ -56,13 +56,13 @@ def test_the_real_suite_runs_every_method_on_each_corpus_by_sender():
         cohorts = sorted(s.fraction for s in mine
                          if s.fraction not in (None, fraction) and s.rounds is None)  # fmt: skip
         assert cohorts == sorted(REAL_COHORTS.get(task.dataset, ()))
-        # smaller cohorts for as many more rounds: as many phones trained in all as at C
-        smaller = {
+        # other cohorts for as many fewer or more rounds: as many phones trained in all as at C
+        as_many = {
             s.fraction: s for s in mine if s.rounds is not None and "--lr-decay" not in s.args
         }
-        assert sorted(smaller) == sorted(REAL_SMALLER[task.dataset])
+        assert sorted(as_many) == sorted(REAL_AS_MANY[task.dataset])
         fedavg = next(s for s in mine if s.method == "FedAvg")
-        for c, s in smaller.items():
+        for c, s in as_many.items():
             assert round(s.rounds * c, 9) == round(CPU.rounds * fraction, 9)
             assert (s.args, s.lr) == (fedavg.args, fedavg.lr) and f"--rounds {s.rounds}" in (
                 shlex.join(command(s, CPU, Path("/data"), Path("/r"))))  # fmt: skip
@@ -104,6 +104,10 @@ def test_the_table_holds_both_held_out_sets_against_the_3gram():
     fed = rows[2]
     assert fed[0].startswith("NUS SMS (300 phones, C 0.1: 30 a round)")
     assert fed[2] == "1 / 1 (of 50 planned)"  # fewer rounds than planned: said so
+    # a row planned at fewer rounds than the preset's (1,000 phones for 5 rounds) is not short
+    few = next(s for s in real_suite(CPU) if s.fraction == 1.0 and s.rounds == 5)
+    done = {**_result(few, 500.0, 0.1, 0.1), "rounds": 5, "best_round": 5}
+    assert next(r for r in real_rows([done]) if r[1] == few.method)[2] == "5 / 5"
     assert fed[3] == "lr 3"
     # the bar's top-1, and against the 3-gram's (0.17; 0.13 on senders who never trained)
     assert fed[5] == "130.00" and fed[6] == "0.190" and fed[9] == "1.12x"
@@ -182,8 +186,8 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     # the phones in all) or AdaFL's 110 (up to 5 times the phones a round)
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
     # of as many examples: 7 methods at C 0.1 (AdaFL's C is its own), FedAvg with dropout, at
-    # smaller cohorts, and with the lr decayed
-    n = 8 + len(REAL_SMALLER["ubuntu-irc"]) + len(REAL_DECAYED["ubuntu-irc"])
+    # other cohorts for as many examples, and with the lr decayed
+    n = 8 + len(REAL_AS_MANY["ubuntu-irc"]) + len(REAL_DECAYED["ubuntu-irc"])
     assert row[8] == "140.00" and row[-1] == f"1 of {n}"
     # a smaller cohort for as many more rounds trains as many phones: it is in the summary
     smaller = next(s for s in real_suite(CPU) if s.dataset == "ubuntu-irc" and s.rounds == 100)
@@ -279,7 +283,7 @@ def test_the_cohort_figure_sets_fedavg_and_the_centralized_model_at_as_many_phon
     assert "![curves_cpu_real_x](curves_cpu_real_x.png)" in page
 
 
-def test_a_smaller_cohort_runs_again_with_its_lr_decayed_beside_a_centralized_model_decayed_alike():
+def test_a_as_many_examples_runs_again_with_its_lr_decayed_beside_a_centralized_model_decayed_alike():
     """At 20 phones a round one phone can carry half a round's weight and a constant lr leaves
     the validation perplexity jumping; REAL_DECAYED's FedAvg falls to a tenth of its lr by its
     last round, and the centralized model's lr by as much over its epochs."""
