@@ -260,6 +260,12 @@ PHONES_TRAINED = "phones trained in all (one pass over a phone's text each)"
 REAL_CURVE_TOP = 400.0
 
 
+def real_curve_top(curves: list[dict]) -> float:
+    """A figure's y axis top: REAL_CURVE_TOP, or higher where a run ends above it (IRC's 1,000
+    phones a round for 5 rounds: 566), so that every line in the legend shows its end."""
+    return max([REAL_CURVE_TOP, *(1.2 * r["test_ppl"] for r in curves)])
+
+
 def real_curves(runs: list[dict], preset: str = "cpu") -> dict[str, list[dict]]:
     """Per REAL task (its dataset): FedAvg at every cohort size and the centralized model (no
     dropout, no step lower), each with its curve's rounds as the phones trained so far (a

@@ -31,8 +31,8 @@ from bench.attopt_step import plot_steps, step_section
 from bench.paper import superseded
 from bench.paper_real import (
     PHONES_TRAINED,
-    REAL_CURVE_TOP,
     REAL_PAGE,
+    real_curve_top,
     real_curves,
     real_markdown,
     real_section,
@@ -577,7 +577,7 @@ def draw(runs: list[dict], out: Path) -> dict[str, Path]:
             title = f"{_name(ds)}: FedAvg by cohort, and the centralized model ({name})"
             plots[f"real:{name}:{ds}"] = plot_curves(
                 sel, out, f"curves_{name}_real_{ds}.png", title, xlabel=PHONES_TRAINED,
-                top=REAL_CURVE_TOP,
+                top=real_curve_top(sel),
             )  # fmt: skip
     plots["step"] = plot_steps(runs, out, "attopt_step.png")
     for ds in DATASET_NAMES:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from bench.paper import command, summarize
 from bench.paper_real import (
+    REAL_CURVE_TOP,
     REAL_PAGE,
+    real_curve_top,
     real_curves,
     real_markdown,
     real_rows,
@@ -279,11 +281,14 @@ def test_the_cohort_figure_sets_fedavg_and_the_centralized_model_at_as_many_phon
     assert last[central.id] == 1000  # an epoch: every phone once
     fedavg = next(r for r in curves if r["id"] == runs[0]["id"])
     assert [p[1:] for p in fedavg["curve"]] == [p[1:] for p in runs[0]["curve"]]  # the same ppl
+    # the axis stops at REAL_CURVE_TOP, or shows the end of a run that ends above it
+    assert real_curve_top(curves) == REAL_CURVE_TOP
+    assert real_curve_top([*curves, {**curves[0], "test_ppl": 600.0}]) == 720.0
     page = real_markdown(runs, plots={"real:cpu:ubuntu-irc": Path("/o/curves_cpu_real_x.png")})
     assert "![curves_cpu_real_x](curves_cpu_real_x.png)" in page
 
 
-def test_a_as_many_examples_runs_again_with_its_lr_decayed_beside_a_centralized_model_decayed_alike():
+def test_a_smaller_cohort_runs_again_with_its_lr_decayed_beside_a_centralized_model_decayed_alike():
     """At 20 phones a round one phone can carry half a round's weight and a constant lr leaves
     the validation perplexity jumping; REAL_DECAYED's FedAvg falls to a tenth of its lr by its
     last round, and the centralized model's lr by as much over its epochs."""
