@@ -191,7 +191,7 @@ def test_the_other_cohort_sizes_have_rows_of_their_own_out_of_the_summary():
     # other cohorts for as many examples, and with the lr decayed
     n = 8 + len(REAL_AS_MANY["ubuntu-irc"]) + len(REAL_DECAYED["ubuntu-irc"])
     assert row[8] == "140.00" and row[-1] == f"1 of {n}"
-    # a smaller cohort for as many more rounds trains as many phones: it is in the summary
+    # a smaller cohort for as many more rounds trains as many phones: it is in the summary too
     smaller = next(s for s in real_suite(CPU) if s.dataset == "ubuntu-irc" and s.rounds == 100)
     runs.append(_result(smaller, 130.0, 0.19, 0.15))
     row = next(r for r in real_summary(runs) if r[0].startswith("Ubuntu IRC"))
