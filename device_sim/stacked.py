@@ -453,8 +453,9 @@ class StackedTrainer:
     CPU_PHONES = 64
     #: The GPU's default stack: a stack of 100 phones of the 300-unit model on the Ubuntu IRC
     #: population (C 0.1) held about 35 GB of an H100 with its captured steps, so a whole round
-    #: of 1,000 (C 1) in one stack would not fit even an H200; 100 phones already run about as
-    #: fast a phone as a larger stack (a round of 50 took twice a round of 10 on an H200).
+    #: of 1,000 (C 1) in one stack would not fit even an H200. Stacks beyond 100 were not
+    #: measured; a stack's launches are shared (a round of 50 took twice a round of 10 on an
+    #: H200, not five times), so 100 phones already share them widely.
     GPU_PHONES = 100
 
     def __init__(self, static: bool | None = None, phones: int | None = None) -> None:
