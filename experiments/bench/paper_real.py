@@ -261,9 +261,11 @@ REAL_CURVE_TOP = 400.0
 
 
 def real_curve_top(curves: list[dict]) -> float:
-    """A figure's y axis top: REAL_CURVE_TOP, or higher where a run ends above it (IRC's 1,000
-    phones a round for 5 rounds: 566), so that every line in the legend shows its end."""
-    return max([REAL_CURVE_TOP, *(1.2 * r["test_ppl"] for r in curves)])
+    """A figure's y axis top: REAL_CURVE_TOP, or higher where a run's line (its curve's test
+    perplexity) ends above it (IRC's 1,000 phones a round for 5 rounds: 566), so that every
+    line in the legend shows its end."""
+    ends = [r["curve"][-1][2] for r in curves if r["curve"]]
+    return max([REAL_CURVE_TOP, *(1.2 * e for e in ends if e is not None)])
 
 
 def real_curves(runs: list[dict], preset: str = "cpu") -> dict[str, list[dict]]:
