@@ -2,7 +2,7 @@
 text people typed, measured as production measures it; its summary leads results.md, every row
 is on real-typing.md beside it.
 
-One row per run of the real suite (bench.paper_suites.real_suite): NUS SMS and the Ubuntu IRC
+One row per run of the real suite (bench.real_suite): NUS SMS and the Ubuntu IRC
 population, one phone per sender; perplexity, top-1, top-3 (as the suggestion bar ranks) and
 keystroke savings on the phones' own later messages (the test split of the senders who have a
 phone) and on the messages of held-out senders who never trained (the unseen_* fields), each of
@@ -17,7 +17,10 @@ import math
 from pathlib import Path
 
 from bench.paper_spec import command_flag
-from bench.paper_suites import (
+from bench.paper_sweep import REAL_EVAL
+from bench.paper_tables import NAMES, Begun, _f, _key, _where, _x
+from bench.presets import PRESETS
+from bench.real_suite import (
     LR_FLOOR,
     REAL,
     REAL_AS_MANY,
@@ -29,9 +32,6 @@ from bench.paper_suites import (
     planned_rates,
     real_suite,
 )
-from bench.paper_sweep import REAL_EVAL
-from bench.paper_tables import NAMES, Begun, _f, _key, _where, _x
-from bench.presets import PRESETS
 from bench.report import markdown_table
 
 #: The target of issue 51: top-1 at least this many times the 3-gram's.

@@ -10,11 +10,10 @@ from typer.testing import CliRunner
 
 from bench.cli import app as bench_app
 from bench.paper import LATE, Bench, command, run_bench, select
+from bench.paper_steps import CONFIRMED, lower_lr
 from bench.paper_suites import (
     BOUNDED_FEDATT,
     CAPPED_FEDATTOPT,
-    CONFIRMED,
-    lower_lr,
     next_lr,
     planned,
     suite_runs,

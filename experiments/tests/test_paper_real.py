@@ -20,7 +20,9 @@ from bench.paper_real import (
 )
 from bench.paper_report import markdown
 from bench.paper_spec import RunSpec
-from bench.paper_suites import (
+from bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
+from bench.presets import PRESETS
+from bench.real_suite import (
     REAL,
     REAL_AS_MANY,
     REAL_COHORTS,
@@ -30,8 +32,6 @@ from bench.paper_suites import (
     SWEPT_GROUP,
     real_suite,
 )
-from bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
-from bench.presets import PRESETS
 
 CPU = PRESETS["cpu"]
 
