@@ -26,7 +26,7 @@ Real typing (preset `cpu`, issue 51 item 4):
   real    keyboard quality on text people typed, as production measures it: NUS SMS and the
           Ubuntu IRC population, one phone per sender, scored on the phones' own later messages
           and on held-out senders who never trained (bench.real_suite); the IRC population's
-          FedAvg at 50 and 1,000 phones a round too (REAL_COHORTS); FedAvg at other cohorts
+          FedAvg at 50 phones a round too (REAL_COHORTS); FedAvg at other cohorts
           for as many examples (REAL_AS_MANY), one of them with its lr decayed beside a
           centralized model decayed alike (REAL_DECAYED); the rows whose rates the sweep
           chose on the corpus again one grid step lower, as the confirm suite checks.
