@@ -15,12 +15,13 @@ from bench.paper_sweep import KNOBS, MAX_EXTENSIONS, Knob, _score, grid_step, ha
 from bench.presets import Preset
 
 #: The methods whose chosen rate is checked lower, and that rate: a sweep run lasts a fifth of a
-#: rank run, so it ranks lrs by early progress, which favours the larger (63 of the cpu sweep's 123 runs were still improving at their end;
-#: PTB's FedAdam choice led FedAvgM's at round 10, 264 to 364, and ended 19% above it; one step
-#: lower, 4% below). Not larger: the one such run by hand lost (FedAvgM at server lr 3: test 324
-#: against 142). The server lr for FedAvgM and FedAdam, at the client lr chosen with it. Not
-#: FedAtt's step (a smaller one moves the model less of FedAvg's way), nor FedAttOpt's: its reach
-#: goes as 1 / d^2 of the update norm d, which falls ~8x in a run (bench.attopt_step).
+#: rank run, so it ranks lrs by early progress, which favours the larger (63 of the cpu sweep's 123
+#: runs were still improving at their end; PTB's FedAdam choice led FedAvgM's at round 10, 264 to
+#: 364, and ended 19% above it; one step lower, 4% below). Not larger: the one such run by hand
+#: lost (FedAvgM at server lr 3: test 324 against 142). The server lr for FedAvgM and FedAdam, at
+#: the client lr chosen with it. Not FedAtt's step (a smaller one moves the model less of FedAvg's
+#: way), nor FedAttOpt's: its reach goes as 1 / d^2 of the update norm d, which falls ~8x in a run
+#: (bench.attopt_step).
 CONFIRMED = {"FedAvg": "client_lr", "FedAvgM": "momentum_server_lr", "FedAdam": "adam_server_lr"}
 
 
