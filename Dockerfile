@@ -21,6 +21,11 @@ RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))
 COPY . .
 RUN pip install --no-deps -e .
 
+# The services run as an unprivileged user, who owns the run directory (a named volume takes the
+# ownership of /data from the image when it is first created) and nothing else of the image.
+RUN useradd --create-home --uid 10001 fedkey && mkdir -p /data && chown fedkey:fedkey /data
+USER fedkey
+
 # The run directory: database, checkpoints, metrics, exports.
 VOLUME ["/data"]
 EXPOSE 8000 8080

@@ -78,6 +78,14 @@ def keyboard(
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
+    operator_token: str | None = typer.Option(
+        None,
+        "--operator-token",
+        envvar="FEDKEY_OPERATOR_TOKEN",
+        show_default=False,
+        help="With --events: the federation server's operator token, when it was started with "
+        "one (better set in the environment, FEDKEY_OPERATOR_TOKEN, than on the command line).",
+    ),
 ) -> None:
     """Serve the web keyboard: next-word suggestions from an ONNX model (onnxruntime, no torch)."""
     from keyboard_web.app import serve as serve_keyboard
@@ -86,7 +94,14 @@ def keyboard(
         raise typer.BadParameter("give --model or --watch", param_hint="--model")
     check_can_listen(host, port)
     typer.echo(f"keyboard on http://{host}:{port}/")
-    serve_keyboard(model, host=host, port=port, watch_dir=watch, events_url=events)
+    serve_keyboard(
+        model,
+        host=host,
+        port=port,
+        watch_dir=watch,
+        events_url=events,
+        events_token=operator_token,
+    )
 
 
 def info(

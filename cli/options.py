@@ -494,6 +494,19 @@ FEDERATION = {
             help="DP: stop before epsilon would pass this budget.",
         ),
     ),
+    "dp_secret": (
+        str | None,
+        opt(
+            "dp_secret",
+            "--dp-secret",
+            default=None,
+            help="DP: a passphrase the noise and the sampled cohorts are drawn from, for research "
+            "runs that must be reproducible (their rows say noise_reproducible: true; whoever "
+            "knows it can remove the noise). Default: 256 bits from the operating system, kept in "
+            "RUN_DIR/secret.key (0600).",
+            show_default=False,
+        ),
+    ),
 }
 PHONES = {
     "partition": (

@@ -38,8 +38,10 @@ import math
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -377,11 +379,14 @@ def export_checkpoint(
     int8: bool = False,
     parity_text: list[str] | None = None,
     opset: int = 17,
+    metrics: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> ExportReport:
     """Export `checkpoint` to `out` (.onnx) and `<out stem>.json`; see the module docstring.
 
     `parity_text`: held-out sentences for the perplexity (fp32, and int8 with `int8`) and the
-    int8-vs-fp32 top-1 agreement; without it those report fields are None.
+    int8-vs-fp32 top-1 agreement; without it those report fields are None. `metrics`, when
+    given, maps the checkpoint's metrics row to the row the export may publish (the server's:
+    server.metrics_row.public_row).
     Raises ExportParityError (and writes nothing) if onnxruntime disagrees with PyTorch.
     """
     start = time.perf_counter()
@@ -390,6 +395,8 @@ def export_checkpoint(
         raise ValueError(f"the output should end in .onnx, got {out}")
     json_path = metadata_path(out)
     model, tokenizer, meta = load_checkpoint(checkpoint)
+    if metrics is not None and "metrics" in meta:
+        meta["metrics"] = metrics(meta["metrics"])
     model.eval()
     config = model.config
 

@@ -86,15 +86,22 @@ def create_app(
     watch_dir: str | Path | None = None,
     events_url: str | None = None,
     poll_seconds: float = POLL_SECONDS,
+    events_token: str | None = None,
 ) -> FastAPI:
     """The keyboard app for the export `model_path` (defaults to `<watch_dir>/model.onnx`).
 
     `watch_dir`: hot-reload newer exports written there (model.onnx, then model.json).
-    `events_url`: the federation server's base URL (http://host:port): its WS /v1/events is
-    relayed to the pages and its GET /v1/metrics proxied at /api/metrics.
+    `events_url`: the federation server's base URL (http://host:port): what its WS /v1/events
+    and GET /v1/metrics publish is passed to the pages, as far as the panel shows it
+    (keyboard_web.upstream). `events_token`: that server's operator token, when it asks for one.
     """
     keyboard = Keyboard.build(
-        model_path, watch_dir, events_url, poll_seconds=poll_seconds, ort_dist=ORT_DIST
+        model_path,
+        watch_dir,
+        events_url,
+        poll_seconds=poll_seconds,
+        ort_dist=ORT_DIST,
+        events_token=events_token,
     )
     app = FastAPI(
         title="fedkey keyboard",
@@ -119,16 +126,20 @@ def serve(
     port: int = 8080,
     watch_dir: str | Path | None = None,
     events_url: str | None = None,
+    events_token: str | None = None,
 ) -> None:
     """Run the keyboard with uvicorn (blocks until stopped)."""
     import uvicorn
 
-    app = create_app(model_path, watch_dir=watch_dir, events_url=events_url)
+    app = create_app(
+        model_path, watch_dir=watch_dir, events_url=events_url, events_token=events_token
+    )
     uvicorn.run(app, host=host, port=port, log_level=os.environ.get("FEDKEY_LOG_LEVEL", "info"))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m keyboard_web.app MODEL.onnx [--host H] [--port P] [--watch DIR] [--events URL]"""
+    """python -m keyboard_web.app MODEL.onnx [--host H] [--port P] [--watch DIR] [--events URL]
+    (the federation server's operator token, if it asks for one: FEDKEY_OPERATOR_TOKEN)"""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m keyboard_web.app", description=main.__doc__)
@@ -138,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--watch", help="directory to hot-reload newer exports from")
     p.add_argument("--events", help="federation server base URL, e.g. http://127.0.0.1:8000")
     a = p.parse_args(argv)
-    serve(a.model, a.host, a.port, a.watch, a.events)
+    serve(a.model, a.host, a.port, a.watch, a.events, os.environ.get("FEDKEY_OPERATOR_TOKEN"))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from keyboard_web.service import Keyboard, model_event
+from keyboard_web.upstream import panel_event
 
 log = logging.getLogger("fedkey.keyboard")
 
@@ -47,7 +48,8 @@ async def watch_exports(keyboard: Keyboard) -> None:
 
 
 async def relay_events(keyboard: Keyboard, base: str) -> None:
-    """Relay the federation server's WS /v1/events to the pages, reconnecting with backoff."""
+    """Relay the federation server's WS /v1/events to the pages (what keyboard_web.upstream's
+    PANEL_EVENTS allows of them), reconnecting with backoff."""
     from websockets.asyncio.client import connect
 
     upstream, hub = keyboard.upstream, keyboard.hub
@@ -55,14 +57,17 @@ async def relay_events(keyboard: Keyboard, base: str) -> None:
     backoff = 0.5
     while True:
         try:
-            async with connect(url, open_timeout=5, max_size=2**20) as ws:
+            headers = upstream.headers()
+            async with connect(
+                url, open_timeout=5, max_size=2**20, additional_headers=headers
+            ) as ws:
                 upstream.connected, upstream.error = True, None
                 hub.publish_event("upstream", connected=True, url=base)
                 backoff = 0.5
                 async for msg in ws:
-                    if isinstance(msg, bytes):
-                        msg = msg.decode("utf-8", "replace")
-                    hub.publish(msg)
+                    shown = panel_event(msg)  # the page's allow-list (keyboard_web.upstream)
+                    if shown is not None:
+                        hub.publish(shown)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # refused, closed, timed out: try again later

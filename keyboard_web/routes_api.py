@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from keyboard_web.deps import KeyboardDep
 from keyboard_web.schemas import ErrorBody, Info, Metrics
-from keyboard_web.service import FederationUnreachable, federation_metrics
+from keyboard_web.upstream import FederationUnreachable
 
 router = APIRouter(tags=["panel"])
 
@@ -30,11 +30,10 @@ async def info(keyboard: KeyboardDep):
 async def metrics(keyboard: KeyboardDep):
     """The federation server's GET /v1/metrics rows (with events_url), else the rounds this
     process has served."""
-    base = keyboard.upstream.url
-    if not base:
+    if not keyboard.upstream.url:
         return {"rounds": keyboard.holder.served_rounds(), "source": "served"}
     try:
-        body = await federation_metrics(base)
+        rounds = await keyboard.upstream.rounds()
     except FederationUnreachable as e:
         return JSONResponse({"detail": str(e)}, status_code=502)
-    return {"rounds": body.get("rounds", []), "source": "federation"}
+    return {"rounds": rounds, "source": "federation"}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from keyboard_web.suggest import Suggester
+from keyboard_web.upstream import Upstream
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
@@ -149,33 +150,6 @@ class ModelHolder:
 
 
 @dataclass
-class Upstream:
-    """The federation server whose events are relayed (`url`: its base URL, None for none)."""
-
-    url: str | None
-    connected: bool = False
-    error: str | None = None
-
-
-class FederationUnreachable(Exception):
-    """The federation server's GET /v1/metrics did not answer (or not with JSON)."""
-
-
-async def federation_metrics(base: str) -> Any:
-    """The federation server's GET /v1/metrics body (FederationUnreachable if it does not
-    answer)."""
-    import httpx
-
-    try:
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            r = await client.get(base + "/v1/metrics")
-            r.raise_for_status()
-            return r.json()
-    except (httpx.HTTPError, ValueError) as e:
-        raise FederationUnreachable(f"the federation server at {base} did not answer: {e}") from e
-
-
-@dataclass
 class Keyboard:
     """Everything a keyboard app serves from: its model, its events, its relay, its settings."""
 
@@ -194,8 +168,10 @@ class Keyboard:
         events_url: str | None = None,
         poll_seconds: float = POLL_SECONDS,
         ort_dist: Path = ORT_DIST,
+        events_token: str | None = None,
     ) -> Keyboard:
-        """The keyboard for the export `model_path` (defaults to `<watch_dir>/model.onnx`)."""
+        """The keyboard for the export `model_path` (defaults to `<watch_dir>/model.onnx`);
+        `events_token`: the federation server's operator token, when it asks for one."""
         watch = Path(watch_dir) if watch_dir is not None else None
         if model_path is None:
             if watch is None:
@@ -203,7 +179,7 @@ class Keyboard:
             model_path = watch / "model.onnx"
         return cls(
             holder=ModelHolder(Path(model_path), watch),
-            upstream=Upstream(events_url.rstrip("/") if events_url else None),
+            upstream=Upstream(events_url.rstrip("/") if events_url else None, events_token),
             watch_dir=watch,
             ort_dist=ort_dist,
             poll_seconds=poll_seconds,

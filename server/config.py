@@ -174,6 +174,9 @@ class PrivacyConfig:
     clip_quantile: float | None = None
     clip_lr: float = DEFAULT_CLIP_LR  # eta_C: C <- C exp(-eta_C (noised fraction - quantile))
     clip_count_stddev: float | None = None  # sigma_b; None: the expected cohort / 20
+    # The noise's secret (server.dp_secret): None, 256 bits from the operating system kept in the
+    # run directory; a passphrase makes the noise reproducible by whoever knows it
+    secret: str | None = field(default=None, repr=False)
 
     @property
     def dp(self) -> bool:

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from sqlalchemy import select
 
+from common.files import atomic_write
 from corpora.dataset import server_data
 from models.exposure import ExposureProbe
 from server import recovery
@@ -59,7 +60,7 @@ from server.driver import RoundDriver
 from server.engine import Federation
 from server.events import EventBus
 from server.global_model import GlobalModel
-from server.metrics_row import PHONE_EVENT_KEYS, public_row
+from server.metrics_row import DP_EVENTS, public_row
 from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
@@ -70,6 +71,8 @@ from server.validation import ValidationError
 from server.views import LongPolls, RoundViews
 
 log = logging.getLogger("fedkey.server")
+#: Where a server started without FEDKEY_ENROLLMENT_SECRET writes the one it generated (0600).
+ENROLLMENT_SECRET_FILE = "enrollment_secret"
 
 __all__ = ["DEVICE_NAME", "ApiError", "Coordinator", "OpenRound", "Telemetry", "Upload"]
 
@@ -93,9 +96,10 @@ class Coordinator:
         self.settings = settings
         self.telemetry = telemetry or Telemetry()
         self.privacy = settings.privacy_config()
-        # Under DP no published event names a phone (server.metrics_row.public_row's argument).
-        redact = PHONE_EVENT_KEYS if self.privacy.dp else frozenset()
-        self.events = EventBus(settings.event_queue_size, redact=redact)
+        # Under DP the stream publishes an allow-list (server.metrics_row.DP_EVENTS): no phone
+        # named, no free text, nothing scored on the phones' text (public_row's argument).
+        allow = DP_EVENTS if self.privacy.dp else None
+        self.events = EventBus(settings.event_queue_size, allow=allow)
         self.root = Path(settings.storage).resolve()
         self.uploads_dir = self.root / "uploads"
         secret = settings.enrollment_secret
@@ -107,6 +111,8 @@ class Coordinator:
         self.sessions: Any = None  # sqlalchemy sessionmaker
         self.db_writer: BatchWriter | None = None  # group commits of enrollments
         self.parts: Parts | None = None
+        # GET /v1/metrics's rows, with the driver's count of recorded rows they were read at
+        self._rows_cache: tuple[int, list[dict]] | None = None
         self._stopped = asyncio.Event()  # set when a shutdown begins: background tasks end
         self._poke = asyncio.Event()  # wakes the round driver
         self.polls = LongPolls(self._stopped)
@@ -131,10 +137,10 @@ class Coordinator:
         self.root.mkdir(parents=True, exist_ok=True)
         self.sessions = make_sessionmaker(self.settings.db_url)
         db_writer = self.db_writer = BatchWriter(self.sessions)
-        if self.generated_secret:
-            log.warning(
-                "no enrollment secret configured; generated one: %s", self.enrollment_secret
-            )
+        if self.generated_secret:  # to a file only its owner reads, never to the log
+            path = self.root / ENROLLMENT_SECRET_FILE
+            await asyncio.to_thread(atomic_write, path, self.enrollment_secret, mode=0o600)
+            log.warning("no enrollment secret configured; generated one, in %s", path)
         fed, resumed = await self._build_federation()
         parts = self.parts = self._build_parts(fed, resumed, db_writer)
         await asyncio.to_thread(self._aggregator().start)
@@ -349,30 +355,61 @@ class Coordinator:
         return {"status": "ok", "round": driver.shown_round(), "state": driver.state}
 
     def check_operator(self, authorization: str | None) -> None:
-        """GET /metrics's gate: with a metrics token set (FEDKEY_METRICS_TOKEN), 401 without
+        """GET /metrics's gate: with an operator token set (FEDKEY_OPERATOR_TOKEN), 401 without
         `Authorization: Bearer <it>`; without one, open, but 403 under DP: the counters are
         exact counts of what the phones did (uploads refused by reason, loss reports), which no
         epsilon pays for (server.metrics_row.public_info's argument), so only an operator
         holding the token may read them."""
-        token = self.settings.metrics_token
-        if token is None:
-            if self.privacy.dp:
-                raise ApiError(
-                    403,
-                    "under DP the Prometheus counters are exact counts of the phones' doings: "
-                    "start the server with FEDKEY_METRICS_TOKEN set and scrape with "
-                    "'Authorization: Bearer <that token>'",
-                    "forbidden",
-                )
-            return
-        given = bearer_token(authorization, "<FEDKEY_METRICS_TOKEN>").encode()
-        if not hmac.compare_digest(given, token.get_secret_value().encode()):
-            raise ApiError(401, "GET /metrics: not the FEDKEY_METRICS_TOKEN", "unauthorized")
+        if self.settings.operator_token is None and self.privacy.dp:
+            raise ApiError(
+                403,
+                "under DP the Prometheus counters are exact counts of the phones' doings: "
+                "start the server with FEDKEY_OPERATOR_TOKEN set and scrape with "
+                "'Authorization: Bearer <that token>'",
+                "forbidden",
+            )
+        self.check_observer(authorization, "GET /metrics")
 
-    def metrics_rows(self) -> list[dict]:
-        """The metrics rows as published (server.metrics_row.public_row: under DP no phone
-        named), NaN and infinities (a diverged run) as null: JSON has neither, and PostgreSQL
-        stores them so (server.db.finite_json)."""
+    def check_observer(self, authorization: str | None, what: str) -> None:
+        """The gate of what observers read (GET /v1/metrics, WS /v1/events, and GET /metrics):
+        open without an operator token; with one set, 401 unless `authorization` is
+        `Bearer <it>` (`what` names the request in the answer)."""
+        token = self.settings.operator_token
+        if token is None:
+            return
+        given = bearer_token(authorization, "<FEDKEY_OPERATOR_TOKEN>").encode()
+        if not hmac.compare_digest(given, token.get_secret_value().encode()):
+            raise ApiError(401, f"{what}: not the FEDKEY_OPERATOR_TOKEN", "unauthorized")
+
+    def check_model_reader(self, authorization: str | None) -> None:
+        """GET /v1/model's gate: open, or with private_model a device's token or the operator's
+        (401 otherwise)."""
+        if not self.settings.private_model:
+            return
+        token = self.settings.operator_token
+        if token is not None:
+            given = bearer_token(authorization, "<device or operator token>").encode()
+            if hmac.compare_digest(given, token.get_secret_value().encode()):
+                return
+        self.authenticate(authorization)
+
+    async def metrics_rows(self) -> list[dict]:
+        """The metrics rows as published (server.metrics_row.public_row: under DP an
+        allow-list), NaN and infinities (a diverged run) as null: JSON has neither, and
+        PostgreSQL stores them so (server.db.finite_json). Read from the database in a thread
+        once per recorded round, then served from memory: a flood of GET /v1/metrics costs the
+        event loop a list, not a query each."""
+        # The rows change only when the driver records one (on this loop, as this runs).
+        key = self.parts.driver.recorded if self.parts is not None else None
+        cached = self._rows_cache
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
+        rows = await asyncio.to_thread(self._read_rows)
+        if key is not None:
+            self._rows_cache = (key, rows)
+        return rows
+
+    def _read_rows(self) -> list[dict]:
         with self.sessions() as db:
             rows = [m.row for m in db.scalars(select(MetricRow).order_by(MetricRow.round))]
         return [finite_json(public_row(row, self.privacy)) for row in rows]

@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,8 @@ def make_engine(url: str) -> Engine:
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # made here, 0600, so SQLite opens it and its WAL files readable by the owner alone
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     else:  # a restarted database server or an idle-closed connection: reconnect, do not 500
         kwargs["pool_pre_ping"] = True
         kwargs["json_serializer"] = json_strict

@@ -34,8 +34,8 @@ x_s``: FTRL on the noisy prefix sums, as the tree applies it, and with z = 0 bit
 gaussian mechanism's model at zero noise. ``x_t`` streams with the d buffers of C (McMahan, Xu,
 Zhang 2024, Algorithm 3): ``x_t = w_t - sum_j omega_j S_j``, then ``S_j <- theta_j S_j + x_t``
 (:class:`BLTNoise`), so the server holds d copies of the model's floating entries (float64).
-``w_t`` is drawn from a generator seeded by (run seed, t) that only the server knows, so a
-restarted server regenerates the buffers by replaying the draws (:meth:`BLTNoise.state_dict`
+``w_t`` is drawn from the server's secret stream for t (server.dp_secret), so a restarted
+server regenerates the buffers by replaying the draws (:meth:`BLTNoise.state_dict`
 keeps only the rounds' ``Delta_t``).
 
 The participation rule and the accounting
@@ -70,7 +70,7 @@ the run's, then the largest separation <= min(b, n). Any C is private at any b (
 for the run's own b and rounds); the entry only decides how well the noise is shaped. A run
 longer than every entry is refused in one line naming the command that computes more.
 
-What it assumes: what the tree assumes (server.dp_ftrl): the noise's seed is secret, which phones
+What it assumes: what the tree assumes (server.dp_ftrl): the noise's secret is secret, which phones
 are available and drop out does not depend on their data, and the rule above is enforced
 (server.dp_round.RoundPrivacy.cohort) with b fixed for the run.
 """
@@ -90,10 +90,9 @@ import torch
 from torch import Tensor
 
 from server.dp_ftrl import TreeAccountant, count_rho
+from server.dp_secret import RunSecret
 
 StateDict = dict[str, Tensor]
-#: Separates the BLT's generator seeds from every other seed drawn from the run's seed.
-_BLT_TAG = int.from_bytes(b"blt", "big")
 #: How to add an entry to the table (the `blt` optional extra).
 COMPUTE_MORE = ".venv-blt/bin/python tools/blt_params.py --rounds {n} --separations {b}"
 
@@ -224,18 +223,10 @@ def blt_rho(rounds: int, noise_multiplier: float, b: int, blt: BLT) -> float:
 # --------------------------------------------------------------------------- the noise
 
 
-def unit_draw(template: Mapping[str, Tensor], seed: int, t: int) -> StateDict:
-    """``w_t``: N(0, 1) on every floating entry of `template` (float64; drawn in float32 on the
-    CPU as the tree's nodes are), key by key in sorted order."""
-    ss = np.random.SeedSequence([seed, _BLT_TAG, t])
-    gen = torch.Generator().manual_seed(int(ss.generate_state(1)[0]))
-    out: StateDict = {}
-    for key in sorted(template):
-        value = template[key]
-        if torch.is_floating_point(value):
-            draw = torch.randn(value.shape, generator=gen, dtype=torch.float32)
-            out[key] = draw.to(torch.float64)
-    return out
+def unit_draw(template: Mapping[str, Tensor], secret: RunSecret, t: int) -> StateDict:
+    """``w_t``: N(0, 1) on every floating entry of `template` (float64), drawn from the secret's
+    stream for round t (server.dp_secret)."""
+    return secret.key().normal_state(template, "blt", t)
 
 
 class BLTNoise:
@@ -244,13 +235,13 @@ class BLTNoise:
     ``release(template, sensitivity)`` opens round t with its ``Delta_t`` and returns ``z Delta_t
     x_t`` (None with noise multiplier 0), what the engine adds to the round's aggregate. The
     buffers ``S_j`` hold unit-scale sums (z and Delta_t multiply the output only), so they are a
-    function of the seed and t alone: a restored state replays the t draws to rebuild them.
+    function of the secret and t alone: a restored state replays the t draws to rebuild them.
     """
 
-    def __init__(self, seed: int, noise_multiplier: float, blt: BLT | None = None) -> None:
+    def __init__(self, secret: RunSecret, noise_multiplier: float, blt: BLT | None = None) -> None:
         if not noise_multiplier >= 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-        self.seed = int(seed)
+        self.secret = secret
         self.noise_multiplier = float(noise_multiplier)
         self.blt = blt  # fixed with the run's b (server.dp_round)
         self.sensitivities: list[float] = []  # Delta_t of rounds 1..t
@@ -272,7 +263,7 @@ class BLTNoise:
         blt = self._blt()
         theta = torch.tensor(blt.buf_decay, dtype=torch.float64)
         omega = torch.tensor(blt.output_scale, dtype=torch.float64)
-        w = unit_draw(template, self.seed, self._stepped + 1)
+        w = unit_draw(template, self.secret, self._stepped + 1)
         if self._buffers is None:
             self._buffers = {
                 k: torch.zeros((len(theta), *v.shape), dtype=v.dtype) for k, v in w.items()
@@ -305,8 +296,8 @@ class BLTNoise:
 
     def prefix_noise(self, template: Mapping[str, Tensor]) -> StateDict:
         """``n_t = z sum_{s <= t} Delta_s x_s``, the noise in the model after the rounds so far,
-        recomputed from the seed (float64)."""
-        fresh = BLTNoise(self.seed, self.noise_multiplier, self.blt)
+        recomputed from the secret (float64)."""
+        fresh = BLTNoise(self.secret, self.noise_multiplier, self.blt)
         total: StateDict = {}
         for sens in self.sensitivities:
             for key, x in (fresh.release(template, sens) or {}).items():

@@ -28,14 +28,13 @@ form of the paper's DP-FTRLM).
 The tree (Kairouz et al. 2021, Section 4 and Appendix D; Dwork et al. 2010, Chan et al. 2011)
 ---------------------------------------------------------------------------------------------
 Node ``(l, j)`` covers the rounds ``j 2^l + 1 .. (j + 1) 2^l`` and carries ``N(0, sigma_v^2)``
-per coordinate, drawn once from a generator seeded by (run seed, l, j) that only the server
-knows; ``~s_t`` sums the nodes of the dyadic decomposition of ``[1, t]`` (:func:`prefix_nodes`:
+per coordinate, drawn once from the server's secret stream for (l, j) (server.dp_secret); ``~s_t`` sums the nodes of the dyadic decomposition of ``[1, t]`` (:func:`prefix_nodes`:
 one node per set bit of t, at most ``floor(log2 t) + 1``), so ``Var n_t = sum_v sigma_v^2``
 (popcount(t) sigma^2 at a constant sigma). ``sigma_v = z max_{t in v} Delta_t``, where
 ``Delta_t`` is the replace-one L2 sensitivity the strategy declares for round t's aggregate
 (server.strategies.sensitivity): every node's noise is at least z times the sensitivity of
-each of its rounds. Regenerating nodes from the seed makes the tree restartable: a resumed run
-needs only the seed and the rounds' ``Delta_t`` (:meth:`TreeNoise.state_dict`).
+each of its rounds. Regenerating nodes from the secret makes the tree restartable: a resumed run
+needs only the secret and the rounds' ``Delta_t`` (:meth:`TreeNoise.state_dict`).
 
 The participation rule and the accounting
 -----------------------------------------
@@ -78,7 +77,7 @@ noised count of the unclipped updates: the nodes then carry ``z_u max Delta_t`` 
 add ``ceil(T / b) / (2 sigma_b^2)`` (:func:`count_rho`; derived in server.adaptive_clip), at most
 what z alone costs. Delta defaults to ``1 / N^1.1`` for N phones (server.privacy.PopulationDelta).
 
-What it assumes: the noise is drawn on the server from a secret seed; which phones are
+What it assumes: the noise is drawn on the server from a secret (server.dp_secret); which phones are
 available and which drop out do not depend on their data; the rule above is what the server
 enforces (server.dp_round.RoundPrivacy.cohort), with ``b`` fixed for the run.
 """
@@ -90,19 +89,16 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-import torch
 from dp_accounting import ZCDpEvent
 from dp_accounting.rdp import RdpAccountant
 from torch import Tensor
 
+from server.dp_secret import RunSecret
 from server.privacy import PopulationDelta, known_delta
 
 StateDict = dict[str, Tensor]
 #: A tree node (level l, index j): the rounds j 2^l + 1 .. (j + 1) 2^l (1-based).
 Node = tuple[int, int]
-#: Separates the tree's generator seeds from every other seed drawn from the run's seed.
-_TREE_TAG = int.from_bytes(b"tree", "big")
 
 __all__ = [
     "Node",
@@ -154,24 +150,13 @@ def residual_nodes(t: int) -> tuple[list[Node], list[Node]]:
     return [v for v in now if v not in before], [v for v in before if v not in now]
 
 
-def node_seed(seed: int, node: Node) -> int:
-    """The generator seed of a node's noise: a function of the run's seed and the node only."""
-    ss = np.random.SeedSequence([seed, _TREE_TAG, node[0], node[1]])
-    return int(ss.generate_state(1)[0])
-
-
-def node_noise(template: Mapping[str, Tensor], seed: int, node: Node, std: float) -> StateDict:
-    """The node's ``N(0, std^2)`` on every floating entry of ``template`` (float64; drawn in
-    float32 on the CPU as common.noise draws, so every machine draws the same), key by key in
-    sorted order (a state read back from a checkpoint lists its keys in another order)."""
-    gen = torch.Generator().manual_seed(node_seed(seed, node))
-    out: StateDict = {}
-    for key in sorted(template):
-        value = template[key]
-        if torch.is_floating_point(value):
-            draw = torch.randn(value.shape, generator=gen, dtype=torch.float32)
-            out[key] = draw.to(torch.float64).mul_(std)
-    return out
+def node_noise(
+    template: Mapping[str, Tensor], secret: RunSecret, node: Node, std: float
+) -> StateDict:
+    """The node's ``N(0, std^2)`` on every floating entry of ``template`` (float64), drawn from
+    the secret's stream for the node (server.dp_secret), so it is the same at every redraw."""
+    unit = secret.key().normal_state(template, "tree", node[0], node[1])
+    return {k: v.mul_(std) for k, v in unit.items()}
 
 
 def _add(total: StateDict, part: Mapping[str, Tensor], sign: float = 1.0) -> None:
@@ -184,14 +169,15 @@ class TreeNoise:
 
     ``release(template, sensitivity)`` opens the next round t with its ``Delta_t`` and returns
     ``n_t - n_{t-1}`` (None with noise multiplier 0), what the engine adds to the round's
-    aggregate. Pure in the sense that matters for a restart: the noise is a function of the seed,
-    the noise multiplier and the recorded ``Delta_1 .. Delta_t``, which :meth:`state_dict` holds.
+    aggregate. Pure in the sense that matters for a restart: the noise is a function of the
+    secret, the noise multiplier and the recorded ``Delta_1 .. Delta_t``, which
+    :meth:`state_dict` holds.
     """
 
-    def __init__(self, seed: int, noise_multiplier: float) -> None:
+    def __init__(self, secret: RunSecret, noise_multiplier: float) -> None:
         if not noise_multiplier >= 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-        self.seed = int(seed)
+        self.secret = secret
         self.noise_multiplier = float(noise_multiplier)
         self.sensitivities: list[float] = []  # Delta_t of rounds 1..t
 
@@ -211,7 +197,7 @@ class TreeNoise:
         """``n_t``: the noise of the release of ``s_t`` (default: the latest), float64."""
         total: StateDict = {}
         for node in prefix_nodes(self.rounds if t is None else t):
-            _add(total, node_noise(template, self.seed, node, self.node_std(node)))
+            _add(total, node_noise(template, self.secret, node, self.node_std(node)))
         return total
 
     def release_std(self, t: int | None = None) -> float:
@@ -231,7 +217,7 @@ class TreeNoise:
         total: StateDict = {}
         for nodes, sign in ((added, 1.0), (removed, -1.0)):
             for node in nodes:
-                _add(total, node_noise(template, self.seed, node, self.node_std(node)), sign)
+                _add(total, node_noise(template, self.secret, node, self.node_std(node)), sign)
         return total
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@
     RoundPrivacy(config, strategy)  the accountant, DP-FTRL's noise (the tree's or the BLT's), the
                                     adaptive clip and the separation record, from the run's config
     observe(population)             what the population fixes: delta, the tree's b, sigma_b
+    selection_rng(round, attempt)   under DP the secret's generator for the round's cohort
     cohort(round, available, rng)   the cohort the analysis assumes (tree, Poisson), or None
     clip_norm()                     the round's clip: C_t (adaptive) or S
     noise(plan, ...)                noise the aggregate, account for it, step the adaptive clip
@@ -14,8 +15,10 @@ The mechanisms are server.privacy (the gaussian mechanism and its RDP accountant
 (DP-FTRL's tree aggregation, Kairouz et al. 2021), server.dp_blt (DP-FTRL's BLT matrix
 factorization, Dvijotham et al. 2024) and server.adaptive_clip (Andrew et al. 2021, Algorithm 1).
 Without DP (no --dp-clip) the object holds none of them and every call is a no-op: the engine
-calls it the same way either way. Its noise is seeded by (seed, round), as the
-engine's selection is, so a resumed run draws the same.
+calls it the same way either way. Its noise and, where the analysis samples, its cohorts are
+drawn from the server's secret (server.dp_secret: 256 bits from the operating system, kept in
+RUN_DIR/secret.key), never from the run's seed, which phones are told; keyed by round, so a resumed
+run draws the same.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from server.adaptive_clip import (
     update_noise_multiplier,
 )
 from server.config import FederationConfig, dp_problem
+from server.dp_secret import RunSecret
 from server.influence import BoundedRound, scale_deltas
-from server.seeds import client_seed
 from server.strategies import ClientUpdate, Strategy, sensitivity
 from server.strategies.selection import cohort_size, draw_uniform
 
@@ -46,12 +49,16 @@ if TYPE_CHECKING:
 class RoundPrivacy:
     """The DP state of a run and what each round does with it (see the module's docstring)."""
 
-    def __init__(self, config: FederationConfig, strategy: Strategy) -> None:
+    def __init__(
+        self, config: FederationConfig, strategy: Strategy, secret: RunSecret | None = None
+    ) -> None:
         """Refuses, in one line, a federation that cannot run with a DP guarantee
         (server.config.dp_problem). `strategy` is the run's, set up: its fraction, population
-        and sensitivity are DP's too."""
+        and sensitivity are DP's too. `secret`: where the noise comes from (the run directory's;
+        None: one of this process alone, or the configured --dp-secret)."""
         self.config = config
         self.strategy = strategy
+        self.secret = secret or RunSecret(passphrase=config.privacy.secret)
         p = config.privacy
         problem = dp_problem(config.strategy, p, config.influence, config.strategy_params)
         if problem is not None:
@@ -76,12 +83,12 @@ class RoundPrivacy:
             )
         if p.dp and p.mechanism == "tree":
             # The nodes' multiplier is z_u under adaptive clipping (_apply_update_z).
-            self.tree = dp_ftrl.TreeNoise(config.seed, p.noise_multiplier)
+            self.tree = dp_ftrl.TreeNoise(self.secret, p.noise_multiplier)
             self.accountant = dp_ftrl.TreeAccountant(
                 p.noise_multiplier, p.min_separation, p.delta, p.target_epsilon
             )
         elif p.dp and p.mechanism == "blt":
-            self.blt = dp_blt.BLTNoise(config.seed, p.noise_multiplier)
+            self.blt = dp_blt.BLTNoise(self.secret, p.noise_multiplier)
             self.accountant = dp_blt.BLTAccountant(
                 p.noise_multiplier, p.min_separation, config.rounds, p.delta, p.target_epsilon
             )
@@ -149,6 +156,14 @@ class RoundPrivacy:
             self.accountant.count_stddev = self.clip.count_stddev
 
     # -- the cohort the analysis assumes -------------------------------------------------------
+
+    def selection_rng(self, r: int, attempt: int = 0) -> np.random.Generator | None:
+        """Under DP, the generator of round r's cohort (its `attempt`-th draw), keyed by the
+        secret: the accountant's amplification by sampling assumes nobody can predict who is
+        drawn. None without DP (the run's seed then draws it, reproducibly)."""
+        if not self.config.privacy.dp:
+            return None
+        return self.secret.key().rng("cohort", r, attempt)
 
     def cohort(self, r: int, available: list[str], rng: np.random.Generator) -> list[str] | None:
         """Round r's cohort from the sorted `available` phones where DP's analysis decides how it
@@ -265,10 +280,8 @@ class RoundPrivacy:
         # Float32 models: the clip and the cast round, which moved the tight example of
         # tests/server/test_sensitivity_search.py up to 6e-5 past Delta at S = 0.01.
         std = self._update_z() * sens * (1 + 1e-4)
-        gen = torch.Generator().manual_seed(
-            client_seed(self.config.seed, plan.round, "server-noise")
-        )
-        new_state = privacy.add_gaussian_noise(new_state, std, gen)
+        unit = self.secret.key().normal_state(new_state, "gaussian", plan.round)
+        new_state = privacy.add_gaussian_noise(new_state, std, unit)
         self.accountant.step(population, len(plan.cohort))
         return new_state, {
             "mechanism": "gaussian",
@@ -280,8 +293,8 @@ class RoundPrivacy:
 
     def _step_clip(self, plan: RoundPlan, bounded: BoundedRound) -> dict:
         """Adaptive clipping (server.adaptive_clip): the noised fraction of the round's updates
-        within C_t, and C_{t+1}. The count's noise is seeded by (seed, round) as the model's is,
-        so a resumed run draws the same."""
+        within C_t, and C_{t+1}. The count's noise comes from the secret as the model's does,
+        keyed by the round, so a resumed run draws the same."""
         p, clip = self.config.privacy, self.clip
         if clip is None:
             raise RuntimeError("adaptive clipping is off")
@@ -289,8 +302,7 @@ class RoundPrivacy:
             denominator = self.config.fraction * self._population(plan)
         else:
             denominator = len(bounded)
-        seed = client_seed(self.config.seed, plan.round, "clip-count-noise")
-        draw = float(np.random.default_rng(seed).standard_normal())
+        draw = float(self.secret.key().normals(1, "clip-count", plan.round)[0])
         return {
             **clip.step(bounded.norms, denominator, draw),
             "update_noise_multiplier": self._update_z(),
@@ -353,12 +365,14 @@ class RoundPrivacy:
         return {"dp": dp} if dp else {}
 
     def row_fields(self) -> dict:
-        """Every metrics row's epsilon, rho and delta (server.metrics_row): None without DP."""
+        """Every metrics row's epsilon, rho, delta and noise_reproducible (server.metrics_row):
+        None without DP."""
         acc = self.accountant
         return {
             "epsilon": acc.epsilon if acc is not None else None,
             "rho": acc.rho if acc is not None else None,
             "delta": acc.delta if acc is not None else None,
+            "noise_reproducible": self.secret.reproducible if acc is not None else None,
         }
 
     def would_exceed(self, population: int) -> bool:
@@ -385,10 +399,13 @@ class RoundPrivacy:
     def state_dict(self) -> dict:
         """The server state's DP part (JSON-serializable): "accountant" (None without DP), and
         "tree" or "blt" (DP-FTRL: the rounds' sensitivities, the separation rule) and "clip"
-        (adaptive clipping: the next round's clip, sigma_b) where they apply."""
+        (adaptive clipping: the next round's clip, sigma_b) where they apply; under DP "secret",
+        the secret's fingerprint (server.dp_secret), so that a resume with another is refused."""
         state: dict = {
             "accountant": self.accountant.state_dict() if self.accountant is not None else None
         }
+        if self.accountant is not None:
+            state["secret"] = self.secret.key().fingerprint
         for name, noise in (("tree", self.tree), ("blt", self.blt)):
             if noise is not None:
                 state[name] = {**noise.state_dict(), "last_trained": dict(self.last_trained)}
@@ -398,8 +415,10 @@ class RoundPrivacy:
 
     def load_state_dict(self, state: dict) -> None:
         """Adopt the DP part of a server state (the whole of it may be passed); a run resumes
-        only with the mechanism and the clip it was noised with (one line saying which)."""
+        only with the mechanism, the clip and the secret it was noised with (one line saying
+        which)."""
         if self.accountant is not None and state.get("accountant"):
+            self._check_secret(state.get("secret"))
             self.accountant.load_state_dict(state["accountant"])
         for name, noise in (("tree", self.tree), ("blt", self.blt)):
             if noise is None:
@@ -417,6 +436,24 @@ class RoundPrivacy:
             if self.accountant.min_separation is not None:
                 self.blt.blt = self.accountant.blt
         self._load_clip_state(state)
+
+    def _check_secret(self, fingerprint: str | None) -> None:
+        """A DP run resumes only with the secret its noise was drawn from."""
+        if fingerprint is None:
+            raise ValueError(
+                "this run's DP noise was drawn from its public seed (a fedkey without a secret): "
+                "its epsilon bounds nothing; start the run again"
+            )
+        if not self.secret.exists():
+            raise ValueError(
+                "this run's DP secret is gone (secret.key is missing from the run directory): "
+                "its noise cannot continue; restore the file or start the run again"
+            )
+        if self.secret.key().fingerprint != fingerprint:
+            raise ValueError(
+                "this run's DP noise was drawn with another secret: resume it with the "
+                "secret.key (or the --dp-secret) it ran with"
+            )
 
     def _load_clip_state(self, state: dict) -> None:
         """Adaptive clipping's state: a run resumes as it clipped (adaptively, with the same

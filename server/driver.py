@@ -93,6 +93,7 @@ class RoundDriver:
         self.finish_reason: str | None = None
         self._retry_aggregation_at = 0.0  # time.time() before which a postponed one waits
         self._unrecorded: list[tuple[int, dict]] = []  # aggregated (row id, metrics row) not in db
+        self.recorded = 0  # metrics rows this driver has written to the database
         self._deletions: set[asyncio.Task] = set()  # aggregated rounds' uploads being deleted
 
     # -- start, the task, stop -------------------------------------------------------------------
@@ -390,6 +391,7 @@ class RoundDriver:
                 log.exception("round %d: recording it in the database failed", row["round"])
                 return
             self._unrecorded.pop(0)
+            self.recorded += 1
 
     def _postpone(self, r: OpenRound, e: BaseException) -> None:
         """The disk is full: the round stays open with its uploads, aggregation is tried again

@@ -6,8 +6,10 @@
 
 `fedkey simulate` drives it with a pool of local worker processes; the HTTP server drives the
 same object with real devices. Differential privacy (the accountant, DP-FTRL's tree, adaptive
-clipping) is one composed object, server.dp_round.RoundPrivacy. Selection and noise are seeded by
-(seed, round), so a run is deterministic and can resume at any round.
+clipping) is one composed object, server.dp_round.RoundPrivacy. Selection is seeded by (seed,
+round), so a run without DP is deterministic; under DP the noise and the cohorts the accountant
+samples come from the run's secret (server.dp_secret), keyed by round. Either way a run can resume
+at any round.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from models.precision import resolve_device, resolve_precision
 from models.tokenizers import Tokenizer
 from server.config import FederationConfig, scheduled_lr
 from server.dp_round import RoundPrivacy
+from server.dp_secret import RunSecret
 from server.influence import bound_round
 from server.metrics_row import public_info, public_row
 from server.seeds import client_seed as client_seed  # re-exported: callers import it here
@@ -120,7 +123,8 @@ class Federation:
         self.strategy.setup(client_sizes, config.rounds)
         # DP (server.dp_round): the accountant, the tree's noise, the adaptive clip; without DP
         # an empty one. It refuses, in one line, what cannot run with a DP guarantee.
-        self.privacy = RoundPrivacy(config, self.strategy)
+        secret = RunSecret(storage.root, config.privacy.secret)
+        self.privacy = RoundPrivacy(config, self.strategy, secret)
         if client_sizes:  # simulate knows its population: b, sigma_b and delta are fixed now
             self.privacy.observe(len(client_sizes), check=True)
         self.server_opt = ServerOptimizer(config.server_opt)
@@ -172,12 +176,15 @@ class Federation:
     # -- one round -----------------------------------------------------------------------------
 
     def plan_round(self, available: list[str], attempt: int = 0) -> RoundPlan:
-        """The next round's cohort, drawn from `available` with an rng seeded by (seed, round).
+        """The next round's cohort, drawn from `available` with an rng seeded by (seed, round),
+        or under DP keyed by the run's secret.
 
         `attempt` > 0 re-plans a round that missed its quorum with a fresh draw.
         """
         r = self.round + 1
-        rng = np.random.default_rng([self.config.seed, r] + ([attempt] if attempt else []))
+        rng = self.privacy.selection_rng(r, attempt) or np.random.default_rng(
+            [self.config.seed, r] + ([attempt] if attempt else [])
+        )
         self.privacy.observe(len(available))
         # DP's cohort where its analysis fixes how it is drawn (the tree's rule, Poisson), else
         # the strategy's. Strategies count rounds from 0; the engine's round 0 is the initial model.

@@ -3,13 +3,16 @@
 Every subscriber has its own bounded queue; when a slow client lets it fill, the oldest event is
 dropped (and counted), so publishing never waits on a client. Events are JSON-ready dicts with a
 "type" (round_opened, device_enrolled, update_received, update_rejected, round_aggregated,
-round_failed, run_finished) and a unix "time".
+round_failed, aggregation_postponed, run_finished, model_exported, export_failed) and a unix
+"time". Under DP the bus publishes an allow-list (server.metrics_row.DP_EVENTS): the event types
+it names, each with its fields alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -55,10 +58,13 @@ class Subscription:
 class EventBus:
     """Fan-out of events to subscribers. Publish from the event loop's thread."""
 
-    def __init__(self, queue_size: int = 256, redact: frozenset[str] = frozenset()):
-        """`redact`: fields no published event carries (under DP the phones' ids:
-        server.metrics_row.PHONE_EVENT_KEYS, set by the coordinator)."""
-        self.redact = redact
+    def __init__(
+        self, queue_size: int = 256, allow: Mapping[str, frozenset[str]] | None = None
+    ) -> None:
+        """`allow`: None publishes every event whole; else only the event types it names, each
+        with the fields it lists (under DP server.metrics_row.DP_EVENTS, set by the
+        coordinator): an allow-list, so a new event or field is private until declared."""
+        self.allow = allow
         self.queue_size = queue_size
         self.subscribers: set[Subscription] = set()
         self.closed = False
@@ -74,9 +80,15 @@ class EventBus:
     def unsubscribe(self, sub: Subscription) -> None:
         self.subscribers.discard(sub)
 
-    def publish(self, type_: str, **fields: Any) -> dict[str, Any]:
-        kept = {k: v for k, v in fields.items() if k not in self.redact}
-        event = {"type": type_, "time": time.time(), **kept}
+    def publish(self, type_: str, **fields: Any) -> dict[str, Any] | None:
+        """Send the event to every subscriber, as the allow-list lets it: the event sent, or
+        None when its type is not published."""
+        if self.allow is not None:
+            allowed = self.allow.get(type_)
+            if allowed is None:
+                return None
+            fields = {k: v for k, v in fields.items() if k in allowed}
+        event = {"type": type_, "time": time.time(), **fields}
         for sub in list(self.subscribers):
             sub.put(event)
         return event

@@ -1,17 +1,21 @@
 """The newest global model: the checkpoint bytes GET /v1/model serves; and, with export_dir, the
 ONNX export for the keyboard, made in the background: of the round best on validation so far
 (the engine's `Federation.best`), so that a round that does worse never replaces the keyboard's
-model, or of every round with export_latest."""
+model, or of every round with export_latest or under DP; its metrics row as the server publishes
+it (server.metrics_row.public_row)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from server.engine import Federation
 from server.events import EventBus
+from server.metrics_row import public_row
 
 log = logging.getLogger("fedkey.server")
 
@@ -51,9 +55,11 @@ class GlobalModel:
 
     def export_round(self) -> int:
         """The round whose model the export folder should hold: the round best on validation so
-        far (the newest round with export_latest, or before any round was scored)."""
+        far (the newest round with export_latest, or before any round was scored). Under DP the
+        newest: the choice by the phones' held-out text is a release the accountant does not
+        cover (server.metrics_row.public_row), the newest noised model is post-processing."""
         best = self._fed.best
-        if self._export_latest or best is None:
+        if self._export_latest or best is None or self._fed.config.privacy.dp:
             return self._fed.round
         return int(best["round"])
 
@@ -71,7 +77,8 @@ class GlobalModel:
             while self._exported_round != (r := self.export_round()):
                 path = self._fed.storage.checkpoint_path(r)
                 try:
-                    report = await asyncio.to_thread(_export, path, export_dir)
+                    published = partial(public_row, privacy=self._fed.config.privacy)
+                    report = await asyncio.to_thread(_export, path, export_dir, published)
                 except Exception as e:  # an export failure never stops the federation
                     log.exception("round %d: ONNX export failed", r)
                     self._events.publish(
@@ -86,8 +93,9 @@ class GlobalModel:
             self._exporting = None
 
 
-def _export(checkpoint: Path, export_dir: Path):
+def _export(checkpoint: Path, export_dir: Path, metrics: Callable[[dict], dict]):
+    """The ONNX export of `checkpoint`, its metrics row as `metrics` publishes it."""
     from export.onnx_export import export_checkpoint
 
     out = export_dir / "model.onnx"
-    return export_checkpoint(checkpoint, out)
+    return export_checkpoint(checkpoint, out, metrics=metrics)

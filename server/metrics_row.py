@@ -112,6 +112,12 @@ ALWAYS: dict[str, RowField] = {
         "phones the rounds were drawn from (the largest population so far); null without DP "
         "(or before a server has seen a phone).",
     ),
+    "noise_reproducible": RowField(
+        "bool | null",
+        "Whether the DP noise and the sampled cohorts were drawn from a passphrase (`--dp-secret`: "
+        "reproducible by whoever knows it, so `epsilon` bounds nothing against them) rather than "
+        "from the server's own secret (server.dp_secret); null without DP.",
+    ),
     "seconds": RowField("float", "Wall seconds from the round's opening to its aggregation."),
     "train_precision": RowField(
         "str | null",
@@ -306,26 +312,66 @@ def public_info(info: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     return public
 
 
-#: The row's fields that name phones, and the event fields that do (server.events).
+#: The row's fields that name phones.
 PHONE_KEYS = frozenset({"selected", "uploaded", "aggregated"})
-PHONE_EVENT_KEYS = frozenset({"device_id", "cohort", "uploaded", "aggregated", "selected"})
+
+#: What the public event stream (server.events) carries under DP: these event types, each with
+#: these fields alone. Not listed, so never published under DP: the per-phone events
+#: (device_enrolled, update_received, update_rejected), every field naming a phone (cohort,
+#: device_id, aggregated), every free-text one (a rejection's detail, a failure's reason, which
+#: can quote a name or an exception), exact counts of uploads (received, quorum), and the scores
+#: on the held-out text (val_ppl, test_ppl: public_row's argument).
+DP_EVENTS: dict[str, frozenset[str]] = {
+    "round_opened": frozenset({"round", "attempt", "deadline", "model_round"}),
+    "round_failed": frozenset({"round", "attempt"}),
+    "round_aggregated": frozenset({"round", "attempt", "epsilon"}),
+    "aggregation_postponed": frozenset({"round", "attempt", "retry_in"}),
+    "run_finished": frozenset({"round"}),
+    "model_exported": frozenset({"round", "bytes"}),
+    "export_failed": frozenset({"round"}),
+}
 #: The row's fields that are a multiple of the cohort's size (the model's bytes times it).
 ROW_COHORT_SIZE_KEYS = frozenset({"bytes_up", "bytes_down"})
+
+#: What a DP row publishes (public_row): settings, the accountant's figures and the noised
+#: round's info, nothing scored on the phones' text. Every other field (the phones it names, the
+#: perplexities, top-k and keystroke savings on the held-out text, the best round chosen by them,
+#: a probe's figures) is the server's own.
+DP_ROW = frozenset(
+    {
+        "round",
+        "strategy",
+        "data",
+        "bytes_up",
+        "bytes_down",
+        "epsilon",
+        "rho",
+        "delta",
+        "noise_reproducible",
+        "seconds",
+        "train_precision",
+        "eval_precision",
+        "eval_device",
+        "info",
+    }
+)
 
 
 def public_row(row: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     """The metrics row as the server publishes it (GET /v1/metrics, the checkpoint devices
-    download): under DP without the phones it names (PHONE_KEYS), and under Poisson sampling
-    without the cohort's size either (ROW_COHORT_SIZE_KEYS, as public_info's COHORT_SIZE_KEYS);
-    without DP `row` itself.
+    download, the keyboard's export): under DP the DP_ROW fields alone, less the cohort's size
+    under Poisson sampling (ROW_COHORT_SIZE_KEYS, as public_info's COHORT_SIZE_KEYS); without DP
+    `row` itself.
 
-    Why: which phones were aggregated is an exact function of their updates (the checks and the
-    outlier filter decide it), and under Poisson sampling which phones were selected is the very
-    presence that add/remove-one adjacency protects; neither is a release the accountant paid for
-    (public_info's argument). The server, the trusted curator of central DP, keeps them in its
-    own records (metrics.jsonl, its database, its log).
+    Why: which phones were selected and aggregated is an exact function of their updates (the
+    checks and the outlier filter decide it), and under Poisson sampling which phones were
+    selected is the very presence that add/remove-one adjacency protects; the held-out scores are
+    exact functions of the phones' held-out text (and the best round is chosen by them); none is
+    a release the accountant paid for (public_info's argument). The server, the trusted curator
+    of central DP, keeps them in its own records (metrics.jsonl, its database, its log), which
+    the operator reads.
     """
     if not privacy.dp:
         return row
-    drop = PHONE_KEYS | (ROW_COHORT_SIZE_KEYS if privacy.sampling == "poisson" else frozenset())
-    return {k: v for k, v in row.items() if k not in drop}
+    keep = DP_ROW - (ROW_COHORT_SIZE_KEYS if privacy.sampling == "poisson" else frozenset())
+    return {k: v for k, v in row.items() if k in keep}

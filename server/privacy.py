@@ -16,7 +16,7 @@ strategy with dp_accounting's RDP accountant.
    under add/remove-one for Poisson sampling, and reports epsilon at delta.
 
 The guarantee assumes what the analysis assumes: the noise is drawn on the server from a secret
-generator, every data-dependent choice is inside the analysis (server.config.dp_problem refuses the
+stream (server.dp_secret), every data-dependent choice is inside the analysis (server.config.dp_problem refuses the
 rest), and phones that drop out of a round do so independently of their data.
 """
 
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from common.noise import randomize
 from server.config import DPSampling
+from server.dp_secret import SecretKey
 
 StateDict = dict[str, Tensor]
 NeighborRel = dp_accounting.NeighboringRelation
@@ -51,15 +52,26 @@ __all__ = [
 
 
 def add_gaussian_noise(
-    state: Mapping[str, Tensor], std: float, generator: torch.Generator | None = None
+    state: Mapping[str, Tensor], std: float, unit: Mapping[str, Tensor] | None = None
 ) -> StateDict:
-    """``state + N(0, std^2)`` on every floating entry (noise on the aggregated model equals
-    noise on the aggregated delta). ``std == 0`` returns a new dict with the same tensors."""
+    """``state + std * unit`` on every floating entry, in float64 (noise on the aggregated model
+    equals noise on the aggregated delta). `unit`: N(0, 1) per floating entry, from the server's
+    secret (server.dp_secret.SecretKey.normal_state); None draws a fresh one from a secret of
+    this process alone. ``std == 0`` returns a new dict with the same tensors."""
     if std < 0:
         raise ValueError(f"std must be >= 0, got {std}")
     if std == 0:
         return dict(state)
-    return randomize(state, beta=std, sigma=1.0, generator=generator)
+    if unit is None:
+        unit = SecretKey.fresh().normal_state(state, "gaussian")
+    out: StateDict = {}
+    for k, v in state.items():
+        if torch.is_floating_point(v):
+            noise = unit[k].to(v.device, torch.float64).mul(std)
+            out[k] = (v.detach().to(torch.float64) + noise).to(v.dtype)
+        else:
+            out[k] = v
+    return out
 
 
 # --------------------------------------------------------------------------- accounting

@@ -1,5 +1,6 @@
-"""The run's seeded draws: a phone's training seed and the server's noise, by (seed, round, name),
-so a run is deterministic and can resume at any round (server.engine, server.dp_round)."""
+"""The run's seeded draws: a phone's training seed by (seed, round, name), so a run is
+deterministic and can resume at any round (server.engine). The seed is public (phones are told
+it): DP's noise never comes from it, but from the server's secret (server.dp_secret)."""
 
 from __future__ import annotations
 

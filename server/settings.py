@@ -142,6 +142,8 @@ class Settings(BaseSettings):
     dp_clip_quantile: float | None = Field(_PRIVACY.clip_quantile, gt=0, lt=1)
     dp_clip_lr: float = Field(_PRIVACY.clip_lr, gt=0)  # eta_C of its geometric update
     dp_clip_count_stddev: float | None = Field(_PRIVACY.clip_count_stddev, ge=0)  # sigma_b
+    # the noise's secret: None, from the operating system; a passphrase: reproducible noise
+    dp_secret: SecretStr | None = Field(None, min_length=1, repr=False)
 
     # -- bounded influence (server.influence) ----------------------------------------------------
     bound: ClipMode = _INFLUENCE.mode
@@ -168,9 +170,12 @@ class Settings(BaseSettings):
     storage: Path = Path("runs/server")
     database_url: str | None = None  # default sqlite:///<storage>/fedkey.db
     enrollment_secret: SecretStr | None = None  # None: a random one is generated and logged
-    # GET /metrics (Prometheus) answers only `Authorization: Bearer <metrics_token>` when set;
-    # under DP it must be set, as the counters are exact counts of what the phones did
-    metrics_token: SecretStr | None = None
+    # The operator's token: when set, GET /metrics (Prometheus), GET /v1/metrics and WS /v1/events
+    # answer only `Authorization: Bearer <operator_token>` (401 otherwise); under DP it must be
+    # set for GET /metrics, as the counters are exact counts of what the phones did
+    operator_token: SecretStr | None = Field(None, min_length=16, repr=False)
+    # GET /v1/model only with a device's token or the operator's (default: open to anyone)
+    private_model: bool = False
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size
@@ -327,6 +332,7 @@ class Settings(BaseSettings):
             clip_quantile=self.dp_clip_quantile,
             clip_lr=self.dp_clip_lr,
             clip_count_stddev=self.dp_clip_count_stddev,
+            secret=self.dp_secret.get_secret_value() if self.dp_secret is not None else None,
         )
 
     def influence_config(self) -> InfluenceConfig:

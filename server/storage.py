@@ -4,15 +4,20 @@ RUN_DIR/checkpoints/round_0003.safetensors   the global model after round 3 (rou
 RUN_DIR/checkpoints/server_opt_0003.safetensors  a server optimizer's buffers after round 3
 RUN_DIR/metrics.jsonl                        one JSON object per round
 RUN_DIR/perplexity.png                       validation and test perplexity per round
+RUN_DIR/secret.key                           under DP, the noise's secret (server.dp_secret)
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection
 from pathlib import Path
 
 from common.files import atomic_write
+
+#: The noise's secret of a DP run (server.dp_secret).
+SECRET_FILE = "secret.key"
 
 
 class RunStorage:
@@ -34,27 +39,49 @@ class RunStorage:
         return found[-1] if found else None
 
     def reset(self) -> None:
-        """Forget an earlier run in this directory: its metrics and checkpoints."""
+        """Forget an earlier run in this directory: its metrics, checkpoints and DP secret (a
+        fresh run draws fresh noise: two runs noised alike would cancel it in their difference)."""
         self.metrics_path.unlink(missing_ok=True)
+        (self.root / SECRET_FILE).unlink(missing_ok=True)
         for pattern in (f"{kind}_*.safetensors" for kind in ROUND_FILE_KINDS):
             for path in self.checkpoints.glob(pattern):
                 path.unlink()
 
     def append_metrics(self, row: dict) -> None:
-        with self.metrics_path.open("a") as f:
+        """Append a row to metrics.jsonl (made readable by its owner alone: under DP it names
+        the phones and holds the scores on their text)."""
+        with open(self.metrics_path, "a", opener=_owner_only) as f:
             f.write(json.dumps(row) + "\n")
 
     def write_metrics(self, rows: list[dict]) -> None:
         """Replace metrics.jsonl atomically (used when a resumed run repairs it)."""
-        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        atomic_write(self.metrics_path, text, mode=0o600)
 
     def read_metrics(self) -> list[dict]:
+        """The rows of metrics.jsonl; a torn last line (a crash in the middle of its append) is
+        left out, as the round it began is not committed (its checkpoint is the commit point)."""
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line]
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line]
+        rows = []
+        for i, line in enumerate(lines):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i < len(lines) - 1:
+                    raise ValueError(
+                        f"{self.metrics_path}: line {i + 1} is not JSON; repair or remove it"
+                    ) from None
+        return rows
 
     def plot(self, title: str = "") -> Path:
         return plot_perplexity({title or self.root.name: self.read_metrics()}, self.plot_path)
+
+
+def _owner_only(path: str, flags: int) -> int:
+    """open()'s opener for a file only its owner may read (0600 when it is created)."""
+    return os.open(path, flags, 0o600)
 
 
 #: The stems of a run's per-round files in checkpoints/: "round_0003", "server_opt_0003".

@@ -52,11 +52,12 @@ def raw_authorization(scheme: HTTPBearer):
 
 AuthorizationDep = Annotated[str | None, Depends(raw_authorization(bearer))]
 
-# The operator's scheme (GET /metrics): the server's metrics token, not a device's.
+# The operator's scheme (GET /metrics, GET /v1/metrics, WS /v1/events): the server's operator
+# token, not a device's.
 operator_bearer = HTTPBearer(
     auto_error=False,
     scheme_name="operator",
-    description="the server's metrics token (FEDKEY_METRICS_TOKEN)",
+    description="the server's operator token (FEDKEY_OPERATOR_TOKEN)",
 )
 
 OperatorAuthorizationDep = Annotated[str | None, Depends(raw_authorization(operator_bearer))]

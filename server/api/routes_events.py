@@ -6,14 +6,24 @@ import asyncio
 import contextlib
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 
 from server.api.deps import CoordinatorDep
+from server.validation import ValidationError
 
 router = APIRouter(tags=["events"])
 
 
 @router.websocket("/v1/events")
 async def events(ws: WebSocket, coordinator: CoordinatorDep):
+    """The events as published (under DP an allow-list, server.metrics_row.DP_EVENTS); with
+    FEDKEY_OPERATOR_TOKEN set, only for `Authorization: Bearer <it>` (a 401 answer before the
+    handshake otherwise)."""
+    try:
+        coordinator.check_observer(ws.headers.get("authorization"), "WS /v1/events")
+    except ValidationError as e:
+        await refuse(ws, e)
+        return
     sub = coordinator.events.subscribe()  # before accept: no event is missed after it
     try:
         await ws.accept()
@@ -48,3 +58,13 @@ async def events(ws: WebSocket, coordinator: CoordinatorDep):
         return
     finally:
         sub.close()
+
+
+async def refuse(ws: WebSocket, e: ValidationError) -> None:
+    """Refuse a handshake with `e`'s status and message ({"detail": ...}), where the server
+    speaks the WebSocket denial response extension (uvicorn does); else close it (1008)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        answer = JSONResponse({"detail": e.message}, status_code=e.status, headers=e.headers)
+        await ws.send_denial_response(answer)
+    else:
+        await ws.close(code=1008, reason=e.message[:120])

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
 from starlette.types import Message, Receive, Scope, Send
 
-from server.api.deps import CoordinatorDep
+from server.api.deps import AuthorizationDep, CoordinatorDep
 from server.api.schemas import OVERLOADED, errors
 from server.slots import acquire_within
 
@@ -221,7 +221,7 @@ MODEL_HEADERS = {
 }
 
 
-MODEL_ERRORS = errors({})
+MODEL_ERRORS = errors({401: "with FEDKEY_PRIVATE_MODEL: no device token nor the operator token"})
 MODEL_ERRORS[503] = {
     **MODEL_ERRORS[503],
     "description": f"{OVERLOADED}; or no download slot (FEDKEY_MAX_SENDING) came free within "
@@ -271,8 +271,10 @@ def etag_matches(header: str, sha: str) -> bool:
         ]
     },
 )
-async def model(request: Request, coordinator: CoordinatorDep):
-    """The global model; ETag = its sha256."""
+async def model(request: Request, coordinator: CoordinatorDep, authorization: AuthorizationDep):
+    """The global model; ETag = its sha256. With FEDKEY_PRIVATE_MODEL, only for a device's
+    token or the operator's."""
+    coordinator.check_model_reader(authorization)
     rnd, data, sha = coordinator.model()
     if_none_match = request.headers.get("if-none-match")
     headers = {

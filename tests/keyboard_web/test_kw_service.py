@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Header, HTTPException, WebSocket, WebSocketDisconnect
 from fastapi.testclient import TestClient
 
 from keyboard_web.app import MAX_TEXT, ORT_DIST, create_app
@@ -191,30 +191,39 @@ def test_sentencepiece_model_answers_with_a_clear_error(models):
             assert "sentencepiece tokenizer" in reply["error"] and reply["round"] == 1
 
 
-def fake_federation_server() -> FastAPI:
-    """What the keyboard uses of `fedkey server`: GET /v1/metrics and WS /v1/events."""
+TOKEN = "operator-token-0123456789"
+
+
+def fake_federation_server(asked: list[str]) -> FastAPI:
+    """What the keyboard uses of `fedkey server` started with an operator token: GET /v1/metrics
+    and WS /v1/events, whose rows and events also hold what the page must not see (phone names,
+    their weights, per-upload events). `asked` records each GET /v1/metrics."""
     app = FastAPI()
     rows = [
-        {"round": 1, "strategy": "fedavg", "val_ppl": 400.0, "test_ppl": 410.0},
-        {"round": 2, "strategy": "fedavg", "val_ppl": 300.0, "test_ppl": 305.0},
-    ]
+        {"round": r, "strategy": "fedavg", "val_ppl": v, "test_ppl": v + 5, "epsilon": None,
+         "aggregated": ["alice-pixel"], "info": {"weights": {"alice-pixel": 1.0}}}
+        for r, v in ((1, 400.0), (2, 300.0))
+    ]  # fmt: skip
 
     @app.get("/v1/metrics")
-    async def metrics():
+    async def metrics(authorization: str | None = Header(None)):
+        if authorization != f"Bearer {TOKEN}":
+            raise HTTPException(401, "not the operator token")
+        asked.append("metrics")
         return {"rounds": rows}
 
     @app.websocket("/v1/events")
     async def events(ws: WebSocket):
+        if ws.headers.get("authorization") != f"Bearer {TOKEN}":
+            await ws.close(code=1008)
+            return
         await ws.accept()
         n = 3
         try:
-            while True:  # an event every 50 ms, so a late subscriber still sees some
-                event = {
-                    "type": "round_aggregated",
-                    "round": n,
-                    "val_ppl": 250.0,
-                    "test_ppl": 260.0,
-                }
+            while True:  # events every 50 ms, so a late subscriber still sees some
+                await ws.send_json({"type": "update_received", "device_id": "alice-pixel"})
+                event = {"type": "round_aggregated", "round": n, "val_ppl": 250.0,
+                         "test_ppl": 260.0, "aggregated": ["alice-pixel"]}  # fmt: skip
                 await ws.send_json(event)
                 n += 1
                 await asyncio.sleep(0.05)
@@ -225,17 +234,32 @@ def fake_federation_server() -> FastAPI:
 
 
 def test_events_and_metrics_are_relayed_from_the_federation_server(models):
-    with ThreadServer(fake_federation_server()) as upstream:
-        with TestClient(create_app(models.word, events_url=upstream.url + "/")) as client:
-            metrics = client.get("/api/metrics").json()
-            assert metrics["source"] == "federation"
-            assert [r["round"] for r in metrics["rounds"]] == [1, 2]
+    """With the server's operator token the keyboard follows it, and passes on to the page what
+    its panel shows and nothing else (keyboard_web.upstream); a burst of page requests costs the
+    federation server one GET /v1/metrics."""
+    asked: list[str] = []
+    with ThreadServer(fake_federation_server(asked)) as upstream:
+        app = create_app(models.word, events_url=upstream.url + "/", events_token=TOKEN)
+        with TestClient(app) as client:
+            for _ in range(20):
+                metrics = client.get("/api/metrics").json()
+            assert metrics["source"] == "federation" and len(asked) == 1
+            assert metrics["rounds"] == [
+                {"round": 1, "strategy": "fedavg", "val_ppl": 400.0, "test_ppl": 405.0,
+                 "epsilon": None},
+                {"round": 2, "strategy": "fedavg", "val_ppl": 300.0, "test_ppl": 305.0,
+                 "epsilon": None},
+            ]  # fmt: skip
             with client.websocket_connect("/ws/events") as events:
                 assert events.receive_json()["type"] == "hello"
                 seen = [events.receive_json() for _ in range(3)]
-            relayed = [e for e in seen if e["type"] == "round_aggregated"]
-            assert relayed and relayed[0]["val_ppl"] == 250.0
+            assert {e["type"] for e in seen} == {"round_aggregated"}
+            assert seen[0]["val_ppl"] == 250.0 and "alice-pixel" not in json.dumps(seen)
             assert client.get("/api/info").json()["events"]["connected"] is True
+        without = create_app(models.word, events_url=upstream.url)
+        with TestClient(without) as client:
+            refused = client.get("/api/metrics")
+            assert refused.status_code == 502 and "401" in refused.json()["detail"]
 
 
 def test_unreachable_federation_server_is_a_clear_502(models):

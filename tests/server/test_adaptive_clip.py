@@ -27,6 +27,7 @@ from server.dp_ftrl import TreeAccountant, count_rho, tree_rho
 from server.privacy import PrivacyAccountant, population_delta
 from server.settings import Settings
 from server.strategies import ClientUpdate
+from tests.server.test_dp_ftrl import share_secret
 
 PHONES = 12
 
@@ -185,6 +186,7 @@ def test_a_resumed_adaptive_run_gives_the_same_weights(tmp_path, mechanism):
         clip_count_stddev=1.0,
         mechanism=mechanism,
     )
+    share_secret(tmp_path / "straight", tmp_path / "resumed")
     straight = make_fed(tmp_path / "straight", privacy)
     straight.start()
     for _ in range(5):

@@ -25,8 +25,9 @@ from server.dp_blt import (
     unit_draw,
 )
 from server.dp_ftrl import TreeAccountant, zcdp_epsilon
+from server.dp_secret import RunSecret
 from server.privacy import PrivacyAccountant
-from tests.server.test_dp_ftrl import run_round
+from tests.server.test_dp_ftrl import run_round, share_secret
 
 #: Two buffers, coefficients 1, 0.5, 0.37, 0.293, ... (non-negative, decreasing).
 TWO = BLT(rounds=8, min_separation=2, buf_decay=(0.9, 0.5), output_scale=(0.3, 0.2), sensitivity=0)
@@ -114,13 +115,15 @@ def test_the_streaming_noise_is_c_inverse_times_the_draws_scaled_by_z_delta():
     standard deviation of that sum, in the draws too."""
     template = {"w": torch.zeros(100_000), "step": torch.tensor(3)}
     z, sens = 1.5, [1.0, 0.5, 2.0, 1.0, 1.0, 0.25, 1.0, 3.0]
-    noise = BLTNoise(seed=11, noise_multiplier=z, blt=TWO)
+    noise = BLTNoise(RunSecret(passphrase="11"), noise_multiplier=z, blt=TWO)
     released = []
     for delta in sens:
         residual = noise.release(template, delta)
         assert residual is not None and set(residual) == {"w"}
         released.append(residual["w"].numpy())
-    draws = np.stack([unit_draw(template, 11, t)["w"].numpy() for t in range(1, 9)])
+    draws = np.stack(
+        [unit_draw(template, RunSecret(passphrase="11"), t)["w"].numpy() for t in range(1, 9)]
+    )
     expected = z * np.array(sens)[:, None] * np.linalg.solve(TWO.matrix(8), draws)
     assert np.allclose(np.stack(released), expected, atol=1e-12)
     total = noise.prefix_noise(template)["w"]
@@ -130,24 +133,26 @@ def test_the_streaming_noise_is_c_inverse_times_the_draws_scaled_by_z_delta():
     assert total.std().item() == pytest.approx(noise.release_std(), rel=0.01)
 
 
-def test_a_restored_noise_rebuilds_its_buffers_from_the_seed():
+def test_a_restored_noise_rebuilds_its_buffers_from_the_secret():
     template = {"a": torch.zeros(3, 4), "b": torch.zeros(5)}
-    straight = BLTNoise(seed=5, noise_multiplier=0.7, blt=TWO)
+    straight = BLTNoise(RunSecret(passphrase="5"), noise_multiplier=0.7, blt=TWO)
     for _ in range(4):
         straight.release(template, 1.0)
-    restored = BLTNoise(seed=5, noise_multiplier=0.7, blt=TWO)
+    restored = BLTNoise(RunSecret(passphrase="5"), noise_multiplier=0.7, blt=TWO)
     restored.load_state_dict(json.loads(json.dumps(straight.state_dict())))
     for _ in range(3):
         one, two = straight.release(template, 2.0), restored.release(template, 2.0)
         assert one is not None and two is not None
         for k in one:
             assert torch.equal(one[k], two[k]), k
-    other = BLTNoise(seed=6, noise_multiplier=0.7, blt=TWO)
+    other = BLTNoise(RunSecret(passphrase="6"), noise_multiplier=0.7, blt=TWO)
     other.load_state_dict(straight.state_dict())
     assert not torch.equal(
         other.prefix_noise(template)["a"], straight.prefix_noise(template)["a"]
-    )  # the seed is the secret
-    assert BLTNoise(0, 0.0, TWO).release(template, 1.0) is None  # zero noise: nothing added
+    )  # another secret, other noise
+    assert (
+        BLTNoise(RunSecret(), 0.0, TWO).release(template, 1.0) is None
+    )  # zero noise: nothing added
 
 
 # --------------------------------------------------------------------------- accounting
@@ -199,7 +204,8 @@ def make_fed(tmp_path, privacy: PrivacyConfig, phones: int = 12, fraction: float
     return tiny_federation(tmp_path, config, phones)
 
 
-DP = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.0)
+# One secret for both runs compared: their cohorts are drawn alike (server.dp_secret).
+DP = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.0, secret="same cohorts")
 
 
 def test_without_noise_blt_is_the_gaussian_mechanism_bit_for_bit(tmp_path):
@@ -236,6 +242,7 @@ def test_selection_keeps_phones_b_rounds_apart_and_a_resumed_run_gives_the_same_
     tmp_path,
 ):
     privacy = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.7, mechanism="blt", min_separation=2)
+    share_secret(tmp_path / "straight", tmp_path / "resumed")
     straight = make_fed(tmp_path / "straight", privacy)
     rows, last = [straight.start()], {}
     for r in range(1, 6):

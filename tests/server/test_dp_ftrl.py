@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import secrets
 from dataclasses import replace
+from pathlib import Path
 
 import dp_accounting
 import pytest
@@ -27,8 +29,10 @@ from server.dp_ftrl import (
     worst_case_square_sum,
     zcdp_epsilon,
 )
+from server.dp_secret import RunSecret, write_secret
 from server.privacy import PrivacyAccountant
 from server.settings import Settings
+from server.storage import SECRET_FILE, RunStorage
 
 # --------------------------------------------------------------------------- the tree
 
@@ -50,7 +54,7 @@ def test_each_release_has_the_variance_of_its_nodes():
     engine adds sum to the prefix noise."""
     template = {"w": torch.zeros(400_000), "step": torch.tensor(3)}
     sigma = 0.5
-    tree = TreeNoise(seed=7, noise_multiplier=2.0)
+    tree = TreeNoise(RunSecret(passphrase="7"), noise_multiplier=2.0)
     total = torch.zeros(400_000, dtype=torch.float64)
     for t in range(1, 9):
         residual = tree.release(template, sensitivity=sigma / 2.0)
@@ -61,17 +65,17 @@ def test_each_release_has_the_variance_of_its_nodes():
         noise = tree.prefix_noise(template)["w"]
         assert noise.std().item() == pytest.approx(math.sqrt(nodes) * sigma, rel=0.01)
         assert torch.allclose(total, noise, atol=1e-9)
-    # Nodes are drawn afresh from the seed: the same noise after a restart.
-    again = TreeNoise(seed=7, noise_multiplier=2.0)
+    # Nodes are drawn afresh from the secret: the same noise after a restart.
+    again = TreeNoise(RunSecret(passphrase="7"), noise_multiplier=2.0)
     again.load_state_dict(json.loads(json.dumps(tree.state_dict())))
     assert torch.equal(again.prefix_noise(template)["w"], tree.prefix_noise(template)["w"])
-    other = TreeNoise(seed=8, noise_multiplier=2.0)
+    other = TreeNoise(RunSecret(passphrase="8"), noise_multiplier=2.0)
     other.load_state_dict(tree.state_dict())
-    assert not torch.equal(other.prefix_noise(template)["w"], noise)  # the seed is the secret
+    assert not torch.equal(other.prefix_noise(template)["w"], noise)  # another secret, other noise
 
 
 def test_a_node_carries_z_times_the_largest_sensitivity_of_its_rounds():
-    tree = TreeNoise(seed=0, noise_multiplier=1.5)
+    tree = TreeNoise(RunSecret(), noise_multiplier=1.5)
     template = {"w": torch.zeros(3)}
     for sens in (1.0, 3.0, 2.0):
         tree.release(template, sens)
@@ -79,7 +83,7 @@ def test_a_node_carries_z_times_the_largest_sensitivity_of_its_rounds():
     assert tree.release_std() == pytest.approx(1.5 * math.sqrt(3.0**2 + 2.0**2))
     with pytest.raises(ValueError, match="ends after"):
         tree.node_std((2, 0))
-    assert TreeNoise(0, 0.0).release(template, 1.0) is None  # zero noise: nothing added
+    assert TreeNoise(RunSecret(), 0.0).release(template, 1.0) is None  # zero noise: nothing added
 
 
 # --------------------------------------------------------------------------- accounting
@@ -237,7 +241,8 @@ def run_round(fed, rounds_deltas: dict | None = None) -> tuple[dict, list[str]]:
     return fed.complete_round(plan, updates), plan.cohort
 
 
-DP = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.0)
+# One secret for both runs compared: their cohorts are drawn alike (server.dp_secret).
+DP = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.0, secret="same cohorts")
 
 
 def test_without_noise_the_tree_is_fedavg_bit_for_bit(tmp_path):
@@ -304,8 +309,17 @@ def test_the_default_separation_is_the_largest_the_population_allows(tmp_path):
         make_fed(tmp_path, PrivacyConfig(clip_norm=1.0, mechanism="tree", min_separation=5))
 
 
+def share_secret(*run_dirs: Path) -> None:
+    """One fresh secret in each run directory, as a resumed run finds its own (server.dp_secret):
+    a run straight through and a resumed one then draw the same noise."""
+    key = secrets.token_bytes(32)
+    for run_dir in run_dirs:
+        write_secret(run_dir / SECRET_FILE, key)
+
+
 def test_a_resumed_run_gives_the_same_weights(tmp_path):
     privacy = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.7, mechanism="tree")
+    share_secret(tmp_path / "straight", tmp_path / "resumed")
     straight = make_fed(tmp_path / "straight", privacy)
     straight.start()
     for _ in range(5):
@@ -325,3 +339,24 @@ def test_a_resumed_run_gives_the_same_weights(tmp_path):
     # A gaussian run cannot continue as a tree run (nor the other way).
     with pytest.raises(ValueError, match="--dp-mechanism tree"):
         make_fed(tmp_path / "resumed", replace(privacy, mechanism="gaussian")).resume()
+
+
+def test_a_dp_run_resumes_only_with_its_own_secret(tmp_path):
+    """The secret is made 0600 when the run first draws; a resume without it, or with another
+    (a passphrase, a replaced file), is refused in one line, and a fresh start makes a new one."""
+    privacy = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.7, mechanism="tree")
+    fed = make_fed(tmp_path, privacy)
+    fed.start()
+    run_round(fed)
+    path = tmp_path / SECRET_FILE
+    assert path.stat().st_mode & 0o777 == 0o600 and len(path.read_bytes()) == 32
+    with pytest.raises(ValueError, match="drawn with another secret"):
+        make_fed(tmp_path, replace(privacy, secret="a guess")).resume()
+    key = path.read_bytes()
+    path.unlink()
+    with pytest.raises(ValueError, match="secret.key is missing"):
+        make_fed(tmp_path, privacy).resume()
+    write_secret(path, key)
+    assert make_fed(tmp_path, privacy).resume()
+    RunStorage(tmp_path).reset()
+    assert not path.exists()  # a fresh run in the directory draws with a new secret

@@ -15,7 +15,8 @@ from server.config import FederationConfig, PrivacyConfig
 from tests.support.federation import seeded_updates, tiny_federation
 
 PHONES = 12
-DP = PrivacyConfig(clip_norm=0.05, noise_multiplier=1.0, delta=1e-5)
+# One passphrase for every run compared: the same cohorts and noise draws (server.dp_secret).
+DP = PrivacyConfig(clip_norm=0.05, noise_multiplier=1.0, delta=1e-5, secret="compared runs")
 FEDAVG: tuple[str, dict] = ("fedavg", {})
 FIXED: tuple[str, dict] = ("fedatt", {"normalizer": "fixed", "epsilon": 1.0})
 
@@ -63,7 +64,7 @@ def test_the_fixed_normalizer_draws_dp_fedavgs_noise(tmp_path):
     for key in ("sensitivity", "noise_std", "clip"):
         assert fix_row["info"]["dp"][key] == avg_row["info"]["dp"][key], key
     assert fix_row["epsilon"] == avg_row["epsilon"] and fix_row["delta"] == avg_row["delta"]
-    # the same seeded draw at the same std: the very same noise on every weight
+    # the same secret's draw at the same std: the very same noise on every weight
     std = avg_row["info"]["dp"]["noise_std"]
     floating = [k for k, v in avg_noise.items() if v.is_floating_point()]
     assert floating and set(floating) == {k for k, v in fix_noise.items() if v.is_floating_point()}

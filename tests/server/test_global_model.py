@@ -1,5 +1,6 @@
 """The keyboard's export (server.global_model.GlobalModel): the round best on validation so far,
-so a round that does worse never replaces the served model; every round with export_latest."""
+so a round that does worse never replaces the served model; every round with export_latest, or
+under DP."""
 
 from __future__ import annotations
 
@@ -10,17 +11,20 @@ from types import SimpleNamespace
 import pytest
 
 from server import global_model
+from server.config import PrivacyConfig
 from server.events import EventBus
 from server.global_model import GlobalModel
 
 
 class FakeFederation:
-    """What GlobalModel reads of a Federation: the round, the best round, the checkpoints."""
+    """What GlobalModel reads of a Federation: the round, the best round, the checkpoints, the
+    privacy config."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, privacy: PrivacyConfig | None = None):
         self.round = 0
         self.best: dict | None = None
         self.storage = SimpleNamespace(checkpoint_path=lambda r: root / f"round_{r:04d}")
+        self.config = SimpleNamespace(privacy=privacy or PrivacyConfig())
 
     def public_checkpoint(self) -> bytes:
         return f"round {self.round}".encode()
@@ -32,17 +36,19 @@ class FakeFederation:
             self.best = {"round": self.round, "val_ppl": val_ppl}
 
 
-def exported_rounds(tmp_path, monkeypatch, val_ppls: list[float], latest: bool) -> list[int]:
+def exported_rounds(
+    tmp_path, monkeypatch, val_ppls: list[float], latest: bool, privacy: PrivacyConfig | None = None
+) -> list[int]:
     """The rounds whose checkpoints GlobalModel exported, one refresh per round (each export
     finished before the next round, as in a federation whose rounds outlast an export)."""
     exported: list[int] = []
 
-    def fake_export(checkpoint: Path, export_dir: Path):
+    def fake_export(checkpoint: Path, export_dir: Path, metrics):
         exported.append(int(checkpoint.name.removeprefix("round_")))
         return SimpleNamespace(path=export_dir / "model.onnx", bytes=1)
 
     monkeypatch.setattr(global_model, "_export", fake_export)
-    fed = FakeFederation(tmp_path)
+    fed = FakeFederation(tmp_path, privacy)
 
     async def run() -> None:
         model = GlobalModel(fed, EventBus(), tmp_path / "export", export_latest=latest)  # type: ignore[arg-type]
@@ -66,6 +72,14 @@ def test_a_round_that_does_worse_on_validation_leaves_the_export_alone(tmp_path,
 
 def test_export_latest_exports_every_round(tmp_path, monkeypatch):
     rounds = exported_rounds(tmp_path, monkeypatch, [100.0, 90.0, 95.0], latest=True)
+    assert rounds == [0, 1, 2, 3]
+
+
+def test_under_dp_the_export_follows_the_newest_round(tmp_path, monkeypatch):
+    """Choosing the round by the phones' held-out text is a release the accountant does not
+    cover: under DP every round is exported, as it was noised."""
+    dp = PrivacyConfig(clip_norm=1.0)
+    rounds = exported_rounds(tmp_path, monkeypatch, [100.0, 90.0, 95.0], latest=False, privacy=dp)
     assert rounds == [0, 1, 2, 3]
 
 

@@ -5,10 +5,13 @@ import json
 import threading
 import time
 
+import pytest
 from sqlalchemy import create_engine, text
+from starlette.testclient import WebSocketDenialResponse
 
 from common.task import TASK_KEYS
 from server.db import hash_token
+from server.metrics_row import DP_EVENTS, DP_ROW
 from tests.support.http import (
     SECRET,
     Phone,
@@ -22,6 +25,8 @@ from tests.support.http import (
     wait_round,
 )
 from tests.support.wait import wait_for
+
+OPERATOR = "op-s3cret-0123456789"
 
 
 def test_enrollment_secret_names_and_hashed_tokens(tmp_path):
@@ -192,15 +197,29 @@ def test_long_poll_waits_for_a_change_and_misses_none(tmp_path):
 
 
 def test_under_dp_what_the_server_publishes_names_no_phone(tmp_path):
-    """Issue 52: which phones were selected and aggregated is not a release the accountant paid
-    for (server.metrics_row.public_row): GET /v1/metrics, the model devices download and the
-    event stream of a DP run name no phone; the server's own metrics.jsonl still does."""
+    """Which phones were selected and aggregated, what they were refused, and the scores on
+    their held-out text are not releases the accountant paid for (server.metrics_row.public_row,
+    DP_EVENTS): GET /v1/metrics, the model devices download and the event stream of a DP run
+    publish an allow-list, naming no phone even in a refusal's words; the server's own
+    metrics.jsonl still has everything."""
     settings = make_settings(
         tmp_path, rounds=1, fraction=0.5, wait_devices=4, dp_clip=1.0, dp_noise_multiplier=1.0
     )
     with running(settings) as client:
         with client.websocket_connect("/v1/events") as ws:
             phones = enroll_phones(client, 4)
+            views = wait_for(
+                lambda: (
+                    (v := {p.name: p.current() for p in phones})
+                    and all(x["state"] == "open" for x in v.values())
+                    and v
+                ),
+                what="the round did not open",
+            )
+            left_out = next(p for p in phones if not views[p.name]["selected"])
+            left_out.train(views[next(n for n, v in views.items() if v["selected"])])
+            refused = left_out.upload()
+            assert refused.status_code == 403 and left_out.name in refused.json()["detail"]
             run_round(phones)
             rows = wait_round(client, 1)
             events = []
@@ -211,26 +230,73 @@ def test_under_dp_what_the_server_publishes_names_no_phone(tmp_path):
     published = json.dumps([rows, served, events])
     assert rows[1]["epsilon"] > 0 and served["round"] == 1
     assert not any(name in published for name in names)
-    assert {"update_received", "round_aggregated", "device_enrolled"} <= {e["type"] for e in events}
+    for event in events:
+        allowed = DP_EVENTS[event["type"]] | {"type", "time"}
+        assert set(event) <= allowed, event
+    assert {"round_opened", "round_aggregated", "run_finished"} <= {e["type"] for e in events}
+    for row in (*rows, served):
+        assert set(row) <= DP_ROW and "test_ppl" not in row and "val_ppl" not in row
     own = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(own["aggregated"]) == 2 and set(own["selected"]) <= set(names)
+    assert own["test_ppl"] > 0 and own["noise_reproducible"] is False
 
 
 def test_prometheus_counters_are_the_operators(tmp_path):
     """GET /metrics holds exact counts of what the phones did (uploads refused by reason): with
-    FEDKEY_METRICS_TOKEN set it answers only that bearer token (401 otherwise), and a DP run
+    FEDKEY_OPERATOR_TOKEN set it answers only that bearer token (401 otherwise), and a DP run
     without one refuses it (403, saying how to set one); without DP or token it stays open."""
     dp = dict(rounds=1, wait_devices=4, dp_clip=1.0, dp_noise_multiplier=1.0)
     with running(make_settings(tmp_path / "dp", **dp)) as client:
         refused = client.get("/metrics")
-        assert refused.status_code == 403 and "FEDKEY_METRICS_TOKEN" in refused.json()["detail"]
-    with running(make_settings(tmp_path / "token", metrics_token="op-s3cret", **dp)) as client:
-        for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "op-s3cret"}):
+        assert refused.status_code == 403 and "FEDKEY_OPERATOR_TOKEN" in refused.json()["detail"]
+    with running(make_settings(tmp_path / "token", operator_token=OPERATOR, **dp)) as client:
+        for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": OPERATOR}):
             assert client.get("/metrics", headers=header).status_code == 401
-        scraped = client.get("/metrics", headers={"Authorization": "Bearer op-s3cret"})
+        scraped = client.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR}"})
         assert scraped.status_code == 200 and "fedkey_uploads_rejected" in scraped.text
         # the scheme in any case, as a device's token (RFC 7235: case-insensitive)
-        assert client.get("/metrics", headers={"Authorization": "bearer  op-s3cret "}).is_success
-        assert client.get("/v1/metrics").status_code == 200  # the rows stay public (redacted)
+        assert client.get("/metrics", headers={"Authorization": f"bearer  {OPERATOR} "}).is_success
     with running(make_settings(tmp_path / "plain", rounds=1, wait_devices=4)) as client:
         assert client.get("/metrics").status_code == 200
+
+
+def test_with_an_operator_token_observers_need_it(tmp_path):
+    """FEDKEY_OPERATOR_TOKEN closes GET /v1/metrics and WS /v1/events to whoever lacks it (401,
+    the WebSocket refused before its handshake); FEDKEY_PRIVATE_MODEL closes GET /v1/model to
+    all but enrolled devices and the operator. /healthz stays open."""
+    settings = make_settings(
+        tmp_path, rounds=1, wait_devices=4, operator_token=OPERATOR, private_model=True
+    )
+    operator = {"Authorization": f"Bearer {OPERATOR}"}
+    with running(settings) as client:
+        for header in ({}, {"Authorization": "Bearer wrong"}):
+            refused = client.get("/v1/metrics", headers=header)
+            assert refused.status_code == 401 and "OPERATOR_TOKEN" in refused.json()["detail"]
+            with pytest.raises(WebSocketDenialResponse) as denied:
+                with client.websocket_connect("/v1/events", headers=header):
+                    pass
+            assert denied.value.status_code == 401
+            assert client.get("/v1/model", headers=header).status_code == 401
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/v1/metrics", headers=operator).json()["rounds"][0]["round"] == 0
+        assert client.get("/v1/model", headers=operator).status_code == 200
+        with client.websocket_connect("/v1/events", headers=operator) as ws:
+            phone = enroll_phones(client, 1)[0]
+            assert ws.receive_json()["type"] == "device_enrolled"
+        assert client.get("/v1/model", headers=phone.auth).status_code == 200
+
+
+def test_v1_metrics_reads_the_database_once_per_recorded_round(tmp_path):
+    """A flood of GET /v1/metrics costs one database read until the next round is recorded;
+    then the new round is there at once."""
+    with running(make_settings(tmp_path, rounds=1, wait_devices=2)) as client:
+        coordinator = client.app_ref.state.coordinator
+        reads = []
+        read_rows = coordinator._read_rows
+        coordinator._read_rows = lambda: reads.append(1) or read_rows()
+        for _ in range(50):
+            assert [r["round"] for r in metrics(client)] == [0]
+        assert len(reads) == 1
+        run_round(enroll_phones(client, 2))
+        assert [r["round"] for r in wait_round(client, 1)] == [0, 1]
+        assert len(reads) == 2

@@ -21,16 +21,20 @@ ROUTES = {
     ("/v1/rounds/current", "get"): {401, 422, 503},
     ("/v1/rounds/{n}/loss", "post"): {401, 403, 408, 409, 413, 422, 503, 507},
     ("/v1/rounds/{n}/update", "post"): {400, 401, 403, 408, 409, 413, 422, 503, 507},
-    ("/v1/model", "get"): {503},
-    ("/v1/metrics", "get"): {503},
+    ("/v1/model", "get"): {401, 503},
+    ("/v1/metrics", "get"): {401, 503},
     ("/healthz", "get"): {503},
     ("/metrics", "get"): {401, 403, 503},
 }
 BEARER = {
+    ("/v1/model", "get"),  # with FEDKEY_PRIVATE_MODEL (a device's token, or the operator's)
     ("/v1/rounds/current", "get"),
     ("/v1/rounds/{n}/loss", "post"),
     ("/v1/rounds/{n}/update", "post"),
 }
+
+# (path, method) of the operator's routes (FEDKEY_OPERATOR_TOKEN)
+OPERATOR = {("/metrics", "get"), ("/v1/metrics", "get")}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +170,7 @@ def test_the_bearer_scheme(doc):
     scheme = doc["components"]["securitySchemes"]["bearer"]
     assert scheme["type"] == "http" and scheme["scheme"] == "bearer"
     for key, op in operations(doc).items():
-        if key == ("/metrics", "get"):  # the operator's metrics token, not a device's
+        if key in OPERATOR:  # the operator's token, not a device's
             assert op.get("security") == [{"operator": []}]
             continue
         assert op.get("security") == ([{"bearer": []}] if key in BEARER else None), key
@@ -187,7 +191,7 @@ def test_response_models_change_no_answer(tmp_path):
         wait_round(client, 1)
         assert client.get("/healthz").json() == coordinator.health()
         assert client.get("/v1/metrics").json() == {
-            "rounds": json.loads(json.dumps(coordinator.metrics_rows()))
+            "rounds": json.loads(json.dumps(client.portal.call(coordinator.metrics_rows)))
         }
 
         views = coordinator.parts.views

@@ -13,7 +13,7 @@ import torch
 
 from models.checkpoint import read_metadata
 from server.config import PrivacyConfig
-from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, PHONE_KEYS, public_info, public_row
+from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, DP_ROW, public_info, public_row
 from tests.support.federation import seeded_updates
 
 PHONES = 12
@@ -109,14 +109,13 @@ def test_a_dp_row_publishes_only_the_allow_list(tmp_path, strategy, privacy):
     for served in (fed.public_checkpoint(), reread(fed)):
         public.write_bytes(served)
         row = read_metadata(public)["metrics"]
-        assert row["info"] == last and row["test_ppl"] == rows[-1]["test_ppl"]
-        assert not PHONE_KEYS & set(row) and not any(p in json.dumps(row) for p in phones)
+        assert row["info"] == last and row["epsilon"] == rows[-1]["epsilon"]
+        assert set(row) <= DP_ROW and not any(p in json.dumps(row) for p in phones)
     # Under Poisson sampling the bytes are the cohort's size times the model's: left out too.
     poisson = privacy.sampling == "poisson"
-    hidden = {"selected", "uploaded", "aggregated"} | (
-        {"bytes_up", "bytes_down"} if poisson else set()
-    )
-    assert public_row(rows[-1], privacy) == {k: v for k, v in rows[-1].items() if k not in hidden}
+    shown = DP_ROW - ({"bytes_up", "bytes_down"} if poisson else set())
+    assert public_row(rows[-1], privacy) == {k: v for k, v in rows[-1].items() if k in shown}
+    assert "test_ppl" in rows[-1] and "best_round" in rows[-1]  # the server's own record
     assert rows[-1]["bytes_up"] > 0 and rows[-1]["bytes_down"] > 0  # the server's own record
 
 
@@ -149,7 +148,9 @@ def test_without_dp_the_row_is_as_before(tmp_path, strategy, monkeypatch):
 @pytest.mark.parametrize(("strategy", "privacy"), CASES[:2] + CASES[-2:])
 def test_the_redaction_changes_no_weight(tmp_path, strategy, privacy, monkeypatch):
     """The same DP run with the redaction switched off: the same global model and server state
-    every round; only the published row differs (it held the clipped count then)."""
+    every round; only the published row differs (it held the clipped count then). One
+    passphrase for both runs: their noise is drawn alike (server.dp_secret)."""
+    privacy = replace(privacy, secret="compared runs")
     fed = make_fed(tmp_path / "a", strategy, privacy)
     rows = run(fed)
     monkeypatch.setattr("server.engine.public_info", lambda info, privacy: info)

@@ -10,6 +10,7 @@ import torch
 from dp_accounting.rdp import RdpAccountant
 
 from common.noise import randomize
+from server.dp_secret import SecretKey
 from server.privacy import PrivacyAccountant, add_gaussian_noise
 
 N = 400_000  # standard error of an estimated std: about 1 / sqrt(2N) = 0.11 %
@@ -35,7 +36,7 @@ def test_randomize_std_and_off_switch():
 
 def test_gaussian_noise_has_configured_std():
     state = {"w": torch.zeros(N // 2, 2)}
-    noisy = add_gaussian_noise(state, 0.55, gen(2))
+    noisy = add_gaussian_noise(state, 0.55, SecretKey.fresh().normal_state(state, "round", 1))
     assert noisy["w"].std().item() == pytest.approx(0.55, rel=0.01)
     assert add_gaussian_noise(state, 0.0)["w"] is state["w"]
     with pytest.raises(ValueError):

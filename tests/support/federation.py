@@ -18,11 +18,15 @@ from server.storage import RunStorage
 from server.strategies import ClientUpdate
 
 
-def tiny_federation(tmp_path: Path, config: FederationConfig, phones: int) -> Federation:
+def tiny_federation(
+    tmp_path: Path, config: FederationConfig, phones: int, size: int = 4
+) -> Federation:
+    """A federation of `phones` phones over a two-sentence vocabulary, its model's embedding and
+    hidden state `size` wide, evaluated by a constant."""
     tok = WordTokenizer.build(["the cat sat on the mat", "a dog ran"])
     return Federation(
         config,
-        ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4),
+        ModelConfig(vocab_size=tok.vocab_size, emb_size=size, hidden_size=size),
         tok,
         {f"p{i:02d}": 10 for i in range(phones)},
         ["the cat"],
