@@ -11,6 +11,10 @@ ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     PYTHONUNBUFFERED=1 \
     MALLOC_ARENA_MAX=2
 
+# openssl: the compose file's tls service makes the services' self-signed certificate with it.
+RUN apt-get update && apt-get install -y --no-install-recommends openssl \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /app
 # The runtime dependencies alone (pyproject.toml's [project] dependencies, not the dev group), at
 # the versions constraints.txt pins; a layer of its own, rebuilt only when those two files change.

@@ -22,15 +22,15 @@ FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 The package: options.py (the shared option tables; those of malicious phones in attack_options.py,
 of the training backend in backend_options.py), errors.py (every failure as one line),
 federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
-keyboard, info, evaluate), demo.py, audit.py, data.py. Nothing here imports torch until a command
-runs, so --help is quick.
+keyboard, info, evaluate), operator.py (enroll-tokens, revoke: against a running server), demo.py,
+audit.py, data.py. Nothing here imports torch until a command runs, so --help is quick.
 """
 
 from __future__ import annotations
 
 import typer
 
-from cli import audit, checkpoints, data, demo, federation
+from cli import audit, checkpoints, data, demo, federation, operator
 from cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
@@ -46,6 +46,8 @@ app = typer.Typer(
 app.command()(federation.simulate)
 app.command()(federation.server)
 app.command()(federation.devices)
+app.command("enroll-tokens")(operator.enroll_tokens)
+app.command()(operator.revoke)
 app.command()(federation.run)
 app.command("train-central")(federation.train_central_cmd)
 app.command()(federation.ngram)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from cli.errors import UserError, check_can_listen
-from cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, with_options
+from cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, tls_pair, with_options
 
 if TYPE_CHECKING:
     from runners.rescore import Rescored
@@ -78,6 +78,10 @@ def keyboard(
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
+    tls_cert: Path | None = typer.Option(
+        None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)."
+    ),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="The certificate's private key."),
     operator_token: str | None = typer.Option(
         None,
         "--operator-token",
@@ -92,8 +96,9 @@ def keyboard(
 
     if model is None and watch is None:
         raise typer.BadParameter("give --model or --watch", param_hint="--model")
+    tls = tls_pair(tls_cert, tls_key)
     check_can_listen(host, port)
-    typer.echo(f"keyboard on http://{host}:{port}/")
+    typer.echo(f"keyboard on {'https' if tls else 'http'}://{host}:{port}/")
     serve_keyboard(
         model,
         host=host,
@@ -101,6 +106,7 @@ def keyboard(
         watch_dir=watch,
         events_url=events,
         events_token=operator_token,
+        tls=tls,
     )
 
 

@@ -27,10 +27,12 @@ from cli.options import (
     check_url,
     opt,
     phone_data,
+    tls_pair,
     with_options,
 )
 from device_sim.config import FleetConfig
 from runners.processes import free_port
+from server.config import EnrollmentMode
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -155,11 +157,38 @@ def server(
     ),
     host: str = opt("host", "--host", help="Interface to listen on."),
     port: int = opt("port", "--port", help="Port to listen on (0: any free port)."),
+    tls_cert: Path | None = opt(
+        "tls_cert",
+        "--tls-cert",
+        help="Serve HTTPS with this certificate (PEM; phones check it against their trusted "
+        "certificates, or SSL_CERT_FILE's).",
+    ),
+    tls_key: Path | None = opt("tls_key", "--tls-key", help="The certificate's private key."),
     enrollment_secret: str | None = typer.Option(
         None,
         "--enrollment-secret",
         envvar="FEDKEY_ENROLLMENT_SECRET",
-        help="Devices must present it to enroll (default: a random one, printed).",
+        help="Devices present it to enroll (default: a random one, written to "
+        "STORAGE/enrollment_secret, readable by you alone).",
+    ),
+    enrollment: EnrollmentMode = opt(
+        "enrollment",
+        "--enrollment",
+        help="secret: devices enroll with the shared secret or a token minted by `fedkey "
+        "enroll-tokens`; tokens: with a minted token only, one device each.",
+    ),
+    max_devices: int | None = opt(
+        "max_devices",
+        "--max-devices",
+        min=1,
+        help="The most devices enrolled at once (403 past it); default: no cap.",
+    ),
+    device_token_ttl: float | None = opt(
+        "device_token_ttl",
+        "--device-token-ttl",
+        min=1.0,
+        help="Seconds a device's token works after it enrolls, then it enrolls again; default: "
+        "for ever.",
     ),
     wait_devices: int = opt(
         "wait_devices",
@@ -195,11 +224,17 @@ def server(
     """Run the federation server: devices enroll, train and upload over HTTP (docs/how-to/http-federation.md)."""
     from server.main import serve
 
+    tls_pair(tls_cert, tls_key)
     own = dict(
         storage=storage,
         host=host,
         port=port,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
         enrollment_secret=enrollment_secret,
+        enrollment=enrollment,
+        max_devices=max_devices,
+        device_token_ttl=device_token_ttl,
         wait_devices=wait_devices,
         database_url=database_url,
         exit_when_done=exit_when_done,

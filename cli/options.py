@@ -84,6 +84,20 @@ def check_url(value: str | None) -> str | None:
     return value
 
 
+def tls_pair(cert: Path | None, key: Path | None) -> tuple[Path, Path] | None:
+    """--tls-cert and --tls-key: both (existing files) or neither."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise typer.BadParameter(
+            "HTTPS needs both --tls-cert and --tls-key", param_hint="--tls-key"
+        )
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not path.is_file():
+            raise typer.BadParameter(f"{path}: no such file", param_hint=flag)
+    return cert, key
+
+
 # name -> (type, typer.Option). Groups of options shared by several commands.
 DATA = {
     "data": (

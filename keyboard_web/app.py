@@ -39,6 +39,7 @@ from __future__ import annotations
 import mimetypes
 import os
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -68,6 +69,7 @@ __all__ = [
     "ORT_SCRIPT",
     "POLL_SECONDS",
     "STATIC_DIR",
+    "UVICORN_LIMITS",
     "EventHub",
     "Keyboard",
     "ModelHolder",
@@ -75,6 +77,10 @@ __all__ = [
     "main",
     "serve",
 ]
+
+#: uvicorn's settings of the keyboard's limits (keyboard_web.limits has the app's): a WebSocket
+#: frame past MAX_FRAME closes its connection (1009) before it is buffered whole.
+UVICORN_LIMITS: dict[str, Any] = {"ws_max_size": MAX_FRAME}
 
 # Module scripts must be served with a JavaScript type; Python 3.11 does not know .mjs.
 mimetypes.add_type("text/javascript", ".mjs")
@@ -127,19 +133,32 @@ def serve(
     watch_dir: str | Path | None = None,
     events_url: str | None = None,
     events_token: str | None = None,
+    tls: tuple[str | Path, str | Path] | None = None,
 ) -> None:
-    """Run the keyboard with uvicorn (blocks until stopped)."""
+    """Run the keyboard with uvicorn (blocks until stopped); `tls`: (certificate, key) to serve
+    HTTPS with."""
     import uvicorn
 
     app = create_app(
         model_path, watch_dir=watch_dir, events_url=events_url, events_token=events_token
     )
-    uvicorn.run(app, host=host, port=port, log_level=os.environ.get("FEDKEY_LOG_LEVEL", "info"))
+    log_level = os.environ.get("FEDKEY_LOG_LEVEL", "info")
+    cert, key = tls or (None, None)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        **UVICORN_LIMITS,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     """python -m keyboard_web.app MODEL.onnx [--host H] [--port P] [--watch DIR] [--events URL]
-    (the federation server's operator token, if it asks for one: FEDKEY_OPERATOR_TOKEN)"""
+    [--tls-cert PEM --tls-key PEM] (the federation server's operator token, if it asks for one:
+    FEDKEY_OPERATOR_TOKEN)"""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m keyboard_web.app", description=main.__doc__)
@@ -148,8 +167,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--watch", help="directory to hot-reload newer exports from")
     p.add_argument("--events", help="federation server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     a = p.parse_args(argv)
-    serve(a.model, a.host, a.port, a.watch, a.events, os.environ.get("FEDKEY_OPERATOR_TOKEN"))
+    if (a.tls_cert is None) != (a.tls_key is None):
+        p.error("HTTPS needs both --tls-cert and --tls-key")
+    tls = (a.tls_cert, a.tls_key) if a.tls_cert else None
+    token = os.environ.get("FEDKEY_OPERATOR_TOKEN")
+    serve(a.model, a.host, a.port, a.watch, a.events, token, tls)
 
 
 if __name__ == "__main__":

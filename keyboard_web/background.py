@@ -91,6 +91,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        keyboard.inference.close()
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -6,40 +6,76 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 
 from keyboard_web.deps import KeyboardDep
+from keyboard_web.limits import MAX_SOCKETS, RATE, Bucket
 from keyboard_web.protocol import Conversation
+from keyboard_web.service import Keyboard
 
 router = APIRouter()
 
 
 @router.websocket("/ws/suggest")
 async def ws_suggest(ws: WebSocket, keyboard: KeyboardDep):
-    await ws.accept()
-    conversation = Conversation(keyboard.holder)
-    try:
+    """Suggestions: each message answered by the model in the inference pool, at most
+    keyboard_web.limits.RATE a second (an error reply past it)."""
+    async with _socket(ws, keyboard) as admitted:
+        if not admitted:
+            return
+        conversation = Conversation(keyboard.holder)
+        bucket = Bucket()
         while True:
             msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
                 return
-            await ws.send_json(conversation.reply(msg.get("text")))
-    except (WebSocketDisconnect, RuntimeError):
-        return
+            if bucket.take():
+                reply = await keyboard.inference.run(conversation.reply, msg.get("text"))
+            else:
+                reply = {"error": f"too many messages: at most {RATE:g} a second"}
+            await ws.send_json(reply)
 
 
 @router.websocket("/ws/events")
 async def ws_events(ws: WebSocket, keyboard: KeyboardDep):
-    queue = keyboard.hub.subscribe()
+    async with _socket(ws, keyboard) as admitted:
+        if not admitted:
+            return
+        queue = keyboard.hub.subscribe()
+        try:
+            await ws.send_text(json.dumps(keyboard.hello()))
+            await _forward(ws, queue)
+        finally:
+            keyboard.hub.unsubscribe(queue)
+
+
+@contextlib.asynccontextmanager
+async def _socket(ws: WebSocket, keyboard: Keyboard) -> AsyncIterator[bool]:
+    """Accept `ws` while fewer than keyboard_web.limits.MAX_SOCKETS are open (True), else refuse
+    its handshake with a 503 (False); a client that goes away ends the connection quietly."""
+    if not keyboard.sockets.enter():
+        await _refuse(ws)
+        yield False
+        return
     try:
         await ws.accept()
-        await ws.send_text(json.dumps(keyboard.hello()))
-        await _forward(ws, queue)
+        yield True
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
-        keyboard.hub.unsubscribe(queue)
+        keyboard.sockets.leave()
+
+
+async def _refuse(ws: WebSocket) -> None:
+    detail = f"the keyboard has {MAX_SOCKETS} connections open: try again later"
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        answer = JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "5"})
+        await ws.send_denial_response(answer)
+    else:
+        await ws.close(code=1013, reason=detail[:120])
 
 
 async def _forward(ws: WebSocket, queue: asyncio.Queue) -> None:

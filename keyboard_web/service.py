@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keyboard_web.limits import Inference, SocketGate
 from keyboard_web.suggest import Suggester
 from keyboard_web.upstream import Upstream
 
@@ -159,6 +160,8 @@ class Keyboard:
     ort_dist: Path = ORT_DIST
     poll_seconds: float = POLL_SECONDS
     hub: EventHub = field(default_factory=EventHub)
+    sockets: SocketGate = field(default_factory=SocketGate)  # keyboard_web.limits
+    inference: Inference = field(default_factory=Inference)
 
     @classmethod
     def build(

@@ -38,6 +38,9 @@ DP_SAMPLINGS: tuple[DPSampling, ...] = get_args(DPSampling)
 #: Where `fedkey server` completes its rounds (server.aggregator): a child process, so the event
 #: loop shares no GIL with the aggregation, or a thread of the server process.
 AggregateIn = Literal["process", "thread"]
+#: How devices enroll with `fedkey server` (server.enrollment): the shared enrollment secret or a
+#: token the operator minted, or a minted token only.
+EnrollmentMode = Literal["secret", "tokens"]
 #: The coordinate trim without DP: with 10 phones one value is clamped at each end, 3 with 30.
 DEFAULT_TRIM = 0.1
 #: The cosine outlier filter's cut without DP: Iglewicz & Hoaglin's modified z-score 3.5

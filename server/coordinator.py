@@ -74,6 +74,16 @@ log = logging.getLogger("fedkey.server")
 #: Where a server started without FEDKEY_ENROLLMENT_SECRET writes the one it generated (0600).
 ENROLLMENT_SECRET_FILE = "enrollment_secret"
 
+
+def shared_secret(settings: Settings) -> str | None:
+    """The shared enrollment secret: the configured one, or one generated now; None when only
+    minted tokens enroll (server.enrollment)."""
+    if settings.enrollment == "tokens":
+        return None
+    secret = settings.enrollment_secret
+    return secret.get_secret_value() if secret else secrets.token_urlsafe(16)
+
+
 __all__ = ["DEVICE_NAME", "ApiError", "Coordinator", "OpenRound", "Telemetry", "Upload"]
 
 
@@ -102,9 +112,10 @@ class Coordinator:
         self.events = EventBus(settings.event_queue_size, allow=allow)
         self.root = Path(settings.storage).resolve()
         self.uploads_dir = self.root / "uploads"
-        secret = settings.enrollment_secret
-        self.enrollment_secret = secret.get_secret_value() if secret else secrets.token_urlsafe(16)
-        self.generated_secret = secret is None
+        self.enrollment_secret = shared_secret(settings)
+        self.generated_secret = (
+            self.enrollment_secret is not None and not settings.enrollment_secret
+        )
         self.on_finished: Callable[[], None] | None = None  # serve() shuts uvicorn down with it
         self.federation: Federation | None = None
         self.aggregator: Aggregator | None = None
@@ -115,7 +126,7 @@ class Coordinator:
         self._rows_cache: tuple[int, list[dict]] | None = None
         self._stopped = asyncio.Event()  # set when a shutdown begins: background tasks end
         self._poke = asyncio.Event()  # wakes the round driver
-        self.polls = LongPolls(self._stopped)
+        self.polls = LongPolls(self._stopped, settings.polls_per_device)
         self.registry = DeviceRegistry(
             settings=settings,
             enrollment_secret=self.enrollment_secret,
@@ -139,7 +150,7 @@ class Coordinator:
         db_writer = self.db_writer = BatchWriter(self.sessions)
         if self.generated_secret:  # to a file only its owner reads, never to the log
             path = self.root / ENROLLMENT_SECRET_FILE
-            await asyncio.to_thread(atomic_write, path, self.enrollment_secret, mode=0o600)
+            await asyncio.to_thread(atomic_write, path, self.enrollment_secret or "", mode=0o600)
             log.warning("no enrollment secret configured; generated one, in %s", path)
         fed, resumed = await self._build_federation()
         parts = self.parts = self._build_parts(fed, resumed, db_writer)
@@ -300,6 +311,14 @@ class Coordinator:
         """`Authorization: Bearer <token>` -> device id, or 401 (server.devices)."""
         return self.registry.authenticate(authorization)
 
+    async def mint_enrollment_tokens(self, count: Any, ttl: Any) -> dict:
+        """POST /v1/enrollment-tokens, for the operator (server.devices)."""
+        return await self.registry.mint(count, ttl)
+
+    async def revoke(self, device_id: str) -> dict:
+        """DELETE /v1/devices/{device_id}, for the operator (server.devices)."""
+        return await self.registry.revoke(device_id)
+
     def view(self, device_id: str) -> dict:
         """GET /v1/rounds/current for `device_id`, at once (server.views)."""
         return self._parts().views.view(device_id)
@@ -380,6 +399,18 @@ class Coordinator:
         given = bearer_token(authorization, "<FEDKEY_OPERATOR_TOKEN>").encode()
         if not hmac.compare_digest(given, token.get_secret_value().encode()):
             raise ApiError(401, f"{what}: not the FEDKEY_OPERATOR_TOKEN", "unauthorized")
+
+    def check_operator_action(self, authorization: str | None, what: str) -> None:
+        """The gate of what only the operator does (minting enrollment tokens, revoking a
+        device): 403 when the server has no operator token, else 401 without it."""
+        if self.settings.operator_token is None:
+            raise ApiError(
+                403,
+                f"{what} is the operator's: start the server with FEDKEY_OPERATOR_TOKEN set and "
+                "send 'Authorization: Bearer <that token>'",
+                "forbidden",
+            )
+        self.check_observer(authorization, what)
 
     def check_model_reader(self, authorization: str | None) -> None:
         """GET /v1/model's gate: open, or with private_model a device's token or the operator's

@@ -56,6 +56,25 @@ class Device(Base):
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class EnrollmentToken(Base):
+    """A single-use enrollment token the operator minted (POST /v1/enrollment-tokens): its
+    hash and when it expires."""
+
+    __tablename__ = "enrollment_tokens"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class EnrollmentUse(Base):
+    """A minted token spent: committed with the device it enrolled, so it enrolls one only."""
+
+    __tablename__ = "enrollment_uses"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(64))
+
+
 class Attempt(StrEnum):
     """The state of one attempt at a round, as its row records it."""
 
@@ -117,18 +136,19 @@ class BatchWriter:
     under SQLite's synchronous=FULL), not 10,000, and the event loop writes none of them.
 
         await writer.add(Device(...))   # returns once the row is committed; raises its error
+        await writer.add(a, b)          # rows committed together, in one transaction
 
     When a batch fails (a name taken), its rows are committed one by one, so each caller gets
     its own row's outcome."""
 
     def __init__(self, sessions: sessionmaker):
         self.sessions = sessions
-        self._pending: list[tuple[Base, asyncio.Future[None]]] = []
+        self._pending: list[tuple[tuple[Base, ...], asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def add(self, row: Base) -> None:
+    async def add(self, *rows: Base) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((row, done))
+        self._pending.append((rows, done))
         if self._task is None:
             self._task = asyncio.create_task(self._write(), name="fedkey-db-writer")
         await done
@@ -138,13 +158,13 @@ class BatchWriter:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await asyncio.to_thread(self._commit, [row for row, _ in batch])
+                    await asyncio.to_thread(self._commit, [r for rows, _ in batch for r in rows])
                     outcomes: list[BaseException | None] = [None] * len(batch)
                 except Exception as e:
                     if len(batch) == 1:
                         outcomes = [e]
                     else:  # find whose row failed: one transaction each
-                        outcomes = [await self._alone(row) for row, _ in batch]
+                        outcomes = [await self._alone(rows) for rows, _ in batch]
                 for (_, done), outcome in zip(batch, outcomes, strict=True):
                     if done.done():  # the request was cancelled meanwhile
                         continue
@@ -155,9 +175,9 @@ class BatchWriter:
         finally:
             self._task = None
 
-    async def _alone(self, row: Base) -> BaseException | None:
+    async def _alone(self, rows: tuple[Base, ...]) -> BaseException | None:
         try:
-            await asyncio.to_thread(self._commit, [row])
+            await asyncio.to_thread(self._commit, list(rows))
         except Exception as e:
             return e
         return None

@@ -30,6 +30,12 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     once the request has begun, so a chunk that also carries the end of the previous request
     counts whole: an overcount of one chunk at most, never an undercount.
 
+    And a limit on its time: a connection whose first request's head has not ended
+    `head_timeout` seconds after it opened, or a kept-alive one whose next request's head has not
+    ended that long after its first byte, is closed (uvicorn times neither: a client that opens
+    connections and sends nothing, or types its headers a byte at a time, would hold them until
+    limit_concurrency turns everyone away).
+
     Each request's scope also carries ``scope["extensions"][TRANSPORT_EXTENSION]``: the
     transport's ``abort`` (a model download cut for a reader that stopped reading closes its
     socket at once, where a close would wait for ever for the buffer to be read) and
@@ -37,11 +43,14 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     server.api.routes_model.ChunkedResponse)."""
 
     max_head = 16_384
+    head_timeout = 15.0
     _in_head = False
     _head = 0
+    _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._time_head()
         flow = self.flow  # the connection's: one extensions dict serves each of its requests
         self._extensions: dict[str, dict[object, object]] = {
             TRANSPORT_EXTENSION: {
@@ -54,10 +63,30 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
         super().on_message_begin()
         self._in_head, self._head = True, 0
         self.scope["extensions"] = self._extensions
+        if self._head_timer is None:  # a kept-alive connection's next request
+            self._time_head()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._stop_head_timer()
         super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _time_head(self) -> None:
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_late)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -69,9 +98,10 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
                 )
 
 
-def head_limited(max_head: int) -> type[HeadLimitedHttpTools]:
-    """The protocol class of one server, with its own limit."""
-    return type("HeadLimitedHttpTools", (HeadLimitedHttpTools,), {"max_head": max_head})
+def head_limited(max_head: int, head_timeout: float) -> type[HeadLimitedHttpTools]:
+    """The protocol class of one server, with its own limits."""
+    limits = {"max_head": max_head, "head_timeout": head_timeout}
+    return type("HeadLimitedHttpTools", (HeadLimitedHttpTools,), limits)
 
 
 class _Server(uvicorn.Server):
@@ -103,7 +133,7 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         workers=1,
         # httptools and uvloop: 26-32% less of the event loop's CPU per request than h11 and
         # asyncio's loop (measured at 10,000 phones, issue 16); the head limit is ours (above).
-        http=head_limited(settings.max_header_bytes),
+        http=head_limited(settings.max_header_bytes, settings.head_timeout),
         loop="uvloop",
         ws="websockets-sansio",
         log_level=log_level,
@@ -113,12 +143,16 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         # a model download is, by the app, once its reader has taken nothing for send_timeout
         # seconds, and a request body once it stalls, server.validation); past limit_concurrency
         # connections or requests in flight uvicorn answers 503; a request line + headers still
-        # unfinished past max_header_bytes get a 400 and the connection closed
+        # unfinished past max_header_bytes get a 400 and the connection closed, and a head not
+        # done head_timeout seconds after the connection or the request began closes it
         # (HeadLimitedHttpTools); nothing the server takes over WebSocket is larger than a JSON
         # control body.
         timeout_keep_alive=settings.keep_alive,
         limit_concurrency=settings.limit_concurrency,
         ws_max_size=MAX_JSON_BODY,
+        # HTTPS with --tls-cert and --tls-key (uvicorn's ssl options); else plain HTTP
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
     )
     server = _Server(config)
     coordinator = app.state.coordinator

@@ -26,6 +26,7 @@ from server.config import (
     ClipScope,
     DPMechanism,
     DPSampling,
+    EnrollmentMode,
     FederationConfig,
     InfluenceConfig,
     Norm,
@@ -169,7 +170,14 @@ class Settings(BaseSettings):
     # -- service ---------------------------------------------------------------------------------
     storage: Path = Path("runs/server")
     database_url: str | None = None  # default sqlite:///<storage>/fedkey.db
-    enrollment_secret: SecretStr | None = None  # None: a random one is generated and logged
+    # How devices enroll (server.enrollment): "secret", with the shared enrollment secret or a
+    # token the operator minted; "tokens", with a minted token only (one device each)
+    enrollment: EnrollmentMode = "secret"
+    # the shared secret; None: a random one is generated, in <storage>/enrollment_secret (0600)
+    enrollment_secret: SecretStr | None = None
+    max_devices: int | None = Field(None, ge=1)  # the most devices enrolled at once (a Sybil cap)
+    # seconds a device's token works after its enrollment (then it enrolls again); None: always
+    device_token_ttl: float | None = Field(None, gt=0, allow_inf_nan=False)
     # The operator's token: when set, GET /metrics (Prometheus), GET /v1/metrics and WS /v1/events
     # answer only `Authorization: Bearer <operator_token>` (401 otherwise); under DP it must be
     # set for GET /metrics, as the counters are exact counts of what the phones did
@@ -178,10 +186,16 @@ class Settings(BaseSettings):
     private_model: bool = False
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    # HTTPS: the certificate (PEM, its chain after it) and its private key; None: plain HTTP
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size
     # Upload bodies read at once; the others wait their turn with their bytes in the kernel's
     # socket buffers (up to server.upload_store.FLUSH_BYTES of each is in memory while read)
     max_receiving: int = Field(64, ge=1)
+    # The slowest an upload body may come, in bytes per second, once it has a slot: a body must
+    # end within 30 s plus (the model's size + max_upload_margin) / min_upload_rate, or 408
+    min_upload_rate: float = Field(16_384.0, gt=0, allow_inf_nan=False)
     # Model download bodies sent at once (server.api.routes_model); the others wait their turn
     # before their answer starts. Each body being sent is up to one event-loop step of
     # routes_model.YIELD_EVERY slices (about 0.37 ms) in every loop iteration, so this bounds
@@ -216,8 +230,14 @@ class Settings(BaseSettings):
     keep_alive: int = Field(75, ge=1)
     # ... connections + requests in flight before uvicorn answers 503 (long-polls count) ...
     limit_concurrency: int = Field(20_000, ge=1)
-    # ... and h11's buffer for a request line + headers still unfinished: past it, 400 and closed.
+    # ... and h11's buffer for a request line + headers still unfinished: past it, 400 and closed
     max_header_bytes: int = Field(16_384, ge=1024)
+    # ... and the seconds a connection may take from its opening (or, kept alive, from its next
+    # request's first byte) to the end of a request's head: past them it is closed, so idle or
+    # slowly-typed connections cannot pile up to limit_concurrency
+    head_timeout: float = Field(15.0, gt=0, allow_inf_nan=False)
+    # Long-polls (GET /v1/rounds/current?wait=) one device may have waiting at once (429 past)
+    polls_per_device: int = Field(4, ge=1)
     # New HTTP requests that begin their work in one event-loop iteration (server.admission);
     # the others wait their turn for a few ms, so a burst of arrivals cannot hold the loop for
     # one long iteration (/healthz and /metrics skip the queue). 0: no limit.
@@ -241,6 +261,8 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         if self.canary:
             self.canary_spec()  # a malformed FEDKEY_CANARY_FORMAT / _ALPHABET, refused up front
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("HTTPS needs both --tls-cert and --tls-key")
         return self
 
     # -- the engine's dataclasses ----------------------------------------------------------------

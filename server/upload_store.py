@@ -40,11 +40,16 @@ class Received:
 
 
 async def receive(
-    chunks: AsyncIterator[bytes], directory: Path, prefix: str, limit: int
+    chunks: AsyncIterator[bytes],
+    directory: Path,
+    prefix: str,
+    limit: int,
+    deadline: float | None = None,
 ) -> Received:
     """Stream a body into a new owner-only temporary file in `directory` (the final file's, so
-    the later rename is atomic). 413 as soon as more than `limit` bytes have come; on any failure
-    the temporary file is removed."""
+    the later rename is atomic). 413 as soon as more than `limit` bytes have come, 408 when it
+    stalls or has not ended by the loop's `deadline` (server.validation.idle_limited); on any
+    failure the temporary file is removed."""
     path, fd = await asyncio.to_thread(_open_temp, directory, prefix)
     hasher = hashlib.sha256()
     total = 0
@@ -52,7 +57,7 @@ async def receive(
     pending = 0
     closed = False
     try:
-        async for chunk in idle_limited(chunks):
+        async for chunk in idle_limited(chunks, deadline):
             total += len(chunk)
             if total > limit:
                 raise too_large(limit, f"of more than {limit} bytes")

@@ -21,7 +21,7 @@ from server.engine import Federation
 from server.events import EventBus
 from server.rounds import ApiError, OpenRound, RoundNow, RoundState, Upload, round_dir
 from server.settings import Settings
-from server.slots import acquire_within
+from server.slots import OnePerKey, acquire_within
 from server.telemetry import Telemetry
 from server.validation import ValidationError
 from server.views import LongPolls
@@ -35,6 +35,8 @@ from server.views import LongPolls
 RECEIVE_WAIT = 300.0
 #: The Retry-After of that 503, in seconds.
 BUSY_RETRY_AFTER = 5
+#: Seconds an upload body may take beyond what its size at settings.min_upload_rate needs.
+UPLOAD_GRACE = 30.0
 
 
 class UploadInbox:
@@ -70,6 +72,10 @@ class UploadInbox:
         self._events = events
         # upload bodies being read (settings.max_receiving at once): the server's memory
         self.receiving = asyncio.Semaphore(settings.max_receiving)
+        self._receiving_from = OnePerKey()  # devices whose upload request is in progress
+        # the longest one body may take once it has a slot: a grace, plus its largest size at
+        # the slowest rate a phone may send (settings.min_upload_rate)
+        self.body_seconds = UPLOAD_GRACE + upload_limit / settings.min_upload_rate
 
     # -- loss reports ----------------------------------------------------------------------------
 
@@ -94,7 +100,7 @@ class UploadInbox:
         except ValidationError as e:
             self._reject(device_id, n, "loss", e)
             raise
-        if wait > 0:
+        if wait > 0 and self._polls.can_wait(device_id):  # else answered at once
             await self._polls.wait_until(
                 device_id,
                 lambda: (
@@ -155,10 +161,12 @@ class UploadInbox:
         try:
             device_id = self._authenticate(authorization)
             r = self._round_taking(device_id, n)
-            existing = r.uploads.get(device_id)
-            received = await self._receive_body(existing, device_id, n, headers, body)
-            with _removed(received.path):  # once renamed into place, nothing is left to remove
-                up, fresh = await self._keep(r, existing, device_id, n, headers, received)
+            # one request of a device at a time: one phone cannot hold every receiving slot
+            with self._receiving_from.hold(device_id, lambda: _in_progress(device_id, n)):
+                existing = r.uploads.get(device_id)
+                received = await self._receive_body(existing, device_id, n, headers, body)
+                with _removed(received.path):  # once renamed into place, nothing is left
+                    up, fresh = await self._keep(r, existing, device_id, n, headers, received)
         except ValidationError as e:
             self._reject(device_id, n, "update", e)
             raise
@@ -183,11 +191,7 @@ class UploadInbox:
         r = self._open_round_for(device_id, n)
         self._check_may_upload(r, device_id)
         if device_id in r.storing:
-            raise ApiError(
-                409,
-                f"device {device_id!r} has an upload for round {n} in progress",
-                "duplicate",
-            )
+            raise _in_progress(device_id, n)
         return r
 
     async def _receive_body(
@@ -212,6 +216,7 @@ class UploadInbox:
                     round_dir(self._uploads_dir, n),
                     f".tmp-{device_id}-",
                     self.upload_limit,
+                    deadline=asyncio.get_running_loop().time() + self.body_seconds,
                 )
             finally:
                 self.receiving.release()
@@ -387,6 +392,12 @@ def _check_first_loss(r: OpenRound, device_id: str, n: int) -> None:
             f"device {device_id!r} has a loss report for round {n} in progress",
             "duplicate",
         )
+
+
+def _in_progress(device_id: str, n: int) -> ApiError:
+    return ApiError(
+        409, f"device {device_id!r} has an upload for round {n} in progress", "duplicate"
+    )
 
 
 def record_rejection(

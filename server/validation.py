@@ -77,22 +77,37 @@ def check_content_length(value: str | None, limit: int) -> None:
 BODY_IDLE_TIMEOUT = 30.0
 
 
-async def idle_limited(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The body's chunks, refusing it (408) when ``BODY_IDLE_TIMEOUT`` seconds pass without one."""
+async def idle_limited(
+    chunks: AsyncIterator[bytes], deadline: float | None = None
+) -> AsyncIterator[bytes]:
+    """The body's chunks, refusing it (408) when ``BODY_IDLE_TIMEOUT`` seconds pass without one,
+    or when the event loop's clock reaches `deadline` before its end (a body that trickles in,
+    a byte just before each idle limit, would otherwise hold its connection for hours). Only
+    the wait for the next chunk is timed: nothing else is cancelled."""
+    loop = asyncio.get_running_loop()
     it = aiter(chunks)
     while True:
+        wait = BODY_IDLE_TIMEOUT
+        if deadline is not None:
+            wait = min(wait, deadline - loop.time())
         try:
-            async with asyncio.timeout(BODY_IDLE_TIMEOUT):
+            if wait <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(wait):
                 chunk = await anext(it)
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise ValidationError(
-                408,
-                f"the request body stalled: no bytes for {BODY_IDLE_TIMEOUT:g} s; send it again",
-                "stalled",
-            ) from None
+            raise _stalled(deadline is not None and loop.time() >= deadline) from None
         yield chunk
+
+
+def _stalled(late: bool) -> ValidationError:
+    if late:
+        why = "the request body came too slowly: it did not end in time (FEDKEY_MIN_UPLOAD_RATE)"
+    else:
+        why = f"the request body stalled: no bytes for {BODY_IDLE_TIMEOUT:g} s"
+    return ValidationError(408, f"{why}; send it again", "stalled")
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:

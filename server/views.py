@@ -4,12 +4,13 @@ that wait for them to change (`LongPolls`)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
 from common.task import RoundTask
 from server.engine import Federation, client_seed
-from server.rounds import OpenRound, RoundNow, RoundState
+from server.rounds import ApiError, OpenRound, RoundNow, RoundState
 from server.settings import MAX_WAIT
 
 #: Long-polls woken in one event-loop iteration at a transition (the rest in the next ones).
@@ -20,13 +21,37 @@ class LongPolls:
     """The long-polls in flight, one event per device: a request waits on its device's until a
     predicate holds; a change of the round wakes the devices it concerns (:meth:`notify`)."""
 
-    def __init__(self, stopped: asyncio.Event):
+    def __init__(self, stopped: asyncio.Event, per_device: int = 4):
         self.stopped = stopped  # set when the server stops: every wait ends
         self.waiters: dict[str, asyncio.Event] = {}  # device id -> what its long-polls wait on
+        self.per_device = per_device  # long-polls one device may have waiting (429 past it)
+        self._waiting: collections.Counter[str] = collections.Counter()
 
     async def wait_until(self, device_id: str, predicate: Callable[[], bool], wait: float) -> bool:
         """Wait (at most `wait` s) until `predicate()` holds, re-checking it whenever the round
-        changes for this device (:meth:`notify`)."""
+        changes for this device (:meth:`notify`); 429 when the device has `per_device` waiting
+        already (one token cannot hold connections without end)."""
+        if not self.can_wait(device_id):
+            raise ApiError(
+                429,
+                f"device {device_id!r} has {self.per_device} long-polls waiting already "
+                "(FEDKEY_POLLS_PER_DEVICE): wait for their answers",
+                "busy",
+                headers={"Retry-After": "1"},
+            )
+        self._waiting[device_id] += 1
+        try:
+            return await self._wait_until(device_id, predicate, wait)
+        finally:
+            self._waiting[device_id] -= 1
+            if not self._waiting[device_id]:
+                del self._waiting[device_id]
+
+    def can_wait(self, device_id: str) -> bool:
+        """Whether `device_id` may have another long-poll waiting."""
+        return self._waiting[device_id] < self.per_device
+
+    async def _wait_until(self, device_id: str, predicate: Callable[[], bool], wait: float) -> bool:
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, min(float(wait), MAX_WAIT))
         while not predicate():

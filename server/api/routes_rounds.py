@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
+from starlette.requests import ClientDisconnect
 
 from server.api.deps import (
     AuthorizationDep,
@@ -43,7 +44,13 @@ NOT_SELECTED = "this device is not selected in round n (or topK chose other uplo
 @router.get(
     "/v1/rounds/current",
     response_model=RoundView,
-    responses=errors({401: UNAUTHORIZED, 422: "wait is not a number"}),
+    responses=errors(
+        {
+            401: UNAUTHORIZED,
+            422: "wait is not a number",
+            429: "this device has FEDKEY_POLLS_PER_DEVICE long-polls waiting already",
+        }
+    ),
 )
 async def current_round(coordinator: CoordinatorDep, device_id: DeviceId, wait: Wait = 0.0):
     """This device's view of the round; answers at once when it differs from the view last
@@ -114,4 +121,7 @@ async def upload(
     """Upload the trained weights (a safetensors body, streamed). The same bytes again answer the
     same receipt."""
     # The coordinator authenticates (a refused upload is counted and published as one).
-    return await coordinator.receive_update(authorization, n, request.headers, request.stream())
+    try:
+        return await coordinator.receive_update(authorization, n, request.headers, request.stream())
+    except ClientDisconnect:  # the phone went away mid-body (its file is removed): nobody to tell
+        return Response(status_code=400)

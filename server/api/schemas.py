@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common.config import Batching, Precision
 from server.devices import DEVICE_NAME
+from server.enrollment import DEFAULT_TOKEN_TTL, MAX_MINT, MAX_TTL
 from server.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
 
 
@@ -30,7 +31,10 @@ class _Answer(BaseModel):
 class EnrollRequest(BaseModel):
     """POST /v1/devices."""
 
-    enrollment_secret: str = Field(description="the server's enrollment secret")
+    enrollment_secret: str = Field(
+        description="the server's shared enrollment secret, or a single-use enrollment token the "
+        "operator minted (POST /v1/enrollment-tokens)"
+    )
     name: str | None = Field(
         None,
         pattern=DEVICE_NAME.pattern,
@@ -90,6 +94,25 @@ UPLOAD_BODY: dict[str, Any] = {
 class EnrollResponse(_Answer):
     device_id: str
     token: str = Field(description="the bearer token of this device (shown once)")
+
+
+class MintRequest(BaseModel):
+    """POST /v1/enrollment-tokens."""
+
+    count: Annotated[int, Field(ge=1, le=MAX_MINT)] = Field(description="how many tokens")
+    ttl: Annotated[float, Field(gt=0, le=MAX_TTL)] = Field(
+        DEFAULT_TOKEN_TTL, description="seconds each token stays usable"
+    )
+
+
+class MintResponse(_Answer):
+    tokens: list[str] = Field(description="single-use enrollment tokens (shown once)")
+    expires_at: float = Field(description="when they expire (unix seconds)")
+
+
+class RevokeResponse(_Answer):
+    device_id: str
+    revoked: bool
 
 
 class Task(_Answer):

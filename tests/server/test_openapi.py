@@ -17,8 +17,10 @@ ERROR = {"$ref": "#/components/schemas/ErrorBody"}
 
 # (path, method) -> the error statuses it documents (503: uvicorn's, on every route)
 ROUTES = {
-    ("/v1/devices", "post"): {401, 408, 409, 413, 422, 429, 503, 507},
-    ("/v1/rounds/current", "get"): {401, 422, 503},
+    ("/v1/devices", "post"): {401, 403, 408, 409, 413, 422, 429, 503, 507},
+    ("/v1/enrollment-tokens", "post"): {401, 403, 408, 413, 422, 503, 507},
+    ("/v1/devices/{device_id}", "delete"): {401, 403, 404, 422, 503},
+    ("/v1/rounds/current", "get"): {401, 422, 429, 503},
     ("/v1/rounds/{n}/loss", "post"): {401, 403, 408, 409, 413, 422, 503, 507},
     ("/v1/rounds/{n}/update", "post"): {400, 401, 403, 408, 409, 413, 422, 503, 507},
     ("/v1/model", "get"): {401, 503},
@@ -34,7 +36,12 @@ BEARER = {
 }
 
 # (path, method) of the operator's routes (FEDKEY_OPERATOR_TOKEN)
-OPERATOR = {("/metrics", "get"), ("/v1/metrics", "get")}
+OPERATOR = {
+    ("/metrics", "get"),
+    ("/v1/metrics", "get"),
+    ("/v1/enrollment-tokens", "post"),
+    ("/v1/devices/{device_id}", "delete"),
+}
 
 
 @pytest.fixture(scope="module")

@@ -64,11 +64,14 @@ def save_round(
 class ThreadServer:
     """An ASGI app under uvicorn in a background thread, on a free loopback port."""
 
-    def __init__(self, app):
+    def __init__(self, app, **settings):
+        """`settings`: more of uvicorn.Config's (a service's limits)."""
         import uvicorn
 
         self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", **settings
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
