@@ -508,6 +508,16 @@ FEDERATION = {
             help="DP: stop before epsilon would pass this budget.",
         ),
     ),
+    "dp_publish_scores": (
+        bool,
+        opt(
+            "dp_publish_scores",
+            "--dp-publish-scores",
+            help="DP: publish the perplexities, top-k and keystroke savings on the held-out text "
+            "too (and export the round best on validation), outside what epsilon covers: for a "
+            "demonstration whose epsilon bounds nothing anyway.",
+        ),
+    ),
     "dp_secret": (
         str | None,
         opt(

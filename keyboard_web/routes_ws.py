@@ -12,7 +12,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
 from keyboard_web.deps import KeyboardDep
-from keyboard_web.limits import MAX_SOCKETS, RATE, Bucket
+from keyboard_web.limits import RATE, Bucket
 from keyboard_web.protocol import Conversation
 from keyboard_web.service import Keyboard
 
@@ -54,10 +54,10 @@ async def ws_events(ws: WebSocket, keyboard: KeyboardDep):
 
 @contextlib.asynccontextmanager
 async def _socket(ws: WebSocket, keyboard: Keyboard) -> AsyncIterator[bool]:
-    """Accept `ws` while fewer than keyboard_web.limits.MAX_SOCKETS are open (True), else refuse
+    """Accept `ws` while fewer than the keyboard's socket limit are open (True), else refuse
     its handshake with a 503 (False); a client that goes away ends the connection quietly."""
     if not keyboard.sockets.enter():
-        await _refuse(ws)
+        await _refuse(ws, keyboard.sockets.limit)
         yield False
         return
     try:
@@ -69,8 +69,8 @@ async def _socket(ws: WebSocket, keyboard: Keyboard) -> AsyncIterator[bool]:
         keyboard.sockets.leave()
 
 
-async def _refuse(ws: WebSocket) -> None:
-    detail = f"the keyboard has {MAX_SOCKETS} connections open: try again later"
+async def _refuse(ws: WebSocket, limit: int) -> None:
+    detail = f"the keyboard has {limit} connections open: try again later"
     if "websocket.http.response" in ws.scope.get("extensions", {}):
         answer = JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "5"})
         await ws.send_denial_response(answer)

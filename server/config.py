@@ -180,6 +180,9 @@ class PrivacyConfig:
     # The noise's secret (server.dp_secret): None, 256 bits from the operating system kept in the
     # run directory; a passphrase makes the noise reproducible by whoever knows it
     secret: str | None = field(default=None, repr=False)
+    # Publish the scores on the held-out text under DP too (server.metrics_row.public_row): a
+    # release the accountant does not cover, for demonstrations whose epsilon bounds nothing
+    publish_scores: bool = False
 
     @property
     def dp(self) -> bool:

@@ -60,7 +60,7 @@ from server.driver import RoundDriver
 from server.engine import Federation
 from server.events import EventBus
 from server.global_model import GlobalModel
-from server.metrics_row import DP_EVENTS, public_row
+from server.metrics_row import dp_events, public_row
 from server.rounds import ApiError, OpenRound, RoundState, Upload
 from server.settings import Settings
 from server.storage import RunStorage
@@ -108,8 +108,7 @@ class Coordinator:
         self.privacy = settings.privacy_config()
         # Under DP the stream publishes an allow-list (server.metrics_row.DP_EVENTS): no phone
         # named, no free text, nothing scored on the phones' text (public_row's argument).
-        allow = DP_EVENTS if self.privacy.dp else None
-        self.events = EventBus(settings.event_queue_size, allow=allow)
+        self.events = EventBus(settings.event_queue_size, allow=dp_events(self.privacy))
         self.root = Path(settings.storage).resolve()
         self.uploads_dir = self.root / "uploads"
         self.enrollment_secret = shared_secret(settings)

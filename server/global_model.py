@@ -57,9 +57,10 @@ class GlobalModel:
         """The round whose model the export folder should hold: the round best on validation so
         far (the newest round with export_latest, or before any round was scored). Under DP the
         newest: the choice by the phones' held-out text is a release the accountant does not
-        cover (server.metrics_row.public_row), the newest noised model is post-processing."""
-        best = self._fed.best
-        if self._export_latest or best is None or self._fed.config.privacy.dp:
+        cover (server.metrics_row.public_row), the newest noised model is post-processing;
+        unless --dp-publish-scores publishes those scores anyway."""
+        best, privacy = self._fed.best, self._fed.config.privacy
+        if self._export_latest or best is None or (privacy.dp and not privacy.publish_scores):
             return self._fed.round
         return int(best["round"])
 

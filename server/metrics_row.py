@@ -357,6 +357,44 @@ DP_ROW = frozenset(
 )
 
 
+#: The row's scores on the held-out text, which a DP row publishes only with --dp-publish-scores.
+SCORE_KEYS = frozenset(
+    {
+        "val_ppl",
+        "test_ppl",
+        "top1",
+        "top3",
+        "bar_top1",
+        "bar_top3",
+        "ksr",
+        "best_round",
+        "best_val_ppl",
+        "best_test_ppl",
+        "col_val_ppl",
+        "col_test_ppl",
+        "best_col_val_ppl",
+        "best_col_test_ppl",
+        "unseen_test_ppl",
+        "unseen_top1",
+        "unseen_top3",
+        "unseen_bar_top1",
+        "unseen_bar_top3",
+        "unseen_ksr",
+    }
+)
+
+
+def dp_events(privacy: PrivacyConfig) -> dict[str, frozenset[str]] | None:
+    """The event stream's allow-list (server.events): None without DP, else DP_EVENTS, with the
+    round's perplexities under --dp-publish-scores."""
+    if not privacy.dp:
+        return None
+    if not privacy.publish_scores:
+        return DP_EVENTS
+    scored = DP_EVENTS["round_aggregated"] | {"val_ppl", "test_ppl"}
+    return {**DP_EVENTS, "round_aggregated": scored}
+
+
 def public_row(row: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     """The metrics row as the server publishes it (GET /v1/metrics, the checkpoint devices
     download, the keyboard's export): under DP the DP_ROW fields alone, less the cohort's size
@@ -367,11 +405,13 @@ def public_row(row: dict[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
     checks and the outlier filter decide it), and under Poisson sampling which phones were
     selected is the very presence that add/remove-one adjacency protects; the held-out scores are
     exact functions of the phones' held-out text (and the best round is chosen by them); none is
-    a release the accountant paid for (public_info's argument). The server, the trusted curator
+    a release the accountant paid for (public_info's argument); --dp-publish-scores publishes
+    the scores (SCORE_KEYS) all the same, outside the guarantee. The server, the trusted curator
     of central DP, keeps them in its own records (metrics.jsonl, its database, its log), which
     the operator reads.
     """
     if not privacy.dp:
         return row
-    keep = DP_ROW - (ROW_COHORT_SIZE_KEYS if privacy.sampling == "poisson" else frozenset())
+    keep = DP_ROW | (SCORE_KEYS if privacy.publish_scores else frozenset())
+    keep -= ROW_COHORT_SIZE_KEYS if privacy.sampling == "poisson" else frozenset()
     return {k: v for k, v in row.items() if k in keep}

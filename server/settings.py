@@ -145,6 +145,7 @@ class Settings(BaseSettings):
     dp_clip_count_stddev: float | None = Field(_PRIVACY.clip_count_stddev, ge=0)  # sigma_b
     # the noise's secret: None, from the operating system; a passphrase: reproducible noise
     dp_secret: SecretStr | None = Field(None, min_length=1, repr=False)
+    dp_publish_scores: bool = _PRIVACY.publish_scores  # held-out scores published under DP too
 
     # -- bounded influence (server.influence) ----------------------------------------------------
     bound: ClipMode = _INFLUENCE.mode
@@ -355,6 +356,7 @@ class Settings(BaseSettings):
             clip_lr=self.dp_clip_lr,
             clip_count_stddev=self.dp_clip_count_stddev,
             secret=self.dp_secret.get_secret_value() if self.dp_secret is not None else None,
+            publish_scores=self.dp_publish_scores,
         )
 
     def influence_config(self) -> InfluenceConfig:

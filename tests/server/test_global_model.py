@@ -5,6 +5,7 @@ under DP."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,6 +82,11 @@ def test_under_dp_the_export_follows_the_newest_round(tmp_path, monkeypatch):
     dp = PrivacyConfig(clip_norm=1.0)
     rounds = exported_rounds(tmp_path, monkeypatch, [100.0, 90.0, 95.0], latest=False, privacy=dp)
     assert rounds == [0, 1, 2, 3]
+    scored = replace(dp, publish_scores=True)  # the scores are published: so may the best be
+    rounds = exported_rounds(
+        tmp_path, monkeypatch, [100.0, 90.0, 95.0], latest=False, privacy=scored
+    )
+    assert rounds == [0, 1, 2]
 
 
 @pytest.mark.parametrize("latest", [False, True])

@@ -13,7 +13,16 @@ import torch
 
 from models.checkpoint import read_metadata
 from server.config import PrivacyConfig
-from server.metrics_row import COHORT_SIZE_KEYS, DP_INFO, DP_ROW, public_info, public_row
+from server.metrics_row import (
+    COHORT_SIZE_KEYS,
+    DP_INFO,
+    DP_ROW,
+    PHONE_KEYS,
+    SCORE_KEYS,
+    dp_events,
+    public_info,
+    public_row,
+)
 from tests.support.federation import seeded_updates
 
 PHONES = 12
@@ -162,3 +171,19 @@ def test_the_redaction_changes_no_weight(tmp_path, strategy, privacy, monkeypatc
     assert "clipped" in raw_rows[-1]["info"]["clip"] and "clipped" not in rows[-1]["info"]["clip"]
     assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in raw_rows]
     assert rows[-1]["info"]["dp"] == raw_rows[-1]["info"]["dp"]
+
+
+def test_dp_publish_scores_publishes_the_held_out_scores_and_nothing_more(tmp_path):
+    """--dp-publish-scores (the demo's): a DP row keeps its perplexities, top-k and best round,
+    the stream its round's perplexities; still no phone named."""
+    privacy = replace(DP, publish_scores=True)
+    fed = make_fed(tmp_path, "fedavg", privacy)
+    rows = run(fed)
+    shown = public_row(rows[-1], privacy)
+    assert set(shown) <= DP_ROW | SCORE_KEYS and not PHONE_KEYS & set(shown)
+    assert shown["test_ppl"] == rows[-1]["test_ppl"] and "best_round" in shown
+    assert "test_ppl" not in public_row(rows[-1], DP)
+    assert dp_events(privacy)["round_aggregated"] >= {"val_ppl", "test_ppl"}
+    assert (
+        "test_ppl" not in dp_events(DP)["round_aggregated"] and dp_events(PrivacyConfig()) is None
+    )
