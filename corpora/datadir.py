@@ -14,7 +14,8 @@ by ``fedkey/data``. It holds one folder per corpus, laid out as upstream ships i
 :func:`fetch` downloads a corpus from its upstream URL, pinned to one commit, and checks its
 sha256 (NUS SMS: of the zip; Ubuntu IRC: of the 173 logs concatenated in sorted path order, since
 the GitHub archive they come in is not byte-stable) before anything goes into place: a download
-that fails or does not match leaves nothing behind.
+that fails or does not match leaves nothing behind. The IRC archive is read before its logs'
+checksum can be known, so that read is bounded (IRC_MAX_MEMBERS, IRC_MAX_BYTES, IRC_MAX_KEPT).
 """
 
 from __future__ import annotations
@@ -151,11 +152,29 @@ def _check(source: Source, url: str, expected: str, got: str) -> None:
         )
 
 
+#: What reading the IRC archive may cost before the logs' checksum can be known (the GitHub
+#: archive is not byte-stable, so its own bytes have none): its members, the bytes they declare,
+#: the bytes kept (the logs are 19 MB). Past any, the archive is refused and nothing written.
+IRC_MAX_MEMBERS = 100_000
+IRC_MAX_BYTES = 4 << 30
+IRC_MAX_KEPT = 256 << 20
+
+
 def _unpack_irc(archive: Path, into: Path) -> str:
-    """The logs and the license of the GitHub archive into ``into``; -> the logs' sha256."""
+    """The logs and the license of the GitHub archive into ``into``, within the IRC_MAX_* bounds
+    (ChecksumError past one); -> the logs' sha256."""
+    members, declared, kept_bytes = 0, 0, 0
     with tarfile.open(archive) as tar:
         for member in tar:
+            members, declared = members + 1, declared + member.size
             kept = _IRC_KEPT.fullmatch(member.name)
+            if kept is not None and member.isfile():
+                kept_bytes += member.size
+            if members > IRC_MAX_MEMBERS or declared > IRC_MAX_BYTES or kept_bytes > IRC_MAX_KEPT:
+                raise ChecksumError(
+                    f"ubuntu-irc: {archive.name} is larger than the upstream archive "
+                    f"({members} members, {declared} bytes read so far); nothing was written"
+                )
             if kept is None or not member.isfile():
                 continue
             target = into / kept.group(1)  # no "..": the pattern allows none

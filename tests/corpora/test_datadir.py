@@ -127,6 +127,22 @@ def test_fetch_ubuntu_irc_keeps_the_logs_and_checks_them(served, tmp_path, monke
     assert "ubuntu-irc: present" in result.output and "nus-sms: absent" in result.output
 
 
+def test_an_irc_archive_past_its_bounds_is_refused_before_it_is_read_whole(
+    served, tmp_path, monkeypatch
+):
+    """The archive is parsed before the logs' checksum can be known: its logs may declare no
+    more than IRC_MAX_KEPT bytes (here lowered to 10), or it is refused and nothing written."""
+    folder, url = served
+    _, sha = _irc_archive(folder)
+    root = tmp_path / "data"
+    monkeypatch.setenv("FEDKEY_DATA_DIR", str(root))
+    monkeypatch.setattr("corpora.datadir.IRC_MAX_KEPT", 10)
+    args = ["data", "fetch", "ubuntu-irc", "--url", f"{url}/irc.tar.gz", "--sha256", sha]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "larger than the upstream archive" in result.output
+    assert list(root.iterdir()) == []
+
+
 def test_a_command_names_the_missing_corpus_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDKEY_DATA_DIR", str(tmp_path))
     result = runner.invoke(app, ["ngram", "--data", "nus-sms", "--out", str(tmp_path / "run")])
