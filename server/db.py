@@ -188,7 +188,9 @@ class BatchWriter:
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    """The stored hash of a bearer token or an enrollment credential (surrogatepass: a JSON
+    "\\ud800" is a str that plain UTF-8 cannot encode)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def finite_json(value: Any) -> Any:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.db import BatchWriter, Device, EnrollmentUse, hash_token
-from server.enrollment import Credentials, credential_hash
+from server.enrollment import Credentials
 from server.events import EventBus
 from server.nospace import no_space, out_of_space
 from server.rounds import ApiError
@@ -244,7 +244,7 @@ class DeviceRegistry:
 
     def authenticate(self, authorization: str | None) -> str:
         """`Authorization: Bearer <token>` -> device id, or 401."""
-        device_id = self._tokens.get(credential_hash(bearer_token(authorization)))
+        device_id = self._tokens.get(hash_token(bearer_token(authorization)))
         if device_id is None:
             raise ApiError(401, "unknown device token: enroll first", "unauthorized")
         if self._expired(device_id):

@@ -15,7 +15,6 @@ is the token's hash), so it enrolls one device even across a crash; only hashes 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import time
@@ -24,7 +23,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db import BatchWriter, EnrollmentToken, EnrollmentUse
+from server.db import BatchWriter, EnrollmentToken, EnrollmentUse, hash_token
 from server.rounds import ApiError
 
 #: The most tokens one request mints, how long a token lives by default (a week) and at most (a
@@ -32,12 +31,6 @@ from server.rounds import ApiError
 MAX_MINT = 100_000
 DEFAULT_TOKEN_TTL = 7 * 24 * 3600.0
 MAX_TTL = 365 * 24 * 3600.0
-
-
-def credential_hash(credential: str) -> str:
-    """The stored hash of a credential (surrogatepass: a JSON "\\ud800" is a str that plain
-    UTF-8 cannot encode)."""
-    return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Credentials:
@@ -70,9 +63,7 @@ class Credentials:
             )
         expires_at = time.time() + ttl
         tokens = [secrets.token_urlsafe(32) for _ in range(count)]
-        rows = [
-            EnrollmentToken(token_hash=credential_hash(t), expires_at=expires_at) for t in tokens
-        ]
+        rows = [EnrollmentToken(token_hash=hash_token(t), expires_at=expires_at) for t in tokens]
         await writer.add(*rows)
         self._unspent.update((row.token_hash, expires_at) for row in rows)
         return tokens, expires_at
@@ -83,7 +74,7 @@ class Credentials:
             encoded = credential.encode("utf-8", "surrogatepass")
             if self._secret is not None and hmac.compare_digest(encoded, self._secret.encode()):
                 return None
-            token_hash = credential_hash(credential)
+            token_hash = hash_token(credential)
             expires_at = self._unspent.pop(token_hash, None)
             if expires_at is not None and expires_at > time.time():
                 self._taken[token_hash] = expires_at
