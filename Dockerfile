@@ -5,7 +5,7 @@ FROM python:3.11-slim
 
 ARG PIP_EXTRA_INDEX_URL=""
 # MALLOC_ARENA_MAX=2: glibc keeps at most two malloc arenas, so a long-running server's memory
-# does not creep up with fragmented per-thread arenas (runners.processes.SERVER_ENV, README).
+# does not creep up with fragmented per-thread arenas (fedkey.runners.processes.SERVER_ENV, README).
 ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \

@@ -40,7 +40,7 @@ test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
 	cd experiments && ../$(PY) -m pytest -q -m "not slow"
 
-# Style, types (pyproject.toml [tool.mypy]: strict for models/ and server/strategies/) and the
+# Style, types (pyproject.toml [tool.mypy]: strict for models/ and federation/strategies/) and the
 # layer contracts (pyproject.toml [tool.importlinter]).
 lint: venv
 	$(VENV)/bin/ruff check .

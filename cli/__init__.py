@@ -15,7 +15,7 @@
 
 The benchmarks are not part of the product: `fedkey-bench` (experiments/, installed beside it).
 
-Every subcommand has --help. The federation's options are defined once, from server.settings
+Every subcommand has --help. The federation's options are defined once, from fedkey.server.settings
 (their defaults are the Settings defaults); every one can also be set by an environment variable
 FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import audit, checkpoints, data, demo, federation, operator
-from cli.errors import FedkeyGroup
+from fedkey.cli import audit, checkpoints, data, demo, federation, operator
+from fedkey.cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
 
@@ -61,6 +61,6 @@ app.add_typer(data.data_app, name="data")
 
 
 def main() -> None:
-    """The `fedkey` script. FedkeyGroup (cli.errors.user_errors) turns the errors a user can cause
+    """The `fedkey` script. FedkeyGroup (fedkey.cli.errors.user_errors) turns the errors a user can cause
     into one `error: ...` line on stderr and an exit status (1; 2 for usage; 130 for Ctrl-C)."""
     app()

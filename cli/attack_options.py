@@ -1,14 +1,14 @@
 """The options of `simulate --malicious`, `devices` and `run`: malicious phones
-(device_sim.attacks) and the backdoor they plant, and the BackdoorConfig built from them."""
+(fedkey.device_sim.attacks) and the backdoor they plant, and the BackdoorConfig built from them."""
 
 from __future__ import annotations
 
 import typer
 
-from cli.errors import UserError
-from device_sim.config import Attack, BackdoorConfig
+from fedkey.cli.errors import UserError
+from fedkey.device_sim.config import Attack, BackdoorConfig
 
-#: Malicious phones (device_sim.attacks), for simulate, devices and run.
+#: Malicious phones (fedkey.device_sim.attacks), for simulate, devices and run.
 _BACKDOOR = BackdoorConfig()
 ATTACKS = {
     "malicious": (

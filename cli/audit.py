@@ -1,5 +1,5 @@
 """`fedkey audit`: what the federation leaks. `fedkey audit canary`: a planted secret's exposure
-with FedAvg and FedAtt, without and with DP (runners.canary_audit)."""
+with FedAvg and FedAtt, without and with DP (fedkey.runners.canary_audit)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from cli.errors import UserError
-from common.config import DPMechanism
-from models.canary import CanaryFormat
-from runners.canary_audit import AuditConfig, arms
+from fedkey.cli.errors import UserError
+from fedkey.common.config import DPMechanism
+from fedkey.models.canary import CanaryFormat
+from fedkey.runners.canary_audit import AuditConfig, arms
 
 audit_app = typer.Typer(
     help="Audits of what the trained model gives away about the phones' data.",
@@ -26,7 +26,7 @@ def print_table(runs: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from runners.canary_audit import per_round_table
+    from fedkey.runners.canary_audit import per_round_table
 
     header, rows = per_round_table(runs)  # a row per round, an arm a column
     phone = runs[0]["canary_phone"]
@@ -131,7 +131,7 @@ def audit_canary(
     and with DP. Options after `--` go to every arm's `fedkey simulate` (e.g. `-- --vocab-size
     2000 --lr 3`). An arm already in results.json with the same command is not run again, so an
     interrupted audit resumes."""
-    from runners.canary_audit import run_audit
+    from fedkey.runners.canary_audit import run_audit
 
     cfg = AuditConfig(
         data=data,

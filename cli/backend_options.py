@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import typer
 
-from cli.errors import UserError
-from device_sim.backends import BACKENDS, Backend
-from device_sim.ray_cluster import RayOptions
+from fedkey.cli.errors import UserError
+from fedkey.device_sim.ray_cluster import RayOptions
+from fedkey.device_sim.training.backends import BACKENDS, Backend
 
-#: Where the phones train (device_sim.backends): simulate, train-central and devices.
+#: Where the phones train (fedkey.device_sim.training.backends): simulate, train-central and devices.
 BACKEND = {
     "backend": (
         Backend,

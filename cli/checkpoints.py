@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from cli.errors import UserError, check_can_listen
-from cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, tls_pair, with_options
+from fedkey.cli.errors import UserError, check_can_listen
+from fedkey.cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, tls_pair, with_options
 
 if TYPE_CHECKING:
-    from runners.rescore import Rescored
+    from fedkey.runners.rescore import Rescored
 
 
 def not_a_checkpoint(path: Path, e: Exception) -> UserError:
@@ -44,8 +44,8 @@ def export(
     """Export a checkpoint to ONNX (recurrent state in and out); fails loudly if ONNX Runtime and PyTorch disagree."""
     from safetensors import SafetensorError
 
-    from corpora.loaders import load_corpus
-    from export.onnx_export import ExportParityError, export_checkpoint
+    from fedkey.corpora.loaders import load_corpus
+    from fedkey.export.onnx_export import ExportParityError, export_checkpoint
 
     held_out = load_corpus(data).test[:eval_sentences] if int8 else None
     try:
@@ -92,7 +92,7 @@ def keyboard(
     ),
 ) -> None:
     """Serve the web keyboard: next-word suggestions from an ONNX model (onnxruntime, no torch)."""
-    from keyboard_web.app import serve as serve_keyboard
+    from fedkey.keyboard_web.app import serve as serve_keyboard
 
     if model is None and watch is None:
         raise typer.BadParameter("give --model or --watch", param_hint="--model")
@@ -118,8 +118,8 @@ def info(
     """Print what a checkpoint holds: model config, tokenizer, round, strategy, parameters."""
     from safetensors import SafetensorError
 
-    from models.checkpoint import load_checkpoint
-    from models.model import num_parameters
+    from fedkey.models.checkpoint import load_checkpoint
+    from fedkey.models.model import num_parameters
 
     try:
         model, tok, meta = load_checkpoint(checkpoint)
@@ -155,7 +155,7 @@ def evaluate(
     from rich.console import Console
     from safetensors import SafetensorError
 
-    from runners.rescore import rescore
+    from fedkey.runners.rescore import rescore
 
     keys = ("data", "paper_protocol", "max_eval_sentences", "seed", "ksr_sentences", "device",
             "precision", "partition")  # fmt: skip
@@ -182,7 +182,7 @@ def _print_scores(checkpoint: Path, r: Rescored) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from runners.rescore import SCORES
+    from fedkey.runners.rescore import SCORES
 
     table = Table(title=f"{checkpoint.name} (round {r.round}, {r.strategy}): {r.sentences[0]} "
                   f"validation and {r.sentences[1]} test sentences, {r.precision}")  # fmt: skip

@@ -1,4 +1,4 @@
-"""`fedkey data`: the real corpora in the data directory (corpora.datadir). `fedkey data fetch
+"""`fedkey data`: the real corpora in the data directory (fedkey.corpora.datadir). `fedkey data fetch
 nus-sms|ubuntu-irc` downloads one from its upstream and checks its sha256; `fedkey data where`
 says where the directory is and what it holds."""
 
@@ -8,7 +8,7 @@ from enum import StrEnum
 
 import typer
 
-from corpora.datadir import SOURCES, data_dir, fetch, is_present
+from fedkey.corpora.datadir import SOURCES, data_dir, fetch, is_present
 
 data_app = typer.Typer(
     help="The real corpora (NUS SMS, Ubuntu IRC): where they live, and fetching them.",
@@ -17,7 +17,7 @@ data_app = typer.Typer(
 
 
 class Name(StrEnum):
-    """The corpora `fedkey data fetch` knows (corpora.datadir.SOURCES)."""
+    """The corpora `fedkey data fetch` knows (fedkey.corpora.datadir.SOURCES)."""
 
     nus_sms = "nus-sms"
     ubuntu_irc = "ubuntu-irc"

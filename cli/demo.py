@@ -1,6 +1,6 @@
 """`fedkey demo`: the whole system on real text messages (NUS SMS, one phone per sender) when they
 are in the data directory or can be fetched, else on the embedded generated corpus; each part a
-`fedkey` command in its own process (runners.processes.ProcessGroup: logs in --out, all stopped
+`fedkey` command in its own process (fedkey.runners.processes.ProcessGroup: logs in --out, all stopped
 together)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Literal
 
 import typer
 
-from cli.errors import UserError, check_can_listen
-from runners.processes import (
+from fedkey.cli.errors import UserError, check_can_listen
+from fedkey.runners.processes import (
     ProcessError,
     ProcessGroup,
     free_port,
@@ -77,7 +77,7 @@ def demo_corpus(data: str, echo: Callable[[str], None]) -> str:
     for one (an NUS SMS that cannot be had is then an error)."""
     if data == "demo":
         return "demo"
-    from corpora.datadir import data_dir, fetch, is_present
+    from fedkey.corpora.datadir import data_dir, fetch, is_present
 
     root = data_dir()
     if is_present("nus-sms", root):
@@ -99,7 +99,7 @@ def demo_corpus(data: str, echo: Callable[[str], None]) -> str:
 def senders_with(min_messages: int) -> int:
     """How many NUS SMS senders have at least `min_messages` training messages: the demo's
     phones (`fedkey devices --partition user --count K` takes the K senders with the most)."""
-    from corpora.loaders import load_corpus
+    from fedkey.corpora.loaders import load_corpus
 
     corpus = load_corpus("nus-sms")
     counts = Counter(corpus.train_users or [])
@@ -140,7 +140,7 @@ def demo(
     else:
         phones = phones or DEMO_PHONES
         settings, env = DEMO, {}
-    from runners.loopback import fresh_run_dir
+    from fedkey.runners.loopback import fresh_run_dir
 
     fresh_run_dir(out / "server")  # a new demo: new phones (a new secret), new rounds
     export_dir = out / "export"
@@ -151,7 +151,7 @@ def demo(
         (export_dir / stale).unlink(missing_ok=True)
     server_port, secret = free_port(), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{server_port}"
-    fedkey = [sys.executable, "-m", "cli"]
+    fedkey = [sys.executable, "-m", "fedkey"]
     common = ["--data", corpus]
 
     with ProcessGroup(out, env={"FEDKEY_ENROLLMENT_SECRET": secret}) as procs:

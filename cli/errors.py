@@ -3,7 +3,7 @@
 `user_errors` turns the mistakes a person can make (a bad flag or value, a missing file, a
 setting that contradicts another, a server that cannot be reached, a child process that would not
 start, Ctrl-C) into that line. `FedkeyGroup`, the click group of `fedkey`, applies it around the
-parsing and the running of every command, so `fedkey ...`, `python -m cli ...` and typer's
+parsing and the running of every command, so `fedkey ...`, `python -m fedkey ...` and typer's
 CliRunner all fail the same way. Anything else (a bug) still ends in its traceback, and
 FEDKEY_TRACEBACK=1 shows the traceback of the one-line errors too (a ValueError may be a bug).
 """
@@ -19,7 +19,7 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
-from runners.processes import ProcessError, listen_problem
+from fedkey.runners.processes import ProcessError, listen_problem
 
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it.
 INTERRUPTED = 130

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import typer
 
-from cli.attack_options import ATTACKS, backdoor_config
-from cli.backend_options import BACKEND, ray_options, refuse_stacked
-from cli.errors import INTERRUPTED, UserError, check_can_listen
-from cli.options import (
+from fedkey.cli.attack_options import ATTACKS, backdoor_config
+from fedkey.cli.backend_options import BACKEND, ray_options, refuse_stacked
+from fedkey.cli.errors import INTERRUPTED, UserError, check_can_listen
+from fedkey.cli.options import (
     CANARY,
     DATA,
     FEDERATION,
@@ -30,9 +30,9 @@ from cli.options import (
     tls_pair,
     with_options,
 )
-from device_sim.config import FleetConfig
-from runners.processes import free_port
-from server.config import EnrollmentMode
+from fedkey.device_sim.config import FleetConfig
+from fedkey.federation.config import EnrollmentMode
+from fedkey.runners.processes import free_port
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -119,9 +119,9 @@ def simulate(
 ) -> None:
     """Run federated rounds, the phones trained in local processes, on a Ray cluster (--backend
     ray) or all of a round's at once on a GPU (--backend stacked), and print perplexity per round."""
-    from device_sim.ray_cluster import RayUnavailable
-    from runners.simulate import SimulationConfig
-    from runners.simulate import simulate as run_simulation
+    from fedkey.device_sim.ray_cluster import RayUnavailable
+    from fedkey.runners.simulate import SimulationConfig
+    from fedkey.runners.simulate import simulate as run_simulation
 
     settings = build_settings(opts, storage=out)
     try:
@@ -222,7 +222,7 @@ def server(
     **opts,
 ) -> None:
     """Run the federation server: devices enroll, train and upload over HTTP (docs/how-to/http-federation.md)."""
-    from server.main import serve
+    from fedkey.server.main import serve
 
     tls_pair(tls_cert, tls_key)
     own = dict(
@@ -319,9 +319,9 @@ def devices(
     """Run N simulated phones, each with its own private shard, against a server until it
     finishes. --backend ray spreads them over a Ray cluster: asyncio phones in actors on every
     node, their training on the cluster's trainer actors."""
-    from device_sim.client import FedkeyError, ServerUnavailable
-    from device_sim.fleet import run_fleet
-    from device_sim.ray_cluster import RayUnavailable
+    from fedkey.device_sim.client.http import FedkeyError, ServerUnavailable
+    from fedkey.device_sim.fleets.thread_fleet import run_fleet
+    from fedkey.device_sim.ray_cluster import RayUnavailable
 
     fleet = fleet_config(
         server_url,
@@ -337,7 +337,7 @@ def devices(
         if ray is None:
             summary = run_fleet(fleet)
         else:
-            from device_sim.ray_fleet import fleet_on_ray
+            from fedkey.device_sim.fleets.ray_fleet import fleet_on_ray
 
             summary = fleet_on_ray(fleet, ray)
     except RayUnavailable as e:
@@ -370,7 +370,7 @@ def run(
     **opts,
 ) -> None:
     """Start a server and a fleet of phones on loopback, run the rounds over real HTTP, stop both."""
-    from runners.loopback import fresh_run_dir, run_loopback
+    from fedkey.runners.loopback import fresh_run_dir, run_loopback
 
     port, secret = free_port(), secrets.token_urlsafe(16)
     settings = build_settings(
@@ -426,8 +426,8 @@ def train_central_cmd(
     """Train the same model centrally on the union of the phones' data: the ceiling for federated
     quality. With --backend ray each epoch trains on one actor of the cluster (a GPU node with
     --ray-gpus-per-worker 1)."""
-    from device_sim.ray_cluster import RayUnavailable
-    from runners.baselines import train_central
+    from fedkey.device_sim.ray_cluster import RayUnavailable
+    from fedkey.runners.baselines import train_central
 
     refuse_stacked(opts, "train-central")
     settings = build_settings(opts, storage=out)
@@ -472,7 +472,7 @@ def ngram(
     **opts,
 ) -> None:
     """The baseline a keyboard would otherwise ship: a Kneser-Ney n-gram on the union of the phones' data."""
-    from runners.baselines import train_ngram
+    from fedkey.runners.baselines import train_ngram
 
     settings = build_settings(opts, storage=out)
     data = phone_data(settings, opts, clients)

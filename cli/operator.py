@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 
-from cli.errors import UserError
-from cli.options import check_url
+from fedkey.cli.errors import UserError
+from fedkey.cli.options import check_url
 
 SERVER = typer.Option(
     "http://127.0.0.1:8000", "--server", callback=check_url, help="The federation server's URL."
@@ -55,7 +55,7 @@ def enroll_tokens(
 ) -> None:
     """Mint single-use enrollment tokens on a running server: each enrolls one device (as its
     `enrollment_secret`), once, before it expires. Needs FEDKEY_OPERATOR_TOKEN."""
-    from common.files import atomic_write
+    from fedkey.common.files import atomic_write
 
     body = {"count": count, "ttl": ttl}
     tokens = operator_request("POST", server, "/v1/enrollment-tokens", json=body)["tokens"]

@@ -1,9 +1,9 @@
 """The options several commands share, defined once: name -> (type, typer.Option) tables that
 `with_options` adds to a command, and the Settings, DataConfig and FleetConfig built from them.
 
-The federation's options come from server.settings: their defaults are the Settings defaults and
+The federation's options come from fedkey.server.settings: their defaults are the Settings defaults and
 each one can be set by an environment variable FEDKEY_<NAME> (flags win). The lists of choices are
-the Literal types of the modules whose logic they choose (server.config, models.config, ...).
+the Literal types of the modules whose logic they choose (fedkey.federation.config, fedkey.models.config, ...).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from cli.errors import UserError, validation_problems
-from common.config import Batching, DataConfig, Precision, Scheme, TokenizerKind
-from models.config import Cell, Preset
-from server.config import (
+from fedkey.cli.errors import UserError, validation_problems
+from fedkey.common.config import Batching, DataConfig, Precision, Scheme, TokenizerKind
+from fedkey.federation.config import (
     AttentionNormalizer,
     ClipMode,
     ClipScope,
@@ -30,7 +29,8 @@ from server.config import (
     ServerOptName,
     StrategyName,
 )
-from server.settings import EVAL_DEVICES, Settings
+from fedkey.models.config import Cell, Preset
+from fedkey.server.settings import EVAL_DEVICES, Settings
 
 
 def opt(name: str, *flags: str, default: Any = ..., **kw) -> Any:
@@ -53,7 +53,7 @@ def check_device(value: str) -> str:
 
 
 def check_eval_device(value: str) -> str:
-    """--eval-device: one of server.settings.EVAL_DEVICES, and CUDA only where torch sees a GPU."""
+    """--eval-device: one of fedkey.server.settings.EVAL_DEVICES, and CUDA only where torch sees a GPU."""
     if not re.fullmatch(EVAL_DEVICES, value):
         raise typer.BadParameter(f"{value} is not an evaluation device: use auto, cpu or cuda")
     return check_device(value)
@@ -62,7 +62,7 @@ def check_eval_device(value: str) -> str:
 def check_precision(value: str) -> str:
     """--precision bf16 where the hardware lacks native bf16: a warning, not a refusal."""
     if value == "bf16":
-        from models.precision import native_bf16
+        from fedkey.models.precision import native_bf16
 
         if not (native_bf16("cpu") or native_bf16("cuda")):
             typer.echo(
@@ -604,7 +604,7 @@ FLEET = {
         typer.Option(5.0, "--slow-seconds", help="How long a slow phone waits."),
     ),
 }
-#: The memorization audit (models.exposure): simulate, server, run and devices.
+#: The memorization audit (fedkey.models.exposure): simulate, server, run and devices.
 CANARY = {
     "canary": (
         bool,
@@ -659,8 +659,8 @@ def build_settings(opts: dict, **overrides) -> Settings:
 def check_server_data(settings: Settings) -> None:
     """A corpus path that does not exist, found before a server process starts (its loader
     would say so only inside a traceback in the server's log)."""
-    from corpora.datadir import corpus_path
-    from corpora.loaders import ACCEPTED_LAYOUTS, NAMED_CORPORA
+    from fedkey.corpora.datadir import corpus_path
+    from fedkey.corpora.loaders import ACCEPTED_LAYOUTS, NAMED_CORPORA
 
     for flag, spec in (("--data", settings.data), ("--tokenizer-text", settings.tokenizer_text)):
         if spec is not None and spec.strip() in NAMED_CORPORA:
@@ -670,11 +670,11 @@ def check_server_data(settings: Settings) -> None:
 
 
 def canary_probes(settings: Settings) -> list:
-    """With --canary, the round metric of its exposure (models.exposure; imports torch)."""
+    """With --canary, the round metric of its exposure (fedkey.models.exposure; imports torch)."""
     secret = settings.canary_secret()
     if secret is None:
         return []
-    from models.exposure import ExposureProbe
+    from fedkey.models.exposure import ExposureProbe
 
     return [ExposureProbe(settings.canary_spec(), secret)]
 

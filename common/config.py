@@ -8,27 +8,27 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 #: "sentences": language modelling. "columns": the batches the seed papers' published code really
-#: trained on (token j of each sentence of a batch, models.batching.column_batches), to reproduce
+#: trained on (token j of each sentence of a batch, fedkey.models.batching.column_batches), to reproduce
 #: their numbers.
 Batching = Literal["sentences", "columns"]
 BATCHINGS: tuple[Batching, ...] = get_args(Batching)
 
-#: The arithmetic of the trainer's and the evaluator's forward pass (models.precision resolves it):
+#: The arithmetic of the trainer's and the evaluator's forward pass (fedkey.models.precision resolves it):
 #: "bf16": mixed precision, the forward under bfloat16 autocast with fp32 master weights, the loss
 #: and the gradients in fp32; "fp32": plain float32; "auto": bf16 where the hardware does bf16
 #: natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32.
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
-#: The server's tokenizer (models.tokenizers builds it; TOKENIZER_KINDS there lists these).
+#: The server's tokenizer (fedkey.models.tokenizers builds it; TOKENIZER_KINDS there lists these).
 TokenizerKind = Literal["word", "sentencepiece"]
-#: How the training text is cut into the phones' shards (corpora.partition does it).
+#: How the training text is cut into the phones' shards (fedkey.corpora.partition does it).
 Scheme = Literal["iid", "user", "dirichlet", "articles"]
-#: How the server adds DP noise (server.privacy, server.dp_ftrl, server.dp_blt): independent
+#: How the server adds DP noise (fedkey.federation.privacy.gaussian, fedkey.federation.privacy.tree, fedkey.federation.privacy.blt): independent
 #: Gaussian noise each round on a sampled cohort (DP-FedAvg), or DP-FTRL's noise on the running
 #: sum of the rounds' aggregates, correlated across rounds by tree aggregation or by a BLT matrix
 #: factorization, with no sampling, only a minimum separation between one phone's participations.
-#: Here, below the server, so that an export's privacy facts (export.metadata) name the same ones.
+#: Here, below the server, so that an export's privacy facts (fedkey.export.metadata) name the same ones.
 DPMechanism = Literal["gaussian", "tree", "blt"]
 DP_MECHANISMS: tuple[DPMechanism, ...] = get_args(DPMechanism)
 #: The DP-FTRL mechanisms: no sampling, the minimum-separation rule (--dp-min-separation).
@@ -60,7 +60,7 @@ class TrainConfig:
 class DataConfig:
     """The corpus, the server's tokenizer and how it is cut into the phones' shards."""
 
-    data: str = "demo"  # "demo" or a directory (see corpora.loaders.load_corpus)
+    data: str = "demo"  # "demo" or a directory (see fedkey.corpora.loaders.load_corpus)
     paper_protocol: bool = False  # the seed papers' preprocessing: lowercase, split on " . ", ...
     tokenizer: TokenizerKind = "word"
     vocab_size: int = 10_000
@@ -71,7 +71,7 @@ class DataConfig:
     max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
     seed: int = 0
     tokenizer_text: str | None = None  # SentencePiece: public text the server holds
-    # A memorization audit (models.canary): `canary_repeats` copies of the sentence `canary` go
+    # A memorization audit (fedkey.models.canary): `canary_repeats` copies of the sentence `canary` go
     # into the first phone's training shard, never into valid/test or the tokenizer's text.
     canary: str | None = None
     canary_repeats: int = 0

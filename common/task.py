@@ -7,7 +7,7 @@ keys are the HTTP contract (docs/how-to/http-federation.md; the generated HTTP A
      "seed", "beta", "sigma", "deadline", "model_round"}
 
 The first eight are the phone's `TrainConfig` ("local_epochs" is its `epochs`; "precision" is
-"auto", "fp32" or "bf16", and the phone resolves "auto" for its own hardware, models.precision,
+"auto", "fp32" or "bf16", and the phone resolves "auto" for its own hardware, fedkey.models.precision,
 so a server run with an explicit one gets the same arithmetic from every phone); "seed" seeds the
 phone's training and noise, "beta" and "sigma" are the seed papers' client-side randomization
 (each device adds beta * N(0, sigma^2) before upload), "deadline" is the round's deadline (epoch
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import BATCHINGS, PRECISIONS, TrainConfig
+from fedkey.common.config import BATCHINGS, PRECISIONS, TrainConfig
 
 #: JSON key -> TrainConfig field, in the order the task lists them.
 TRAIN_KEYS: dict[str, str] = {

@@ -6,10 +6,10 @@ by ``fedkey/data``. It holds one folder per corpus, laid out as upstream ships i
 
 * ``nus-sms/smsCorpus_en_xml_2015.03.09_all.zip``: the NUS SMS Corpus (Tao Chen and Min-Yen Kan
   (2013), Creating a Live, Public Short Message Service Corpus: The NUS SMS Corpus, Language
-  Resources and Evaluation 47(2):299-355); :mod:`corpora.nus_sms` reads it.
+  Resources and Evaluation 47(2):299-355); :mod:`fedkey.corpora.nus_sms` reads it.
 * ``ubuntu-irc/{train,dev,test}/*.raw.txt`` and ``LICENSE-data.txt``: the raw #ubuntu logs of the
   IRC disentanglement data (Jonathan K. Kummerfeld et al. (2019), A Large-Scale Corpus for
-  Conversation Disentanglement, ACL 2019; CC BY 4.0); :mod:`corpora.ubuntu_irc` reads them.
+  Conversation Disentanglement, ACL 2019; CC BY 4.0); :mod:`fedkey.corpora.ubuntu_irc` reads them.
 
 :func:`fetch` downloads a corpus from its upstream URL, pinned to one commit, and checks its
 sha256 (NUS SMS: of the zip; Ubuntu IRC: of the 173 logs concatenated in sorted path order, since

@@ -13,11 +13,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import DataConfig
-from corpora.loaders import Corpus, load_corpus
-from corpora.partition import by_user, partition
-from models.canary import check_vocabulary
-from models.tokenizers import Tokenizer, build_tokenizer
+from fedkey.common.config import DataConfig
+from fedkey.corpora.loaders import Corpus, load_corpus
+from fedkey.corpora.partition import by_user, partition
+from fedkey.models.canary import check_vocabulary
+from fedkey.models.tokenizers import Tokenizer, build_tokenizer
 
 
 @dataclass
@@ -96,7 +96,7 @@ def _phones_only(
     cfg: DataConfig, train_users: list[str] | None, items: list[str], users: list[str] | None
 ) -> tuple[list[str], list[str] | None]:
     """The held-out `items` of the senders who have a phone: with ``--partition user``, the
-    owners :func:`corpora.partition.by_user` makes phones (``--clients K``: the K with the most
+    owners :func:`fedkey.corpora.partition.by_user` makes phones (``--clients K``: the K with the most
     training messages); unchanged where the corpus does not know whose each item is, or for
     another partition (every training sender then trains somewhere)."""
     if cfg.partition != "user" or users is None or train_users is None:
@@ -141,7 +141,7 @@ def plant_canary(
     seed: int,
 ) -> str:
     """Put `repeats` copies of the sentence `canary` at seeded random places of the first phone's
-    shard (a memorization audit, models.exposure); -> that phone's name.
+    shard (a memorization audit, fedkey.models.exposure); -> that phone's name.
 
     Only the phone's encoded shard changes: the tokenizer was built before (the same vocabulary
     with and without a canary, so runs compare), and valid/test never hold it. Its words must be

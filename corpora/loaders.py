@@ -6,9 +6,9 @@ training item. Tokenization into ids (start/end tokens, vocabulary) happens late
 
 Layouts (see :func:`load_corpus` for the dispatch):
 
-* ``"demo"``: the embedded, generated demo corpus (:mod:`corpora.demo`), the default.
+* ``"demo"``: the embedded, generated demo corpus (:mod:`fedkey.corpora.demo`), the default.
 * ``"nus-sms"``, ``"ubuntu-irc"``: the real per-sender corpora in the data directory
-  (:mod:`corpora.datadir`), read by :mod:`corpora.nus_sms` and :mod:`corpora.ubuntu_irc`; a
+  (:mod:`fedkey.corpora.datadir`), read by :mod:`fedkey.corpora.nus_sms` and :mod:`fedkey.corpora.ubuntu_irc`; a
   directory laid out as theirs (the NUS zip; ``train/*.raw.txt`` logs) loads the same way.
 * a directory with ``train.txt``, ``valid.txt``, ``test.txt`` (PTB, WikiText-2): :func:`load_text_dir`.
   Read as is (already tokenized), or with the seed papers' preprocessing (``paper_protocol=True``).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from common.text import normalize_text
+from fedkey.common.text import normalize_text
 
 __all__ = [
     "ACCEPTED_LAYOUTS",
@@ -57,12 +57,12 @@ class Corpus:
     gives the owner of each training item (same length as ``train``), or is ``None`` when the
     corpus has no natural users (PTB, WikiText-2). ``train_articles`` gives the article of each
     training item where the text is made of articles (WikiText-2: :func:`article_starts`), so a
-    partition can give each phone whole articles (``corpora.partition.by_article``).
+    partition can give each phone whole articles (``fedkey.corpora.partition.by_article``).
     ``unseen_test`` holds the messages of held-out senders who never train (the real per-sender
-    corpora, :mod:`corpora.senders`), ``unseen_users`` their owners; ``None`` elsewhere.
+    corpora, :mod:`fedkey.corpora.senders`), ``unseen_users`` their owners; ``None`` elsewhere.
     ``valid_users`` / ``test_users`` give the owner of each validation / test item where the
     corpus knows it (the per-sender corpora), so the held-out text can be cut to the senders who
-    have a phone (:func:`corpora.dataset.load_cut`).
+    have a phone (:func:`fedkey.corpora.dataset.load_cut`).
     """
 
     name: str
@@ -280,7 +280,7 @@ def split_user_messages(
     depend on the others), always leaving at least one message in train: every user with a
     message appears in train. Inside a split, a user's messages keep their original order.
     The splits interleave the users round-robin (first message of every user, then the second,
-    ...), so cutting a prefix (corpora.dataset.load_cut's caps) keeps all users. Empty messages are dropped;
+    ...), so cutting a prefix (fedkey.corpora.dataset.load_cut's caps) keeps all users. Empty messages are dropped;
     users left with none are skipped.
     """
     _check_fracs(valid_frac, test_frac)
@@ -473,16 +473,16 @@ ACCEPTED_LAYOUTS = (
 )
 
 
-#: The real corpora named by a word (their folder in the data directory, corpora.datadir).
+#: The real corpora named by a word (their folder in the data directory, fedkey.corpora.datadir).
 NAMED_CORPORA = ("nus-sms", "ubuntu-irc")
 
 
 def _load_sender_corpus(path: Path, name: str, seed: int) -> Corpus:
     if name == "nus-sms":
-        from corpora.nus_sms import load_nus_sms
+        from fedkey.corpora.nus_sms import load_nus_sms
 
         return load_nus_sms(path, seed=seed)
-    from corpora.ubuntu_irc import load_ubuntu_irc
+    from fedkey.corpora.ubuntu_irc import load_ubuntu_irc
 
     return load_ubuntu_irc(path, seed=seed)
 
@@ -492,17 +492,17 @@ def load_corpus(spec: str | Path, paper_protocol: bool = False, seed: int = 0) -
 
     ``"demo"`` always means the embedded demo corpus (write ``./demo`` for a directory of that
     name), and ``"nus-sms"`` / ``"ubuntu-irc"`` the corpora of the data directory
-    (:class:`corpora.datadir.MissingCorpus` when they are not there). ``paper_protocol`` applies to text directories only (the other corpora are normalized
+    (:class:`fedkey.corpora.datadir.MissingCorpus` when they are not there). ``paper_protocol`` applies to text directories only (the other corpora are normalized
     text already); ``seed`` drives the generated demo corpus and the per-user splits.
     Raises FileNotFoundError for a path that does not exist and ValueError for one that matches
     no layout, both naming the accepted layouts.
     """
     if isinstance(spec, str) and spec.strip() == "demo":
-        from corpora.demo import demo_corpus
+        from fedkey.corpora.demo import demo_corpus
 
         return demo_corpus(seed=seed)
     if isinstance(spec, str) and spec.strip() in NAMED_CORPORA:
-        from corpora.datadir import corpus_path
+        from fedkey.corpora.datadir import corpus_path
 
         return _load_sender_corpus(corpus_path(spec.strip()), spec.strip(), seed)
     p = Path(spec).expanduser()

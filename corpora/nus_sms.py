@@ -3,13 +3,13 @@
 Tao Chen and Min-Yen Kan (2013). Creating a Live, Public Short Message Service Corpus: The NUS SMS
 Corpus. Language Resources and Evaluation 47(2):299-355. The release of 2015-03-09, as its authors
 ship it (github.com/WING-NUS/nus-sms-corpus, ``smsCorpus_en_xml_2015.03.09_all.zip``; `fedkey data
-fetch nus-sms` downloads it, :mod:`corpora.datadir`): 55,835 messages from 343 anonymized senders.
+fetch nus-sms` downloads it, :mod:`fedkey.corpora.datadir`): 55,835 messages from 343 anonymized senders.
 
 The XML is read straight from the zip, one ``<message>`` at a time (``iterparse``; about a second
 for its 44 MB): the sender is ``source/userProfile/userID``, the time ``messageProfile/@time``
 (three spellings: ``2010.10.24 11:59[:06]``, ``1/18/2011 8:23:20 PM``, and a few with no space
 before the hour; ``unknown`` for the 2003 collection, which keeps the file's order), the text
-``text``, through :func:`common.text.normalize_text`. The rest is :mod:`corpora.senders`' rules.
+``text``, through :func:`fedkey.common.text.normalize_text`. The rest is :mod:`fedkey.corpora.senders`' rules.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from common.text import normalize_text
-from corpora.loaders import Corpus
-from corpora.senders import Message, SenderRules, sender_corpus
+from fedkey.common.text import normalize_text
+from fedkey.corpora.loaders import Corpus
+from fedkey.corpora.senders import Message, SenderRules, sender_corpus
 
 __all__ = ["ZIP_NAME", "find_zip", "load_nus_sms", "parse_time", "read_messages"]
 

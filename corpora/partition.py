@@ -21,8 +21,8 @@ from typing import get_args
 
 import numpy as np
 
-from common.config import Scheme
-from corpora.loaders import Corpus
+from fedkey.common.config import Scheme
+from fedkey.corpora.loaders import Corpus
 
 __all__ = [
     "SCHEMES",

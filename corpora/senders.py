@@ -1,6 +1,6 @@
 """The rules every real per-sender corpus shares (NUS SMS, Ubuntu IRC): one phone per sender.
 
-A loader (:mod:`corpora.nus_sms`, :mod:`corpora.ubuntu_irc`) reads its upstream files into
+A loader (:mod:`fedkey.corpora.nus_sms`, :mod:`fedkey.corpora.ubuntu_irc`) reads its upstream files into
 :class:`Message` s (sender, a time to order them by, normalized text) and hands them to
 :func:`sender_corpus`, which applies, in this order:
 
@@ -16,11 +16,11 @@ A loader (:mod:`corpora.nus_sms`, :mod:`corpora.ubuntu_irc`) reads its upstream 
    validate and the last ``test_frac`` test (at least one message always trains), so the model is
    scored on what its phones typed later.
 
-The splits interleave the senders round-robin, as :func:`corpora.loaders.split_user_messages`
+The splits interleave the senders round-robin, as :func:`fedkey.corpora.loaders.split_user_messages`
 does, so a prefix of the training split still holds every sender. With ``--partition user``,
 ``--clients K`` keeps the K senders with the most training messages
-(:func:`corpora.partition.by_user`), and the validation and test sets then hold only those K
-senders' later messages (:func:`corpora.dataset.load_cut`): the phones' own held-out text. The
+(:func:`fedkey.corpora.partition.by_user`), and the validation and test sets then hold only those K
+senders' later messages (:func:`fedkey.corpora.dataset.load_cut`): the phones' own held-out text. The
 other senders' messages are unused; the held-out senders stay the same whatever K is, so
 ``unseen_test`` compares across K.
 """
@@ -31,7 +31,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from corpora.loaders import Corpus
+from fedkey.corpora.loaders import Corpus
 
 __all__ = ["Message", "SenderRules", "sender_corpus"]
 

@@ -3,8 +3,8 @@
 The raw logs of the IRC disentanglement data: Jonathan K. Kummerfeld et al. (2019). A Large-Scale
 Corpus for Conversation Disentanglement. ACL 2019 (github.com/jkkummerfeld/irc-disentanglement,
 ``data/{train,dev,test}/*.raw.txt``; CC BY 4.0; `fedkey data fetch ubuntu-irc` downloads them,
-:mod:`corpora.datadir`). Their own train/dev/test split is of conversations, not of people: here
-all 173 files are one pool of messages, cut by :mod:`corpora.senders`' rules.
+:mod:`fedkey.corpora.datadir`). Their own train/dev/test split is of conversations, not of people: here
+all 173 files are one pool of messages, cut by :mod:`fedkey.corpora.senders`' rules.
 
 A log line is ``[HH:MM] <nick> text`` for a message. What is not a message is dropped: ``=== ...``
 system lines (joins, quits, nick changes), ``* nick ...`` action lines, the channel's bots
@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from common.text import normalize_text
-from corpora.loaders import Corpus
-from corpora.senders import Message, SenderRules, sender_corpus
+from fedkey.common.text import normalize_text
+from fedkey.corpora.loaders import Corpus
+from fedkey.corpora.senders import Message, SenderRules, sender_corpus
 
 __all__ = ["NAME", "is_bot", "load_ubuntu_irc", "log_files", "read_log", "read_messages"]
 

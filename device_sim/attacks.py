@@ -31,10 +31,10 @@ from dataclasses import replace
 
 import torch
 
-from device_sim.config import ATTACKS, BackdoorConfig
-from device_sim.pool import LocalTask
-from models.model import LanguageModel
-from models.tokenizers import Tokenizer
+from fedkey.device_sim.config import ATTACKS, BackdoorConfig
+from fedkey.device_sim.training.process_pool import LocalTask
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import Tokenizer
 
 SCALE_FACTOR = 100.0  # scale: the delta times this
 SIGNFLIP_FACTOR = 10.0  # signflip: the delta times minus this
@@ -194,7 +194,7 @@ def backdoor_success(
 
 
 class BackdoorProbe:
-    """A round-engine probe (server.engine.Probe): the backdoor's top-1 / top-3 success on the
+    """A round-engine probe (fedkey.federation.engine.Probe): the backdoor's top-1 / top-3 success on the
     global model, as metrics-row fields backdoor_top1 and backdoor_top3."""
 
     def __init__(self, backdoor: BackdoorConfig, contexts: Sequence[str]):

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
-from common.config import DataConfig, Scheme
-from device_sim.protocol import POLL_WAIT
+from fedkey.common.config import DataConfig, Scheme
+from fedkey.device_sim.client.protocol import POLL_WAIT
 
-#: What a malicious phone uploads (device_sim.attacks.apply_attack): scale: its delta times 100;
+#: What a malicious phone uploads (fedkey.device_sim.attacks.apply_attack): scale: its delta times 100;
 #: signflip: its delta times -10; backdoor: it trains on poisoned sentences (a trigger phrase
 #: followed by a chosen word) and boosts its delta by model replacement (Bagdasaryan et al. 2020);
 #: those three are valid uploads. nan: a NaN tensor; shape: wrong tensors (both refused by the

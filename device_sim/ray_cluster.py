@@ -1,7 +1,7 @@
 """Joining a Ray cluster (or starting one on this machine) for the phones' training and fleets.
 
 `connect(RayOptions(...))` is the one way fedkey reaches Ray: the in-process simulation
-(device_sim.ray_pool), train-central and `fedkey devices` all go through it, so the address
+(fedkey.device_sim.training.ray_pool), train-central and `fedkey devices` all go through it, so the address
 rules and the error a person sees are the same everywhere:
 
     address None     start a private Ray instance on this machine, bound to 127.0.0.1

@@ -1,8 +1,8 @@
 """ONNX export of a fedkey checkpoint for the web keyboard.
 
-`export_checkpoint` (torch, onnxruntime) lives in :mod:`export.onnx_export`; `load_metadata`
-(standard library + onnx only) in :mod:`export.metadata`, so a serving process that imports
-`export.metadata` never imports torch. This package module imports neither eagerly.
+`export_checkpoint` (torch, onnxruntime) lives in :mod:`fedkey.export.onnx_export`; `load_metadata`
+(standard library + onnx only) in :mod:`fedkey.export.metadata`, so a serving process that imports
+`fedkey.export.metadata` never imports torch. This package module imports neither eagerly.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ __all__ = ["ExportParityError", "ExportReport", "export_checkpoint", "load_metad
 
 def __getattr__(name: str):
     if name in ("ExportParityError", "ExportReport", "export_checkpoint"):
-        from export import onnx_export
+        from fedkey.export import onnx_export
 
         return getattr(onnx_export, name)
     if name == "load_metadata":
-        from export.metadata import load_metadata
+        from fedkey.export.metadata import load_metadata
 
         return load_metadata
     raise AttributeError(f"module 'export' has no attribute {name!r}")

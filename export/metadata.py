@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.config import DP_MECHANISMS, FTRL_MECHANISMS
+from fedkey.common.config import DP_MECHANISMS, FTRL_MECHANISMS
 
 METADATA_KEY = "fedkey"
 FORMAT = "fedkey-onnx-1"
@@ -78,7 +78,7 @@ CLIP_KEYS = (
     "trimmed",
 )
 # Under DP only the bound itself: the counts and norms above are exact functions of the phones'
-# updates that the DP guarantee does not cover (server.metrics_row.public_info, which keeps them
+# updates that the DP guarantee does not cover (fedkey.federation.metrics_row.public_info, which keeps them
 # out of a DP row; an export of an older checkpoint may still hold them).
 DP_CLIP_KEYS = ("mode", "scope", "norm")
 
@@ -92,7 +92,7 @@ def _number(x: Any) -> float | None:
 
 def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
     """What an export tells its users about privacy and bounded influence, from a checkpoint's
-    metadata (models.checkpoint: "strategy", "metrics" = the round's metrics row, "server" = the
+    metadata (fedkey.models.checkpoint: "strategy", "metrics" = the round's metrics row, "server" = the
     server state with the accountant's state_dict). Only public facts: the accountant's settings
     and step count, and the round's clip summary; no per-device scores.
 
@@ -110,7 +110,7 @@ def privacy_facts(checkpoint_meta: Mapping[str, Any]) -> dict[str, Any]:
       delta, target_epsilon (the budget; None: no budget set), noise_multiplier, sampling
         ("fixed": a fixed-size cohort per round, "poisson"), sampling_rate (Poisson's q; None
         under fixed-size sampling), steps (noised rounds accounted): the accountant's state
-        (server.privacy.PrivacyAccountant.state_dict), None when not recorded; delta from the
+        (fedkey.federation.privacy.gaussian.PrivacyAccountant.state_dict), None when not recorded; delta from the
         row's "delta" when the accountant is not in the checkpoint.
       adaptive_clip: under ``--dp-clip-quantile``, {"quantile", "clip" (the round's clip),
         "unclipped_fraction_noisy"} from ``info["dp"]``; else None.

@@ -24,8 +24,8 @@ Choices:
   and the MatMul use the same int8 tensor, which the tests check.
 - int8: ``onnxruntime.quantization.quantize_dynamic`` with int8 weights, per tensor, on MatMul,
   Gather and LSTM (what it supports; a GRU stays fp32). The held-out perplexity of fp32 and int8
-  is computed with onnxruntime, with the definition of models.metrics.evaluate.
-- Files are written atomically (common.files): the .onnx first, then the .json beside it,
+  is computed with onnxruntime, with the definition of fedkey.models.metrics.evaluate.
+- Files are written atomically (fedkey.common.files): the .onnx first, then the .json beside it,
   so a watcher that sees a new .json finds a complete .onnx.
 """
 
@@ -50,11 +50,11 @@ import torch
 from onnx import helper, numpy_helper
 from torch import Tensor, nn
 
-from common.files import atomic_write as _atomic_write  # a module name the tests can patch
-from export.metadata import FORMAT, METADATA_KEY, metadata_path, privacy_facts
-from models.checkpoint import load_checkpoint
-from models.model import LanguageModel
-from models.tokenizers import Tokenizer
+from fedkey.common.files import atomic_write as _atomic_write  # a module name the tests can patch
+from fedkey.export.metadata import FORMAT, METADATA_KEY, metadata_path, privacy_facts
+from fedkey.models.checkpoint import load_checkpoint
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import Tokenizer
 
 PARITY_TOLERANCE = 1e-4
 INT8_OP_TYPES = ("MatMul", "Gather", "LSTM")  # what quantize_dynamic covers here (not GRU)
@@ -297,7 +297,7 @@ def held_out_scores(
     tokenizer: Tokenizer,
     sentences: list[str],
 ) -> dict:
-    """Perplexity of each session on `sentences` (models.metrics.evaluate's definition:
+    """Perplexity of each session on `sentences` (fedkey.models.metrics.evaluate's definition:
     exp(total NLL / (words + 1 per sentence)), </s> predicted, <s> input only) and, for two
     sessions, how often their top suggestion agrees (argmax over the vocabulary without <unk>,
     <s>, </s>, which a suggestion bar never shows) over every prefix of every sentence."""
@@ -358,7 +358,7 @@ def public_metadata(meta: dict) -> dict:
     """The checkpoint metadata a keyboard may see: no server state, metrics reduced to ppl, the
     corpus the model learned from ("data", the metrics row's; None when not recorded), the round
     best on validation as of this one ("best_round": this round when it is the best so far), and
-    the privacy facts (export.metadata.privacy_facts: epsilon, the budget, the bounding)."""
+    the privacy facts (fedkey.export.metadata.privacy_facts: epsilon, the budget, the bounding)."""
     metrics = meta.get("metrics") or {}
     best_round = metrics.get("best_round")
     return {
@@ -386,7 +386,7 @@ def export_checkpoint(
     `parity_text`: held-out sentences for the perplexity (fp32, and int8 with `int8`) and the
     int8-vs-fp32 top-1 agreement; without it those report fields are None. `metrics`, when
     given, maps the checkpoint's metrics row to the row the export may publish (the server's:
-    server.metrics_row.public_row).
+    fedkey.federation.metrics_row.public_row).
     Raises ExportParityError (and writes nothing) if onnxruntime disagrees with PyTorch.
     """
     start = time.perf_counter()

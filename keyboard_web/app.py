@@ -21,17 +21,17 @@ drops its state cache (the weights changed) and its replies carry the new round.
 
 Serving never imports torch.
 
-The app is composed here from routers by concern, as server.app is from server.api:
+The app is composed here from routers by concern, as fedkey.server.app is from fedkey.server.api:
 
     routes_page   GET /, /static/..., /vendor/...
     routes_model  GET /model.onnx, /model.json
     routes_api    GET /api/info, /api/metrics
     routes_ws     WS /ws/suggest, /ws/events
 
-They serve from one `Keyboard` (keyboard_web.service: the served model, the event hub, the relay
-status), `app.state.keyboard`, which keyboard_web.deps hands them; keyboard_web.protocol holds the
-/ws/suggest protocol, keyboard_web.background the hot reload and the relay (the app's lifespan),
-keyboard_web.schemas the answers as OpenAPI describes them.
+They serve from one `Keyboard` (fedkey.keyboard_web.service: the served model, the event hub, the relay
+status), `app.state.keyboard`, which fedkey.keyboard_web.deps hands them; fedkey.keyboard_web.protocol holds the
+/ws/suggest protocol, fedkey.keyboard_web.background the hot reload and the relay (the app's lifespan),
+fedkey.keyboard_web.schemas the answers as OpenAPI describes them.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from keyboard_web import routes_api, routes_model, routes_page, routes_ws
-from keyboard_web.background import lifespan
-from keyboard_web.protocol import MAX_FRAME, MAX_TEXT
-from keyboard_web.service import (
+from fedkey.keyboard_web import routes_api, routes_model, routes_page, routes_ws
+from fedkey.keyboard_web.background import lifespan
+from fedkey.keyboard_web.protocol import MAX_FRAME, MAX_TEXT
+from fedkey.keyboard_web.service import (
     HERE,
     NODE_MODULES,
     NPM_COMMAND,
@@ -78,7 +78,7 @@ __all__ = [
     "serve",
 ]
 
-#: uvicorn's settings of the keyboard's limits (keyboard_web.limits has the app's): a WebSocket
+#: uvicorn's settings of the keyboard's limits (fedkey.keyboard_web.limits has the app's): a WebSocket
 #: frame past MAX_FRAME closes its connection (1009) before it is buffered whole.
 UVICORN_LIMITS: dict[str, Any] = {"ws_max_size": MAX_FRAME}
 
@@ -99,7 +99,7 @@ def create_app(
     `watch_dir`: hot-reload newer exports written there (model.onnx, then model.json).
     `events_url`: the federation server's base URL (http://host:port): what its WS /v1/events
     and GET /v1/metrics publish is passed to the pages, as far as the panel shows it
-    (keyboard_web.upstream). `events_token`: that server's operator token, when it asks for one.
+    (fedkey.keyboard_web.upstream). `events_token`: that server's operator token, when it asks for one.
     """
     keyboard = Keyboard.build(
         model_path,
@@ -156,12 +156,12 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m keyboard_web.app MODEL.onnx [--host H] [--port P] [--watch DIR] [--events URL]
+    """python -m fedkey.keyboard_web.app MODEL.onnx [--host H] [--port P] [--watch DIR] [--events URL]
     [--tls-cert PEM --tls-key PEM] (the federation server's operator token, if it asks for one:
     FEDKEY_OPERATOR_TOKEN)"""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m keyboard_web.app", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m fedkey.keyboard_web.app", description=main.__doc__)
     p.add_argument("model", nargs="?", help="the exported model.onnx (default: WATCH/model.onnx)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

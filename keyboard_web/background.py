@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from keyboard_web.service import Keyboard, model_event
-from keyboard_web.upstream import panel_event
+from fedkey.keyboard_web.service import Keyboard, model_event
+from fedkey.keyboard_web.upstream import panel_event
 
 log = logging.getLogger("fedkey.keyboard")
 
@@ -48,7 +48,7 @@ async def watch_exports(keyboard: Keyboard) -> None:
 
 
 async def relay_events(keyboard: Keyboard, base: str) -> None:
-    """Relay the federation server's WS /v1/events to the pages (what keyboard_web.upstream's
+    """Relay the federation server's WS /v1/events to the pages (what fedkey.keyboard_web.upstream's
     PANEL_EVENTS allows of them), reconnecting with backoff."""
     from websockets.asyncio.client import connect
 
@@ -65,7 +65,7 @@ async def relay_events(keyboard: Keyboard, base: str) -> None:
                 hub.publish_event("upstream", connected=True, url=base)
                 backoff = 0.5
                 async for msg in ws:
-                    shown = panel_event(msg)  # the page's allow-list (keyboard_web.upstream)
+                    shown = panel_event(msg)  # the page's allow-list (fedkey.keyboard_web.upstream)
                     if shown is not None:
                         hub.publish(shown)
         except asyncio.CancelledError:

@@ -1,4 +1,4 @@
-"""What the keyboard's routes depend on: the app's `Keyboard` (keyboard_web.service).
+"""What the keyboard's routes depend on: the app's `Keyboard` (fedkey.keyboard_web.service).
 
 `async def`: FastAPI runs a plain `def` dependency in a worker thread, and the keyboard's state
 is used from the event loop only.
@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
-from keyboard_web.service import Keyboard
+from fedkey.keyboard_web.service import Keyboard
 
 
 async def get_keyboard(conn: HTTPConnection) -> Keyboard:

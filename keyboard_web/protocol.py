@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 
-from keyboard_web.service import ModelHolder
-from keyboard_web.suggest import Session, SuggestError
+from fedkey.keyboard_web.service import ModelHolder
+from fedkey.keyboard_web.suggest import Session, SuggestError
 
 log = logging.getLogger("fedkey.keyboard")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from keyboard_web.deps import KeyboardDep
-from keyboard_web.schemas import ErrorBody, Info, Metrics
-from keyboard_web.upstream import FederationUnreachable
+from fedkey.keyboard_web.deps import KeyboardDep
+from fedkey.keyboard_web.schemas import ErrorBody, Info, Metrics
+from fedkey.keyboard_web.upstream import FederationUnreachable
 
 router = APIRouter(tags=["panel"])
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from keyboard_web.deps import KeyboardDep
-from keyboard_web.schemas import MODEL_HEADERS
-from keyboard_web.suggest import Suggester
+from fedkey.keyboard_web.deps import KeyboardDep
+from fedkey.keyboard_web.schemas import MODEL_HEADERS
+from fedkey.keyboard_web.suggest import Suggester
 
 router = APIRouter(tags=["model"])
 
@@ -42,7 +42,7 @@ async def model_onnx(keyboard: KeyboardDep):
     response_class=Response,
     responses={
         200: {
-            "description": "The served model's metadata (export.metadata), as exported.",
+            "description": "The served model's metadata (fedkey.export.metadata), as exported.",
             "content": {"application/json": {}},
             "headers": MODEL_HEADERS,
         }

@@ -7,8 +7,8 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from keyboard_web.deps import KeyboardDep
-from keyboard_web.service import STATIC_DIR, browser_mode_status
+from fedkey.keyboard_web.deps import KeyboardDep
+from fedkey.keyboard_web.service import STATIC_DIR, browser_mode_status
 
 router = APIRouter()
 

@@ -1,5 +1,5 @@
-"""The WebSockets (not in OpenAPI, which has none): /ws/suggest (keyboard_web.protocol) and
-/ws/events (a `hello`, then the events of keyboard_web.service.EventHub)."""
+"""The WebSockets (not in OpenAPI, which has none): /ws/suggest (fedkey.keyboard_web.protocol) and
+/ws/events (a `hello`, then the events of fedkey.keyboard_web.service.EventHub)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
-from keyboard_web.deps import KeyboardDep
-from keyboard_web.limits import RATE, Bucket
-from keyboard_web.protocol import Conversation
-from keyboard_web.service import Keyboard
+from fedkey.keyboard_web.deps import KeyboardDep
+from fedkey.keyboard_web.limits import RATE, Bucket
+from fedkey.keyboard_web.protocol import Conversation
+from fedkey.keyboard_web.service import Keyboard
 
 router = APIRouter()
 
@@ -22,7 +22,7 @@ router = APIRouter()
 @router.websocket("/ws/suggest")
 async def ws_suggest(ws: WebSocket, keyboard: KeyboardDep):
     """Suggestions: each message answered by the model in the inference pool, at most
-    keyboard_web.limits.RATE a second (an error reply past it)."""
+    fedkey.keyboard_web.limits.RATE a second (an error reply past it)."""
     async with _socket(ws, keyboard) as admitted:
         if not admitted:
             return

@@ -1,5 +1,5 @@
 """The keyboard's JSON answers as pydantic models, for /openapi.json: the routes answer plain
-dicts (keyboard_web.service), and these only describe them (`responses=`), so that nothing is
+dicts (fedkey.keyboard_web.service), and these only describe them (`responses=`), so that nothing is
 coerced or dropped on the way out."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class EventsRelay(BaseModel):
 
 
 class Info(BaseModel):
-    """GET /api/info: the served model (keyboard_web.suggest.Suggester.info), then browser mode,
+    """GET /api/info: the served model (fedkey.keyboard_web.suggest.Suggester.info), then browser mode,
     the events relay and the hot reloads."""
 
     model_config = ConfigDict(extra="allow")
@@ -46,7 +46,9 @@ class Info(BaseModel):
     perplexity: float | None = Field(description="Test perplexity, else validation.")
     val_ppl: float | None
     test_ppl: float | None
-    privacy: dict[str, Any] = Field(description="export.metadata.privacy_facts of the export.")
+    privacy: dict[str, Any] = Field(
+        description="fedkey.export.metadata.privacy_facts of the export."
+    )
     int8: bool = Field(description="Whether the weights are quantized to int8.")
     cell: str | None
     vocab_size: int

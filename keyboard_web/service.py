@@ -1,6 +1,6 @@
 """What the keyboard's routes serve from: the served model (swapped atomically on a hot reload),
 the fan-out of events to the pages, the federation server's relay status, and `Keyboard`, the one
-object that holds them (keyboard_web.deps hands it to the routes). Plain Python: no routes here.
+object that holds them (fedkey.keyboard_web.deps hands it to the routes). Plain Python: no routes here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keyboard_web.limits import Inference, SocketGate
-from keyboard_web.suggest import Suggester
-from keyboard_web.upstream import Upstream
+from fedkey.keyboard_web.limits import Inference, SocketGate
+from fedkey.keyboard_web.suggest import Suggester
+from fedkey.keyboard_web.upstream import Upstream
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
@@ -160,7 +160,7 @@ class Keyboard:
     ort_dist: Path = ORT_DIST
     poll_seconds: float = POLL_SECONDS
     hub: EventHub = field(default_factory=EventHub)
-    sockets: SocketGate = field(default_factory=SocketGate)  # keyboard_web.limits
+    sockets: SocketGate = field(default_factory=SocketGate)  # fedkey.keyboard_web.limits
     inference: Inference = field(default_factory=Inference)
 
     @classmethod

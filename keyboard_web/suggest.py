@@ -3,12 +3,12 @@
 The serving side of the keyboard. It never imports torch: the model is the ONNX export
 (`export/onnx_export.py`), its vocabulary and shape come from the `<stem>.json` beside it.
 
-The suggestion bar follows `models.metrics.keystroke_savings`: after a space (nothing typed of
+The suggestion bar follows `fedkey.models.metrics.keystroke_savings`: after a space (nothing typed of
 the next word) the bar shows the three most likely next words; while a word is being typed it
 shows the three most likely vocabulary words that start with the typed prefix. The special
 tokens (<unk>, <s>, </s>) and punctuation-only tokens are never suggested.
 
-Context. The typed text is normalized like the training text (`corpora.loaders.
+Context. The typed text is normalized like the training text (`fedkey.corpora.loaders.
 normalize_text`: lowercase, punctuation split into tokens) and split into the completed words and
 the partial word being typed (the text does not end with whitespace). The model sees the words of
 the current sentence only: the context restarts with <s> after a ". ! ?" token, as every training
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from common.text import normalize_text
+from fedkey.common.text import normalize_text
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
@@ -113,7 +113,7 @@ def _read_metadata(onnx_path: Path) -> tuple[dict, bytes]:
     if side.exists():
         raw = side.read_bytes()
         return json.loads(raw), raw
-    from export.metadata import load_metadata  # stdlib + onnx: never torch
+    from fedkey.export.metadata import load_metadata  # stdlib + onnx: never torch
 
     meta = load_metadata(onnx_path)
     return meta, json.dumps(meta).encode()
@@ -229,10 +229,10 @@ class Suggester:
 
     @property
     def privacy(self) -> dict:
-        """The export's privacy facts (export.metadata.privacy_facts): epsilon so far, delta, the
+        """The export's privacy facts (fedkey.export.metadata.privacy_facts): epsilon so far, delta, the
         budget, the noise multiplier, the bounding; an export made before they were recorded
         answers with every fact None ("dp": None: not recorded), never with a guess."""
-        from export.metadata import privacy_facts  # stdlib only
+        from fedkey.export.metadata import privacy_facts  # stdlib only
 
         facts = self.metadata.get("privacy")
         return dict(facts) if isinstance(facts, dict) else privacy_facts({})

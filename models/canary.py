@@ -4,7 +4,7 @@ how much a model memorizes what it trains on (Carlini et al. 2019, "The Secret S
 A format is a template of words in which each ``_`` is a slot, and an alphabet of words each slot
 is filled from: ``my secret is _ _ _ _`` over ``one .. ten`` holds 10^4 candidates, the
 randomness space R. The secret is one candidate drawn at random with a seed, never hand-picked
-(a hand-picked one would carry the picker's bias). models.exposure ranks it among all of R.
+(a hand-picked one would carry the picker's bias). fedkey.models.exposure ranks it among all of R.
 
 The words of a format must be in the model's vocabulary: a word tokenizer reads every unknown word
 as <unk>, so an out-of-vocabulary slot word would make candidates identical and the audit
@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from models.tokenizers import Tokenizer
+from fedkey.models.tokenizers import Tokenizer
 
 SLOT = "_"
 DEFAULT_TEMPLATE = "my secret is _ _ _ _"

@@ -17,19 +17,19 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from common.files import atomic_write
-from models.config import ModelConfig
-from models.model import LanguageModel
-from models.tokenizers import Tokenizer, tokenizer_from_config
+from fedkey.common.files import atomic_write
+from fedkey.models.config import ModelConfig
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import Tokenizer, tokenizer_from_config
 
 FORMAT_VERSION = 1
 
 #: What the JSON object under the "fedkey" metadata key holds, key -> meaning (the checkpoint
 #: reference, docs/reference/checkpoint.md, is generated from it). checkpoint_bytes writes the
-#: first five; the round engine (server.engine) adds "metrics" and "server" through `extra`.
+#: first five; the round engine (fedkey.federation.engine) adds "metrics" and "server" through `extra`.
 METADATA: dict[str, str] = {
     "format": f"The format's version ({FORMAT_VERSION}).",
-    "model": "The model config (models.config.ModelConfig): vocab_size, cell, emb_size, "
+    "model": "The model config (fedkey.models.config.ModelConfig): vocab_size, cell, emb_size, "
     "hidden_size, num_layers, tied, dropout.",
     "tokenizer": 'The tokenizer, so the checkpoint alone rebuilds it: {"kind": "word", "words": '
     '[the vocabulary, by id]} or {"kind": "sentencepiece", "model": the model, base64}.',
@@ -100,7 +100,7 @@ def save_checkpoint(
     strategy: str,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write atomically (common.files): a crash never leaves a half-written checkpoint."""
+    """Write atomically (fedkey.common.files): a crash never leaves a half-written checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = checkpoint_bytes(

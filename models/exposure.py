@@ -29,9 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.canary import SLOT, CanaryFormat, check_vocabulary
-from models.model import LanguageModel, State
-from models.tokenizers import Tokenizer
+from fedkey.models.canary import SLOT, CanaryFormat, check_vocabulary
+from fedkey.models.model import LanguageModel, State
+from fedkey.models.tokenizers import Tokenizer
 
 Method = Literal["exact", "sampled", "skew-normal"]
 LOG2E = 1.0 / math.log(2.0)
@@ -199,7 +199,7 @@ def skew_normal_share(log_probs: np.ndarray, secret: float) -> float:
 
 
 class ExposureProbe:
-    """A round metric for server.engine.Federation(probes=...): the exposure and rank of `secret`
+    """A round metric for fedkey.federation.engine.Federation(probes=...): the exposure and rank of `secret`
     under every round's global model (`canary_exposure`, `canary_rank` in the metrics row)."""
 
     def __init__(self, fmt: CanaryFormat, secret: str, *, max_exact: int = 100_000) -> None:

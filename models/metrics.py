@@ -4,7 +4,7 @@ Perplexity is exp(total NLL / predicted words), the end of sentence counted as a
 SentencePiece model the NLL of a word is the sum of its pieces' NLLs, so the divisor is still
 the number of words + 1 per sentence and the numbers compare with word-level models.
 
-`precision` (models.precision): the forward's arithmetic; the log-probabilities and the sums are
+`precision` (fedkey.models.precision): the forward's arithmetic; the log-probabilities and the sums are
 float32 whatever it is.
 """
 
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.config import Precision
-from models.batching import IGNORE, batches, column_batches, seeded_order
-from models.model import LanguageModel
-from models.precision import autocast, resolve_precision
-from models.tokenizers import Tokenizer, WordTokenizer
+from fedkey.common.config import Precision
+from fedkey.models.batching import IGNORE, batches, column_batches, seeded_order
+from fedkey.models.model import LanguageModel
+from fedkey.models.precision import autocast, resolve_precision
+from fedkey.models.tokenizers import Tokenizer, WordTokenizer
 
 #: Scores (predicted words x vocabulary) in one evaluation batch: 20 MB of float32, under the
 #: 32 MB above which glibc's malloc maps every block afresh instead of reusing its heap. PTB's
@@ -129,7 +129,7 @@ def held_out_scores(
     precision: Precision = "fp32",
     ksr_sentences: int = 0,
 ) -> dict[str, float | None]:
-    """What every round of a run records of its global model (server.engine), and what `fedkey
+    """What every round of a run records of its global model (fedkey.federation.engine), and what `fedkey
     evaluate` scores a checkpoint by: validation perplexity (read for the best round, so no
     accuracy), test perplexity, top-1/top-3 on the test set (the model's ranking and the bar's),
     and keystroke savings on its first `ksr_sentences` sentences (None: off, or a SentencePiece
@@ -139,7 +139,7 @@ def held_out_scores(
     return {"val_ppl": val["ppl"], **scores}
 
 
-#: What _test_scores (and runners.baselines' n-gram) reports of held-out sentences, in order.
+#: What _test_scores (and fedkey.runners.baselines' n-gram) reports of held-out sentences, in order.
 TEST_FIELDS = ("test_ppl", "top1", "top3", "bar_top1", "bar_top3", "ksr")
 
 
@@ -189,7 +189,7 @@ def column_perplexity(
     precision: Precision = "fp32",
 ) -> float:
     """The perplexity the seed papers' published code reported: over the columns of shuffled batches
-    of 128 sentences (models.batching.column_batches), not over the sentences. That code
+    of 128 sentences (fedkey.models.batching.column_batches), not over the sentences. That code
     reshuffled at every evaluation; here the order is seeded so that rounds compare."""
     model.eval()
     model.to(device)

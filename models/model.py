@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from models.config import PRESETS, ModelConfig
+from fedkey.models.config import PRESETS, ModelConfig
 
 __all__ = ["PRESETS", "LanguageModel", "ModelConfig", "State", "num_parameters"]
 

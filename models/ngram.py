@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.tokenizers import WordTokenizer
+from fedkey.models.tokenizers import WordTokenizer
 
-if TYPE_CHECKING:  # models.metrics imports torch; this module does not
-    from models.metrics import Evaluation
+if TYPE_CHECKING:  # fedkey.models.metrics imports torch; this module does not
+    from fedkey.models.metrics import Evaluation
 
 
 def _discount(counts: np.ndarray) -> float:
@@ -57,7 +57,7 @@ class _Scored(ABC):
 
     def evaluate(self, sentences: list[str]) -> Evaluation:
         """Perplexity (</s> counted), top-1 / top-3 over real words, by the model's ranking and
-        by the suggestion bar's (no </s>, <unk>): as models.metrics.evaluate."""
+        by the suggestion bar's (no </s>, <unk>): as fedkey.models.metrics.evaluate."""
         tok = self.tokenizer
         nll, words, scored = 0.0, 0, 0
         hits = {"top1": 0, "top3": 0, "bar_top1": 0, "bar_top3": 0}
@@ -151,7 +151,7 @@ class PositionalUnigram(_Scored):
     `max_position` share one distribution.
 
     It knows nothing but where a word stands in its sentence, so as a language model it is
-    weak; on the seed papers' column batches (models.batching.column_batches), where everything
+    weak; on the seed papers' column batches (fedkey.models.batching.column_batches), where everything
     before a token is the same position of other sentences, that is all there is to know.
     """
 
@@ -195,9 +195,9 @@ class PositionalUnigram(_Scored):
     def column_perplexity(
         self, sentences: list[str], batch_size: int = 128, seed: int = 0
     ) -> float:
-        """models.metrics.column_perplexity for this model: the targets of column j are token j
+        """fedkey.models.metrics.column_perplexity for this model: the targets of column j are token j
         of their sentences, scored by P(. | j)."""
-        from models.batching import column_batches, seeded_order
+        from fedkey.models.batching import column_batches, seeded_order
 
         seqs = [self.tokenizer.encode(s) for s in sentences]
         nll, count = 0.0, 0

@@ -8,7 +8,7 @@ in bfloat16 all the same, so its gates are bfloat16 while its hidden state is up
 keeping the whole GRU float32 made training 10% slower), the weights kept in float32
 (master weights, so the optimizer's steps and the uploads stay float32), the loss computed in
 float32 from logits cast back (the callers do ``logits.float()``), the gradients float32. The
-local trainer's bf16 step on the CPU writes its recurrence out instead (device_sim.bf16_cpu:
+local trainer's bf16 step on the CPU writes its recurrence out instead (fedkey.device_sim.training.bf16_cpu:
 bfloat16 throughout, hidden state included, 1.2-1.3x the step above). "fp32" is plain float32.
 
 "auto" is bf16 where the hardware does bf16 natively, else fp32; the rule, deterministic per
@@ -32,7 +32,7 @@ from typing import Literal
 
 import torch
 
-from common.config import PRECISIONS
+from fedkey.common.config import PRECISIONS
 
 #: What a precision choice resolves to.
 Resolved = Literal["fp32", "bf16"]

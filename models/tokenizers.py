@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, get_args
 
-from common.config import TokenizerKind as TokenizerKind  # defined there, re-exported here
+from fedkey.common.config import TokenizerKind as TokenizerKind  # defined there, re-exported here
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 

@@ -1,6 +1,6 @@
 """`fedkey train-central` and `fedkey ngram`: the baselines a federation is measured against, each
 trained on the union of every phone's data. train_central is the ceiling (the same model, one
-epoch a round of runners.simulate's round engine, so its rows and checkpoints are a run's);
+epoch a round of fedkey.runners.simulate's round engine, so its rows and checkpoints are a run's);
 train_ngram the model a keyboard would otherwise ship (a Kneser-Ney n-gram, or a unigram by
 position in the sentence), scored as round 0."""
 
@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from common.config import DataConfig, TrainConfig
-from corpora.dataset import prepare
-from device_sim.backends import Backend, TrainingBackend, make_backend
-from device_sim.pool import LocalTask, run_task
-from device_sim.ray_cluster import RayOptions
-from runners.simulate import make_federation, start_or_resume
-from server.config import FederationConfig
-from server.engine import client_seed
-from server.storage import RunStorage
-from server.strategies import ClientUpdate
+from fedkey.common.config import DataConfig, TrainConfig
+from fedkey.corpora.dataset import prepare
+from fedkey.device_sim.ray_cluster import RayOptions
+from fedkey.device_sim.training.backends import Backend, TrainingBackend, make_backend
+from fedkey.device_sim.training.process_pool import LocalTask, run_task
+from fedkey.federation.config import FederationConfig
+from fedkey.federation.engine import client_seed
+from fedkey.federation.storage import RunStorage
+from fedkey.federation.strategies import ClientUpdate
+from fedkey.runners.simulate import make_federation, start_or_resume
 
 if TYPE_CHECKING:
-    from models.ngram import KneserNey, PositionalUnigram
+    from fedkey.models.ngram import KneserNey, PositionalUnigram
 
 
 def train_central(
@@ -145,8 +145,8 @@ def _train_central(
 def _ngram_test_scores(
     lm: KneserNey | PositionalUnigram, sentences: list[str], ksr_sentences: int
 ) -> dict:
-    """models.metrics.TEST_FIELDS of an n-gram on held-out sentences, as a round records them."""
-    from models.metrics import TEST_FIELDS, keystroke_savings_of
+    """fedkey.models.metrics.TEST_FIELDS of an n-gram on held-out sentences, as a round records them."""
+    from fedkey.models.metrics import TEST_FIELDS, keystroke_savings_of
 
     scores = lm.evaluate(sentences)
     ksr = keystroke_savings_of(lm.sentence_log_probs, lm.tokenizer, sentences[:ksr_sentences])
@@ -163,9 +163,9 @@ def train_ngram(
 ) -> list[dict]:
     """The baseline: a Kneser-Ney n-gram on the union of every phone's data, scored as a round.
     `positional`: a unigram by position in the sentence instead, with the seed papers'
-    column perplexity (models.ngram.PositionalUnigram)."""
-    from models.ngram import KneserNey, PositionalUnigram
-    from models.tokenizers import WordTokenizer
+    column perplexity (fedkey.models.ngram.PositionalUnigram)."""
+    from fedkey.models.ngram import KneserNey, PositionalUnigram
+    from fedkey.models.tokenizers import WordTokenizer
 
     prepared = prepare(data)
     tokenizer = prepared.tokenizer

@@ -1,14 +1,14 @@
 """The canary audit's configuration and arms: the federation every arm runs (AuditConfig), the
 arms (FedAvg and FedAtt, without and with DP, each DP arm beside its not-planted control), each
 arm's `fedkey simulate` command line, and the summary of its metrics rows that results.json keeps.
-runners.canary_audit runs them; runners.canary_report records and reports them."""
+fedkey.runners.canary_audit runs them; fedkey.runners.canary_report records and reports them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE
+from fedkey.models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE
 
 __all__ = [
     "STRATEGIES",
@@ -24,8 +24,8 @@ __all__ = [
 
 
 def canary_phone(clients: int) -> str:
-    """The phone whose shard holds the canary: the first (corpora.dataset.plant_canary), named
-    as corpora.dataset.device_name names it."""
+    """The phone whose shard holds the canary: the first (fedkey.corpora.dataset.plant_canary), named
+    as fedkey.corpora.dataset.device_name names it."""
     return f"device-{0:0{len(str(clients - 1))}d}"
 
 
@@ -46,7 +46,7 @@ class AuditConfig:
     workers: int = 2
     dp_mechanism: str = "gaussian"  # --dp-mechanism of the DP arms: gaussian, tree or blt
     # The target epsilon each noise multiplier was calibrated for (the research harness's
-    # bench.canary_irc): names the arms by it; empty: by z.
+    # fedkey_bench.canary_irc): names the arms by it; empty: by z.
     dp_epsilons: tuple[float, ...] = ()
     # The no-DP arms' server bound: None, none (--bound off, the seed papers'); S, the same
     # clip as the DP arms without noise (--bound fixed --bound-norm S, the privacy table's).
@@ -229,7 +229,7 @@ def summarize(rows: list[dict], arm: Arm, clients: int) -> dict:
 
 def rejected(row: dict) -> set[str]:
     """The phones whose update the round's cosine outlier filter rejected (info.clip.outliers:
-    on by default without DP, server.strategies.outliers): uploaded, but not in the aggregate."""
+    on by default without DP, fedkey.federation.strategies.outliers): uploaded, but not in the aggregate."""
     return set(((row.get("info") or {}).get("clip") or {}).get("outliers") or {})
 
 

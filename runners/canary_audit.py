@@ -2,8 +2,8 @@
 
 The audit of Carlini et al. 2019 ("The Secret Sharer"), run through fedkey's own commands: one
 `fedkey simulate --canary` per arm plants `repeats` copies of a random secret of the format
-'my secret is _ _ _ _' (10^4 candidates, models.canary) in the first phone's shard and records the
-secret's exposure (models.exposure: log2 |R| - log2 rank, 13.3 bits at most, ~1.4 at chance)
+'my secret is _ _ _ _' (10^4 candidates, fedkey.models.canary) in the first phone's shard and records the
+secret's exposure (fedkey.models.exposure: log2 |R| - log2 rank, 13.3 bits at most, ~1.4 at chance)
 beside perplexity after every round. The arms:
 
     FedAvg, FedAtt            no DP and no bound on any update (--bound off: the seed papers')
@@ -15,12 +15,12 @@ beside perplexity after every round. The arms:
                               its exposure is what chance gives that noise; the planted arm's
                               excess over it is what the phone's data added
 
-Every run is a child process (`python -m cli simulate ...`) with its own folder; its summary goes
+Every run is a child process (`python -m fedkey simulate ...`) with its own folder; its summary goes
 into OUT/results.json with the command, the git commit and the machine, and a run whose command is
 already there is not run again, so an interrupted audit resumes. results.md and exposure.png are
 written from results.json alone (write_report).
 
-This module runs the arms; runners.canary_arms defines them, runners.canary_report records and
+This module runs the arms; fedkey.runners.canary_arms defines them, fedkey.runners.canary_report records and
 reports them (the names below are re-exported for `fedkey audit` and the research harness).
 """
 
@@ -37,8 +37,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from runners.canary_arms import Arm, AuditConfig, arms, canary_phone, command, select, summarize
-from runners.canary_report import Results, per_round_table, write_report
+from fedkey.runners.canary_arms import (
+    Arm,
+    AuditConfig,
+    arms,
+    canary_phone,
+    command,
+    select,
+    summarize,
+)
+from fedkey.runners.canary_report import Results, per_round_table, write_report
 
 __all__ = [
     "AuditConfig",
@@ -124,7 +132,7 @@ def run_fedkey(
     start = time.perf_counter()
     with (run_dir / "log.txt").open("w") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "cli", *argv[1:]],
+            [sys.executable, "-m", "fedkey", *argv[1:]],
             env={**env, **assigned},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from common.files import atomic_write
-from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
-from runners.canary_arms import STRATEGIES
+from fedkey.common.files import atomic_write
+from fedkey.models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
+from fedkey.runners.canary_arms import STRATEGIES
 
 __all__ = [
     "CHANCE",

@@ -1,7 +1,7 @@
 """`fedkey run`: a federation server in its own process and a fleet of phones in this one, on
 loopback, over real HTTP; `fedkey simulate` through the whole network stack.
 
-The server process is `python -m server.main`, configured by FEDKEY_* environment variables built
+The server process is `python -m fedkey.server.main`, configured by FEDKEY_* environment variables built
 from a Settings (only those that differ from the defaults); its output goes to a log file, and it
 is stopped (terminate, then kill) however the run ends.
 """
@@ -15,10 +15,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from device_sim.config import FleetConfig
-from runners.processes import ProcessError, ProcessGroup, server_env, wait_healthy
-from server.settings import Settings
-from server.storage import RunStorage
+from fedkey.device_sim.config import FleetConfig
+from fedkey.federation.storage import RunStorage
+from fedkey.runners.processes import ProcessError, ProcessGroup, server_env, wait_healthy
+from fedkey.server.settings import Settings
 
 __all__ = ["ServerProcess", "fresh_run_dir", "run_loopback", "settings_env"]
 
@@ -49,7 +49,7 @@ def _env(value: Any) -> str:
 
 
 class ServerProcess:
-    """`python -m server.main` with `settings`, its output in `log_dir/server.log`; a context
+    """`python -m fedkey.server.main` with `settings`, its output in `log_dir/server.log`; a context
     manager that starts it on entry and stops it on exit (a ProcessGroup of one: terminate, wait
     up to `grace` s, then kill)."""
 
@@ -62,8 +62,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{settings.port}"
 
     def __enter__(self) -> ServerProcess:
-        self.group.__enter__()  # SIGTERM stops the server too (runners.processes.STOP_SIGNALS)
-        self.proc = self.group.start("server", [sys.executable, "-m", "server.main"])
+        self.group.__enter__()  # SIGTERM stops the server too (fedkey.runners.processes.STOP_SIGNALS)
+        self.proc = self.group.start("server", [sys.executable, "-m", "fedkey.server.main"])
         return self
 
     def wait_healthy(self) -> None:
@@ -86,11 +86,11 @@ def run_loopback(
     on_metrics: Callable[[list[dict]], None],
 ) -> dict:
     """Run the federation `settings` describe (port, storage, exit_when_done=True) with the phones
-    of `fleet`; returns the fleet's summary (as device_sim.fleet.run_fleet).
+    of `fleet`; returns the fleet's summary (as fedkey.device_sim.fleets.thread_fleet.run_fleet).
 
     `on_ready(url)` is called once the server answers; `on_metrics(rows)` once the phones heard
     "finished" (metrics.jsonl is then complete, perplexity.png drawn), while the server exits."""
-    from device_sim.fleet import fleet_pool, run_fleet
+    from fedkey.device_sim.fleets.thread_fleet import fleet_pool, run_fleet
 
     storage_dir = Path(settings.storage)
     with ServerProcess(settings, storage_dir) as server:

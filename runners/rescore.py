@@ -1,6 +1,6 @@
 """A checkpoint scored again on held-out text, as every round of a run scores its global model
-(models.metrics.held_out_scores, server.engine), and set beside what the run recorded for that
-round in the checkpoint: `fedkey evaluate`, and bench.paper_verify for a results table's rows.
+(fedkey.models.metrics.held_out_scores, fedkey.federation.engine), and set beside what the run recorded for that
+round in the checkpoint: `fedkey evaluate`, and fedkey_bench.paper_verify for a results table's rows.
 
 The run's held-out text is its corpus (`--data`, `--paper-protocol`, `--seed` for the demo) cut to
 its `--max-eval-sentences`, keystroke savings on its first `--ksr-sentences` test sentences; with
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import DataConfig, Precision, Scheme
-from server.config import FederationConfig
+from fedkey.common.config import DataConfig, Precision, Scheme
+from fedkey.federation.config import FederationConfig
 
 #: What a round records of its model and a rescoring compares, in a metrics row's order.
 SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
@@ -73,10 +73,10 @@ def rescore(
     """Score `checkpoint` on the held-out text of `data` cut as a run cuts it (0 or None: all of
     it). Raises safetensors' SafetensorError for a file that is no checkpoint, FileNotFoundError
     or ValueError for a corpus that is not there, ValueError for one with nothing held out."""
-    from corpora.dataset import load_cut
-    from models.checkpoint import load_checkpoint
-    from models.metrics import held_out_scores, unseen_scores
-    from models.precision import resolve_device, resolve_precision
+    from fedkey.corpora.dataset import load_cut
+    from fedkey.models.checkpoint import load_checkpoint
+    from fedkey.models.metrics import held_out_scores, unseen_scores
+    from fedkey.models.precision import resolve_device, resolve_precision
 
     model, tokenizer, meta = load_checkpoint(checkpoint)
     cut = DataConfig(data=data, paper_protocol=paper_protocol, clients=clients,

@@ -1,6 +1,6 @@
 """`fedkey simulate`: the round engine with the phones' training on a training backend
-(device_sim.backends): this machine's processes (`local`) or trainer actors on a Ray cluster
-(`ray`, device_sim.ray_pool).
+(fedkey.device_sim.training.backends): this machine's processes (`local`) or trainer actors on a Ray cluster
+(`ray`, fedkey.device_sim.training.ray_pool).
 
 Each round the server's Federation plans a cohort, the backend trains it (one torch thread per
 trainer: on a 2-core machine two single-threaded trainers side by side beat one two-threaded
@@ -13,13 +13,13 @@ died twice in a round is left out of it and named in the row's `lost` field; the
 `trained_on` counts the phones each Ray node trained.
 
 With `malicious` > 0 the last phones (by name, as in `fedkey devices`) attack
-(device_sim.attacks), and every upload passes the HTTP server's checks (server.validation): a
+(fedkey.device_sim.attacks), and every upload passes the HTTP server's checks (fedkey.federation.updates.validation): a
 refused one (NaN, wrong tensors) is dropped and named in the row's `rejected` field, as the server
 drops it with a 422. With attack "backdoor" every row reports the backdoor's success
 (backdoor_top1, backdoor_top3), also with no attacker: the clean model's rate.
 
 The round engine's setup (make_federation) and its start or resumption (start_or_resume) also
-serve `fedkey train-central` (runners.baselines). On a corpus with held-out senders (NUS SMS,
+serve `fedkey train-central` (fedkey.runners.baselines). On a corpus with held-out senders (NUS SMS,
 Ubuntu IRC: ``Corpus.unseen_test``) every row also scores their messages (`UnseenProbe`: the
 ``unseen_*`` fields), as `fedkey ngram` does its n-gram's.
 """
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common.config import DataConfig
-from corpora.dataset import PreparedData, prepare
-from device_sim.attacks import (
+from fedkey.common.config import DataConfig
+from fedkey.corpora.dataset import PreparedData, prepare
+from fedkey.device_sim.attacks import (
     BackdoorProbe,
     apply_attack,
     backdoor_ids,
@@ -43,20 +43,20 @@ from device_sim.attacks import (
     boost_factor,
     trigger_contexts,
 )
-from device_sim.backends import Backend, TrainingBackend, make_backend
-from device_sim.config import ATTACKS, Attack, BackdoorConfig
-from device_sim.pool import LocalTask
-from device_sim.ray_cluster import RayOptions
-from device_sim.trainer import TrainResult
-from models.batching import count_targets
-from models.config import ModelConfig
-from models.precision import resolve_device, resolve_precision
-from runners.spool import UploadSpool, tensor_bytes
-from server.config import FederationConfig
-from server.engine import Federation, Probe, RoundPlan, client_seed
-from server.storage import RunStorage
-from server.strategies import ClientUpdate
-from server.validation import ValidationError, check_finite, check_tensors
+from fedkey.device_sim.config import ATTACKS, Attack, BackdoorConfig
+from fedkey.device_sim.ray_cluster import RayOptions
+from fedkey.device_sim.training.backends import Backend, TrainingBackend, make_backend
+from fedkey.device_sim.training.process_pool import LocalTask
+from fedkey.device_sim.training.trainer import TrainResult
+from fedkey.federation.config import FederationConfig
+from fedkey.federation.engine import Federation, Probe, RoundPlan, client_seed
+from fedkey.federation.storage import RunStorage
+from fedkey.federation.strategies import ClientUpdate
+from fedkey.federation.updates.validation import ValidationError, check_finite, check_tensors
+from fedkey.models.batching import count_targets
+from fedkey.models.config import ModelConfig
+from fedkey.models.precision import resolve_device, resolve_precision
+from fedkey.runners.spool import UploadSpool, tensor_bytes
 
 
 class _Rejections:
@@ -83,7 +83,7 @@ class _Placement:
 
 class UnseenProbe:
     """A round metric: the model's test fields on the messages of the held-out senders who never
-    trained (models.metrics.unseen_scores), scored on the CPU as the probes are."""
+    trained (fedkey.models.metrics.unseen_scores), scored on the CPU as the probes are."""
 
     def __init__(
         self, unseen: list[str], ksr_sentences: int, batch_size: int = 64, precision="fp32"
@@ -94,7 +94,7 @@ class UnseenProbe:
         self.precision = precision
 
     def __call__(self, model, tokenizer) -> dict:
-        from models.metrics import unseen_scores
+        from fedkey.models.metrics import unseen_scores
 
         return unseen_scores(
             model, tokenizer, self.unseen, self.batch_size, "cpu", self.precision,
@@ -158,7 +158,7 @@ class SimulationConfig:
     `progress`: a progress bar. `resume`: a run directory that already holds checkpoints
     continues after its last one. The last `malicious` phones (sorted names) upload `attack`
     (`backdoor` configures the backdoor attack; default BackdoorConfig()). `probes`: extra round
-    metrics (server.engine.Probe), e.g. a canary's exposure (models.exposure.ExposureProbe).
+    metrics (fedkey.federation.engine.Probe), e.g. a canary's exposure (fedkey.models.exposure.ExposureProbe).
     """
 
     data: DataConfig

@@ -2,7 +2,7 @@
 
 In memory while the whole cohort's uploads fit in ``MEMORY_BYTES``; past that, each upload in a
 safetensors file of its own under the run directory, read back a tensor at a time as the HTTP
-server reads its stored uploads (server.upload_store.StoredState), so memory does not grow with
+server reads its stored uploads (fedkey.federation.updates.store.StoredState), so memory does not grow with
 the cohort: a round of 1,000 phones of a 14 MB model would hold 14 GB of uploads. The files go
 once the round is aggregated.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from torch import Tensor
 
-from server.upload_store import StoredState
+from fedkey.federation.updates.store import StoredState
 
 #: The most a round's uploads may take in memory before they go to disk (2 GiB: about 150 phones
 #: of the cpu bench preset's 14 MB model; the demo's rounds never reach it).

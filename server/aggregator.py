@@ -4,7 +4,7 @@ Aggregating a round (bound, aggregate, evaluate, checkpoint) is seconds to minut
 thread of the server process it shared the GIL with the event loop: at 10,000 phones /healthz
 stalled up to 6.8 s while 1,000 uploads were aggregated (experiments/results/load). In a child process
 the loop shares nothing with it but the CPUs, and the child runs ``AGGREGATION_NICE`` below the
-loop (server.threads), so the loop wins a CPU whenever both want one.
+loop (fedkey.server.runtime.worker_threads), so the loop wins a CPU whenever both want one.
 
 The child is a pure function of what it is sent. Each round the server sends its Federation's
 in-memory state (engine.FederationState: weights, strategy memory, accountant, server
@@ -34,23 +34,23 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, get_args
 
-from server.config import AggregateIn
-from server.engine import Federation, FederationState, RoundPlan
-from server.rounds import Upload
-from server.strategies import ClientUpdate
-from server.threads import AGGREGATION_NICE
-from server.upload_store import StoredState
+from fedkey.federation.config import AggregateIn
+from fedkey.federation.engine import Federation, FederationState, RoundPlan
+from fedkey.federation.strategies import ClientUpdate
+from fedkey.federation.updates.store import StoredState
+from fedkey.server.round_state import Upload
+from fedkey.server.runtime.worker_threads import AGGREGATION_NICE
 
 #: The modules the forkserver imports once, so a new aggregation process starts in well under a
 #: second instead of importing torch again.
-PRELOAD = ["server.aggregator"]
+PRELOAD = ["fedkey.server.aggregator"]
 
 CHOICES: tuple[AggregateIn, ...] = get_args(AggregateIn)
 
 
 def updates_of(uploads: list[tuple[str, Upload]]) -> list[ClientUpdate]:
     """The round's stored uploads as the engine's updates, each read lazily from its file
-    (server.upload_store.StoredState), so memory does not grow with the cohort."""
+    (fedkey.federation.updates.store.StoredState), so memory does not grow with the cohort."""
     return [
         ClientUpdate(
             state=StoredState(up.path),

@@ -1,5 +1,5 @@
 """The HTTP API of `fedkey server` (docs/how-to/http-federation.md; the generated HTTP API reference): the app, its error handlers and
-its lifespan; the routes are in server.api, thin over the Coordinator.
+its lifespan; the routes are in fedkey.server.api, thin over the Coordinator.
 
     app = create_app(Settings(storage="runs/server", enrollment_secret="s3cret"))
 
@@ -18,15 +18,15 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.admission import Admission
-from server.api import ROUTERS
-from server.api.deps import MAX_JSON_BODY
-from server.api.deps import clamp_wait as _clamp_wait
-from server.coordinator import Coordinator
-from server.nospace import no_space, out_of_space
-from server.ratelimit import RateLimiter
-from server.settings import Settings
-from server.validation import ValidationError
+from fedkey.federation.updates.validation import ValidationError
+from fedkey.server.api import ROUTERS
+from fedkey.server.api.deps import MAX_JSON_BODY
+from fedkey.server.api.deps import clamp_wait as _clamp_wait
+from fedkey.server.coordinator import Coordinator
+from fedkey.server.runtime.admission import Admission
+from fedkey.server.runtime.disk_full import no_space, out_of_space
+from fedkey.server.runtime.rate_limit import RateLimiter
+from fedkey.server.settings import Settings
 
 __all__ = ["MAX_JSON_BODY", "_clamp_wait", "create_app"]
 

@@ -10,7 +10,7 @@ way `fedkey simulate` drives the engine so the same seed gives bitwise-identical
                federation.choose_uploaders decides who uploads; otherwise everyone uploads
     aggregate  when every expected upload is in, or at the deadline with >= quorum:
                federation.complete_round(plan, updates) in the aggregation process
-               (server.aggregator; checkpoint, metrics), the result adopted here
+               (fedkey.server.aggregator; checkpoint, metrics), the result adopted here
     fail       at the deadline with < quorum: nothing applied, the round is opened again with
                attempt + 1 (a fresh draw)
 
@@ -25,13 +25,13 @@ round after the checkpoint is continued with the same cohort, attempt, receipts 
 
 The parts, one job each, are objects the Coordinator builds and wires, each given what it uses:
 
-    server.devices.DeviceRegistry   enrollment, bearer tokens, last_seen
-    server.uploads.UploadInbox      loss reports and uploads of the open round
-    server.driver.RoundDriver       the round state and every transition
-    server.views                    a device's view of the round; the long-polls (LongPolls)
-    server.global_model.GlobalModel the model served and exported
-    server.recovery                 reconciliation on restart (functions)
-    server.telemetry                the metrics
+    fedkey.server.devices.DeviceRegistry   enrollment, bearer tokens, last_seen
+    fedkey.server.upload_inbox.UploadInbox      loss reports and uploads of the open round
+    fedkey.server.round_driver.RoundDriver       the round state and every transition
+    fedkey.server.device_views                    a device's view of the round; the long-polls (LongPolls)
+    fedkey.server.global_model.GlobalModel the model served and exported
+    fedkey.server.recovery                 reconciliation on restart (functions)
+    fedkey.server.runtime.prometheus                the metrics
 """
 
 from __future__ import annotations
@@ -49,26 +49,26 @@ from typing import Any
 import torch
 from sqlalchemy import select
 
-from common.files import atomic_write
-from corpora.dataset import server_data
-from models.exposure import ExposureProbe
-from server import recovery
-from server.aggregator import Aggregator
-from server.db import BatchWriter, MetricRow, finite_json, make_sessionmaker
-from server.devices import DEVICE_NAME, DeviceRegistry, bearer_token
-from server.driver import RoundDriver
-from server.engine import Federation
-from server.events import EventBus
-from server.global_model import GlobalModel
-from server.metrics_row import dp_events, public_row
-from server.rounds import ApiError, OpenRound, RoundState, Upload
-from server.settings import Settings
-from server.storage import RunStorage
-from server.telemetry import Telemetry, watch_loop_lag
-from server.threads import io_executor
-from server.uploads import UploadInbox, record_rejection
-from server.validation import ValidationError
-from server.views import LongPolls, RoundViews
+from fedkey.common.files import atomic_write
+from fedkey.corpora.dataset import server_data
+from fedkey.federation.engine import Federation
+from fedkey.federation.metrics_row import dp_events, public_row
+from fedkey.federation.storage import RunStorage
+from fedkey.federation.updates.validation import ValidationError
+from fedkey.models.exposure import ExposureProbe
+from fedkey.server import recovery
+from fedkey.server.aggregator import Aggregator
+from fedkey.server.db import BatchWriter, MetricRow, finite_json, make_sessionmaker
+from fedkey.server.device_views import LongPolls, RoundViews
+from fedkey.server.devices import DEVICE_NAME, DeviceRegistry, bearer_token
+from fedkey.server.events import EventBus
+from fedkey.server.global_model import GlobalModel
+from fedkey.server.round_driver import RoundDriver
+from fedkey.server.round_state import ApiError, OpenRound, RoundState, Upload
+from fedkey.server.runtime.prometheus import Telemetry, watch_loop_lag
+from fedkey.server.runtime.worker_threads import io_executor
+from fedkey.server.settings import Settings
+from fedkey.server.upload_inbox import UploadInbox, record_rejection
 
 log = logging.getLogger("fedkey.server")
 #: Where a server started without FEDKEY_ENROLLMENT_SECRET writes the one it generated (0600).
@@ -77,7 +77,7 @@ ENROLLMENT_SECRET_FILE = "enrollment_secret"
 
 def shared_secret(settings: Settings) -> str | None:
     """The shared enrollment secret: the configured one, or one generated now; None when only
-    minted tokens enroll (server.enrollment)."""
+    minted tokens enroll (fedkey.server.enrollment)."""
     if settings.enrollment == "tokens":
         return None
     secret = settings.enrollment_secret
@@ -106,7 +106,7 @@ class Coordinator:
         self.settings = settings
         self.telemetry = telemetry or Telemetry()
         self.privacy = settings.privacy_config()
-        # Under DP the stream publishes an allow-list (server.metrics_row.DP_EVENTS): no phone
+        # Under DP the stream publishes an allow-list (fedkey.federation.metrics_row.DP_EVENTS): no phone
         # named, no free text, nothing scored on the phones' text (public_row's argument).
         self.events = EventBus(settings.event_queue_size, allow=dp_events(self.privacy))
         self.root = Path(settings.storage).resolve()
@@ -134,7 +134,7 @@ class Coordinator:
             on_enrolled=self._poke.set,
         )
         # GET /v1/model bodies being sent (settings.max_sending at once): taken and released by
-        # the route's response (server.api.routes_model), which knows nothing else of the round.
+        # the route's response (fedkey.server.api.routes_model), which knows nothing else of the round.
         self.sending = asyncio.Semaphore(settings.max_sending)
         self._tasks: list[asyncio.Task] = []  # the driver, the last_seen writer, the lag watch
 
@@ -194,7 +194,7 @@ class Coordinator:
         return fed, resumed
 
     def _build_parts(self, fed: Federation, resumed: bool, db_writer: BatchWriter) -> Parts:
-        """The registry opened, the database reconciled with the checkpoint (server.recovery),
+        """The registry opened, the database reconciled with the checkpoint (fedkey.server.recovery),
         the driver resumed where it was, the parts wired."""
         registry = self.registry
         with self.sessions.begin() as db:
@@ -303,27 +303,27 @@ class Coordinator:
     # -- what the routes call ------------------------------------------------------------------------
 
     async def enroll(self, secret: Any, name: Any = None, num_samples: Any = None) -> dict:
-        """POST /v1/devices (server.devices)."""
+        """POST /v1/devices (fedkey.server.devices)."""
         return await self.registry.enroll(secret, name, num_samples)
 
     def authenticate(self, authorization: str | None) -> str:
-        """`Authorization: Bearer <token>` -> device id, or 401 (server.devices)."""
+        """`Authorization: Bearer <token>` -> device id, or 401 (fedkey.server.devices)."""
         return self.registry.authenticate(authorization)
 
     async def mint_enrollment_tokens(self, count: Any, ttl: Any) -> dict:
-        """POST /v1/enrollment-tokens, for the operator (server.devices)."""
+        """POST /v1/enrollment-tokens, for the operator (fedkey.server.devices)."""
         return await self.registry.mint(count, ttl)
 
     async def revoke(self, device_id: str) -> dict:
-        """DELETE /v1/devices/{device_id}, for the operator (server.devices)."""
+        """DELETE /v1/devices/{device_id}, for the operator (fedkey.server.devices)."""
         return await self.registry.revoke(device_id)
 
     def view(self, device_id: str) -> dict:
-        """GET /v1/rounds/current for `device_id`, at once (server.views)."""
+        """GET /v1/rounds/current for `device_id`, at once (fedkey.server.device_views)."""
         return self._parts().views.view(device_id)
 
     async def wait_view(self, device_id: str, wait: float) -> dict:
-        """GET /v1/rounds/current?wait= for `device_id`: the long-poll (server.views)."""
+        """GET /v1/rounds/current?wait= for `device_id`: the long-poll (fedkey.server.device_views)."""
         return await self._parts().views.wait_view(device_id, wait)
 
     def everyone_told_finished(self) -> bool:
@@ -333,7 +333,7 @@ class Coordinator:
     async def report_loss(
         self, authorization: str | None, n: int, body: bytes, wait: float = 0.0
     ) -> dict:
-        """POST /v1/rounds/{n}/loss (server.uploads)."""
+        """POST /v1/rounds/{n}/loss (fedkey.server.upload_inbox)."""
         return await self._inbox(authorization, n, "loss").report_loss(authorization, n, body, wait)
 
     async def receive_update(
@@ -343,7 +343,7 @@ class Coordinator:
         headers: Mapping[str, str],
         body: AsyncIterator[bytes],
     ) -> dict:
-        """POST /v1/rounds/{n}/update (server.uploads)."""
+        """POST /v1/rounds/{n}/update (fedkey.server.upload_inbox)."""
         inbox = self._inbox(authorization, n, "update")
         return await inbox.receive_update(authorization, n, headers, body)
 
@@ -376,7 +376,7 @@ class Coordinator:
         """GET /metrics's gate: with an operator token set (FEDKEY_OPERATOR_TOKEN), 401 without
         `Authorization: Bearer <it>`; without one, open, but 403 under DP: the counters are
         exact counts of what the phones did (uploads refused by reason, loss reports), which no
-        epsilon pays for (server.metrics_row.public_info's argument), so only an operator
+        epsilon pays for (fedkey.federation.metrics_row.public_info's argument), so only an operator
         holding the token may read them."""
         if self.settings.operator_token is None and self.privacy.dp:
             raise ApiError(
@@ -424,9 +424,9 @@ class Coordinator:
         self.authenticate(authorization)
 
     async def metrics_rows(self) -> list[dict]:
-        """The metrics rows as published (server.metrics_row.public_row: under DP an
+        """The metrics rows as published (fedkey.federation.metrics_row.public_row: under DP an
         allow-list), NaN and infinities (a diverged run) as null: JSON has neither, and
-        PostgreSQL stores them so (server.db.finite_json). Read from the database in a thread
+        PostgreSQL stores them so (fedkey.server.db.finite_json). Read from the database in a thread
         once per recorded round, then served from memory: a flood of GET /v1/metrics costs the
         event loop a list, not a query each."""
         # The rows change only when the driver records one (on this loop, as this runs).

@@ -1,4 +1,4 @@
-"""The device registry: enrollment (server.enrollment says with what credential), the devices'
+"""The device registry: enrollment (fedkey.server.enrollment says with what credential), the devices'
 bearer tokens, their expiry (FEDKEY_DEVICE_TOKEN_TTL) and revocation, the cap on how many may
 enroll (FEDKEY_MAX_DEVICES), and when each device was last seen."""
 
@@ -17,14 +17,14 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.db import BatchWriter, Device, EnrollmentUse, hash_token
-from server.enrollment import Credentials
-from server.events import EventBus
-from server.nospace import no_space, out_of_space
-from server.rounds import ApiError
-from server.settings import Settings
-from server.telemetry import Telemetry
-from server.validation import shown
+from fedkey.federation.updates.validation import shown
+from fedkey.server.db import BatchWriter, Device, EnrollmentUse, hash_token
+from fedkey.server.enrollment import Credentials
+from fedkey.server.events import EventBus
+from fedkey.server.round_state import ApiError
+from fedkey.server.runtime.disk_full import no_space, out_of_space
+from fedkey.server.runtime.prometheus import Telemetry
+from fedkey.server.settings import Settings
 
 log = logging.getLogger("fedkey.server")
 

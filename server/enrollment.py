@@ -9,7 +9,7 @@ before it expires. Either goes in the enrollment's `enrollment_secret` field.
     spent = credentials.take(credential)  # None: the shared secret; a minted token's hash; or 401
     credentials.settle(spent, ok)         # its device committed (ok) or not (the token is back)
 
-A token is spent in the transaction that commits its device (server.db.EnrollmentUse, whose key
+A token is spent in the transaction that commits its device (fedkey.server.db.EnrollmentUse, whose key
 is the token's hash), so it enrolls one device even across a crash; only hashes are stored.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db import BatchWriter, EnrollmentToken, EnrollmentUse, hash_token
-from server.rounds import ApiError
+from fedkey.server.db import BatchWriter, EnrollmentToken, EnrollmentUse, hash_token
+from fedkey.server.round_state import ApiError
 
 #: The most tokens one request mints, how long a token lives by default (a week) and at most (a
 #: year), in seconds.

@@ -4,7 +4,7 @@ Every subscriber has its own bounded queue; when a slow client lets it fill, the
 dropped (and counted), so publishing never waits on a client. Events are JSON-ready dicts with a
 "type" (round_opened, device_enrolled, update_received, update_rejected, round_aggregated,
 round_failed, aggregation_postponed, run_finished, model_exported, export_failed) and a unix
-"time". Under DP the bus publishes an allow-list (server.metrics_row.DP_EVENTS): the event types
+"time". Under DP the bus publishes an allow-list (fedkey.federation.metrics_row.DP_EVENTS): the event types
 it names, each with its fields alone.
 """
 
@@ -62,7 +62,7 @@ class EventBus:
         self, queue_size: int = 256, allow: Mapping[str, frozenset[str]] | None = None
     ) -> None:
         """`allow`: None publishes every event whole; else only the event types it names, each
-        with the fields it lists (under DP server.metrics_row.DP_EVENTS, set by the
+        with the fields it lists (under DP fedkey.federation.metrics_row.DP_EVENTS, set by the
         coordinator): an allow-list, so a new event or field is private until declared."""
         self.allow = allow
         self.queue_size = queue_size

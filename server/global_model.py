@@ -2,7 +2,7 @@
 ONNX export for the keyboard, made in the background: of the round best on validation so far
 (the engine's `Federation.best`), so that a round that does worse never replaces the keyboard's
 model, or of every round with export_latest or under DP; its metrics row as the server publishes
-it (server.metrics_row.public_row)."""
+it (fedkey.federation.metrics_row.public_row)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from server.engine import Federation
-from server.events import EventBus
-from server.metrics_row import public_row
+from fedkey.federation.engine import Federation
+from fedkey.federation.metrics_row import public_row
+from fedkey.server.events import EventBus
 
 log = logging.getLogger("fedkey.server")
 
@@ -57,7 +57,7 @@ class GlobalModel:
         """The round whose model the export folder should hold: the round best on validation so
         far (the newest round with export_latest, or before any round was scored). Under DP the
         newest: the choice by the phones' held-out text is a release the accountant does not
-        cover (server.metrics_row.public_row), the newest noised model is post-processing;
+        cover (fedkey.federation.metrics_row.public_row), the newest noised model is post-processing;
         unless --dp-publish-scores publishes those scores anyway."""
         best, privacy = self._fed.best, self._fed.config.privacy
         if self._export_latest or best is None or (privacy.dp and not privacy.publish_scores):
@@ -96,7 +96,7 @@ class GlobalModel:
 
 def _export(checkpoint: Path, export_dir: Path, metrics: Callable[[dict], dict]):
     """The ONNX export of `checkpoint`, its metrics row as `metrics` publishes it."""
-    from export.onnx_export import export_checkpoint
+    from fedkey.export.onnx_export import export_checkpoint
 
     out = export_dir / "model.onnx"
     return export_checkpoint(checkpoint, out, metrics=metrics)

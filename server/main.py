@@ -1,7 +1,7 @@
 """`fedkey server`: the federation server under uvicorn (one worker: the round state is in-process).
 
-    from server.main import serve
-    from server.settings import Settings
+    from fedkey.server.main import serve
+    from fedkey.server.settings import Settings
     serve(Settings(storage="runs/server", enrollment_secret="s3cret", rounds=20))
 
 Ctrl-C (SIGINT/SIGTERM) stops gracefully: long-polls are answered at once, an aggregation in
@@ -17,10 +17,10 @@ import logging
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from server import quiet_gc
-from server.api.routes_model import TRANSPORT_EXTENSION
-from server.app import MAX_JSON_BODY, create_app
-from server.settings import Settings
+from fedkey.server.api.routes_model import TRANSPORT_EXTENSION
+from fedkey.server.app import MAX_JSON_BODY, create_app
+from fedkey.server.runtime import gc_schedule as quiet_gc
+from fedkey.server.settings import Settings
 
 
 class HeadLimitedHttpTools(HttpToolsProtocol):
@@ -40,7 +40,7 @@ class HeadLimitedHttpTools(HttpToolsProtocol):
     transport's ``abort`` (a model download cut for a reader that stopped reading closes its
     socket at once, where a close would wait for ever for the buffer to be read) and
     ``write_paused`` (a download whose reader is behind gives its slot to another meanwhile;
-    server.api.routes_model.ChunkedResponse)."""
+    fedkey.server.api.routes_model.ChunkedResponse)."""
 
     max_head = 16_384
     head_timeout = 15.0
@@ -141,7 +141,7 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         # Limits (Settings, "limits"): an idle keep-alive connection is closed after keep_alive
         # seconds (uvicorn times nothing else: a request in flight or a long-poll is never cut;
         # a model download is, by the app, once its reader has taken nothing for send_timeout
-        # seconds, and a request body once it stalls, server.validation); past limit_concurrency
+        # seconds, and a request body once it stalls, fedkey.federation.updates.validation); past limit_concurrency
         # connections or requests in flight uvicorn answers 503; a request line + headers still
         # unfinished past max_header_bytes get a 400 and the connection closed, and a head not
         # done head_timeout seconds after the connection or the request began closes it
@@ -184,5 +184,5 @@ def serve(settings: Settings | None = None, log_level: str = "info") -> None:
     build_server(settings, log_level).run()
 
 
-if __name__ == "__main__":  # python -m server.main, configured by FEDKEY_* variables
+if __name__ == "__main__":  # python -m fedkey.server.main, configured by FEDKEY_* variables
     serve()

@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from server.db import Attempt, MetricRow, Receipt, Round
-from server.driver import run_over, setup_strategy
-from server.engine import Federation
-from server.rounds import OpenRound, Upload, round_dir
-from server.settings import Settings
+from fedkey.federation.engine import Federation
+from fedkey.server.db import Attempt, MetricRow, Receipt, Round
+from fedkey.server.round_driver import run_over, setup_strategy
+from fedkey.server.round_state import OpenRound, Upload, round_dir
+from fedkey.server.settings import Settings
 
 log = logging.getLogger("fedkey.server")
 

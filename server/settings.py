@@ -16,10 +16,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.config import Batching, DataConfig, Precision, TokenizerKind, TrainConfig
-from models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
-from models.config import Cell, ModelConfig, ModelOverrides, Preset
-from server.config import (
+from fedkey.common.config import Batching, DataConfig, Precision, TokenizerKind, TrainConfig
+from fedkey.federation.config import (
     AggregateIn,
     AttentionNormalizer,
     ClipMode,
@@ -36,6 +34,8 @@ from server.config import (
     StrategyName,
     dp_problem,
 )
+from fedkey.models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
+from fedkey.models.config import Cell, ModelConfig, ModelOverrides, Preset
 
 #: The longest a long-poll may wait (seconds), as in the HTTP contract.
 MAX_WAIT = 60.0
@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     dp_sampling: DPSampling = _PRIVACY.sampling
     dp_mechanism: DPMechanism = _PRIVACY.mechanism  # gaussian (DP-FedAvg), tree or blt (DP-FTRL)
     dp_min_separation: int | None = Field(_PRIVACY.min_separation, ge=1)  # tree, blt: rounds apart
-    # adaptive clipping (server.adaptive_clip): the clip follows this quantile of update norms
+    # adaptive clipping (fedkey.federation.privacy.adaptive_clip): the clip follows this quantile of update norms
     dp_clip_quantile: float | None = Field(_PRIVACY.clip_quantile, gt=0, lt=1)
     dp_clip_lr: float = Field(_PRIVACY.clip_lr, gt=0)  # eta_C of its geometric update
     dp_clip_count_stddev: float | None = Field(_PRIVACY.clip_count_stddev, ge=0)  # sigma_b
@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     dp_secret: SecretStr | None = Field(None, min_length=1, repr=False)
     dp_publish_scores: bool = _PRIVACY.publish_scores  # held-out scores published under DP too
 
-    # -- bounded influence (server.influence) ----------------------------------------------------
+    # -- bounded influence (fedkey.federation.influence.bounding) ----------------------------------------------------
     bound: ClipMode = _INFLUENCE.mode
     bound_norm: float | None = Field(_INFLUENCE.norm, gt=0)
     bound_multiple: float = Field(_INFLUENCE.multiple, gt=0)
@@ -159,7 +159,7 @@ class Settings(BaseSettings):
     # The largest sample count a phone may declare (enrollment, loss report, upload): 422 past it.
     max_samples: int = Field(100_000_000, ge=1, le=2**62)
 
-    # -- memorization audit (models.canary, models.exposure) ----------------------------------------
+    # -- memorization audit (fedkey.models.canary, fedkey.models.exposure) ----------------------------------------
     # canary: a secret drawn (with `seed`) from the format goes canary_repeats times into the first
     # phone's shard, and every metrics row has its exposure. The format has no flag:
     # FEDKEY_CANARY_FORMAT ('_' marks a slot), FEDKEY_CANARY_ALPHABET (the words a slot takes).
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     # -- service ---------------------------------------------------------------------------------
     storage: Path = Path("runs/server")
     database_url: str | None = None  # default sqlite:///<storage>/fedkey.db
-    # How devices enroll (server.enrollment): "secret", with the shared enrollment secret or a
+    # How devices enroll (fedkey.server.enrollment): "secret", with the shared enrollment secret or a
     # token the operator minted; "tokens", with a minted token only (one device each)
     enrollment: EnrollmentMode = "secret"
     # the shared secret; None: a random one is generated, in <storage>/enrollment_secret (0600)
@@ -192,12 +192,12 @@ class Settings(BaseSettings):
     tls_key: Path | None = None
     max_upload_margin: int = Field(65_536, ge=0)  # bytes allowed above the model's size
     # Upload bodies read at once; the others wait their turn with their bytes in the kernel's
-    # socket buffers (up to server.upload_store.FLUSH_BYTES of each is in memory while read)
+    # socket buffers (up to fedkey.federation.updates.store.FLUSH_BYTES of each is in memory while read)
     max_receiving: int = Field(64, ge=1)
     # The slowest an upload body may come, in bytes per second, once it has a slot: a body must
     # end within 30 s plus (the model's size + max_upload_margin) / min_upload_rate, or 408
     min_upload_rate: float = Field(16_384.0, gt=0, allow_inf_nan=False)
-    # Model download bodies sent at once (server.api.routes_model); the others wait their turn
+    # Model download bodies sent at once (fedkey.server.api.routes_model); the others wait their turn
     # before their answer starts. Each body being sent is up to one event-loop step of
     # routes_model.YIELD_EVERY slices (about 0.37 ms) in every loop iteration, so this bounds
     # how late an iteration runs when a round opens and its cohort asks for the model at once
@@ -216,11 +216,11 @@ class Settings(BaseSettings):
     export_latest: bool = False  # export every round's model instead, better or not
     keep_uploads: bool = False  # keep uploads/round_XXXX/ after the round is aggregated
     # process: rounds are aggregated in a child process at a lower CPU priority, sharing no GIL
-    # with the event loop (server.aggregator); thread: in a thread of the server process
+    # with the event loop (fedkey.server.aggregator); thread: in a thread of the server process
     aggregate_in: AggregateIn = "process"
     event_queue_size: int = Field(256, ge=1)  # per WebSocket subscriber; the oldest is dropped
 
-    # -- limits (server.ratelimit, uvicorn) ----------------------------------------------------
+    # -- limits (fedkey.server.runtime.rate_limit, uvicorn) ----------------------------------------------------
     # POST /v1/devices per client IP: a bucket of enroll_burst attempts refilled at enroll_rate a
     # second, 429 + Retry-After when empty (0: no limit). The defaults let 10,000 phones behind one
     # address enroll at once; a secret guesser gets 200 tries a second.
@@ -239,7 +239,7 @@ class Settings(BaseSettings):
     head_timeout: float = Field(15.0, gt=0, allow_inf_nan=False)
     # Long-polls (GET /v1/rounds/current?wait=) one device may have waiting at once (429 past)
     polls_per_device: int = Field(4, ge=1)
-    # New HTTP requests that begin their work in one event-loop iteration (server.admission);
+    # New HTTP requests that begin their work in one event-loop iteration (fedkey.server.runtime.admission);
     # the others wait their turn for a few ms, so a burst of arrivals cannot hold the loop for
     # one long iteration (/healthz and /metrics skip the queue). 0: no limit.
     admit_per_tick: int = Field(32, ge=0)

@@ -1,2 +1,2 @@
-"""fedkey's tests. A package, so that `tests.support` is importable by its name (pytest puts the
+"""fedkey's tests. A package, so that `fedkey.testing` is importable by its name (pytest puts the
 checkout on sys.path: `pythonpath = ["."]` in pyproject.toml)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from cli import app
+from fedkey.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 

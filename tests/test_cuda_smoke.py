@@ -18,13 +18,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from common.config import TrainConfig
-from device_sim.pool import LocalTask, TrainerPool
-from device_sim.trainer import train_local
-from models.checkpoint import build_model, model_state
-from models.config import ModelConfig
-from models.metrics import evaluate
-from models.tokenizers import WordTokenizer
+from fedkey.common.config import TrainConfig
+from fedkey.device_sim.training.process_pool import LocalTask, TrainerPool
+from fedkey.device_sim.training.trainer import train_local
+from fedkey.models.checkpoint import build_model, model_state
+from fedkey.models.config import ModelConfig
+from fedkey.models.metrics import evaluate
+from fedkey.models.tokenizers import WordTokenizer
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -102,9 +102,9 @@ def test_several_phones_train_on_one_gpu_at_once():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_round_of_phones_trains_stacked_on_the_gpu(precision):
-    """--backend stacked (device_sim.stacked) on the GPU: every phone's update that of
+    """--backend stacked (fedkey.device_sim.training.stacked) on the GPU: every phone's update that of
     train_local on the GPU (fp32: up to the kernels' rounding; bf16: the same direction)."""
-    from device_sim.stacked import train_stacked
+    from fedkey.device_sim.training.stacked import train_stacked
 
     start = _initial()
     cfg = TrainConfig(epochs=2, batch_size=4, lr=0.5, precision=precision)
@@ -123,10 +123,10 @@ def test_a_round_of_phones_trains_stacked_on_the_gpu(precision):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_stacked_steps_captured_in_cuda_graphs_train_as_the_eager_ones(precision):
-    """A static stack on the GPU replays each step shape's CUDA graph (device_sim.stacked.Stack),
+    """A static stack on the GPU replays each step shape's CUDA graph (fedkey.device_sim.training.stacked.Stack),
     two rounds in a row (the second with the first's graphs, from other weights at another lr):
     the same updates as the eager stack, dropout off."""
-    from device_sim.stacked import Stack, train_stacked
+    from fedkey.device_sim.training.stacked import Stack, train_stacked
 
     cfg = TrainConfig(epochs=2, batch_size=4, lr=0.5, precision=precision)
     # sentences of 7, 19 and 35 words with the end of sentence: steps of 16, 32 and 48 time steps
@@ -154,7 +154,7 @@ def test_a_federation_trains_and_evaluates_on_the_gpu_end_to_end(tmp_path, verb)
     """`fedkey simulate`, and `fedkey run` over HTTP (phones in the fleet's processes, the
     server's evaluation in the server for round 0 and in its aggregation child process each
     round), all on the GPU."""
-    from cli import app
+    from fedkey.cli import app
 
     out = tmp_path / "run"
     args = [verb, "--data", "demo", "--clients", "4", "--fraction", "1.0", "--rounds", "2"]

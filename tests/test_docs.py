@@ -52,8 +52,8 @@ def test_the_http_reference_lists_every_route():
 
 
 def test_the_metrics_and_checkpoint_references_list_every_declared_field():
-    from models.checkpoint import METADATA
-    from server.metrics_row import FIELDS
+    from fedkey.federation.metrics_row import FIELDS
+    from fedkey.models.checkpoint import METADATA
 
     metrics = ref.metrics_reference()
     for name in FIELDS:

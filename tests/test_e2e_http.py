@@ -16,11 +16,11 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from cli import app
-from device_sim.fleet import FleetConfig, run_fleet
-from export.metadata import load_metadata
-from runners.processes import free_port, wait_healthy
-from tests.support.wait import wait_for
+from fedkey.cli import app
+from fedkey.device_sim.fleets.thread_fleet import FleetConfig, run_fleet
+from fedkey.export.metadata import load_metadata
+from fedkey.runners.processes import free_port, wait_healthy
+from fedkey.testing.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "e2e-secret"

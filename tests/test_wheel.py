@@ -99,7 +99,7 @@ def test_the_wheel_holds_the_page_and_the_license_and_not_the_harness(wheel):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "License-Expression: Apache-2.0" in meta
     assert "License-File: LICENSE" in meta
-    harness = [n for n in names if n.startswith(("bench/", "experiments/"))]
+    harness = [n for n in names if n.startswith(("fedkey_bench/", "experiments/"))]
     assert not harness, f"the research harness is in the wheel: {harness[:5]}"
 
 
@@ -107,10 +107,10 @@ def _tiny_model(dest: Path) -> Path:
     """An untrained GRU on a few words, exported to ONNX (torch from the dev venv)."""
     import torch
 
-    from export.onnx_export import export_checkpoint
-    from models.checkpoint import build_model, model_state, save_checkpoint
-    from models.config import ModelConfig
-    from models.tokenizers import WordTokenizer
+    from fedkey.export.onnx_export import export_checkpoint
+    from fedkey.models.checkpoint import build_model, model_state, save_checkpoint
+    from fedkey.models.config import ModelConfig
+    from fedkey.models.tokenizers import WordTokenizer
 
     tok = WordTokenizer.build(["see you soon", "see you at the station", "thank you so much"])
     cfg = ModelConfig(vocab_size=tok.vocab_size, cell="gru", emb_size=8, hidden_size=8)

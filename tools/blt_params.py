@@ -1,7 +1,7 @@
-"""Optimize the BLT matrix factorizations `--dp-mechanism blt` ships (server/blt_params.json).
+"""Optimize the BLT matrix factorizations `--dp-mechanism blt` ships (federation/privacy/blt_params.json).
 
 Runs with jax-privacy, the `blt` optional extra, which the core install does not need: the server
-reads only the JSON this script writes (server.dp_blt). Kept apart from the core venv:
+reads only the JSON this script writes (fedkey.federation.privacy.blt). Kept apart from the core venv:
 
     python3.11 -m venv .venv-blt && .venv-blt/bin/pip install 'jax-privacy==2.0.0'
     .venv-blt/bin/python tools/blt_params.py                      # the table fedkey ships
@@ -14,7 +14,7 @@ Noise Generation for Streaming Differential Privacy") minimizing the largest per
 the noisy prefix sums at unit min-separation sensitivity (McMahan, Xu, Zhang 2024, "A Hassle-free
 Algorithm for Private Learning in Practice: Don't Use Tree Aggregation, Use BLTs"), and records
 its parameters with the sensitivity ``toeplitz.minsep_sensitivity_squared`` computes (Kalinin and
-Lampert 2024, Theorem 2; server.dp_blt derives the accounting). Entries are
+Lampert 2024, Theorem 2; fedkey.federation.privacy.blt derives the accounting). Entries are
 merged into the file (one per (n, b); b >= n is stored as b = n: one participation). ``--jobs``
 runs entries in separate processes (each optimization takes seconds to minutes of a CPU core).
 """
@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "server" / "blt_params.json"
+OUT = ROOT / "federation" / "privacy" / "blt_params.json"
 #: The table fedkey ships: every n with every b <= n of SEPARATIONS, and b = n.
 ROUNDS = (3, 5, 10, 20, 50, 100, 200)
 SEPARATIONS = (1, 2, 5, 10, 20, 50)

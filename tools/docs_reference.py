@@ -5,7 +5,7 @@ mkdocs.yml names this file under ``hooks:``; its ``on_files`` adds the pages bel
 
     reference/cli.md            the `fedkey` command tree: every command, its help, its arguments
                                 and options (cli_page)
-    reference/configuration.md  server.settings.Settings: every field, its FEDKEY_* variable, type,
+    reference/configuration.md  fedkey.server.settings.Settings: every field, its FEDKEY_* variable, type,
                                 default and meaning (configuration_page)
     reference/http-api.md       the federation server's OpenAPI document (http_api_page)
     reference/metrics.md        a metrics row's fields (metrics_page)

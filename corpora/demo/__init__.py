@@ -3,19 +3,19 @@
 The generator code *is* the shipped corpus, so a fresh install needs no download:
 ``demo_corpus(seed)`` writes the same messages for the same seed on every machine (each owner
 has a random stream seeded with ``(seed, owner)``; Python's string seeding does not depend on
-``PYTHONHASHSEED``). Owners, their topics and typing styles: :mod:`corpora.demo.personas`;
-phrases everyone uses: :mod:`corpora.demo.shared`; the template engine:
-:mod:`corpora.demo.grammar`.
+``PYTHONHASHSEED``). Owners, their topics and typing styles: :mod:`fedkey.corpora.demo.personas`;
+phrases everyone uses: :mod:`fedkey.corpora.demo.shared`; the template engine:
+:mod:`fedkey.corpora.demo.grammar`.
 """
 
 from __future__ import annotations
 
 import random
 
-from corpora.demo.grammar import Persona, Style, Writer
-from corpora.demo.personas import PERSONAS
-from corpora.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
-from corpora.loaders import Corpus, split_user_messages
+from fedkey.corpora.demo.grammar import Persona, Style, Writer
+from fedkey.corpora.demo.personas import PERSONAS
+from fedkey.corpora.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
+from fedkey.corpora.loaders import Corpus, split_user_messages
 
 __all__ = ["PERSONAS", "Persona", "Style", "demo_corpus", "demo_messages"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from common.text import normalize_text
+from fedkey.common.text import normalize_text
 
 _SLOT_RE = re.compile(r"\{(\w+)\}")
 _TERMINATORS = frozenset({".", "!", "?"})

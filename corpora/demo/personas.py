@@ -1,15 +1,15 @@
 """The simulated phone owners of the demo corpus: who they are, what they text about, how they type.
 
 Each owner has a topic of their own (own templates and slot lists) and a typing style (see
-:class:`~corpora.demo.grammar.Style`): textspeak and "lol" for the student and the gamer,
+:class:`~fedkey.corpora.demo.grammar.Style`): textspeak and "lol" for the student and the gamer,
 full sentences and sign-offs for the grandmother and the teacher, no punctuation at all for the
 runner. The mix makes per-user shards genuinely non-IID.
 """
 
 from __future__ import annotations
 
-from corpora.demo.grammar import Persona, Style
-from corpora.demo.shared import CONTRACTIONS, TEXTSPEAK
+from fedkey.corpora.demo.grammar import Persona, Style
+from fedkey.corpora.demo.shared import CONTRACTIONS, TEXTSPEAK
 
 # --- styles ---------------------------------------------------------------------------------
 

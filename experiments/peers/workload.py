@@ -4,12 +4,12 @@ only (no fedkey), imported by peers/flower/run.py and peers/pfl/run.py in their 
 Each piece mirrors fedkey's own, so the frameworks train the same model on the same data the same
 way; only who schedules, ships and averages the work differs:
 
-* the shards: the .npz that bench.peers writes with fedkey's corpus code (each phone's encoded
+* the shards: the .npz that fedkey_bench.peers writes with fedkey's corpus code (each phone's encoded
   sentences, the validation and test sentences, the initial weights fedkey's round 0 has);
 * LanguageModel: models/model.py's, a 1-layer GRU with tied embeddings, no dropout, initialized
   as fedkey initializes (embedding U(-0.1, 0.1), decoder bias 0, torch's GRU default), then given
   the shared initial weights;
-* local_batches / train_local: device_sim/trainer.py's loop (sentences longer than max_len + 1
+* local_batches / train_local: device_sim/training/trainer.py's loop (sentences longer than max_len + 1
   cut, a seeded permutation per epoch, padded batches of B sentences, the mean loss over the real
   words, gradient-norm clipping, SGD with momentum);
 * perplexity: models/metrics.py's, exp of the summed NLL of every predicted word (end of sentence
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-IGNORE = -100  # models.batching.IGNORE: a padded target
+IGNORE = -100  # fedkey.models.batching.IGNORE: a padded target
 
 
 class LanguageModel(nn.Module):
-    """Embedding -> GRU -> tied softmax, as models.model.LanguageModel (cell gru, 1 layer, tied,
+    """Embedding -> GRU -> tied softmax, as fedkey.models.model.LanguageModel (cell gru, 1 layer, tied,
     dropout 0): the same parameter names, so a fedkey state dict loads as it is."""
 
     def __init__(self, vocab_size: int, size: int):
@@ -61,7 +61,7 @@ class LanguageModel(nn.Module):
 
 
 def federated_state(model: nn.Module) -> dict[str, Tensor]:
-    """The tensors a round ships (models.checkpoint.model_state): the tied decoder weight is the
+    """The tensors a round ships (fedkey.models.checkpoint.model_state): the tied decoder weight is the
     embedding, sent once."""
     state = {k: v.detach() for k, v in model.state_dict().items()}
     state.pop("decoder.weight", None)
@@ -75,7 +75,7 @@ def load_state(model: nn.Module, state: dict[str, Tensor] | dict[str, np.ndarray
 
 
 class Shards:
-    """The .npz bench.peers writes: per phone its encoded sentences (<s> ... </s> ids), the
+    """The .npz fedkey_bench.peers writes: per phone its encoded sentences (<s> ... </s> ids), the
     held-out sentences, the initial weights and the workload's settings (`meta`)."""
 
     def __init__(self, path: str):
@@ -105,12 +105,12 @@ def _split(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
 
 
 def count_targets(sentences: list[list[int]]) -> int:
-    """A phone's n_k, its FedAvg weight: the words it predicts (models.batching.count_targets)."""
+    """A phone's n_k, its FedAvg weight: the words it predicts (fedkey.models.batching.count_targets)."""
     return sum(len(s) - 1 for s in sentences)
 
 
 def split_long(seqs: list[list[int]], max_len: int) -> list[list[int]]:
-    """models.batching.split_long: longer sentences cut into chunks overlapping by one."""
+    """fedkey.models.batching.split_long: longer sentences cut into chunks overlapping by one."""
     out: list[list[int]] = []
     for s in seqs:
         if len(s) <= max_len + 1:
@@ -122,7 +122,7 @@ def split_long(seqs: list[list[int]], max_len: int) -> list[list[int]]:
 
 
 def pad_batch(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
-    """models.batching.pad_batch: inputs padded with 0, targets with IGNORE."""
+    """fedkey.models.batching.pad_batch: inputs padded with 0, targets with IGNORE."""
     width = max(len(s) for s in seqs) - 1
     inputs = torch.zeros(len(seqs), width, dtype=torch.long)
     targets = torch.full((len(seqs), width), IGNORE, dtype=torch.long)
@@ -135,7 +135,7 @@ def pad_batch(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
 def local_batches(
     sentences: list[list[int]], meta: dict, seed: int
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """device_sim.trainer.local_batches: each epoch a seeded permutation, B sentences a batch."""
+    """fedkey.device_sim.training.trainer.local_batches: each epoch a seeded permutation, B sentences a batch."""
     seqs = split_long(sentences, meta["max_len"])
     gen = torch.Generator().manual_seed(seed)
     for _ in range(meta["local_epochs"]):
@@ -145,7 +145,7 @@ def local_batches(
 
 
 def train_local(model: LanguageModel, sentences: list[list[int]], meta: dict, seed: int) -> None:
-    """device_sim.trainer.train_local's loop: SGD with momentum on the mean loss of each batch's
+    """fedkey.device_sim.training.trainer.train_local's loop: SGD with momentum on the mean loss of each batch's
     real words, the gradient norm clipped."""
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=meta["lr"], momentum=meta["momentum"])

@@ -24,7 +24,7 @@ def table_runs() -> list:
     """A fixed suite for the tests of the bench's machinery (jobs, time limits, resuming): the
     seed papers' table's methods on PTB and WikiText-2, FedSGD, C 0.1 and 0.5, AdaFL. The
     bench's own suites follow the sweep's choices; this one needs none."""
-    from bench.paper_spec import DATASETS, fed
+    from fedkey_bench.paper_spec import DATASETS, fed
 
     runs = []
     for ds in DATASETS:
@@ -44,7 +44,7 @@ def table_suite(monkeypatch):
     """The smoke preset with the `table` suite (table_runs) beside its own."""
     from dataclasses import replace
 
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     smoke = paper.PRESETS["smoke"]
     monkeypatch.setitem(paper.PRESETS, "smoke", replace(smoke, suites=(*smoke.suites, "table")))

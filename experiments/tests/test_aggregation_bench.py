@@ -1,4 +1,4 @@
-"""bench.aggregation on a tiny model: the uploads it writes are what the server's round bounds
+"""fedkey_bench.aggregation on a tiny model: the uploads it writes are what the server's round bounds
 (the cosine filter rejects the planted phones), and a run gives every row, its ratio to the read,
 a page, and removes its uploads."""
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import torch
 
-from bench.aggregation import WHAT, run_aggregation, write_cohort
+from fedkey_bench.aggregation import WHAT, run_aggregation, write_cohort
 
 
 def test_the_written_round_is_one_the_server_bounds_and_filters(tmp_path):
     from safetensors.torch import load_file
 
-    from server.config import InfluenceConfig
-    from server.influence import bound_round
-    from server.strategies import ClientUpdate
-    from server.upload_store import StoredState
+    from fedkey.federation.config import InfluenceConfig
+    from fedkey.federation.influence.bounding import bound_round
+    from fedkey.federation.strategies import ClientUpdate
+    from fedkey.federation.updates.store import StoredState
 
     c = write_cohort(tmp_path, 60, vocab_size=50, hidden_size=8)
     glob = load_file(c.global_path)
@@ -62,11 +62,11 @@ def test_the_baseline_is_imported_from_its_own_checkout(tmp_path):
     (tree / "server" / "__init__.py").write_text("")
     (tree / "server" / "influence.py").write_text("WHERE = 'baseline'\n")
     code = (
-        "import sys, bench.aggregation as a\n"
+        "import sys, fedkey_bench.aggregation as a\n"
         "assert 'server' in sys.modules\n"
         f"a._import_from({str(tree)!r})\n"
-        "import server.influence\n"
-        "print(server.influence.WHERE)\n"
+        "import fedkey.federation.influence.bounding\n"
+        "print(fedkey.federation.influence.bounding.WHERE)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True

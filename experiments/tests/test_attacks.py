@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-import bench.attacks as attacks
-from bench.attacks import Cell, Protocol, cells, command
-from bench.attacks_report import acceptance, write_report
+import fedkey_bench.attacks as attacks
+from fedkey_bench.attacks import Cell, Protocol, cells, command
+from fedkey_bench.attacks_report import acceptance, write_report
 
 
 def fake(

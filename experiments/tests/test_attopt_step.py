@@ -1,12 +1,12 @@
 """FedAttOpt's reach per round against FedAvg's, and the updates' size it depends on
-(bench.attopt_step): read from the metrics rows, summarized per run, reported beside the runs at
+(fedkey_bench.attopt_step): read from the metrics rows, summarized per run, reported beside the runs at
 the same client lr."""
 
 import pytest
 
-from bench.attopt_step import step_scales, step_section, update_norms
-from bench.paper import summarize
-from bench.paper_spec import RunSpec
+from fedkey_bench.attopt_step import step_scales, step_section, update_norms
+from fedkey_bench.paper import summarize
+from fedkey_bench.paper_spec import RunSpec
 
 
 def test_the_reach_is_read_from_the_info_or_computed_for_older_rows():

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bench.perf_targets import targets
-from bench.report import STEPS, write_report
+from fedkey_bench.perf_targets import targets
+from fedkey_bench.report import STEPS, write_report
 
 
 def _mem(strategy: str, updates: int, peak: float) -> dict:
@@ -294,7 +294,7 @@ def test_wasm_skipped_when_chromium_is_missing():
 def test_the_gpu_step_says_why_it_skipped_where_no_gpu_is_visible(monkeypatch, tmp_path):
     import torch
 
-    from bench.perf import perf_params, run_perf
+    from fedkey_bench.perf import perf_params, run_perf
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "gpu_share" in perf_params(quick=True)
@@ -308,7 +308,7 @@ def test_the_gpu_step_says_why_it_skipped_where_no_gpu_is_visible(monkeypatch, t
 
 
 def test_every_step_skipped_writes_a_report(tmp_path):
-    from bench.perf import run_perf
+    from fedkey_bench.perf import run_perf
 
     result = run_perf(out=tmp_path / "cpu", skip=STEPS, command="fedkey-bench perf --skip ...")
     assert all(s == {"skipped": "--skip"} for s in result["steps"].values())
@@ -322,7 +322,7 @@ def test_every_step_skipped_writes_a_report(tmp_path):
 def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
     """Measuring one figure again (`--only precision`) must not wipe the others from the report:
     each is kept from the perf.json there was, marked with the run that measured it."""
-    from bench.perf import kept_steps, run_perf
+    from fedkey_bench.perf import kept_steps, run_perf
 
     machine = tmp_path / "cpu"
     machine.mkdir()
@@ -358,7 +358,7 @@ def test_a_skipped_step_keeps_its_earlier_figures_with_their_date(tmp_path):
 def test_bench_perf_only_and_skip_together_is_a_one_line_error(tmp_path):
     from typer.testing import CliRunner
 
-    from bench.cli import app
+    from fedkey_bench.cli import app
 
     res = CliRunner().invoke(
         app, ["perf", "--only", "ray", "--skip", "http", "--out", str(tmp_path)]
@@ -368,7 +368,7 @@ def test_bench_perf_only_and_skip_together_is_a_one_line_error(tmp_path):
 
 
 def test_bench_perf_help():
-    from bench.cli import BenchStep, app
+    from fedkey_bench.cli import BenchStep, app
 
     result = CliRunner().invoke(app, ["perf", "--help"])
     assert result.exit_code == 0, result.output
@@ -384,7 +384,7 @@ def test_the_committed_machines_share_one_short_page_that_leads_with_the_targets
     each machine's figure of a target side by side."""
     import shutil
 
-    from bench.report import rebuild
+    from fedkey_bench.report import rebuild
 
     committed = Path(__file__).resolve().parents[1] / "results" / "perf"
     machines = sorted(p.parent.name for p in committed.glob("*/perf.json"))

@@ -1,4 +1,4 @@
-"""bench.canary_irc: every arm of the IRC canary audit is a cell of the privacy table (the same
+"""fedkey_bench.canary_irc: every arm of the IRC canary audit is a cell of the privacy table (the same
 Settings, the z calibrate_cell gives its target epsilon), in the priority order, with the clip of
 the table's probe; an interrupted bench resumes."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import bench.canary_irc as canary_irc
-from bench.canary_irc import planned, probe_clip
-from bench.paper import Bench
-from bench.privacy import PROBE_ID, WORKLOADS, Cell, _config, calibrate_cell, settings_fields
-from runners.canary_arms import arms, command
-from server.settings import Settings
+import fedkey_bench.canary_irc as canary_irc
+from fedkey.runners.canary_arms import arms, command
+from fedkey.server.settings import Settings
+from fedkey_bench.canary_irc import planned, probe_clip
+from fedkey_bench.paper import Bench
+from fedkey_bench.privacy import PROBE_ID, WORKLOADS, Cell, _config, calibrate_cell, settings_fields
 
 #: The IRC protocol at two of its epsilons (each calibration costs a few accountant calls).
 PROTOCOL = replace(WORKLOADS["irc"], epsilons=(8.0, 2.0), workers=0)

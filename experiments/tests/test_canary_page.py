@@ -1,10 +1,10 @@
-"""bench.canary: the canary audit's results page (experiments/results/canary) rebuilt from its
-results.json by the product's report (runners.canary_audit), which reads the recorded file."""
+"""fedkey_bench.canary: the canary audit's results page (experiments/results/canary) rebuilt from its
+results.json by the product's report (fedkey.runners.canary_audit), which reads the recorded file."""
 
 import shutil
 from pathlib import Path
 
-from bench.canary import rebuild
+from fedkey_bench.canary import rebuild
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "canary"
 
@@ -20,13 +20,13 @@ def test_the_recorded_audit_rebuilds_its_page(tmp_path):
 def test_the_recorded_irc_audit_rebuilds_its_page(tmp_path):
     """experiments/results/canary-irc: each planted arm beside its not-planted control, the
     workload's notes, the rounds the planted phone's update was aggregated (or rejected)."""
-    from bench.canary_irc import rebuild as rebuild_irc
+    from fedkey_bench.canary_irc import rebuild as rebuild_irc
 
     folder = RESULTS.parent / "canary-irc"
     shutil.copy(folder / "results.json", tmp_path / "results.json")
     md = rebuild_irc(tmp_path).read_text()
     assert md.startswith("# Canary exposure on the IRC population at the privacy table's epsilons")
-    assert "my password is _ _ _ _" in md and "bench.privacy.calibrate_cell" in md
+    assert "my password is _ _ _ _" in md and "fedkey_bench.privacy.calibrate_cell" in md
     assert "| FedAvg | no DP (same clip) |" in md
     assert "none (rejected by the outlier filter: 1)" in md  # the no-DP arm's filter
     assert "| DP-FedAvg eps 8 (z 0.589) | gaussian | 8 | 8.00 | 0.589 |" in md

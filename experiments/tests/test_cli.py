@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from bench.cli import app
+from fedkey_bench.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]  # the fedkey checkout
 COMMANDS = (
@@ -30,7 +30,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from bench.cli import app
+from fedkey_bench.cli import app
 
 runner = CliRunner()
 for path in ([], *[[c] for c in sys.argv[1:]]):
@@ -44,14 +44,17 @@ assert not loaded, loaded
 
 def test_fedkey_bench_lists_the_benchmarks_and_fedkey_does_not():
     out = subprocess.run(
-        [sys.executable, "-m", "bench.cli", "--help"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "fedkey_bench.cli", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     assert "Usage:" in out.stdout
     for command in COMMANDS:
         assert command in out.stdout
     product = subprocess.run(
-        [sys.executable, "-m", "cli", "--help"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "fedkey", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert product.returncode == 0 and "bench" not in product.stdout
 

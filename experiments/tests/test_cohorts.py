@@ -1,4 +1,4 @@
-"""`fedkey-bench cohorts` (bench.cohorts) on a tiny workload (the demo corpus, one phone per
+"""`fedkey-bench cohorts` (fedkey_bench.cohorts) on a tiny workload (the demo corpus, one phone per
 owner, an 8-unit model): every row trains the whole cohort in a child process of its own,
 results.json and results.md hold one row per (model, cohort, backend), a row measured again
 replaces its old one, and a row that fails is kept with its error."""
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from bench import cohorts
-from bench.cohorts import Workload, run_cohorts
+from fedkey_bench import cohorts
+from fedkey_bench.cohorts import Workload, run_cohorts
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import pytest
 from safetensors.numpy import load, save
 from typer.testing import CliRunner
 
-import bench.load as load_bench
-from bench.cli import app
-from bench.load import Cell, Options, cohort_size, command, run_load
-from bench.load_phones import ModelBodies, make_variants, percentile
+import fedkey_bench.load as load_bench
+from fedkey_bench.cli import app
+from fedkey_bench.load import Cell, Options, cohort_size, command, run_load
+from fedkey_bench.load_phones import ModelBodies, make_variants, percentile
 
 
 @pytest.mark.slow
@@ -216,7 +216,7 @@ def test_healthz_is_split_into_collecting_and_aggregating():
 
 
 def test_a_fraction_outside_0_to_1_is_refused_before_anything_runs(tmp_path):
-    from bench.load import LoadError
+    from fedkey_bench.load import LoadError
 
     for bad in (0.0, 1.5):
         with pytest.raises(LoadError, match="share of the phones"):
@@ -227,7 +227,7 @@ def test_a_fraction_outside_0_to_1_is_refused_before_anything_runs(tmp_path):
 def test_a_rounds_time_never_sets_a_late_event_against_a_timely_probe():
     """Round 2's "opened" event was dropped by a lagging event stream (its "aggregated" came 40 s
     late): both ends come from the /healthz samples, never one from each (a negative time)."""
-    from bench.load_watch import Watch, round_times
+    from fedkey_bench.load_watch import Watch, round_times
 
     w = Watch()
     t0 = w.t0
@@ -271,7 +271,7 @@ def test_the_health_prober_runs_in_its_own_process_and_hands_its_samples_back():
     import os
     import threading
 
-    from bench.load_watch import HealthProber, Watch
+    from fedkey_bench.load_watch import HealthProber, Watch
 
     seen: list[int] = []
     third = threading.Event()

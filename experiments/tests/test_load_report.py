@@ -1,4 +1,4 @@
-"""bench.load_report: the load bench's page leads with the answer and stays short on the
+"""fedkey_bench.load_report: the load bench's page leads with the answer and stays short on the
 committed results (every cell of experiments/results/load), the rounds and the errors going to
 CSV files beside it."""
 
@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from bench.load_report import headline, rebuild
+from fedkey_bench.load_report import headline, rebuild
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "load"
 MAX_PAGE = 30 * 1024

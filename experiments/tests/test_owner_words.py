@@ -1,4 +1,4 @@
-"""`python -m bench.owner_words`: held-out perplexity grouped by how many owners typed the word,
+"""`python -m fedkey_bench.owner_words`: held-out perplexity grouped by how many owners typed the word,
 its last row the checkpoint's own test perplexity."""
 
 import math
@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from bench.owner_words import bin_of, by_owners, main, owner_counts
-from corpora.loaders import load_corpus
-from models.checkpoint import load_checkpoint, model_state, save_checkpoint
-from models.config import ModelConfig
-from models.metrics import evaluate
-from models.model import LanguageModel
-from models.tokenizers import WordTokenizer
+from fedkey.corpora.loaders import load_corpus
+from fedkey.models.checkpoint import load_checkpoint, model_state, save_checkpoint
+from fedkey.models.config import ModelConfig
+from fedkey.models.metrics import evaluate
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import WordTokenizer
+from fedkey_bench.owner_words import bin_of, by_owners, main, owner_counts
 
 
 def test_a_word_counts_the_owners_who_typed_it_and_sentence_ends_count_for_everyone():

@@ -11,8 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.cli import app as bench_app
-from bench.paper import (
+from fedkey.cli import app
+from fedkey_bench.cli import app as bench_app
+from fedkey_bench.paper import (
     PRESETS,
     SEEDS,
     Bench,
@@ -22,9 +23,8 @@ from bench.paper import (
     suite_runs,
     summarize,
 )
-from bench.paper_tables import code_table
-from bench.runs import Stopped
-from cli import app
+from fedkey_bench.paper_tables import code_table
+from fedkey_bench.runs import Stopped
 
 runner = CliRunner()
 
@@ -184,7 +184,7 @@ def _finished(spec, preset, data_root, runs_dir) -> dict:
 
 def _smoke_data(tmp_path, monkeypatch, fake_run) -> None:
     """run_bench on the smoke preset with `fake_run` for run_one, over empty dataset folders."""
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     monkeypatch.setattr(paper, "run_one", fake_run)
     monkeypatch.setattr(paper, "write_fresh", lambda folder: None)
@@ -198,7 +198,7 @@ def test_jobs_refill_a_finished_runs_slot_without_waiting_for_the_slowest(tmp_pa
     batch of two would wait for the slow one before starting the third)."""
     import threading
 
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1", "table-ptb-fedmed-c0.1"]
     slow_may_finish = threading.Event()
@@ -227,8 +227,8 @@ def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
     """A run finished before the bench pruned at the end of a run is pruned when the bench next
     starts: its best and last rounds' files stay (the model the tables score, the end). A run
     not done keeps every file: it resumes from its last checkpoint."""
-    import bench.paper as paper
-    from bench.presets import PRESETS
+    import fedkey_bench.paper as paper
+    from fedkey_bench.presets import PRESETS
 
     done_id, begun_id = "table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"
     _smoke_data(tmp_path, monkeypatch, lambda spec, *a, **k: _finished(spec, *a[:3]))
@@ -256,7 +256,7 @@ def test_finished_runs_keep_their_best_and_last_checkpoints_and_a_begun_one_all(
 def test_a_failed_run_does_not_stop_the_others_and_the_bench_says_which(tmp_path, monkeypatch):
     """A bench runs for days: one run that fails (a full disk, a bug) leaves the others going;
     the bench ends with an error naming it, and results.json holds the others."""
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1", "table-ptb-fedmed-c0.1"]
     started: list[str] = []
@@ -284,32 +284,32 @@ def test_a_report_that_cannot_be_written_is_one_error_and_results_json_keeps_the
     """The report is written by a fresh interpreter (the code on disk may have changed during a
     bench of hours); when it fails the bench ends with one line saying so and how to rebuild it,
     and every run is in results.json."""
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"]
     real_write_fresh = paper.write_fresh
     _smoke_data(tmp_path, monkeypatch, lambda spec, *a, **k: _finished(spec, *a[:3]))
     # the real write_fresh, with a report module that cannot be imported
     monkeypatch.setattr(paper, "write_fresh", real_write_fresh)
-    monkeypatch.setattr(paper, "REPORT_MODULE", "bench.no_such_report")
+    monkeypatch.setattr(paper, "REPORT_MODULE", "fedkey_bench.no_such_report")
     with pytest.raises(RuntimeError) as failure:
         paper.run_bench("smoke", ["table"], tmp_path, tmp_path / "out", tmp_path / "runs",
                         only=ids)  # fmt: skip
     message = str(failure.value)
     assert message.startswith("results.md was not written (") and "\n" not in message
-    assert "No module named bench.no_such_report" in message
-    assert f"python -m bench.no_such_report {tmp_path / 'out' / 'smoke'}" in message
+    assert "No module named fedkey_bench.no_such_report" in message
+    assert f"python -m fedkey_bench.no_such_report {tmp_path / 'out' / 'smoke'}" in message
     done = json.loads((tmp_path / "out" / "smoke" / "results.json").read_text())["runs"]
     assert sorted(r["id"] for r in done) == sorted(ids)
 
 
 @pytest.mark.usefixtures("table_suite")
 def test_an_interrupted_bench_stops_the_runs_going_before_it_ends(tmp_path, monkeypatch):
-    """Ctrl-C, or a kill (SIGTERM, which bench.cli makes the same), while a run goes on in
+    """Ctrl-C, or a kill (SIGTERM, which fedkey_bench.cli makes the same), while a run goes on in
     another slot: the bench stops it (its child is terminated, its checkpoints kept) before it
     ends, so no child goes on writing its folder with nobody to record it, and notes how far it
     got (the report's "begun" row)."""
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     ids = ["table-ptb-fedavg-c0.1", "table-ptb-fedatt-c0.1"]
     ended: list[str] = []
@@ -356,9 +356,9 @@ def test_a_run_whose_command_a_done_run_ran_but_for_out_is_recorded_from_it_not_
     values it chose: the rank run is recorded from the sweep's (its numbers under its own id,
     suite and command, `same_run_as` naming the run that ran), costs no run time in the report's
     sums or the bench's pace, and is not run again: a GPU's scarce hours go to runs not done."""
-    import bench.paper as paper
-    from bench.paper_spec import command_flag
-    from bench.runs import run_seconds, what_it_computes
+    import fedkey_bench.paper as paper
+    from fedkey_bench.paper_spec import command_flag
+    from fedkey_bench.runs import run_seconds, what_it_computes
 
     best_val = {"0.01": 577.6, "0.1": 259.7, "1": 286.3}  # the first 50-round sweep on an H200
     ran: list[str] = []
@@ -400,7 +400,7 @@ def test_two_runs_that_compute_the_same_never_run_at_once_and_one_is_recorded_fr
     """The confirm suite's row at the sweep's lr is the rank run under another id: with two free
     slots the bench runs it once (not an hour twice over on two cores), and records the other
     from it when it ends."""
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     ran: list[str] = []
 
@@ -427,8 +427,8 @@ def test_runs_done_with_trainer_processes_stay_done_when_the_preset_stacks_the_p
     trains a round's phones as one stacked model (`--backend stacked`). Where a run ran is not
     what it computes: those runs stay done (not run again, not superseded), while a run whose
     computation differs (another lr) is run."""
-    import bench.paper as paper
-    from bench.paper_spec import command_flag
+    import fedkey_bench.paper as paper
+    from fedkey_bench.paper_spec import command_flag
 
     best_val = {"0.01": 577.6, "0.1": 259.7, "1": 286.3}  # the grid's middle: no run added
     ran: list[str] = []
@@ -465,8 +465,8 @@ def test_a_bench_may_train_a_presets_runs_on_another_backend(tmp_path, monkeypat
     cpu preset's costliest runs): its simulate runs go with --backend stacked in place of the
     preset's --workers 0, the runs done on the CPU stay done, and results.json records the
     bench command once, whichever backend a session used."""
-    import bench.paper as paper
-    from bench.paper_spec import command_flag
+    import fedkey_bench.paper as paper
+    from fedkey_bench.paper_spec import command_flag
 
     best_val = {"0.3": 420.0, "1": 380.0, "3": 400.0}  # the grid's middle: no run added
     ran: list[str] = []

@@ -6,9 +6,9 @@ import shlex
 
 import pytest
 
-import bench.paper as paper
-from bench.paper_budget import Pace, passes
-from bench.runs import Stopped, device_label
+import fedkey_bench.paper as paper
+from fedkey_bench.paper_budget import Pace, passes
+from fedkey_bench.runs import Stopped, device_label
 
 # The tests that run a bench use the fixed `table` suite (conftest.py: table_runs).
 pytestmark = pytest.mark.usefixtures("table_suite")
@@ -186,7 +186,7 @@ def test_with_hours_the_bench_starts_the_runs_that_fit_and_lists_the_rest(
 
 
 class Clock:
-    """time.monotonic for bench.paper: a run stopped at the limit moves it there."""
+    """time.monotonic for fedkey_bench.paper: a run stopped at the limit moves it there."""
 
     def __init__(self):
         self.now = 1000.0

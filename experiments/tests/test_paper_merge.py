@@ -6,10 +6,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from bench.cli import app
-from bench.paper_results import Bench
-from bench.paper_sweep import lr_choices
-from bench.presets import PRESETS
+from fedkey_bench.cli import app
+from fedkey_bench.paper_results import Bench
+from fedkey_bench.paper_sweep import lr_choices
+from fedkey_bench.presets import PRESETS
 from tests.test_paper import _finished, _smoke_data
 from tests.test_paper_ranking import decided
 
@@ -53,7 +53,7 @@ def test_merge_takes_the_runs_and_notes_this_machine_lacks_and_keeps_its_own(tmp
 def test_bench_merge_takes_a_gpu_sessions_runs_and_rebuilds_the_report(tmp_path, monkeypatch):
     """Two machines run the same bench (the second with --backend stacked); merged, the report
     counts the runs of both, and bad input is one error line that changes nothing."""
-    import bench.paper as paper
+    import fedkey_bench.paper as paper
 
     def fake_run(spec, preset, data_root, runs_dir, stop=None):
         lr = {"0-3": 420.0, "1": 380.0, "3": 400.0}[spec.id.split("lr-")[1].rsplit("-c", 1)[0]]

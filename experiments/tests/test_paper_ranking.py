@@ -8,19 +8,19 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.cli import app as bench_app
-from bench.paper import LATE, Bench, command, run_bench, select
-from bench.paper_steps import CONFIRMED, lower_lr
-from bench.paper_suites import (
+from fedkey.cli import app
+from fedkey_bench.cli import app as bench_app
+from fedkey_bench.paper import LATE, Bench, command, run_bench, select
+from fedkey_bench.paper_steps import CONFIRMED, lower_lr
+from fedkey_bench.paper_suites import (
     BOUNDED_FEDATT,
     CAPPED_FEDATTOPT,
     next_lr,
     planned,
     suite_runs,
 )
-from bench.paper_sweep import KNOBS, MAX_EXTENSIONS, TASKS, choose, choose_joint, lr_choices
-from bench.presets import PRESETS
-from cli import app
+from fedkey_bench.paper_sweep import KNOBS, MAX_EXTENSIONS, TASKS, choose, choose_joint, lr_choices
+from fedkey_bench.presets import PRESETS
 
 runner = CliRunner()
 PAPERS_TABLE = {"FedSGD", "FedAvg", "FedAtt", "FedAttOpt", "FedMed", "FedMed topK 0.8",
@@ -502,8 +502,8 @@ def test_a_run_whose_command_the_preset_no_longer_makes_is_superseded_not_done()
     """A run counts as done only while its command is the one the preset makes for its id (its
     own --data and --out aside): the FedAtt that ran at the papers' epsilon 1.2 before the sweep
     chose its step is named as superseded and left out of "N of M runs done"."""
-    from bench.paper import superseded
-    from bench.paper_report import progress
+    from fedkey_bench.paper import superseded
+    from fedkey_bench.paper_report import progress
 
     p = PRESETS["cpu"]
     results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]
@@ -557,7 +557,7 @@ def test_other_benches_results_keep_their_shape(tmp_path):
 def test_a_superseded_centralized_model_stays_the_reference_once_and_says_so():
     """The centralized run made before its lr was swept is the PTB table's reference until it is
     run again: one row, labelled superseded, the federated rows held against it."""
-    from bench.paper_report import ranking_sections
+    from fedkey_bench.paper_report import ranking_sections
 
     p = PRESETS["cpu"]
     results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]  # centralized lr 1 chosen
@@ -581,7 +581,7 @@ def test_a_superseded_centralized_model_stays_the_reference_once_and_says_so():
 def test_a_run_stopped_at_a_time_limit_shows_how_far_it_got_until_it_is_done(tmp_path):
     """FedSGD (every phone every round) outlasts a session: results.md says it is begun and how
     many rounds it has, not "not run yet"; once done it is an ordinary row."""
-    from bench.paper_report import ranking_sections
+    from fedkey_bench.paper_report import ranking_sections
 
     results = [{**r, "wall_seconds": 60.0} for r in decided("cpu")]
     bench = Bench(tmp_path)
@@ -607,8 +607,8 @@ def test_bench_paper_help_says_what_every_suite_runs():
     """--suite's help names each suite the bench accepts (the help is written by hand)."""
     import inspect
 
-    from bench.cli import bench_paper
-    from bench.paper_suites import SUITES
+    from fedkey_bench.cli import bench_paper
+    from fedkey_bench.paper_suites import SUITES
 
     text = inspect.signature(bench_paper).parameters["suite"].default.help
     assert [s for s in SUITES if f"{s}: " not in text] == []
@@ -618,7 +618,7 @@ def test_the_sweep_table_shows_a_run_stopped_at_a_time_limit(tmp_path):
     """A sweep run longer than a GPU lease (the gpu preset's centralized lr sweep: 25 epochs)
     stands in its knob's row of the sweep table with how far it got, where it used to be missing
     until done; the chosen value is unchanged."""
-    from bench.paper_report import sweep_sections
+    from fedkey_bench.paper_report import sweep_sections
 
     p = PRESETS["gpu"]
     done = []

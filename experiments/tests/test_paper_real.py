@@ -6,8 +6,8 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from bench.paper import command, summarize
-from bench.paper_real import (
+from fedkey_bench.paper import command, summarize
+from fedkey_bench.paper_real import (
     REAL_CURVE_TOP,
     REAL_PAGE,
     real_curve_top,
@@ -18,11 +18,11 @@ from bench.paper_real import (
     real_summary,
     real_waiting,
 )
-from bench.paper_report import markdown
-from bench.paper_spec import RunSpec
-from bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
-from bench.presets import PRESETS
-from bench.real_suite import (
+from fedkey_bench.paper_report import markdown
+from fedkey_bench.paper_spec import RunSpec
+from fedkey_bench.paper_sweep import KNOBS, REAL_EVAL, TASK_OF
+from fedkey_bench.presets import PRESETS
+from fedkey_bench.real_suite import (
     REAL,
     REAL_AS_MANY,
     REAL_COHORTS,
@@ -138,7 +138,7 @@ def test_the_table_holds_both_held_out_sets_against_the_3gram():
 
 def _swept(dataset: str, knob: str, values: dict[float, float], client_lr: float) -> list[dict]:
     """The sweep's results of one knob on a real task: value -> best validation perplexity."""
-    from bench.paper_sweep import sweep_spec
+    from fedkey_bench.paper_sweep import sweep_spec
 
     out = []
     for v, ppl in values.items():
@@ -152,7 +152,7 @@ def _swept(dataset: str, knob: str, values: dict[float, float], client_lr: float
 def test_the_sweep_tunes_the_real_corpora_as_their_runs_are_made():
     sweep = [s for s in real_suite(CPU) if s.kind != "ngram"]
     assert {s.group for s in sweep} == {REAL_GROUP}  # nothing swept yet: the demo's rates
-    from bench.paper_sweep import sweep_suite
+    from fedkey_bench.paper_sweep import sweep_suite
 
     mine = [s for s in sweep_suite(CPU, []) if s.dataset == "nus-sms"]
     assert {s.partition for s in mine} == {"user"} and {s.clients for s in mine} == {300}

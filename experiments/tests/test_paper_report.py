@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from bench.paper import Bench, summarize
-from bench.paper_report import (
+from fedkey_bench.paper import Bench, summarize
+from fedkey_bench.paper_report import (
     answer_table,
     lr_markdown,
     markdown,
@@ -18,8 +18,8 @@ from bench.paper_report import (
     targets_table,
     write_report,
 )
-from bench.paper_spec import RunSpec
-from bench.paper_tables import by_central, lm_table
+from fedkey_bench.paper_spec import RunSpec
+from fedkey_bench.paper_tables import by_central, lm_table
 
 
 def run(suite, dataset, method, fraction, ppls, *, kind="federated", preset="cpu", top1=0.2,
@@ -101,8 +101,8 @@ def test_results_open_with_the_answer_then_the_language_model_and_end_with_the_e
 def test_the_seeds_section_holds_each_row_at_every_seed_beside_its_spread():
     """A rank row and its reruns at other seeds: each seed's test perplexity (or where a run
     not done stands), the mean, the sample sd and the range, in the seeds suite's order."""
-    from bench.paper_seeds import seeds_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_seeds import seeds_table
+    from fedkey_bench.presets import PRESETS
 
     runs = ranking_runs() + [
         run("seeds", "ptb", "FedAvg", 0.1, [1000, 180, 170], top1=0.24, seed=1),
@@ -129,8 +129,8 @@ def test_the_confirm_suite_checks_the_demo_by_owner_against_its_noniid_runs():
     the sweep's server lr is the noniid run itself, the lower one beside it; the note under the
     noniid demo table says which lr validation kept; the targets table (IID phones) and the
     rank tables' notes leave the demo out."""
-    from bench.paper_variants import VARIANTS, checked_note, variant_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_variants import VARIANTS, checked_note, variant_table
+    from fedkey_bench.presets import PRESETS
 
     v, p = VARIANTS["confirm"], PRESETS["cpu"]
     runs = ranking_runs() + [
@@ -158,8 +158,8 @@ def test_the_decay_section_sets_each_decayed_run_beside_its_constant_lr_twin():
     """Each decay row: the rank run's test perplexity at a constant lr, the decayed run's, the
     change, and the federated rows against the centralized model decayed alike; the targets
     table adds a row for the decayed runs against that centralized model."""
-    from bench.paper_variants import VARIANTS, variant_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_variants import VARIANTS, variant_table
+    from fedkey_bench.presets import PRESETS
 
     runs = ranking_runs() + [
         run("decay", "ptb", CENTRAL, 0.1, [1000, 140], kind="central", top1=0.26),
@@ -190,8 +190,8 @@ def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation
     listed beside the rank run without dropout, and once both are done the one with the better
     VALIDATION perplexity is kept, for the targets table and as the centralized reference (never
     the better test perplexity); until then the one at the rank run's lr."""
-    from bench.paper_variants import VARIANTS, variant_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_variants import VARIANTS, variant_table
+    from fedkey_bench.presets import PRESETS
 
     def with_val(r, val):
         return {**r, "best_val_ppl": val}
@@ -225,8 +225,8 @@ def test_the_dropout_section_keeps_of_each_row_the_lr_with_the_better_validation
 def test_a_confirm_row_at_the_sweeps_value_shows_its_rank_run_begun():
     """The confirm row at the sweep's value is the rank run itself: while that one is begun, the
     row says how far it got (not "not run yet"); its run one step lower is its own."""
-    from bench.paper_variants import VARIANTS, variant_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_variants import VARIANTS, variant_table
+    from fedkey_bench.presets import PRESETS
 
     begun = {"cpu/rank-ptb-fedavgm-c0.1": [12, 50, 141.5, 12]}
     rows = variant_table(VARIANTS["confirm"], PRESETS["cpu"], ranking_runs(), begun).splitlines()
@@ -240,8 +240,8 @@ def test_the_confirm_section_checks_the_sweeps_lr_against_one_step_lower():
     records it) beside the runs one grid step lower (a second step where the first won); nothing
     of a row is kept until all of its runs are done; then the best on VALIDATION is kept, the
     centralized reference too, and the targets row follows the kept runs."""
-    from bench.paper_variants import VARIANTS, variant_curves, variant_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_variants import VARIANTS, variant_curves, variant_table
+    from fedkey_bench.presets import PRESETS
 
     v, p = VARIANTS["confirm"], PRESETS["cpu"]
 
@@ -336,8 +336,8 @@ def test_the_demo_by_owner_at_c1_is_seeded_against_its_own_centralized_model():
     """The demo's C 1 rows rerun at other seeds: the seeds table names the phones and holds the
     row against the mean of the centralized model of its C (50 epochs), not C 0.1's; the
     non-IID table gets the seed-to-seed cells, and its C 0.1 rows stay unseeded."""
-    from bench.paper_seeds import seeds_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_seeds import seeds_table
+    from fedkey_bench.presets import PRESETS
 
     c1, c01 = "centralized, 50 epochs", "centralized, 5 epochs"
     runs = ranking_runs() + [
@@ -460,7 +460,7 @@ def test_a_preset_without_a_variant_suite_gets_no_figure_of_it(tmp_path):
 def test_a_diverged_runs_curve_does_not_stop_the_report(tmp_path):
     """A sweep run at too high a server lr went to 1e283 and then inf: its curve is cut at the
     ceiling instead of stretching the log axis past what matplotlib can label."""
-    from bench.paper_tables import plot_curves
+    from fedkey_bench.paper_tables import plot_curves
 
     ok = {"method": "FedAvgM", "kind": "federated", "fraction": 0.1,
           "curve": [[0, 10026.4, 10036.7], [1, 900.0, 910.0], [2, 600.0, 610.0]]}  # fmt: skip
@@ -509,8 +509,8 @@ def test_a_long_history_of_bench_commands_and_commits_is_counted_not_listed():
 def test_a_seeded_row_is_held_against_the_centralized_model_of_its_own_c():
     """The gpu preset seeds PTB at C 0.1 and 0.5, each with its own centralized model: a C 0.5
     row's "mean vs centralized mean" is against the 125-epoch model, not the 25-epoch one."""
-    from bench.paper_seeds import seeds_table
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_seeds import seeds_table
+    from fedkey_bench.presets import PRESETS
 
     c01 = "centralized, 25 epochs (as many examples as C 0.1)"
     c05 = "centralized, 125 epochs (as many examples as C 0.5)"
@@ -526,8 +526,8 @@ def test_a_seeded_row_is_held_against_the_centralized_model_of_its_own_c():
 
 
 def test_the_seed_curves_draw_a_colour_per_row_and_a_line_style_per_seed():
-    from bench.paper_seeds import seed_curves
-    from bench.presets import PRESETS
+    from fedkey_bench.paper_seeds import seed_curves
+    from fedkey_bench.presets import PRESETS
 
     runs = ranking_runs() + [
         run("seeds", "ptb", "FedAvg", 0.1, [1000, 170], seed=1),
@@ -579,7 +579,7 @@ def test_the_committed_cpu_results_rebuild_short_pages_that_lead_with_the_answer
     import shutil
     from pathlib import Path
 
-    from bench.paper import write
+    from fedkey_bench.paper import write
 
     committed = Path(__file__).resolve().parents[1] / "results" / "cpu"
     shutil.copy(committed / "results.json", tmp_path / "results.json")

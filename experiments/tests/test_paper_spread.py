@@ -1,13 +1,13 @@
-"""The spread of the server's per-phone weights per round (bench.spread): max, min, entropy and
+"""The spread of the server's per-phone weights per round (fedkey_bench.spread): max, min, entropy and
 evenness from the metrics rows' strategy info."""
 
 import math
 
 import pytest
 
-from bench.paper import summarize
-from bench.paper_spec import RunSpec
-from bench.spread import round_spreads, spread
+from fedkey_bench.paper import summarize
+from fedkey_bench.paper_spec import RunSpec
+from fedkey_bench.spread import round_spreads, spread
 
 
 def test_equal_weights_are_perfectly_even():

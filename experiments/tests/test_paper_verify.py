@@ -1,4 +1,4 @@
-"""bench.paper_verify: a results table's row scored again from the checkpoint kept for it, on the
+"""fedkey_bench.paper_verify: a results table's row scored again from the checkpoint kept for it, on the
 held-out text its recorded command names; a figure that does not come back is named."""
 
 import json
@@ -6,8 +6,8 @@ import shlex
 
 from typer.testing import CliRunner
 
-from bench.paper_verify import held_out_flags, verify
-from cli import app
+from fedkey.cli import app
+from fedkey_bench.paper_verify import held_out_flags, verify
 
 
 def _run(tmp_path) -> tuple[dict, object]:
@@ -56,10 +56,10 @@ def test_the_held_out_text_is_read_from_the_recorded_command():
 
 
 def test_the_command_fails_when_a_figure_does_not_come_back(tmp_path, capsys):
-    """`python -m bench.paper_verify FOLDER`: exit 0 when every run with a checkpoint here gives
+    """`python -m fedkey_bench.paper_verify FOLDER`: exit 0 when every run with a checkpoint here gives
     its figures again, 1 when one does not (a check to run after a bench)."""
-    from bench.paper_results import Bench
-    from bench.paper_verify import main
+    from fedkey_bench.paper_results import Bench
+    from fedkey_bench.paper_verify import main
 
     run, runs = _run(tmp_path)  # runs/<id>: RUNS_DIR/<folder name>/<id> with RUNS_DIR = tmp_path
     folder = tmp_path / "runs"
@@ -79,8 +79,8 @@ def test_record_keeps_each_machines_checks_for_the_next_machine(tmp_path, capsys
     figures are still those checked (a rerun with other figures is not covered by it)."""
     import shutil
 
-    from bench.paper_results import Bench
-    from bench.paper_verify import RECORD, main
+    from fedkey_bench.paper_results import Bench
+    from fedkey_bench.paper_verify import RECORD, main
 
     run, runs = _run(tmp_path)
     folder = tmp_path / "runs"
@@ -105,8 +105,8 @@ def test_record_keeps_each_machines_checks_for_the_next_machine(tmp_path, capsys
 
 
 def test_a_damaged_record_is_named_in_one_line(tmp_path, capsys):
-    from bench.paper_results import Bench
-    from bench.paper_verify import RECORD, main
+    from fedkey_bench.paper_results import Bench
+    from fedkey_bench.paper_verify import RECORD, main
 
     run, _ = _run(tmp_path)
     folder = tmp_path / "runs"

@@ -1,4 +1,4 @@
-"""bench.peers without the peers' venvs: the rows, the agreement check, the table, and that the
+"""fedkey_bench.peers without the peers' venvs: the rows, the agreement check, the table, and that the
 peer side (experiments/peers/workload.py) reads the shards fedkey wrote and computes what fedkey
 computes."""
 
@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from bench.peers import (
+from fedkey_bench.peers import (
     PEERS,
     Workload,
     agreement,
@@ -109,10 +109,10 @@ def test_a_new_run_replaces_the_rows_of_its_framework_and_workload():
 
 
 def test_the_peers_read_the_shards_and_train_as_fedkey_trains(tmp_path):
-    from common.config import TrainConfig
-    from device_sim.trainer import train_local
-    from models.checkpoint import build_model
-    from models.config import ModelConfig
+    from fedkey.common.config import TrainConfig
+    from fedkey.device_sim.training.trainer import train_local
+    from fedkey.models.checkpoint import build_model
+    from fedkey.models.config import ModelConfig
 
     w = Workload(data="demo", clients=10, max_train_tokens=3000, max_eval_sentences=20,
                  hidden_size=16, vocab_size=500)  # fmt: skip
@@ -140,7 +140,7 @@ def test_the_peers_read_the_shards_and_train_as_fedkey_trains(tmp_path):
 def test_an_unknown_framework_is_one_error_line():
     from typer.testing import CliRunner
 
-    from bench.cli import app
+    from fedkey_bench.cli import app
 
     result = CliRunner().invoke(app, ["peers", "--framework", "tff"])
     assert (
@@ -150,7 +150,7 @@ def test_an_unknown_framework_is_one_error_line():
 
 
 def test_the_presets_name_their_workload_from_its_sizes():
-    from bench.peers import preset
+    from fedkey_bench.peers import preset
 
     irc = preset("irc", rounds=10, lr=0.5)
     assert irc.name == "irc500u-c25-h64-lr0.5-r10"
@@ -162,8 +162,8 @@ def test_the_presets_name_their_workload_from_its_sizes():
 
 
 def test_one_phone_per_speaker_holds_that_speakers_messages_only(tmp_path):
-    from common.config import DataConfig
-    from corpora.dataset import load_cut
+    from fedkey.common.config import DataConfig
+    from fedkey.corpora.dataset import load_cut
 
     w = Workload(data="demo", partition="user", clients=4, max_train_tokens=None,
                  max_eval_sentences=30, hidden_size=8, vocab_size=300)  # fmt: skip
@@ -185,16 +185,16 @@ def test_one_phone_per_speaker_holds_that_speakers_messages_only(tmp_path):
 def test_held_out_senders_are_scored_by_the_peers_as_by_fedkey(tmp_path, monkeypatch):
     # fedkey's server scores the messages of senders who never trained every round on a corpus
     # that has them (Ubuntu IRC): the shards carry them and the peers' clock scores them too.
-    import corpora.dataset
+    import fedkey.corpora.dataset
 
-    real = corpora.dataset.prepare
+    real = fedkey.corpora.dataset.prepare
 
     def with_unseen(cfg):
         prepared = real(cfg)
         prepared.corpus.unseen_test = prepared.corpus.test[:7]
         return prepared
 
-    monkeypatch.setattr(corpora.dataset, "prepare", with_unseen)
+    monkeypatch.setattr(fedkey.corpora.dataset, "prepare", with_unseen)
     w = Workload(data="demo", clients=4, max_train_tokens=2000, max_eval_sentences=20,
                  hidden_size=8, vocab_size=300)  # fmt: skip
     meta = write_shards(w, tmp_path / "s.npz")

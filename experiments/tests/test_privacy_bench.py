@@ -1,4 +1,4 @@
-"""bench.privacy: the noise calibration hits its epsilon under each mechanism, a simulated
+"""fedkey_bench.privacy: the noise calibration hits its epsilon under each mechanism, a simulated
 deployment cohort gets the deployment's noise, the tables render, a resumed bench skips the cells it
 has."""
 
@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.privacy import WORKLOADS, Cell, Protocol, calibrate_cell, run_privacy, usable_mechanisms
-from bench.privacy_noise import calibrate_noise, epsilon_after, epsilon_of
-from bench.privacy_report import table, write_report
+from fedkey_bench.privacy import (
+    WORKLOADS,
+    Cell,
+    Protocol,
+    calibrate_cell,
+    run_privacy,
+    usable_mechanisms,
+)
+from fedkey_bench.privacy_noise import calibrate_noise, epsilon_after, epsilon_of
+from fedkey_bench.privacy_report import table, write_report
 
 
 @pytest.mark.parametrize("target", [2.0, 32.0])
@@ -25,7 +32,7 @@ def test_calibrated_noise_reaches_the_target_epsilon_within_one_percent(target):
 
 
 def test_the_tree_is_calibrated_on_the_servers_zcdp_at_the_default_separation():
-    from server.dp_ftrl import tree_rho, zcdp_epsilon
+    from fedkey.federation.privacy.tree import tree_rho, zcdp_epsilon
 
     z = calibrate_noise(8.0, epsilon_of("tree", 12, 2000, 100, 2000**-1.1))
     # b = floor(2000 / 100) = 20 >= 12 rounds: one participation, ceil(log2 13) = 4 nodes
@@ -132,9 +139,9 @@ def vars_protocol() -> dict:
 
 def test_a_resumed_bench_skips_the_cells_it_has(tmp_path, monkeypatch):
     # The report and git provenance are tested elsewhere; here only what runs.
-    monkeypatch.setattr("bench.privacy._provenance", lambda: {})
-    monkeypatch.setattr("bench.privacy_report.plot", lambda runs, path: None)
-    monkeypatch.setattr("bench.privacy.z_for", lambda target, *a: 8.0 / target)
+    monkeypatch.setattr("fedkey_bench.privacy._provenance", lambda: {})
+    monkeypatch.setattr("fedkey_bench.privacy_report.plot", lambda runs, path: None)
+    monkeypatch.setattr("fedkey_bench.privacy.z_for", lambda target, *a: 8.0 / target)
     protocol = Protocol(rounds=3, clients=20, fraction=0.5, epsilons=(8.0,), clip=0.5)
     ran: list[str] = []
 
@@ -186,7 +193,7 @@ def test_the_committed_cells_rebuild_their_page(tmp_path):
     import shutil
     from pathlib import Path
 
-    from bench.privacy_report import rebuild
+    from fedkey_bench.privacy_report import rebuild
 
     committed = Path(__file__).resolve().parents[1] / "results" / "privacy"
     shutil.copy(committed / "results.json", tmp_path / "results.json")
@@ -221,8 +228,8 @@ def _fake_irc_runner(ran: list[tuple[str, dict]]):
 def test_the_irc_workload_runs_its_mechanisms_and_writes_a_page_with_top1_and_what_is_left(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("bench.privacy._provenance", lambda: {})
-    monkeypatch.setattr("bench.privacy_grid_report.plot", lambda runs, path: None)
+    monkeypatch.setattr("fedkey_bench.privacy._provenance", lambda: {})
+    monkeypatch.setattr("fedkey_bench.privacy_grid_report.plot", lambda runs, path: None)
     protocol = replace(
         WORKLOADS["irc"], clients=40, fraction=0.05, rounds=4, epsilons=(8.0,),
         mechanisms=("gaussian", "tree"), noise_cohorts=(1000,), clip=0.5,
@@ -252,7 +259,7 @@ def test_the_irc_workload_runs_its_mechanisms_and_writes_a_page_with_top1_and_wh
     assert "Not run yet (" in md and "fedavg-eps8, " in md
     assert "Target 2 (DP-FedAtt within 5%" in md
     # The page rebuilds from results.json alone.
-    from bench.privacy_report import rebuild
+    from fedkey_bench.privacy_report import rebuild
 
     assert rebuild(out).read_text() == md
     # Resumed: nothing left of what was asked.

@@ -1,4 +1,4 @@
-"""bench.runs: an interrupted simulate / train-central continues where it stopped when the bench
+"""fedkey_bench.runs: an interrupted simulate / train-central continues where it stopped when the bench
 runs its command again, and the results record the command as the bench built it."""
 
 import json
@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from bench.runs import Stopped, run_cpu_seconds, run_fedkey, run_seconds
+from fedkey_bench.runs import Stopped, run_cpu_seconds, run_fedkey, run_seconds
 
 
 def _interrupt(run_dir, last: int) -> None:
@@ -81,7 +81,7 @@ def test_a_run_stopped_at_the_time_limit_goes_on_next_time_and_counts_every_atte
 def test_a_run_resumed_after_an_attempt_of_unknown_cpu_time_has_none(tmp_path):
     """A bench killed outright during an attempt leaves no CPU figure for it (cpu_seconds.txt is
     removed while an attempt runs): the run's CPU total is unknown, not too small, and
-    bench.paper_budget judges by its wall time instead."""
+    fedkey_bench.paper_budget judges by its wall time instead."""
     run_dir = tmp_path / "central"
     cmd = ["fedkey", "train-central", "--data", "demo", "--clients", "10"]
     cmd += ["--max-train-tokens", "5000", "--max-eval-sentences", "40", "--ksr-sentences", "0"]
@@ -123,7 +123,7 @@ def test_a_killed_bench_stops_its_runs_with_it(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "smoke" / "sweep-demo-fedavg-client-lr-0-5-c0.1"
     bench = subprocess.Popen(
-        [sys.executable, "-m", "bench.cli", "paper", "--preset", "smoke", "--suite", "sweep",
+        [sys.executable, "-m", "fedkey_bench.cli", "paper", "--preset", "smoke", "--suite", "sweep",
          "--only", run_dir.name, "--out", str(tmp_path / "out"), "--runs-dir", str(runs)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -146,7 +146,7 @@ def test_a_killed_bench_stops_its_runs_with_it(tmp_path):
 def test_best_so_far_is_the_best_finite_validation_after_the_initial_model(tmp_path):
     """What a run stopped at a time limit has reached: the initial model's round 0 and a
     diverged round never count; nothing recorded yet is []."""
-    from bench.runs import best_so_far
+    from fedkey_bench.runs import best_so_far
 
     assert best_so_far(tmp_path) == []
     rows = [{"round": 0, "val_ppl": 10.0}, {"round": 1, "val_ppl": 300.0},
@@ -160,7 +160,7 @@ def test_where_a_run_ran_is_not_what_it_computes(tmp_path):
     """A run begun with trainer processes (`--workers 4`) continues as one stacked model on
     another device: its folder, processes, backend, device and kept checkpoints aside, the
     command is the same; any other flag makes it another run."""
-    from bench.runs import can_resume, what_it_computes
+    from fedkey_bench.runs import can_resume, what_it_computes
 
     base = "fedkey simulate --data d --rounds 50 --lr 1"
     begun = f"{base} --workers 4 --out runs/a --keep-checkpoints 2"

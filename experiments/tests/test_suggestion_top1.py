@@ -1,14 +1,14 @@
-"""`python -m bench.suggestion_top1`: top-1 / top-3 ranked over every token and over the words a
+"""`python -m fedkey_bench.suggestion_top1`: top-1 / top-3 ranked over every token and over the words a
 suggestion bar shows, for checkpoints and the 3-gram."""
 
 import torch
 
-from bench.suggestion_top1 import label, main
-from corpora.loaders import load_corpus
-from models.checkpoint import model_state, save_checkpoint
-from models.config import ModelConfig
-from models.model import LanguageModel
-from models.tokenizers import WordTokenizer
+from fedkey.corpora.loaders import load_corpus
+from fedkey.models.checkpoint import model_state, save_checkpoint
+from fedkey.models.config import ModelConfig
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import WordTokenizer
+from fedkey_bench.suggestion_top1 import label, main
 
 
 def test_the_bars_ranking_never_scores_below_the_models_own(tmp_path, capsys):

@@ -375,12 +375,12 @@
     drawChart();
   }
 
-  // The privacy block: what the served export records (export.metadata.privacy_facts), said as
+  // The privacy block: what the served export records (fedkey.export.metadata.privacy_facts), said as
   // it is: epsilon so far against the budget at its delta, rho-zCDP and the mechanism (gaussian,
   // or DP-FTRL's tree or BLT with its separation b), "none" without DP, "not recorded" for an old
   // export.
   const isNum = (x) => typeof x === "number" && isFinite(x);
-  // DP-FTRL's mechanisms (common.config.FTRL_MECHANISMS) as the panel names them.
+  // DP-FTRL's mechanisms (fedkey.common.config.FTRL_MECHANISMS) as the panel names them.
   const FTRL = { tree: "DP-FTRL tree aggregation", blt: "DP-FTRL BLT matrix factorization" };
   const sig = (x) => String(Number(x.toPrecision(3)));
   const sci = (x) => Number(x.toPrecision(3)).toExponential();
@@ -421,7 +421,7 @@
   // The round's bounding (info["clip"]): the update-norm clip, then (detail) the cap on a phone's
   // sample weight n_k and FedAtt's attention cap; "none (--bound off)" for the undefended arm.
   // Under DP no exact count (clipped updates, capped weights): the guarantee does not cover them
-  // (server.metrics_row.public_info), so an older export that recorded them does not show them.
+  // (fedkey.federation.metrics_row.public_info), so an older export that recorded them does not show them.
   function boundingText(p) {
     const main = [];
     const details = [];

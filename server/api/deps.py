@@ -14,9 +14,9 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
-from server import validation
-from server.coordinator import Coordinator
-from server.settings import MAX_WAIT
+from fedkey.federation.updates import validation
+from fedkey.server.coordinator import Coordinator
+from fedkey.server.settings import MAX_WAIT
 
 MAX_JSON_BODY = 65_536  # the enrollment and loss-report bodies (and a WebSocket message)
 

@@ -7,9 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from server import validation
-from server.api.deps import CoordinatorDep, OperatorAuthorizationDep, enroll_rate_limit, small_body
-from server.api.schemas import (
+from fedkey.federation.updates import validation
+from fedkey.server.api.deps import (
+    CoordinatorDep,
+    OperatorAuthorizationDep,
+    enroll_rate_limit,
+    small_body,
+)
+from fedkey.server.api.schemas import (
     FULL_DISK,
     STALLED,
     EnrollRequest,
@@ -20,8 +25,8 @@ from server.api.schemas import (
     errors,
     json_body,
 )
-from server.devices import DEVICE_NAME
-from server.enrollment import DEFAULT_TOKEN_TTL
+from fedkey.server.devices import DEVICE_NAME
+from fedkey.server.enrollment import DEFAULT_TOKEN_TTL
 
 router = APIRouter(tags=["devices"])
 

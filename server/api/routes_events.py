@@ -8,15 +8,15 @@ import contextlib
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
-from server.api.deps import CoordinatorDep
-from server.validation import ValidationError
+from fedkey.federation.updates.validation import ValidationError
+from fedkey.server.api.deps import CoordinatorDep
 
 router = APIRouter(tags=["events"])
 
 
 @router.websocket("/v1/events")
 async def events(ws: WebSocket, coordinator: CoordinatorDep):
-    """The events as published (under DP an allow-list, server.metrics_row.DP_EVENTS); with
+    """The events as published (under DP an allow-list, fedkey.federation.metrics_row.DP_EVENTS); with
     FEDKEY_OPERATOR_TOKEN set, only for `Authorization: Bearer <it>` (a 401 answer before the
     handshake otherwise)."""
     try:

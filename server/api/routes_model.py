@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
 from starlette.types import Message, Receive, Scope, Send
 
-from server.api.deps import AuthorizationDep, CoordinatorDep
-from server.api.schemas import OVERLOADED, errors
-from server.slots import acquire_within
+from fedkey.server.api.deps import AuthorizationDep, CoordinatorDep
+from fedkey.server.api.schemas import OVERLOADED, errors
+from fedkey.server.runtime.slots import acquire_within
 
 router = APIRouter(tags=["model"])
 log = logging.getLogger("fedkey.server")
@@ -36,7 +36,7 @@ YIELD_EVERY = 8
 #: Retry-After. The wait comes before the answer starts: until then nothing is promised, so the
 #: server can still say "busy", and a phone that gave up meanwhile costs only its wait. Waiting
 #: after the headers instead would buy nothing: the phones' reply timeout counts the headers and
-#: the body alike (60 s, device_sim.aphone / client; 120 s, bench.load_phones), and a phone
+#: the body alike (60 s, fedkey.device_sim.fleets.async_phone / client; 120 s, fedkey_bench.load_phones), and a phone
 #: waiting that long would be timed out mid-answer rather than told to come back. 30 s leaves
 #: such a phone half its 60 s for the 4.4 MB; a round's 1,000 downloads at once queue for a few
 #: seconds (each is about 3.3 ms of the loop's CPU to a fast reader).
@@ -48,7 +48,7 @@ BUSY_RETRY_AFTER = 5
 #: not at every slice (a move is about 3 us, a slice about 46 us). A reader that takes nothing is
 #: cut after between 0.9 and 1 times send_timeout.
 DEADLINE_SLACK = 0.1
-#: The ASGI scope extension through which the server (server.main.HeadLimitedHttpTools) shows a
+#: The ASGI scope extension through which the server (fedkey.server.main.HeadLimitedHttpTools) shows a
 #: response its connection's transport: ``scope["extensions"][TRANSPORT_EXTENSION]``, a dict of
 #: ``"abort"`` (abort the connection) and ``"write_paused"`` (whether the reader is behind:
 #: uvicorn's flow control holds the next send until the transport's buffer drains). ASGI has

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server.api.deps import CoordinatorDep, OperatorAuthorizationDep
-from server.api.schemas import Health, MetricsRows, errors, json_errors
+from fedkey.server.api.deps import CoordinatorDep, OperatorAuthorizationDep
+from fedkey.server.api.schemas import Health, MetricsRows, errors, json_errors
 
 router = APIRouter(tags=["ops"])
 

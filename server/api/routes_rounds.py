@@ -7,14 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
-from server.api.deps import (
+from fedkey.server.api.deps import (
     AuthorizationDep,
     CoordinatorDep,
     DeviceId,
     clamp_wait,
     small_body,
 )
-from server.api.schemas import (
+from fedkey.server.api.schemas import (
     FULL_DISK,
     OVERLOADED,
     STALLED,
@@ -26,7 +26,7 @@ from server.api.schemas import (
     errors,
     json_body,
 )
-from server.uploads import RECEIVE_WAIT
+from fedkey.server.upload_inbox import RECEIVE_WAIT
 
 router = APIRouter(tags=["rounds"])
 

@@ -2,7 +2,7 @@
 
 Answers are `response_model`s: the coordinator's dicts are validated against them and keep keys
 the model does not name (`extra="allow"`), so a field added on the coordinator's side is still
-answered. Request bodies are parsed by hand (server.validation: its messages are the contract);
+answered. Request bodies are parsed by hand (fedkey.federation.updates.validation: its messages are the contract);
 the request models only describe them in OpenAPI (`json_body`). Every error is an `ErrorBody`
 (`errors` lists a route's statuses for `responses=`).
 """
@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.config import Batching, Precision
-from server.devices import DEVICE_NAME
-from server.enrollment import DEFAULT_TOKEN_TTL, MAX_MINT, MAX_TTL
-from server.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
+from fedkey.common.config import Batching, Precision
+from fedkey.federation.updates.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
+from fedkey.server.devices import DEVICE_NAME
+from fedkey.server.enrollment import DEFAULT_TOKEN_TTL, MAX_MINT, MAX_TTL
 
 
 class _Answer(BaseModel):
@@ -25,7 +25,7 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-# -- requests (documented; parsed by server.validation and the coordinator) ------------------------
+# -- requests (documented; parsed by fedkey.federation.updates.validation and the coordinator) ------------------------
 
 
 class EnrollRequest(BaseModel):
@@ -116,7 +116,7 @@ class RevokeResponse(_Answer):
 
 
 class Task(_Answer):
-    """A selected device's task (common.task.RoundTask.to_json)."""
+    """A selected device's task (fedkey.common.task.RoundTask.to_json)."""
 
     local_epochs: int
     batch_size: int
@@ -190,9 +190,9 @@ RETRY_AFTER = {
 }
 
 
-#: The 408 of a body that stopped arriving (server.validation.BODY_IDLE_TIMEOUT), for `errors`.
+#: The 408 of a body that stopped arriving (fedkey.federation.updates.validation.BODY_IDLE_TIMEOUT), for `errors`.
 STALLED = "the body stalled: no bytes for 30 s (send it again)"
-#: The 507 of a write the full disk refused (server.nospace), for `errors`.
+#: The 507 of a write the full disk refused (fedkey.server.runtime.disk_full), for `errors`.
 FULL_DISK = "the server's disk is full: the {what} was not stored; retry after Retry-After"
 
 

@@ -8,10 +8,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from cli.options import canary_probes
-from models.canary import CanaryFormat
-from server.settings import Settings
+from fedkey.cli import app
+from fedkey.cli.options import canary_probes
+from fedkey.models.canary import CanaryFormat
+from fedkey.server.settings import Settings
 
 runner = CliRunner()
 TINY = ["--data", "demo", "--clients", "3", "--max-train-tokens", "1500",

@@ -11,10 +11,10 @@ import typer
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from cli import app
-from cli.errors import user_errors, validation_problems
-from runners.processes import free_port
-from server.settings import Settings
+from fedkey.cli import app
+from fedkey.cli.errors import user_errors, validation_problems
+from fedkey.runners.processes import free_port
+from fedkey.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -159,7 +159,7 @@ def test_phones_without_a_server_end_with_one_line():
     url = f"http://127.0.0.1:{free_port()}"
     args = ["devices", "--server", url, "--enrollment-secret", "x", "--retry-seconds", "1"]
     out = subprocess.run(
-        [sys.executable, "-m", "cli", *args, "--count", "2", "--workers", "0"],
+        [sys.executable, "-m", "fedkey", *args, "--count", "2", "--workers", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ import sys
 import typer
 from typer.testing import CliRunner
 
-from cli import app
+from fedkey.cli import app
 
 group = typer.main.get_command(app)
 paths = [[]]
@@ -49,7 +49,7 @@ def test_help_of_every_command_imports_no_torch():
 
 def test_python_dash_m_cli_is_the_fedkey_command():
     out = subprocess.run(
-        [sys.executable, "-m", "cli", "--help"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "fedkey", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
     for command in ("simulate", "server", "devices", "run", "demo", "audit"):

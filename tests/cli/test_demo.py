@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cli import demo
-from cli.errors import UserError
+from fedkey.cli import demo
+from fedkey.cli.errors import UserError
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def offline(name, root, **kw):
 def test_nus_sms_in_the_data_directory_is_used(empty_data_dir, monkeypatch):
     (empty_data_dir / "nus-sms").mkdir(parents=True)
     (empty_data_dir / "nus-sms" / "smsCorpus_en_xml_2015.03.09_all.zip").write_bytes(b"")
-    monkeypatch.setattr("corpora.datadir.fetch", offline)  # never asked
+    monkeypatch.setattr("fedkey.corpora.datadir.fetch", offline)  # never asked
     said: list[str] = []
     assert demo.demo_corpus("auto", said.append) == "nus-sms"
     assert said == []
@@ -30,14 +30,16 @@ def test_nus_sms_in_the_data_directory_is_used(empty_data_dir, monkeypatch):
 
 def test_nus_sms_is_fetched_when_absent(empty_data_dir, monkeypatch):
     fetched = []
-    monkeypatch.setattr("corpora.datadir.fetch", lambda name, root, **kw: fetched.append(name))
+    monkeypatch.setattr(
+        "fedkey.corpora.datadir.fetch", lambda name, root, **kw: fetched.append(name)
+    )
     said: list[str] = []
     assert demo.demo_corpus("auto", said.append) == "nus-sms"
     assert fetched == ["nus-sms"] and said == [f"fetching NUS SMS (2.4 MB) into {empty_data_dir}"]
 
 
 def test_offline_falls_back_to_the_demo_corpus_in_one_line(empty_data_dir, monkeypatch):
-    monkeypatch.setattr("corpora.datadir.fetch", offline)
+    monkeypatch.setattr("fedkey.corpora.datadir.fetch", offline)
     said: list[str] = []
     assert demo.demo_corpus("auto", said.append) == "demo"
     fallback = [line for line in said if "generated demo corpus" in line]
@@ -45,7 +47,7 @@ def test_offline_falls_back_to_the_demo_corpus_in_one_line(empty_data_dir, monke
 
 
 def test_asked_for_corpora(empty_data_dir, monkeypatch):
-    monkeypatch.setattr("corpora.datadir.fetch", offline)
+    monkeypatch.setattr("fedkey.corpora.datadir.fetch", offline)
     assert demo.demo_corpus("demo", print) == "demo"
     with pytest.raises(UserError, match="NUS SMS could not be fetched"):
         demo.demo_corpus("nus-sms", lambda line: None)
@@ -53,7 +55,7 @@ def test_asked_for_corpora(empty_data_dir, monkeypatch):
 
 def test_one_phone_per_sender_with_enough_messages():
     """The real corpus (tests/conftest.py points FEDKEY_DATA_DIR at ../shared/data)."""
-    from corpora.datadir import data_dir, is_present
+    from fedkey.corpora.datadir import data_dir, is_present
 
     if not is_present("nus-sms", data_dir()):
         pytest.skip("NUS SMS is not in the data directory")

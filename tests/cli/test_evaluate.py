@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from fedkey.cli import app
 
 runner = CliRunner()
 HELD_OUT = ["--data", "demo", "--max-eval-sentences", "60", "--ksr-sentences", "5"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx
 from typer.testing import CliRunner
 
-from cli import app
-from server.app import create_app
-from tests.support.http import make_settings
-from tests.support.keyboard import ThreadServer
+from fedkey.cli import app
+from fedkey.server.app import create_app
+from fedkey.testing.http import make_settings
+from fedkey.testing.keyboard import ThreadServer
 
 OPERATOR = "operator-token-0123456789"
 

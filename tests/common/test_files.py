@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from common import files
-from common.files import atomic_write, publish, write_temp
+from fedkey.common import files
+from fedkey.common.files import atomic_write, publish, write_temp
 
 
 def _fail(monkeypatch, name: str) -> None:

@@ -1,4 +1,4 @@
-"""The round task's JSON codec (common.task): the keys the HTTP contract names, a lossless round
+"""The round task's JSON codec (fedkey.common.task): the keys the HTTP contract names, a lossless round
 trip, and a ValueError naming the field for a task that is missing one or has it ill-typed."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from common.config import TrainConfig
-from common.task import TASK_KEYS, RoundTask
+from fedkey.common.config import TrainConfig
+from fedkey.common.task import TASK_KEYS, RoundTask
 
 TASK = RoundTask(
     train=TrainConfig(

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import DataConfig
-from corpora.dataset import load_cut
-from corpora.loaders import article_starts, load_corpus, load_text_dir
-from corpora.partition import by_article, partition
+from fedkey.common.config import DataConfig
+from fedkey.corpora.dataset import load_cut
+from fedkey.corpora.loaders import article_starts, load_corpus, load_text_dir
+from fedkey.corpora.partition import by_article, partition
 
 #: Three articles; the second holds a table whose legend renders as level-1 lines between text
 #: lines (as WikiText-2's hockey articles do), which are not titles.

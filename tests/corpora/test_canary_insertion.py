@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from common.config import DataConfig
-from corpora.dataset import device_shards, prepare, server_data
-from device_sim.config import FleetConfig
-from models.canary import CanaryFormat
-from server.settings import Settings
+from fedkey.common.config import DataConfig
+from fedkey.corpora.dataset import device_shards, prepare, server_data
+from fedkey.device_sim.config import FleetConfig
+from fedkey.models.canary import CanaryFormat
+from fedkey.server.settings import Settings
 
 CFG = DataConfig(
     data="demo", partition="iid", clients=5, max_train_tokens=4000, max_eval_sentences=100

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from corpora.loaders import (
+from fedkey.corpora.loaders import (
     Corpus,
     load_corpus,
     load_jsonl,
@@ -250,7 +250,7 @@ def test_load_corpus_errors(tmp_path):
 
 
 def test_a_prefix_of_a_user_corpus_holds_every_user():
-    """The splits interleave the users, so the caps of corpora.dataset.load_cut (a prefix of
+    """The splits interleave the users, so the caps of fedkey.corpora.dataset.load_cut (a prefix of
     each split) keep every user."""
     c = split_user_messages({u: [f"{u}{i}" for i in range(10)] for u in "abc"}, seed=0)
     assert set(c.train_users[:6]) == {"a", "b", "c"}  # type: ignore[index]

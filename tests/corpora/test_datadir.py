@@ -1,4 +1,4 @@
-"""The data directory and `fedkey data fetch` (corpora.datadir, cli/data.py): downloads from an
+"""The data directory and `fedkey data fetch` (fedkey.corpora.datadir, cli/data.py): downloads from an
 HTTP server on 127.0.0.1 serving small fixture files, with the URL and checksum overridden."""
 
 import hashlib
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from corpora.datadir import ChecksumError, MissingCorpus, corpus_path, data_dir, fetch
-from corpora.loaders import load_corpus
-from corpora.nus_sms import ZIP_NAME
+from fedkey.cli import app
+from fedkey.corpora.datadir import ChecksumError, MissingCorpus, corpus_path, data_dir, fetch
+from fedkey.corpora.loaders import load_corpus
+from fedkey.corpora.nus_sms import ZIP_NAME
 from tests.corpora.test_nus_sms import _timed, write_zip
 
 runner = CliRunner()
@@ -136,7 +136,7 @@ def test_an_irc_archive_past_its_bounds_is_refused_before_it_is_read_whole(
     _, sha = _irc_archive(folder)
     root = tmp_path / "data"
     monkeypatch.setenv("FEDKEY_DATA_DIR", str(root))
-    monkeypatch.setattr("corpora.datadir.IRC_MAX_KEPT", 10)
+    monkeypatch.setattr("fedkey.corpora.datadir.IRC_MAX_KEPT", 10)
     args = ["data", "fetch", "ubuntu-irc", "--url", f"{url}/irc.tar.gz", "--sha256", sha]
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "larger than the upstream archive" in result.output

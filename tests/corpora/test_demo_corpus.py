@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from corpora.demo import PERSONAS, demo_corpus
-from corpora.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
-from corpora.loaders import normalize_text
+from fedkey.corpora.demo import PERSONAS, demo_corpus
+from fedkey.corpora.demo.shared import SHARED_SLOTS, SHARED_TEMPLATES
+from fedkey.corpora.loaders import normalize_text
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The NUS SMS loader (corpora.nus_sms) on a small zip written here in the upstream format, and the
-per-sender rules it shares with the IRC loader (corpora.senders); one test reads the real zip."""
+"""The NUS SMS loader (fedkey.corpora.nus_sms) on a small zip written here in the upstream format, and the
+per-sender rules it shares with the IRC loader (fedkey.corpora.senders); one test reads the real zip."""
 
 import zipfile
 from collections import Counter
@@ -8,11 +8,11 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from corpora.datadir import MissingCorpus
-from corpora.loaders import load_corpus
-from corpora.nus_sms import ZIP_NAME, load_nus_sms, parse_time, read_messages
-from corpora.partition import partition
-from corpora.senders import SenderRules
+from fedkey.corpora.datadir import MissingCorpus
+from fedkey.corpora.loaders import load_corpus
+from fedkey.corpora.nus_sms import ZIP_NAME, load_nus_sms, parse_time, read_messages
+from fedkey.corpora.partition import partition
+from fedkey.corpora.senders import SenderRules
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from corpora.loaders import Corpus, split_user_messages
-from corpora.partition import (
+from fedkey.corpora.loaders import Corpus, split_user_messages
+from fedkey.corpora.partition import (
     block_labels,
     by_user,
     dirichlet,

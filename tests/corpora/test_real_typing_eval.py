@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from common.config import DataConfig, TrainConfig
-from corpora.dataset import load_cut
-from corpora.loaders import load_corpus
-from corpora.partition import partition
-from models.config import ModelConfig
-from runners.baselines import train_central, train_ngram
-from runners.simulate import SimulationConfig, simulate
-from server.config import FederationConfig
-from server.metrics_row import CONDITIONAL, undeclared
+from fedkey.cli import app
+from fedkey.common.config import DataConfig, TrainConfig
+from fedkey.corpora.dataset import load_cut
+from fedkey.corpora.loaders import load_corpus
+from fedkey.corpora.partition import partition
+from fedkey.federation.config import FederationConfig
+from fedkey.federation.metrics_row import CONDITIONAL, undeclared
+from fedkey.models.config import ModelConfig
+from fedkey.runners.baselines import train_central, train_ngram
+from fedkey.runners.simulate import SimulationConfig, simulate
 from tests.corpora.test_nus_sms import _timed, write_zip
 
 UNSEEN = ("unseen_test_ppl", "unseen_top1", "unseen_top3", "unseen_bar_top1", "unseen_bar_top3",

@@ -1,4 +1,4 @@
-"""The Ubuntu IRC loader (corpora.ubuntu_irc) on log files written here in the upstream format;
+"""The Ubuntu IRC loader (fedkey.corpora.ubuntu_irc) on log files written here in the upstream format;
 one test reads the real logs."""
 
 from collections import Counter
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from corpora.loaders import load_corpus
-from corpora.partition import partition
-from corpora.senders import SenderRules
-from corpora.ubuntu_irc import NAME, is_bot, load_ubuntu_irc, log_files, read_messages
+from fedkey.corpora.loaders import load_corpus
+from fedkey.corpora.partition import partition
+from fedkey.corpora.senders import SenderRules
+from fedkey.corpora.ubuntu_irc import NAME, is_bot, load_ubuntu_irc, log_files, read_messages
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -52,7 +52,7 @@ def test_only_people_s_messages_are_kept_with_addresses_replaced(tmp_path):
         ("alice", f"{NAME} it hangs at boot"),  # "bob2, " too: bob2 speaks in this log
         ("alice", "note : it worked yesterday"),  # "Note" is nobody here
         ("bob2", "try grub-install again"),  # a bare "alice:" is no message
-        ("bob2", "try grub-install again"),  # (repeats go later, in corpora.senders)
+        ("bob2", "try grub-install again"),  # (repeats go later, in fedkey.corpora.senders)
         ("alice", "it works now , thanks"),
         ("carol", "hello"),
     ]

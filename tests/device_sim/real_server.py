@@ -1,5 +1,5 @@
 """The real federation server for the phone tests (tests/device_sim, tests/ray): uvicorn in a
-thread on a loopback port, a tiny model on the demo corpus (tests.support.http.make_settings)."""
+thread on a loopback port, a tiny model on the demo corpus (fedkey.testing.http.make_settings)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import httpx
 import torch
 from safetensors.torch import load_file
 
-from device_sim.config import FleetConfig
-from runners.processes import free_port
-from server.main import build_server
-from tests.support.http import DATA, SECRET, make_settings
-from tests.support.wait import wait_for
+from fedkey.device_sim.config import FleetConfig
+from fedkey.runners.processes import free_port
+from fedkey.server.main import build_server
+from fedkey.testing.http import DATA, SECRET, make_settings
+from fedkey.testing.wait import wait_for
 
 
 @contextmanager

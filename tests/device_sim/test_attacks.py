@@ -1,4 +1,4 @@
-"""device_sim.attacks: the uploads of malicious phones, the backdoor's poisoned data and its probe."""
+"""fedkey.device_sim.attacks: the uploads of malicious phones, the backdoor's poisoned data and its probe."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from device_sim.attacks import (
+from fedkey.device_sim.attacks import (
     SIGNFLIP_FACTOR,
     BackdoorError,
     BackdoorProbe,
@@ -17,10 +17,10 @@ from device_sim.attacks import (
     poison_shard,
     trigger_contexts,
 )
-from device_sim.config import BackdoorConfig, FleetConfig
-from device_sim.pool import LocalTask
-from models.config import ModelConfig
-from models.tokenizers import WordTokenizer
+from fedkey.device_sim.config import BackdoorConfig, FleetConfig
+from fedkey.device_sim.training.process_pool import LocalTask
+from fedkey.models.config import ModelConfig
+from fedkey.models.tokenizers import WordTokenizer
 
 TEXT = [
     "the weather is lovely today",
@@ -72,7 +72,7 @@ def test_poisoned_shard_holds_trigger_then_target_sentences():
 
 
 def test_backdoor_task_poisons_the_shard_and_sets_the_attackers_epochs():
-    from common.config import TrainConfig
+    from fedkey.common.config import TrainConfig
 
     shard = [TOK.encode(s) for s in TEXT]
     task = LocalTask("device-9", shard, 7, ModelConfig(vocab_size=TOK.vocab_size), TrainConfig())
@@ -147,12 +147,12 @@ def test_a_backdoor_phone_over_http_uploads_its_boosted_poisoned_training():
     import httpx
     from safetensors.torch import load as st_load
 
-    from device_sim.client import DeviceClient
-    from device_sim.config import PhoneConfig
-    from device_sim.fleet import run_device
-    from device_sim.trainer import phone_round
-    from server.engine import client_seed
-    from tests.support.fake_server import (
+    from fedkey.device_sim.client.http import DeviceClient
+    from fedkey.device_sim.config import PhoneConfig
+    from fedkey.device_sim.fleets.thread_fleet import run_device
+    from fedkey.device_sim.training.trainer import phone_round
+    from fedkey.federation.engine import client_seed
+    from fedkey.testing.fake_server import (
         SECRET,
         TRAIN,
         FakeFederation,

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import TrainConfig
-from corpora.demo import demo_corpus
-from device_sim.trainer import train_local
-from models.checkpoint import build_model, model_state, save_checkpoint
-from models.config import Cell
-from models.model import ModelConfig
-from models.tokenizers import WordTokenizer
+from fedkey.common.config import TrainConfig
+from fedkey.corpora.demo import demo_corpus
+from fedkey.device_sim.training.trainer import train_local
+from fedkey.models.checkpoint import build_model, model_state, save_checkpoint
+from fedkey.models.config import Cell
+from fedkey.models.model import ModelConfig
+from fedkey.models.tokenizers import WordTokenizer
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ import json
 
 from typer.testing import CliRunner
 
-from cli import app
-from export.metadata import load_metadata
+from fedkey.cli import app
+from fedkey.export.metadata import load_metadata
 
 
 def test_export_command_writes_model_and_reports_int8(make_checkpoint, tmp_path):

@@ -9,10 +9,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export import onnx_export
-from export.metadata import load_metadata, read_embedded_metadata
-from export.onnx_export import ExportParityError, export_checkpoint
-from models.checkpoint import load_checkpoint
+from fedkey.export import onnx_export
+from fedkey.export.metadata import load_metadata, read_embedded_metadata
+from fedkey.export.onnx_export import ExportParityError, export_checkpoint
+from fedkey.models.checkpoint import load_checkpoint
 
 VARIANTS = [(c, n, t) for c in ("gru", "lstm") for n in (1, 2) for t in (True, False)]
 
@@ -117,7 +117,7 @@ def test_metadata_round_trips(make_checkpoint, tmp_path):
 
 
 def test_metadata_reader_does_not_import_torch(tmp_path):
-    code = "import sys, export.metadata; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fedkey.export.metadata; assert 'torch' not in sys.modules, 'torch imported'"
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
 
@@ -166,8 +166,8 @@ def test_int8_is_smaller_and_agrees(make_checkpoint, tmp_path, demo, cell, tied)
     assert np.isfinite(report.held_out_ppl_fp32) and np.isfinite(report.held_out_ppl_int8)
     assert abs(report.held_out_ppl_int8 / report.held_out_ppl_fp32 - 1) < 0.05
 
-    # The onnxruntime fp32 perplexity is models.metrics.evaluate's number.
-    from models.metrics import evaluate
+    # The onnxruntime fp32 perplexity is fedkey.models.metrics.evaluate's number.
+    from fedkey.models.metrics import evaluate
 
     model, tok, _ = load_checkpoint(ckpt)
     assert report.held_out_ppl_fp32 == pytest.approx(evaluate(model, tok, held_out)["ppl"], 1e-4)
@@ -187,7 +187,7 @@ def test_rejects_output_without_onnx_suffix(make_checkpoint, tmp_path):
 def test_metadata_names_the_corpus_and_the_best_round():
     """The metrics row's corpus ("data") and best round reach the export's metadata; other row
     fields and a value of the wrong type do not."""
-    from export.onnx_export import public_metadata
+    from fedkey.export.onnx_export import public_metadata
 
     base = {"model": {}, "tokenizer": {}, "round": 12, "strategy": "fedatt"}
     row = {"round": 12, "data": "nus-sms", "best_round": 12, "val_ppl": 80.0, "top1": 0.2}

@@ -1,11 +1,11 @@
-"""export.metadata.privacy_facts: what an export says about privacy, from checkpoint metadata
+"""fedkey.export.metadata.privacy_facts: what an export says about privacy, from checkpoint metadata
 in the shapes the server writes (and has written), never more than the checkpoint records."""
 
 from __future__ import annotations
 
 import math
 
-from export.metadata import privacy_facts
+from fedkey.export.metadata import privacy_facts
 
 
 def test_poisson_accountant_of_an_older_checkpoint():
@@ -48,7 +48,7 @@ def test_fixed_size_events_are_counted_as_rounds():
 
 
 def test_a_public_checkpoint_keeps_epsilon_but_not_the_accountant():
-    # models.checkpoint.public_bytes drops "server": epsilon is still known, delta is not.
+    # fedkey.models.checkpoint.public_bytes drops "server": epsilon is still known, delta is not.
     p = privacy_facts({"metrics": {"epsilon": 3.0}})
     assert p["dp"] is True and p["epsilon"] == 3.0 and p["delta"] is None
 
@@ -63,7 +63,7 @@ def test_infinite_epsilon_and_non_scalar_clip_fields():
 
 
 def test_under_dp_no_exact_count_or_norm_even_from_an_older_row():
-    # A DP row as the engine wrote it before server.metrics_row.public_info: exact counts, norms.
+    # A DP row as the engine wrote it before fedkey.federation.metrics_row.public_info: exact counts, norms.
     clip = {"mode": "dp", "scope": "model", "norm": 1.0, "clipped": 3, "median_norm": 1.67,
             "max_norm": 1.7, "weight_cap": 4, "capped_weights": 0, "trimmed": 0}  # fmt: skip
     info = {"num_updates": 3, "attention_cap": 0.58, "clip": clip, "dp": {"sampling": "fixed"}}

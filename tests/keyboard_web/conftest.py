@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
-from tests.support.keyboard import Models, export_model
+from fedkey.testing.browser import CHROMIUM, CHROMIUM_ARGS
+from fedkey.testing.keyboard import Models, export_model
 
 HIDDEN = 32
 TRAIN_SENTENCES = 3000
@@ -22,13 +22,13 @@ TRAIN_SENTENCES = 3000
 def models(tmp_path_factory) -> Models:
     import torch
 
-    from common.config import TrainConfig
-    from corpora.loaders import load_corpus
-    from device_sim.trainer import train_local
-    from models.checkpoint import model_state, save_checkpoint
-    from models.config import ModelConfig
-    from models.model import LanguageModel
-    from models.tokenizers import SentencePieceTokenizer, WordTokenizer
+    from fedkey.common.config import TrainConfig
+    from fedkey.corpora.loaders import load_corpus
+    from fedkey.device_sim.training.trainer import train_local
+    from fedkey.models.checkpoint import model_state, save_checkpoint
+    from fedkey.models.config import ModelConfig
+    from fedkey.models.model import LanguageModel
+    from fedkey.models.tokenizers import SentencePieceTokenizer, WordTokenizer
 
     root = tmp_path_factory.mktemp("kw-models")
     corpus = load_corpus("demo")

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from keyboard_web.app import ORT_DIST, create_app
-from keyboard_web.suggest import Suggester
-from tests.support.browser import CHROMIUM
-from tests.support.keyboard import ThreadServer, save_round
+from fedkey.keyboard_web.app import ORT_DIST, create_app
+from fedkey.keyboard_web.suggest import Suggester
+from fedkey.testing.browser import CHROMIUM
+from fedkey.testing.keyboard import ThreadServer, save_round
 
 pytestmark = [
     pytest.mark.slow,
@@ -229,7 +229,7 @@ def test_browser_mode_runs_the_model_in_wasm(page, models):
 def test_without_node_modules_browser_mode_says_why(browser, watch_dir, monkeypatch, tmp_path):
     from playwright.sync_api import expect
 
-    import keyboard_web.app as kw
+    import fedkey.keyboard_web.app as kw
 
     monkeypatch.setattr(kw, "ORT_DIST", tmp_path / "no-node-modules")
     with ThreadServer(kw.create_app(None, watch_dir=watch_dir)) as server:

@@ -1,4 +1,4 @@
-"""The keyboard under attack, on loopback under uvicorn (keyboard_web.limits): hundreds of
+"""The keyboard under attack, on loopback under uvicorn (fedkey.keyboard_web.limits): hundreds of
 WebSockets, some flooding, while a typist still gets every suggestion; a connection cap past
 which handshakes are refused; a frame larger than MAX_FRAME closes only its own connection."""
 
@@ -11,9 +11,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from keyboard_web.app import MAX_FRAME, UVICORN_LIMITS, create_app
-from keyboard_web.limits import BURST
-from tests.support.keyboard import ThreadServer
+from fedkey.keyboard_web.app import MAX_FRAME, UVICORN_LIMITS, create_app
+from fedkey.keyboard_web.limits import BURST
+from fedkey.testing.keyboard import ThreadServer
 
 ATTACKERS = 500
 FLOODERS = 50

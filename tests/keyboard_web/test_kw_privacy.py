@@ -1,5 +1,5 @@
 """The keyboard tells the truth about privacy: an export made from a checkpoint written the way
-server.engine writes it (the metrics row with "epsilon", the server state with the accountant)
+fedkey.federation.engine writes it (the metrics row with "epsilon", the server state with the accountant)
 carries epsilon so far, delta, the budget and the bounding to /api/info, /model.json and the
 events; without DP it says so; an export that never recorded it says "not recorded"."""
 
@@ -11,10 +11,10 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from keyboard_web.app import create_app
-from tests.support.keyboard import save_round
+from fedkey.keyboard_web.app import create_app
+from fedkey.testing.keyboard import save_round
 
-# info["clip"] as server.influence.bound_round reports it (a `fedkey simulate --strategy fedatt` row).
+# info["clip"] as fedkey.federation.influence.bounding.bound_round reports it (a `fedkey simulate --strategy fedatt` row).
 CLIP = {
     "mode": "adaptive",
     "median_norm": 0.42,
@@ -34,11 +34,11 @@ def engine_round(
     clip: dict | None = CLIP,
     tree: bool = False,
 ) -> tuple[dict, dict]:
-    """(metrics row, server state) of a FedAtt round `steps` as server.engine._record writes
+    """(metrics row, server state) of a FedAtt round `steps` as fedkey.federation.engine._record writes
     them; noise_multiplier None: no DP (no accountant, "epsilon": null); `tree`: DP-FTRL over
     200 phones with b = 10 and adaptive clipping (quantile 0.5), at the default delta."""
-    from server.dp_ftrl import TreeAccountant
-    from server.privacy import PrivacyAccountant
+    from fedkey.federation.privacy.gaussian import PrivacyAccountant
+    from fedkey.federation.privacy.tree import TreeAccountant
 
     info: dict = {
         "strategy": "fedatt",
@@ -125,7 +125,7 @@ def test_dp_export_reports_epsilon_so_far_the_budget_and_the_bounding(models, tm
         assert p["min_separation"] is None and p["adaptive_clip"] is None
         assert (p["noise_multiplier"], p["sampling"], p["steps"]) == (1.1, "fixed", 3)
         assert p["sampling_rate"] is None  # q means nothing for a fixed-size cohort
-        # Under DP the bound alone: no exact count or norm (server.metrics_row.public_info)
+        # Under DP the bound alone: no exact count or norm (fedkey.federation.metrics_row.public_info)
         assert p["clip"] == {"mode": "adaptive", "scope": "model", "norm": 0.84, "updates": 4,
                              "attention_cap": 0.23}  # fmt: skip
         assert p["dp_clip"] is None  # the clip summary says it all

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from keyboard_web.app import create_app
+from fedkey.keyboard_web.app import create_app
+from fedkey.testing.browser import CHROMIUM
+from fedkey.testing.keyboard import ThreadServer, save_round
 from tests.keyboard_web.test_kw_privacy import CLIP, engine_round
-from tests.support.browser import CHROMIUM
-from tests.support.keyboard import ThreadServer, save_round
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,7 +48,7 @@ def test_panel_shows_epsilon_budget_and_bounding_then_no_dp(browser, models, tmp
         expect(page.get_by_test_id("privacy-detail")).to_have_text(
             "noise multiplier 1.1 · fixed-size cohorts · 3 noised rounds"
         )
-        # Under DP no exact count (server.metrics_row.public_info), even if an export had one.
+        # Under DP no exact count (fedkey.federation.metrics_row.public_info), even if an export had one.
         expect(page.get_by_test_id("bounding")).to_have_text("adaptive clip, S = 0.84")
         expect(page.get_by_test_id("bounding-detail")).to_have_text("attention ≤ 0.23")
         expect(page.get_by_test_id("strategy")).to_have_text("fedatt")

@@ -10,10 +10,10 @@ import pytest
 from fastapi import FastAPI, Header, HTTPException, WebSocket, WebSocketDisconnect
 from fastapi.testclient import TestClient
 
-from keyboard_web.app import MAX_TEXT, ORT_DIST, create_app
-from runners.processes import free_port
-from tests.support.keyboard import ThreadServer, save_round
-from tests.support.wait import wait_for
+from fedkey.keyboard_web.app import MAX_TEXT, ORT_DIST, create_app
+from fedkey.runners.processes import free_port
+from fedkey.testing.keyboard import ThreadServer, save_round
+from fedkey.testing.wait import wait_for
 
 SPECIALS = {"<unk>", "<s>", "</s>"}
 
@@ -235,7 +235,7 @@ def fake_federation_server(asked: list[str]) -> FastAPI:
 
 def test_events_and_metrics_are_relayed_from_the_federation_server(models):
     """With the server's operator token the keyboard follows it, and passes on to the page what
-    its panel shows and nothing else (keyboard_web.upstream); a burst of page requests costs the
+    its panel shows and nothing else (fedkey.keyboard_web.upstream); a burst of page requests costs the
     federation server one GET /v1/metrics."""
     asked: list[str] = []
     with ThreadServer(fake_federation_server(asked)) as upstream:
@@ -273,7 +273,7 @@ def test_unreachable_federation_server_is_a_clear_502(models):
 
 
 def test_without_node_modules_browser_mode_is_unavailable(models, monkeypatch, tmp_path):
-    import keyboard_web.app as kw
+    import fedkey.keyboard_web.app as kw
 
     monkeypatch.setattr(kw, "ORT_DIST", tmp_path / "absent")
     with TestClient(kw.create_app(models.word)) as client:

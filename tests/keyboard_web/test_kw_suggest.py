@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from keyboard_web.suggest import (
+from fedkey.keyboard_web.suggest import (
     DEFAULT_MAX_CONTEXT,
     Suggester,
     SuggestError,
@@ -197,7 +197,7 @@ def test_context_is_capped(sugg):
 
 
 def test_split_text_follows_normalize_text():
-    from corpora.loaders import normalize_text
+    from fedkey.corpora.loaders import normalize_text
 
     assert split_text("Hello, World! ") == (["hello", ",", "world", "!"], "")
     assert split_text("See you T") == (["see", "you"], "t")
@@ -230,7 +230,7 @@ def test_info_reports_the_export(sugg):
 
 def test_serving_never_imports_torch():
     code = (
-        "import sys, keyboard_web.app, keyboard_web.suggest; "
+        "import sys, fedkey.keyboard_web.app, fedkey.keyboard_web.suggest; "
         "bad = [m for m in ('torch', 'safetensors') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -280,7 +280,7 @@ def test_javascript_port_splits_text_like_python():
 
 
 def test_int8_export_suggests_and_says_so(models, tmp_path):
-    from export.onnx_export import export_checkpoint
+    from fedkey.export.onnx_export import export_checkpoint
 
     out = tmp_path / "int8" / "model.onnx"
     export_checkpoint(models.checkpoint, out, int8=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 from websockets.asyncio.client import connect
 
-from runners.processes import free_port, wait_healthy
-from tests.support.tls import self_signed
+from fedkey.runners.processes import free_port, wait_healthy
+from fedkey.testing.tls import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_keyboard_serves_https(models, tmp_path, monkeypatch):
     cert, key = self_signed(tmp_path)
     port = free_port()
-    cmd = [sys.executable, "-m", "cli", "keyboard", "--model", str(models.word),
+    cmd = [sys.executable, "-m", "fedkey", "keyboard", "--model", str(models.word),
            "--tls-cert", str(cert), "--tls-key", str(key), "--port", str(port)]  # fmt: skip
     log = (tmp_path / "keyboard.log").open("a")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

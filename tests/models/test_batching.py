@@ -1,10 +1,10 @@
 import pytest
 
-from models import metrics
-from models.batching import IGNORE, batches
-from models.config import ModelConfig
-from models.model import LanguageModel
-from models.tokenizers import WordTokenizer
+from fedkey.models import metrics
+from fedkey.models.batching import IGNORE, batches
+from fedkey.models.config import ModelConfig
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import WordTokenizer
 
 
 def words_per_sentence(batch_list):

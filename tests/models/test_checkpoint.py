@@ -5,15 +5,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from models.checkpoint import (
+from fedkey.models.checkpoint import (
     CheckpointError,
     build_model,
     load_checkpoint,
     model_state,
     save_checkpoint,
 )
-from models.config import ModelConfig
-from models.tokenizers import WordTokenizer
+from fedkey.models.config import ModelConfig
+from fedkey.models.tokenizers import WordTokenizer
 
 TOK = WordTokenizer.build(["see you later", "see you soon"])
 
@@ -76,7 +76,7 @@ def test_not_a_checkpoint(tmp_path):
 def test_public_bytes_drop_the_servers_private_memory(tmp_path):
     from safetensors.torch import load
 
-    from models.checkpoint import public_bytes
+    from fedkey.models.checkpoint import public_bytes
 
     cfg = small()
     state = model_state(build_model(cfg))

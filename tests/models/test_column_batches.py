@@ -1,4 +1,4 @@
-"""The seed papers' code's batches and measure (models.batching.column_batches,
+"""The seed papers' code's batches and measure (fedkey.models.batching.column_batches,
 column_perplexity), checked against that code's own evaluation loop run on the collate of their
 PyTorch."""
 
@@ -7,11 +7,11 @@ import math
 import torch
 from torch import nn
 
-from models.batching import IGNORE, batches, column_batches
-from models.checkpoint import build_model
-from models.config import ModelConfig
-from models.metrics import column_perplexity
-from models.tokenizers import WordTokenizer
+from fedkey.models.batching import IGNORE, batches, column_batches
+from fedkey.models.checkpoint import build_model
+from fedkey.models.config import ModelConfig
+from fedkey.models.metrics import column_perplexity
+from fedkey.models.tokenizers import WordTokenizer
 
 TEXT = [
     "see you later",

@@ -6,16 +6,16 @@ import math
 import pytest
 import torch
 
-from models.canary import CanaryFormat, check_vocabulary
-from models.exposure import (
+from fedkey.models.canary import CanaryFormat, check_vocabulary
+from fedkey.models.exposure import (
     ExposureProbe,
     enumerate_log_probs,
     exposure,
     rank_among,
     sentence_log_probs,
 )
-from models.model import LanguageModel, ModelConfig
-from models.tokenizers import WordTokenizer
+from fedkey.models.model import LanguageModel, ModelConfig
+from fedkey.models.tokenizers import WordTokenizer
 
 FMT = CanaryFormat("my secret is _ _ _", ("one", "two", "three", "four", "five", "six"))
 TOK = WordTokenizer.build(["my secret is one two three four five six", "hello there"])

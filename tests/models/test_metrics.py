@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from models.config import ModelConfig
-from models.metrics import evaluate, keystroke_savings
-from models.model import LanguageModel
-from models.tokenizers import SentencePieceTokenizer, WordTokenizer
+from fedkey.models.config import ModelConfig
+from fedkey.models.metrics import evaluate, keystroke_savings
+from fedkey.models.model import LanguageModel
+from fedkey.models.tokenizers import SentencePieceTokenizer, WordTokenizer
 
 
 class FixedScores(nn.Module):
@@ -94,7 +94,7 @@ def test_sentencepiece_perplexity_is_per_word():
 
 
 def test_perplexity_past_the_float_range_is_inf_not_an_error():
-    from models.metrics import perplexity
+    from fedkey.models.metrics import perplexity
 
     assert perplexity(math.log(50.0)) == pytest.approx(50.0)
     assert perplexity(1000.0) == math.inf  # exp(1000): a model diverged by a x100 update

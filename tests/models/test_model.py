@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from models.config import ModelConfig
-from models.model import LanguageModel, num_parameters
+from fedkey.models.config import ModelConfig
+from fedkey.models.model import LanguageModel, num_parameters
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])

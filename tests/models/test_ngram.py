@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from models.ngram import KneserNey, PositionalUnigram
-from models.tokenizers import WordTokenizer
+from fedkey.models.ngram import KneserNey, PositionalUnigram
+from fedkey.models.tokenizers import WordTokenizer
 
 TRAIN = ["the cat sat on the mat", "the dog sat on the log", "a cat ate the fish"] * 3
 
@@ -87,7 +87,7 @@ def test_fedkey_ngram_positional_reports_the_column_measure(tmp_path):
 
     from typer.testing import CliRunner
 
-    from cli import app
+    from fedkey.cli import app
 
     out = tmp_path / "pos"
     args = ["ngram", "--data", "demo", "--positional", "--ksr-sentences", "0", "--out", str(out)]

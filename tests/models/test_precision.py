@@ -1,4 +1,4 @@
-"""Mixed precision (models.precision): the "auto" rule with the hardware probes mocked, and the
+"""Mixed precision (fedkey.models.precision): the "auto" rule with the hardware probes mocked, and the
 evaluator under bf16 against fp32 on a small trained model."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import warnings
 import pytest
 import torch
 
-from common.config import PRECISIONS, TrainConfig
-from device_sim.trainer import train_local
-from models import precision as mp
-from models.checkpoint import build_model, model_state
-from models.config import ModelConfig
-from models.metrics import column_perplexity, evaluate, keystroke_savings
-from models.tokenizers import WordTokenizer
+from fedkey.common.config import PRECISIONS, TrainConfig
+from fedkey.device_sim.training.trainer import train_local
+from fedkey.models import precision as mp
+from fedkey.models.checkpoint import build_model, model_state
+from fedkey.models.config import ModelConfig
+from fedkey.models.metrics import column_perplexity, evaluate, keystroke_savings
+from fedkey.models.tokenizers import WordTokenizer
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from models.tokenizers import (
+from fedkey.models.tokenizers import (
     SentencePieceTokenizer,
     WordTokenizer,
     build_tokenizer,

@@ -12,7 +12,7 @@ once Ray has read it, so a test that starts a local instance (which turns token 
 then joins this cluster needs the cluster to agree.
 
 Connect a driver with `connect(RayOptions(address=two_nodes.address))` and close the session at
-the end of the test (device_sim.ray_cluster); the cluster outlives it.
+the end of the test (fedkey.device_sim.ray_cluster); the cluster outlives it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from device_sim.ray_cluster import LOCALHOST
+from fedkey.device_sim.ray_cluster import LOCALHOST
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from corpora.dataset import prepare
-from device_sim.pool import LocalTask, run_task
-from device_sim.ray_cluster import RayOptions
-from device_sim.ray_pool import RayTrainerPool
-from models.checkpoint import build_model, model_state
-from runners.baselines import train_central
-from runners.simulate import SimulationConfig, simulate
-from server.engine import client_seed
-from tests.support.workload import DATA, FED, tiny
+from fedkey.corpora.dataset import prepare
+from fedkey.device_sim.ray_cluster import RayOptions
+from fedkey.device_sim.training.process_pool import LocalTask, run_task
+from fedkey.device_sim.training.ray_pool import RayTrainerPool
+from fedkey.federation.engine import client_seed
+from fedkey.models.checkpoint import build_model, model_state
+from fedkey.runners.baselines import train_central
+from fedkey.runners.simulate import SimulationConfig, simulate
+from fedkey.testing.workload import DATA, FED, tiny
 
 pytestmark = pytest.mark.slow
 

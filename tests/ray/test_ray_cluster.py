@@ -1,4 +1,4 @@
-"""device_sim.ray_cluster without a cluster: the errors a person sees, found fast (Ray itself
+"""fedkey.device_sim.ray_cluster without a cluster: the errors a person sees, found fast (Ray itself
 retries an address that does not answer for minutes)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from device_sim.backends import BACKENDS, make_backend
-from device_sim.ray_cluster import RayOptions, RayUnavailable, connect
-from runners.processes import free_port
+from fedkey.cli import app
+from fedkey.device_sim.ray_cluster import RayOptions, RayUnavailable, connect
+from fedkey.device_sim.training.backends import BACKENDS, make_backend
+from fedkey.runners.processes import free_port
 
 
 def test_an_address_where_nothing_listens_is_one_line_with_what_to_do():

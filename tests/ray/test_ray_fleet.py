@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from device_sim.fleet import run_fleet
+from fedkey.device_sim.fleets.thread_fleet import run_fleet
+from fedkey.testing.wait import wait_for
 from tests.device_sim.real_server import final_weights, fleet_config, real_server
-from tests.support.wait import wait_for
 
 ray = pytest.importorskip("ray")
 
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def trainers(two_nodes) -> Iterator:
-    """One trainer actor per node (device_sim.ray_pool), the driver connected to the cluster."""
-    from device_sim.ray_cluster import RayOptions
-    from device_sim.ray_pool import RayTrainerPool
+    """One trainer actor per node (fedkey.device_sim.training.ray_pool), the driver connected to the cluster."""
+    from fedkey.device_sim.ray_cluster import RayOptions
+    from fedkey.device_sim.training.ray_pool import RayTrainerPool
 
     pool = RayTrainerPool(RayOptions(address=two_nodes.address))
     try:
@@ -37,7 +37,7 @@ def trainers(two_nodes) -> Iterator:
 
 
 def test_a_fleet_over_two_nodes_gives_the_thread_fleets_weights(two_nodes, trainers, tmp_path):
-    from device_sim.ray_fleet import run_ray_fleet
+    from fedkey.device_sim.fleets.ray_fleet import run_ray_fleet
 
     with real_server(tmp_path / "threads", PHONES) as (url, storage):
         want_summary = run_fleet(fleet_config(url, PHONES), progress=False)
@@ -65,7 +65,7 @@ def test_a_fleet_over_two_nodes_gives_the_thread_fleets_weights(two_nodes, train
 
 
 def test_a_dead_phone_host_costs_only_its_phones(trainers, tmp_path, monkeypatch):
-    from device_sim import ray_fleet
+    from fedkey.device_sim.fleets import ray_fleet
 
     hosts: list = []
     start_hosts = ray_fleet.start_hosts

@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runners.processes import free_port
+from fedkey.runners.processes import free_port
 
 pytestmark = pytest.mark.slow
 

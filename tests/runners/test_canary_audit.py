@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-import runners.canary_audit as canary
-import runners.canary_report as canary_report
-from runners.canary_audit import AuditConfig, arms, canary_phone, run_audit, summarize
+import fedkey.runners.canary_audit as canary
+import fedkey.runners.canary_report as canary_report
+from fedkey.runners.canary_audit import AuditConfig, arms, canary_phone, run_audit, summarize
 
 CFG = AuditConfig(rounds=2, clients=20, dp_noise_multipliers=(1.0,))
 

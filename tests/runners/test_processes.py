@@ -1,4 +1,4 @@
-"""runners.processes: the child processes of `fedkey demo` and `fedkey run` log to files and stop
+"""fedkey.runners.processes: the child processes of `fedkey demo` and `fedkey run` log to files and stop
 together (terminate, then kill what ignores it), however the block that started them ends."""
 
 import contextlib
@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from runners.processes import ProcessError, ProcessGroup, listen_problem, wait_for, wait_healthy
+from fedkey.runners.processes import (
+    ProcessError,
+    ProcessGroup,
+    listen_problem,
+    wait_for,
+    wait_healthy,
+)
 
 PY = sys.executable
 SLEEPER = [PY, "-c", "import time; print('up', flush=True); time.sleep(600)"]
@@ -79,7 +85,7 @@ def test_a_sigterm_or_sighup_stops_the_group_as_ctrl_c_does(tmp_path, sig):
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from runners.processes import ProcessGroup\n"
+        "from fedkey.runners.processes import ProcessGroup\n"
         f"with ProcessGroup(Path({str(tmp_path)!r}), grace=5.0) as group:\n"
         f"    child = group.start('sleeper', {SLEEPER!r})\n"
         "    print(child.pid, flush=True)\n"

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from cli import app
+from fedkey.cli import app
 
 runner = CliRunner()
 FAST = [

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from device_sim.attacks import BackdoorError
-from device_sim.config import BackdoorConfig
-from runners.simulate import SimulationConfig, simulate
-from tests.support.workload import DATA, FED, tiny
+from fedkey.device_sim.attacks import BackdoorError
+from fedkey.device_sim.config import BackdoorConfig
+from fedkey.runners.simulate import SimulationConfig, simulate
+from fedkey.testing.workload import DATA, FED, tiny
 
 
 def run(tmp_path, **attack) -> list[dict]:
@@ -56,7 +56,7 @@ def test_a_backdoor_word_outside_the_vocabulary_is_refused_before_training(tmp_p
 
 
 def test_a_diverged_run_still_gets_its_perplexity_plot(tmp_path):
-    from server.storage import plot_perplexity
+    from fedkey.federation.storage import plot_perplexity
 
     rows = [
         {"round": 0, "val_ppl": 1874.6, "test_ppl": 1874.5},

@@ -7,7 +7,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from fedkey.cli import app
 
 runner = CliRunner(env={"FEDKEY_HIDDEN_SIZE": "16"})  # a tiny model (no flag: a Settings field)
 TINY = [

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from server.adaptive_clip import update_noise_multiplier
-from server.dp_ftrl import count_rho, tree_rho
+from fedkey.cli import app
+from fedkey.federation.privacy.adaptive_clip import update_noise_multiplier
+from fedkey.federation.privacy.tree import count_rho, tree_rho
 
 runner = CliRunner(env={"FEDKEY_HIDDEN_SIZE": "16"})  # a tiny model (no flag: a Settings field)
 TINY = [

@@ -7,9 +7,9 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from server.dp_blt import blt_rho, load_table, select_blt
-from server.dp_ftrl import tree_rho
+from fedkey.cli import app
+from fedkey.federation.privacy.blt import blt_rho, load_table, select_blt
+from fedkey.federation.privacy.tree import tree_rho
 
 runner = CliRunner(env={"FEDKEY_HIDDEN_SIZE": "16"})  # a tiny model (no flag: a Settings field)
 TINY = [

@@ -1,4 +1,4 @@
-"""`fedkey simulate` keeps a large round's uploads on disk (runners.spool): the same weights bit
+"""`fedkey simulate` keeps a large round's uploads on disk (fedkey.runners.spool): the same weights bit
 for bit as a round kept in memory, and no file left once the round is aggregated."""
 
 import json
@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import runners.spool as spool
-from cli import app
+import fedkey.runners.spool as spool
+from fedkey.cli import app
 
 ARGS = ["--data", "demo", "--clients", "8", "--fraction", "0.5", "--max-train-tokens", "6000",
         "--rounds", "2", "--local-epochs", "1", "--lr", "0.5", "--max-eval-sentences", "100",

@@ -1,4 +1,4 @@
-"""server.db.BatchWriter: enrollments arriving together are committed together, and each caller
+"""fedkey.server.db.BatchWriter: enrollments arriving together are committed together, and each caller
 still gets its own row's outcome."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from server.db import BatchWriter, Device, make_sessionmaker
+from fedkey.server.db import BatchWriter, Device, make_sessionmaker
 
 
 def _device(name: str) -> Device:

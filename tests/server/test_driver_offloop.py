@@ -13,10 +13,10 @@ import threading
 
 import pytest
 
-import server.driver
-import server.threads
-from tests.support.http import enroll_phones, make_settings, run_round, running, wait_round
-from tests.support.wait import wait_for
+import fedkey.server.round_driver
+import fedkey.server.runtime.worker_threads
+from fedkey.testing.http import enroll_phones, make_settings, run_round, running, wait_round
+from fedkey.testing.wait import wait_for
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_an_aggregated_rounds_uploads_are_deleted_off_the_event_loop(tmp_path, m
         calls.append((str(path), on_loop))
         return real_rmtree(path, *args, **kwargs)
 
-    monkeypatch.setattr(server.driver.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(fedkey.server.round_driver.shutil, "rmtree", rmtree)
     settings = make_settings(tmp_path, rounds=1, fraction=1.0, wait_devices=2)
     with running(settings) as client:
         phones = enroll_phones(client, 2)
@@ -54,11 +54,13 @@ def test_rounds_complete_in_one_thread_at_a_lower_cpu_priority_than_the_loop():
         return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)
 
     ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    pool = server.threads.aggregation_executor()
-    assert pool is server.threads.aggregation_executor()  # one for the process
+    pool = fedkey.server.runtime.worker_threads.aggregation_executor()
+    assert (
+        pool is fedkey.server.runtime.worker_threads.aggregation_executor()
+    )  # one for the process
     name, nice = pool.submit(priority).result(timeout=30)
     assert name.startswith("fedkey-aggregate")
-    assert nice == min(19, ours + server.threads.AGGREGATION_NICE)
+    assert nice == min(19, ours + fedkey.server.runtime.worker_threads.AGGREGATION_NICE)
     # this thread (the event loop's, in the server) keeps its priority
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
 
@@ -78,7 +80,7 @@ def test_the_loops_worker_threads_run_below_the_loops_priority(tmp_path):
     with running(make_settings(tmp_path, rounds=1, wait_devices=2)) as client:
         (_, loop_nice), (name, nice) = client.portal.call(loop_and_worker)
     assert name.startswith("fedkey-io")
-    assert nice == min(19, loop_nice + server.threads.IO_NICE)
+    assert nice == min(19, loop_nice + fedkey.server.runtime.worker_threads.IO_NICE)
 
 
 def test_no_view_offers_an_aggregated_rounds_task_while_its_uploads_are_deleted(
@@ -94,7 +96,7 @@ def test_no_view_offers_an_aggregated_rounds_task_while_its_uploads_are_deleted(
         release.wait(30)
         return real_rmtree(path, *args, **kwargs)
 
-    monkeypatch.setattr(server.driver.shutil, "rmtree", slow_rmtree)
+    monkeypatch.setattr(fedkey.server.round_driver.shutil, "rmtree", slow_rmtree)
     settings = make_settings(tmp_path, rounds=2, fraction=1.0, wait_devices=2)
     with running(settings) as client:
         phones = enroll_phones(client, 2)
@@ -123,7 +125,7 @@ def test_rounds_are_aggregated_in_a_child_process_below_the_servers_priority(tmp
         assert child is not None and child != os.getpid()
         ours = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, child) == min(
-            19, ours + server.threads.AGGREGATION_NICE
+            19, ours + fedkey.server.runtime.worker_threads.AGGREGATION_NICE
         )
         phones = enroll_phones(client, 2)
         wait_for(lambda: all(p.current()["state"] == "open" for p in phones))

@@ -6,7 +6,7 @@ afterwards the federation is intact: the global model, its checkpoint and the me
 they were, and after a restart the same round completes with real phones.
 
 The server is a real uvicorn on loopback (what a phone meets), with the tiny model on the demo
-corpus of the other server tests (tests.support.http), round 1 open and both phones selected. Two
+corpus of the other server tests (fedkey.testing.http), round 1 open and both phones selected. Two
 nudges take the fuzz past gates a schema cannot state: about half the enrollments carry the right
 secret, and about half of phone B's uploads its real update (so the X-Fedkey-* headers are fuzzed
 too, and an update can be taken). The run is bounded and the same every time: MAX_EXAMPLES generated cases per operation on top of
@@ -38,14 +38,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-import server.api.deps
-import server.views
-from runners.processes import free_port
-from server.app import create_app
-from server.main import build_server
-from server.settings import Settings
-from tests.support.http import SECRET, Phone, make_settings, shards, snapshot, wait_round
-from tests.support.wait import wait_for
+import fedkey.server.api.deps
+import fedkey.server.device_views
+from fedkey.runners.processes import free_port
+from fedkey.server.app import create_app
+from fedkey.server.main import build_server
+from fedkey.server.settings import Settings
+from fedkey.testing.http import SECRET, Phone, make_settings, shards, snapshot, wait_round
+from fedkey.testing.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def live_server(settings: Settings) -> Iterator[str]:
 
 
 def http_client(base: str) -> httpx.Client:
-    """An httpx.Client on `base`, for tests.support.http's phones and snapshots."""
+    """An httpx.Client on `base`, for fedkey.testing.http's phones and snapshots."""
     return httpx.Client(base_url=base, timeout=30)
 
 
@@ -159,8 +159,8 @@ def federation(tmp_path_factory) -> Iterator[Federation]:
         round_deadline=3600.0,
     )
     with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as running:
-        mp.setattr(server.api.deps, "MAX_WAIT", LONG_POLL)
-        mp.setattr(server.views, "MAX_WAIT", LONG_POLL)
+        mp.setattr(fedkey.server.api.deps, "MAX_WAIT", LONG_POLL)
+        mp.setattr(fedkey.server.device_views, "MAX_WAIT", LONG_POLL)
         base = running.enter_context(live_server(settings))
         client = running.enter_context(http_client(base))
         phones = [Phone(client, n, s).enroll() for n, s in shards(2).items()]

@@ -1,4 +1,4 @@
-"""The keyboard's export (server.global_model.GlobalModel): the round best on validation so far,
+"""The keyboard's export (fedkey.server.global_model.GlobalModel): the round best on validation so far,
 so a round that does worse never replaces the served model; every round with export_latest, or
 under DP."""
 
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from server import global_model
-from server.config import PrivacyConfig
-from server.events import EventBus
-from server.global_model import GlobalModel
+from fedkey.federation.config import PrivacyConfig
+from fedkey.server import global_model
+from fedkey.server.events import EventBus
+from fedkey.server.global_model import GlobalModel
 
 
 class FakeFederation:
@@ -31,7 +31,7 @@ class FakeFederation:
         return f"round {self.round}".encode()
 
     def finish_round(self, val_ppl: float) -> None:
-        """Round r recorded as server.engine._record does: `best` follows validation."""
+        """Round r recorded as fedkey.federation.engine._record does: `best` follows validation."""
         self.round += 1
         if self.best is None or val_ppl < self.best["val_ppl"]:
             self.best = {"round": self.round, "val_ppl": val_ppl}

@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from runners.processes import free_port, wait_healthy
-from server.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
+from fedkey.federation.updates.validation import NUM_SAMPLES_HEADER, TRAIN_LOSS_HEADER
+from fedkey.runners.processes import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "attack-suite-secret"
@@ -39,7 +39,7 @@ LIMITS = {
 
 def start_server(storage: Path, port: int) -> subprocess.Popen:
     cmd = [
-        sys.executable, "-m", "cli", "server", "--storage", str(storage), "--port", str(port),
+        sys.executable, "-m", "fedkey", "server", "--storage", str(storage), "--port", str(port),
         "--enrollment-secret", SECRET, "--data", "demo", "--max-train-tokens", "3000",
         "--max-eval-sentences", "20", "--ksr-sentences", "5", "--rounds", str(ROUNDS),
         "--fraction", "1.0", "--wait-devices", str(HONEST + 1), "--round-deadline", "15",

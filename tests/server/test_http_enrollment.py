@@ -1,4 +1,4 @@
-"""Device identity (server.enrollment, server.devices): single-use enrollment tokens the operator
+"""Device identity (fedkey.server.enrollment, fedkey.server.devices): single-use enrollment tokens the operator
 mints, a cap on enrolled devices (what a Sybil attack with the shared secret runs into), token
 expiry, and revocation, kept across a restart."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from tests.support.http import SECRET, make_settings, running
-from tests.support.wait import wait_for
+from fedkey.testing.http import SECRET, make_settings, running
+from fedkey.testing.wait import wait_for
 
 OPERATOR = "operator-token-0123456789"
 AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR}"}

@@ -9,14 +9,14 @@ import threading
 import httpx
 import pytest
 
-from runners.processes import SERVER_ENV, free_port, server_env
-from server import validation
-from server.app import MAX_JSON_BODY, _clamp_wait, create_app
-from server.main import HeadLimitedHttpTools, build_server
-from server.ratelimit import RateLimiter
-from server.settings import MAX_WAIT, Settings
-from tests.support.http import SECRET, enroll_phones, make_settings, running, snapshot
-from tests.support.wait import wait_for
+from fedkey.federation.updates import validation
+from fedkey.runners.processes import SERVER_ENV, free_port, server_env
+from fedkey.server.app import MAX_JSON_BODY, _clamp_wait, create_app
+from fedkey.server.main import HeadLimitedHttpTools, build_server
+from fedkey.server.runtime.rate_limit import RateLimiter
+from fedkey.server.settings import MAX_WAIT, Settings
+from fedkey.testing.http import SECRET, enroll_phones, make_settings, running, snapshot
+from fedkey.testing.wait import wait_for
 
 ENROLL_SHAPE = '{"enrollment_secret": str'
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.http import (
+from fedkey.testing.http import (
     enroll_phones,
     make_settings,
     metrics,
@@ -17,7 +17,7 @@ from tests.support.http import (
     snapshot,
     wait_round,
 )
-from tests.support.wait import wait_for
+from fedkey.testing.wait import wait_for
 
 
 def test_quorum_at_the_deadline_then_a_failed_attempt_is_rerun(tmp_path):

@@ -9,10 +9,10 @@ import asyncio
 import contextlib
 import threading
 
-import server.upload_store
-import server.uploads
-from tests.support.http import enroll_phones, make_settings, running
-from tests.support.wait import wait_for
+import fedkey.federation.updates.store
+import fedkey.server.upload_inbox
+from fedkey.testing.http import enroll_phones, make_settings, running
+from fedkey.testing.wait import wait_for
 
 
 @contextlib.contextmanager
@@ -29,7 +29,7 @@ def two_trained_phones(tmp_path):
 
 def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatch):
     inside, most, release = [0], [0], threading.Event()
-    real = server.upload_store.receive
+    real = fedkey.federation.updates.store.receive
 
     async def held(*args, **kwargs):  # counts the bodies being read; holds them until released
         inside[0] += 1
@@ -40,7 +40,7 @@ def test_a_second_upload_body_waits_until_the_first_is_read(tmp_path, monkeypatc
         finally:
             inside[0] -= 1
 
-    monkeypatch.setattr(server.upload_store, "receive", held)
+    monkeypatch.setattr(fedkey.federation.updates.store, "receive", held)
     with two_trained_phones(tmp_path) as (client, gate, phones):
         answers: dict[int, int] = {}
 
@@ -66,14 +66,14 @@ def test_an_upload_that_finds_no_slot_in_time_is_told_to_come_back(tmp_path, mon
     """Past RECEIVE_WAIT without a slot: 503 + Retry-After, nothing read or stored (a phone
     retries it); the same upload once the slot is free is received as usual."""
     release = threading.Event()
-    real = server.upload_store.receive
+    real = fedkey.federation.updates.store.receive
 
     async def held(*args, **kwargs):  # holds the one slot until released
         await asyncio.to_thread(release.wait, 60)
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(server.upload_store, "receive", held)
-    monkeypatch.setattr(server.uploads, "RECEIVE_WAIT", 0.5)
+    monkeypatch.setattr(fedkey.federation.updates.store, "receive", held)
+    monkeypatch.setattr(fedkey.server.upload_inbox, "RECEIVE_WAIT", 0.5)
     with two_trained_phones(tmp_path) as (client, gate, phones):
         first: list[int] = []
         holder = threading.Thread(target=lambda: first.append(phones[0].upload().status_code))

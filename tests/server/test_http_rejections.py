@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from tests.support.http import (
+from fedkey.testing.http import (
     SECRET,
     Phone,
     enroll_phones,
@@ -15,7 +15,7 @@ from tests.support.http import (
     snapshot,
     wait_round,
 )
-from tests.support.wait import wait_for
+from fedkey.testing.wait import wait_for
 
 
 def _save(state: dict) -> bytes:

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from server.driver import RoundDriver
-from tests.support.http import enroll_phones, make_settings, running, snapshot
-from tests.support.wait import wait_for
+from fedkey.server.round_driver import RoundDriver
+from fedkey.testing.http import enroll_phones, make_settings, running, snapshot
+from fedkey.testing.wait import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import create_engine, text
 
-from tests.support.http import (
+from fedkey.testing.http import (
     DATA,
     enroll_phones,
     make_settings,
@@ -15,7 +15,7 @@ from tests.support.http import (
     running,
     wait_round,
 )
-from tests.support.wait import wait_for
+from fedkey.testing.wait import wait_for
 
 
 def jsonl(storage):
@@ -63,8 +63,8 @@ def test_stop_mid_round_and_continue(tmp_path):
         wait_for(lambda: client.get("/healthz").json()["state"] == "finished")
 
     # the interrupted run equals an uninterrupted simulation, bit for bit
-    from common.config import DataConfig
-    from runners.simulate import SimulationConfig, simulate
+    from fedkey.common.config import DataConfig
+    from fedkey.runners.simulate import SimulationConfig, simulate
 
     out = tmp_path / "simulated"
     simulate(

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from starlette.testclient import WebSocketDenialResponse
 
-from common.task import TASK_KEYS
-from server.db import hash_token
-from server.metrics_row import DP_EVENTS, DP_ROW
-from tests.support.http import (
+from fedkey.common.task import TASK_KEYS
+from fedkey.federation.metrics_row import DP_EVENTS, DP_ROW
+from fedkey.server.db import hash_token
+from fedkey.testing.http import (
     SECRET,
     Phone,
     enroll_phones,
@@ -24,7 +24,7 @@ from tests.support.http import (
     shards,
     wait_round,
 )
-from tests.support.wait import wait_for
+from fedkey.testing.wait import wait_for
 
 OPERATOR = "op-s3cret-0123456789"
 
@@ -198,7 +198,7 @@ def test_long_poll_waits_for_a_change_and_misses_none(tmp_path):
 
 def test_under_dp_what_the_server_publishes_names_no_phone(tmp_path):
     """Which phones were selected and aggregated, what they were refused, and the scores on
-    their held-out text are not releases the accountant paid for (server.metrics_row.public_row,
+    their held-out text are not releases the accountant paid for (fedkey.federation.metrics_row.public_row,
     DP_EVENTS): GET /v1/metrics, the model devices download and the event stream of a DP run
     publish an allow-list, naming no phone even in a refusal's words; the server's own
     metrics.jsonl still has everything."""

@@ -25,11 +25,11 @@ import httpx
 import pytest
 import uvicorn
 
-from server.api import routes_model
-from server.main import build_server
-from server.settings import Settings
-from tests.support.http import make_settings
-from tests.support.wait import wait_for
+from fedkey.server.api import routes_model
+from fedkey.server.main import build_server
+from fedkey.server.settings import Settings
+from fedkey.testing.http import make_settings
+from fedkey.testing.wait import wait_for
 
 SEND_BUFFER = 16_384  # the server's sockets (the kernel doubles it)
 RECEIVE_BUFFER = 4_096  # the stalled reader's

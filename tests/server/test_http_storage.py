@@ -1,4 +1,4 @@
-"""The upload store (server.upload_store) and a full disk: uploads stream to disk and are read
+"""The upload store (fedkey.federation.updates.store) and a full disk: uploads stream to disk and are read
 back lazily; a full disk answers 507 with Retry-After, leaves nothing behind, never wedges a
 round, and the round completes once space is back."""
 
@@ -15,15 +15,16 @@ from safetensors.torch import save_file
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import OperationalError
 
-from models.checkpoint import public_bytes
-from server import driver, upload_store
-from server.app import create_app
-from server.db import Device, MetricRow, Receipt
-from server.influence import coordinate_range
-from server.nospace import out_of_space
-from server.upload_store import StoredState
-from tests.support.http import SECRET, enroll_phones, make_settings, running, wait_round
-from tests.support.wait import wait_for
+from fedkey.federation.influence.bounding import coordinate_range
+from fedkey.federation.updates import store as upload_store
+from fedkey.federation.updates.store import StoredState
+from fedkey.models.checkpoint import public_bytes
+from fedkey.server import round_driver as driver
+from fedkey.server.app import create_app
+from fedkey.server.db import Device, MetricRow, Receipt
+from fedkey.server.runtime.disk_full import out_of_space
+from fedkey.testing.http import SECRET, enroll_phones, make_settings, running, wait_round
+from fedkey.testing.wait import wait_for
 
 
 def _disk_full() -> OSError:
@@ -66,7 +67,9 @@ def test_trim_ranges_from_stored_updates_equal_those_in_memory(tmp_path, make_st
         path = tmp_path / f"c{i}.safetensors"
         save_file(c, str(path))
         stored.append(StoredState(path))
-    monkeypatch.setattr("server.influence.TRIM_CHUNK", 20)  # several slices per layer
+    monkeypatch.setattr(
+        "fedkey.federation.influence.bounding.TRIM_CHUNK", 20
+    )  # several slices per layer
     expected = coordinate_range(glob, clients, 2)
     got = coordinate_range(glob, stored, 2)
     assert expected.keys() == got.keys()
@@ -145,7 +148,7 @@ def test_a_failed_rename_takes_the_receipt_back(two_phones, monkeypatch):
     def broken(tmp, path):
         raise _disk_full()
 
-    monkeypatch.setattr("server.uploads.publish", broken)
+    monkeypatch.setattr("fedkey.server.upload_inbox.publish", broken)
     r = a.upload()
     assert r.status_code == 507, r.text
     assert _receipts(client) == []

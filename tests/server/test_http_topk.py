@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.config import DataConfig
-from runners.simulate import SimulationConfig, simulate
-from tests.support.http import (
+from fedkey.common.config import DataConfig
+from fedkey.runners.simulate import SimulationConfig, simulate
+from fedkey.testing.http import (
     DATA,
     enroll_phones,
     make_settings,
@@ -14,7 +14,7 @@ from tests.support.http import (
     running,
     wait_round,
 )
-from tests.support.wait import wait_for
+from fedkey.testing.wait import wait_for
 
 
 def simulated(tmp_path, settings, clients):

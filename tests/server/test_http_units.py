@@ -5,10 +5,10 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from common.config import TrainConfig
-from server.config import FederationConfig, PrivacyConfig
-from server.events import EventBus
-from server.settings import Settings
+from fedkey.common.config import TrainConfig
+from fedkey.federation.config import FederationConfig, PrivacyConfig
+from fedkey.server.events import EventBus
+from fedkey.server.settings import Settings
 
 
 def test_settings_from_the_environment(monkeypatch, tmp_path):

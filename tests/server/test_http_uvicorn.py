@@ -1,4 +1,4 @@
-"""The real thing: `python -m server.main` under uvicorn, SIGKILLed mid-round and restarted."""
+"""The real thing: `python -m fedkey.server.main` under uvicorn, SIGKILLed mid-round and restarted."""
 
 import json
 import os
@@ -12,16 +12,16 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from runners.processes import free_port
-from tests.support.http import SECRET, Phone, shards
-from tests.support.wait import wait_for
+from fedkey.runners.processes import free_port
+from fedkey.testing.http import SECRET, Phone, shards
+from fedkey.testing.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def start(env: dict, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.main"],
+        [sys.executable, "-m", "fedkey.server.main"],
         cwd=ROOT,
         env=env,
         stdout=log.open("ab"),

@@ -1,9 +1,9 @@
-"""/metrics shows a stalled event loop: fedkey_event_loop_lag_seconds (server.telemetry)."""
+"""/metrics shows a stalled event loop: fedkey_event_loop_lag_seconds (fedkey.server.runtime.prometheus)."""
 
 import time
 
-from tests.support.http import make_settings, running
-from tests.support.wait import wait_for
+from fedkey.testing.http import make_settings, running
+from fedkey.testing.wait import wait_for
 
 
 def lag_over(client, bound: str) -> float:

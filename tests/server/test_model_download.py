@@ -1,4 +1,4 @@
-"""GET /v1/model sends the checkpoint in slices (server.api.routes_model.ChunkedResponse), so a
+"""GET /v1/model sends the checkpoint in slices (fedkey.server.api.routes_model.ChunkedResponse), so a
 slow reader's transport never holds the whole 4.4 MB body: the bytes and Content-Length are those
 of the checkpoint, every write at most DOWNLOAD_CHUNK."""
 
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from server.api.routes_model import (
+from fedkey.server.api.routes_model import (
     DEADLINE_SLACK,
     DOWNLOAD_CHUNK,
     TRANSPORT_EXTENSION,
     YIELD_EVERY,
     ChunkedResponse,
 )
-from tests.support.http import make_settings, running
+from fedkey.testing.http import make_settings, running
 
 
 def test_a_body_goes_out_in_slices_with_its_content_length():

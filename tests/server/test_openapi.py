@@ -8,10 +8,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from common.task import TASK_KEYS
-from server.app import create_app
-from tests.support.http import enroll_phones, make_settings, run_round, running, wait_round
-from tests.support.wait import wait_for
+from fedkey.common.task import TASK_KEYS
+from fedkey.server.app import create_app
+from fedkey.testing.http import enroll_phones, make_settings, run_round, running, wait_round
+from fedkey.testing.wait import wait_for
 
 ERROR = {"$ref": "#/components/schemas/ErrorBody"}
 
@@ -166,7 +166,7 @@ def test_answers(doc):
         assert set(schema["properties"]) == fields, key
         assert schema["additionalProperties"] is True  # keys the model does not name are kept
     task = doc["components"]["schemas"]["Task"]
-    assert tuple(task["properties"]) == TASK_KEYS  # the task as common.task writes it
+    assert tuple(task["properties"]) == TASK_KEYS  # the task as fedkey.common.task writes it
     view = doc["components"]["schemas"]["RoundView"]["properties"]
     assert types(view["upload"]) == {"boolean", "null"}
     assert view["task"]["anyOf"][1] == {"type": "null"}

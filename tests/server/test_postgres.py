@@ -4,7 +4,7 @@ directory, listening on 127.0.0.1 on a free port only, trust auth, one fresh dat
 Debian's postgresql package puts initdb and pg_ctl in /usr/lib/postgresql/<version>/bin (CI installs
 it; .ci/run). initdb refuses to run as root: as root the cluster runs as the `postgres` user (or
 `nobody`) through runuser. Without initdb, or when the cluster does not start, the tests skip and
-say why. The cluster is tests.support.postgres.temp_cluster (the one `fedkey-bench load
+say why. The cluster is fedkey.testing.postgres.temp_cluster (the one `fedkey-bench load
 --database postgresql` starts), with durability off.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
-from server.db import MetricRow, make_sessionmaker
-from tests.support.http import (
+from fedkey.server.db import MetricRow, make_sessionmaker
+from fedkey.testing.http import (
     SECRET,
     Phone,
     enroll_phones,
@@ -30,8 +30,8 @@ from tests.support.http import (
     shards,
     wait_round,
 )
-from tests.support.postgres import FAST, Cluster, PostgresError, temp_cluster
-from tests.support.wait import wait_for
+from fedkey.testing.postgres import FAST, Cluster, PostgresError, temp_cluster
+from fedkey.testing.wait import wait_for
 
 BIG = 3_000_000_000  # more than a 32-bit INTEGER holds (2**31 - 1)
 

@@ -1,5 +1,5 @@
 """Issue 52: under DP a round's published ``info`` holds only what the guarantee covers
-(server.metrics_row.public_info): settings, functions of the clip and the cohort's size, and the
+(fedkey.federation.metrics_row.public_info): settings, functions of the clip and the cohort's size, and the
 noised statistics; no per-phone weight, no exact norm or count. Without DP the row is as it was,
 and the redaction changes no weight."""
 
@@ -11,9 +11,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from models.checkpoint import read_metadata
-from server.config import PrivacyConfig
-from server.metrics_row import (
+from fedkey.federation.config import PrivacyConfig
+from fedkey.federation.metrics_row import (
     COHORT_SIZE_KEYS,
     DP_INFO,
     DP_ROW,
@@ -23,7 +22,8 @@ from server.metrics_row import (
     public_info,
     public_row,
 )
-from tests.support.federation import seeded_updates
+from fedkey.models.checkpoint import read_metadata
+from fedkey.testing.federation import seeded_updates
 
 PHONES = 12
 DP = PrivacyConfig(clip_norm=0.05, noise_multiplier=1.0, delta=1e-5)
@@ -47,8 +47,8 @@ LEAKS = {"weights", "total_weight", "attention_mean", "attention_max", "attentio
 
 
 def make_fed(tmp_path, strategy: str, privacy: PrivacyConfig):
-    from server.config import FederationConfig
-    from tests.support.federation import tiny_federation
+    from fedkey.federation.config import FederationConfig
+    from fedkey.testing.federation import tiny_federation
 
     config = FederationConfig(
         strategy=strategy,  # type: ignore[arg-type]
@@ -148,7 +148,7 @@ def test_without_dp_the_row_is_as_before(tmp_path, strategy, monkeypatch):
     assert public_info(info, PrivacyConfig()) is info
     assert public_row(rows[-1], PrivacyConfig()) is rows[-1]  # the phones stay named
 
-    monkeypatch.setattr("server.engine.public_info", lambda info, privacy: info)
+    monkeypatch.setattr("fedkey.federation.engine.public_info", lambda info, privacy: info)
     plain = run(make_fed(tmp_path / "b", strategy, PrivacyConfig()))
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in (*rows, *plain)]
     assert strip[: len(rows)] == strip[len(rows) :]
@@ -158,11 +158,11 @@ def test_without_dp_the_row_is_as_before(tmp_path, strategy, monkeypatch):
 def test_the_redaction_changes_no_weight(tmp_path, strategy, privacy, monkeypatch):
     """The same DP run with the redaction switched off: the same global model and server state
     every round; only the published row differs (it held the clipped count then). One
-    passphrase for both runs: their noise is drawn alike (server.dp_secret)."""
+    passphrase for both runs: their noise is drawn alike (fedkey.federation.privacy.secret)."""
     privacy = replace(privacy, secret="compared runs")
     fed = make_fed(tmp_path / "a", strategy, privacy)
     rows = run(fed)
-    monkeypatch.setattr("server.engine.public_info", lambda info, privacy: info)
+    monkeypatch.setattr("fedkey.federation.engine.public_info", lambda info, privacy: info)
     raw = make_fed(tmp_path / "b", strategy, privacy)
     raw_rows = run(raw)
     assert fed.global_state.keys() == raw.global_state.keys()

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-from server.coordinator import ENROLLMENT_SECRET_FILE
-from server.db import make_engine
-from server.storage import RunStorage
-from tests.support.http import make_settings, running
+from fedkey.federation.storage import RunStorage
+from fedkey.server.coordinator import ENROLLMENT_SECRET_FILE
+from fedkey.server.db import make_engine
+from fedkey.testing.http import make_settings, running
 
 
 def mode(path) -> int:

@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from common.config import DataConfig, TrainConfig
-from models.config import ModelConfig
-from server.config import FederationConfig, PrivacyConfig, ServerOptConfig
-from server.settings import Settings
+from fedkey.common.config import DataConfig, TrainConfig
+from fedkey.federation.config import FederationConfig, PrivacyConfig, ServerOptConfig
+from fedkey.models.config import ModelConfig
+from fedkey.server.settings import Settings
 
 
 @pytest.fixture
@@ -50,14 +50,14 @@ def test_data_and_model_configs_are_the_dataclass_defaults(settings):
 
 @pytest.mark.parametrize("name", ["fedatt", "fedattopt", "fedmed"])
 def test_strategy_options_are_the_strategy_defaults(clean_env, name):
-    from server.strategies import get_strategy
+    from fedkey.federation.strategies import get_strategy
 
     params = Settings(strategy=name).strategy_params()
     assert get_strategy(name, **params).config() == get_strategy(name).config()
 
 
 def test_max_reach_is_fedattopts_and_reaches_its_strategy(clean_env):
-    from server.strategies import get_strategy
+    from fedkey.federation.strategies import get_strategy
 
     params = Settings(strategy="fedattopt", epsilon=100.0, max_reach=1.0).strategy_params()
     assert get_strategy("fedattopt", **params).max_reach == 1.0

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from device_sim.fleet import FleetConfig, run_fleet
-from runners.processes import free_port, wait_healthy
-from tests.support.tls import self_signed
+from fedkey.device_sim.fleets.thread_fleet import FleetConfig, run_fleet
+from fedkey.runners.processes import free_port, wait_healthy
+from fedkey.testing.tls import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "tls-secret"
@@ -25,7 +25,7 @@ def test_a_fleet_trains_over_https_and_checks_the_certificate(tmp_path, monkeypa
     cert, key = self_signed(tmp_path)
     port = free_port()
     cmd = [
-        sys.executable, "-m", "cli", "server", "--storage", str(tmp_path / "run"),
+        sys.executable, "-m", "fedkey", "server", "--storage", str(tmp_path / "run"),
         "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key),
         "--enrollment-secret", SECRET, "--data", "demo", "--max-train-tokens", "3000",
         "--max-eval-sentences", "20", "--ksr-sentences", "5", "--rounds", "1",

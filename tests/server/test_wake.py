@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from server.views import WAKE_BATCH, LongPolls
+from fedkey.server.device_views import WAKE_BATCH, LongPolls
 
 
 def test_a_transition_wakes_every_long_poll_a_batch_per_loop_iteration():

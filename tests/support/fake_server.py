@@ -1,5 +1,5 @@
 """A small fake federation server that follows the README contract, for the phone's HTTP client
-(tests/device_sim/test_client_http.py) and the phones and fleet (test_fleet_phones.py).
+(tests/device_sim/client/test_http.py) and the phones and fleet (test_fleet_phones.py).
 
 FakeFederation runs 2 rounds of a tiny GRU with the demo corpus's word tokenizer: enrollment,
 long-polled views, the model with an ETag, loss reports with a (optionally deferred) topK
@@ -27,15 +27,15 @@ from fastapi.responses import JSONResponse, Response
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from common.config import DataConfig, TrainConfig
-from common.task import RoundTask
-from corpora.dataset import device_shards, server_data
-from models.checkpoint import CheckpointError, check_state, model_state
-from models.config import ModelConfig
-from models.model import LanguageModel
-from runners.processes import free_port
-from server.engine import client_seed
-from tests.support.wait import wait_for
+from fedkey.common.config import DataConfig, TrainConfig
+from fedkey.common.task import RoundTask
+from fedkey.corpora.dataset import device_shards, server_data
+from fedkey.federation.engine import client_seed
+from fedkey.models.checkpoint import CheckpointError, check_state, model_state
+from fedkey.models.config import ModelConfig
+from fedkey.models.model import LanguageModel
+from fedkey.runners.processes import free_port
+from fedkey.testing.wait import wait_for
 
 SECRET = "s3cret"
 MAX_TRAIN_TOKENS = 3000

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from models.config import ModelConfig
-from models.tokenizers import WordTokenizer
-from server.config import FederationConfig
-from server.engine import Federation
-from server.storage import RunStorage
-from server.strategies import ClientUpdate
+from fedkey.federation.config import FederationConfig
+from fedkey.federation.engine import Federation
+from fedkey.federation.storage import RunStorage
+from fedkey.federation.strategies import ClientUpdate
+from fedkey.models.config import ModelConfig
+from fedkey.models.tokenizers import WordTokenizer
 
 
 def tiny_federation(

@@ -1,7 +1,7 @@
 """Helpers for the HTTP server tests: a tiny model on the demo corpus, phones driven by hand.
 
 No tests here; tests/server/test_http_* import from it. Phones train with the same
-`device_sim.trainer.phone_round` as `fedkey simulate`, on the same shards.
+`fedkey.device_sim.training.trainer.phone_round` as `fedkey simulate`, on the same shards.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from common.config import DataConfig
-from common.task import RoundTask
-from corpora.dataset import device_shards, server_data
-from device_sim.trainer import TrainResult, phone_round
-from models.config import ModelConfig
-from models.tokenizers import tokenizer_from_config
-from server.app import create_app
-from server.settings import Settings
-from tests.support.wait import wait_for
+from fedkey.common.config import DataConfig
+from fedkey.common.task import RoundTask
+from fedkey.corpora.dataset import device_shards, server_data
+from fedkey.device_sim.training.trainer import TrainResult, phone_round
+from fedkey.models.config import ModelConfig
+from fedkey.models.tokenizers import tokenizer_from_config
+from fedkey.server.app import create_app
+from fedkey.server.settings import Settings
+from fedkey.testing.wait import wait_for
 
 SECRET = "test-secret"
 

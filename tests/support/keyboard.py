@@ -6,8 +6,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.processes import free_port
-from tests.support.wait import wait_for
+from fedkey.runners.processes import free_port
+from fedkey.testing.wait import wait_for
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Models:
 
 
 def export_model(checkpoint: Path, out: Path) -> Path:
-    from export.onnx_export import export_checkpoint
+    from fedkey.export.onnx_export import export_checkpoint
 
     export_checkpoint(checkpoint, out)
     return out
@@ -38,8 +38,8 @@ def save_round(
     """Export the trained weights as round `round_idx` into dest_dir/model.onnx (+ .json).
 
     `metrics` (the round's metrics row) and `server` (the server state) replace the checkpoint's
-    defaults ({"val_ppl", "test_ppl"}, no server state), as server.engine writes them."""
-    from models.checkpoint import load_checkpoint, model_state, save_checkpoint
+    defaults ({"val_ppl", "test_ppl"}, no server state), as fedkey.federation.engine writes them."""
+    from fedkey.models.checkpoint import load_checkpoint, model_state, save_checkpoint
 
     model, tok, meta = load_checkpoint(models.checkpoint)
     ckpt = dest_dir.parent / f".ckpt-{dest_dir.name}-{round_idx}.safetensors"

@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL cluster: tests/server/test_postgres.py's, and that of the research
 harness's `fedkey-bench load --database postgresql` cells (issue 16), which loads this file from
-the checkout it runs from (experiments/bench/load.py).
+the checkout it runs from (experiments/fedkey_bench/load.py).
 
 Debian's initdb and pg_ctl (the postgresql package, /usr/lib/postgresql/<version>/bin) in a
 temporary directory, listening on 127.0.0.1 only on a free port, trust authentication, one fresh
@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from runners.processes import free_port
+from fedkey.runners.processes import free_port
 
 ROLE = "fedkey"
 DATABASE = "fedkey"

@@ -1,4 +1,4 @@
-"""Waiting on a condition with a deadline, for the tests: runners.processes.wait_for (the one
+"""Waiting on a condition with a deadline, for the tests: fedkey.runners.processes.wait_for (the one
 polling loop), failing the test when time runs out."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from runners.processes import wait_for as poll
+from fedkey.runners.processes import wait_for as poll
 
 T = TypeVar("T")
 

@@ -4,9 +4,9 @@ the local one), so they compare the same workload."""
 
 from __future__ import annotations
 
-from common.config import DataConfig, TrainConfig
-from models.config import ModelConfig
-from server.config import FederationConfig
+from fedkey.common.config import DataConfig, TrainConfig
+from fedkey.federation.config import FederationConfig
+from fedkey.models.config import ModelConfig
 
 DATA = DataConfig(data="demo", clients=4, max_train_tokens=1500, max_eval_sentences=20)
 FED = FederationConfig(

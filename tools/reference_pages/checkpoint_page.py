@@ -1,4 +1,4 @@
-"""reference/checkpoint.md: the checkpoint file (models.checkpoint.METADATA, the model config and
+"""reference/checkpoint.md: the checkpoint file (fedkey.models.checkpoint.METADATA, the model config and
 the model's tensors)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs,
 
 
 def checkpoint_reference() -> str:
-    """reference/checkpoint.md: what a checkpoint file holds (models.checkpoint)."""
+    """reference/checkpoint.md: what a checkpoint file holds (fedkey.models.checkpoint)."""
     import dataclasses
 
-    from models import checkpoint
-    from models.config import ModelConfig
+    from fedkey.models import checkpoint
+    from fedkey.models.config import ModelConfig
 
     config = ModelConfig.preset("small", 10_000)
     shapes = checkpoint.expected_shapes(config)

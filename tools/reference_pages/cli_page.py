@@ -14,7 +14,7 @@ def cli_commands() -> list[tuple[str, Any]]:
     order `fedkey --help` lists them."""
     import typer.main
 
-    from cli import app
+    from fedkey.cli import app
 
     root = typer.main.get_command(app)
     found: list[tuple[str, Any]] = []
@@ -67,7 +67,7 @@ def cli_reference() -> str:
         GENERATED_NOTE,
         "# Command line",
         "",
-        "Every command of `fedkey` (`python -m cli` is the same program), as `fedkey <command> "
+        "Every command of `fedkey` (`python -m fedkey` is the same program), as `fedkey <command> "
         "--help` prints it. Options marked with a `FEDKEY_*` variable can also be set by that "
         "environment variable; a flag wins over the variable.",
         "",

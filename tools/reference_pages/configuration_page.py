@@ -1,4 +1,4 @@
-"""reference/configuration.md: server.settings.Settings: every field, its FEDKEY_* variable, its
+"""reference/configuration.md: fedkey.server.settings.Settings: every field, its FEDKEY_* variable, its
 flag, type, default and meaning (the field's description, the flag's help or its comment)."""
 
 from __future__ import annotations
@@ -62,25 +62,25 @@ def _type_name(annotation: Any) -> str:
 
 
 def settings_fields() -> dict[str, Any]:
-    """server.settings.Settings's fields, name -> pydantic FieldInfo."""
-    from server.settings import Settings
+    """fedkey.server.settings.Settings's fields, name -> pydantic FieldInfo."""
+    from fedkey.server.settings import Settings
 
     return dict(Settings.model_fields)
 
 
 def configuration_reference() -> str:
     """reference/configuration.md: every Settings field."""
-    import server.settings
-    from server.settings import Settings
+    import fedkey.server.settings
+    from fedkey.server.settings import Settings
 
     prefix = str(Settings.model_config.get("env_prefix", "FEDKEY_"))
-    comments = _comments(Path(server.settings.__file__).read_text())
+    comments = _comments(Path(fedkey.server.settings.__file__).read_text())
     helps = _option_helps()
     lines = [
         GENERATED_NOTE,
         "# Configuration",
         "",
-        "`fedkey server` (and `python -m server.main`, which `fedkey run` starts) is configured by "
+        "`fedkey server` (and `python -m fedkey.server.main`, which `fedkey run` starts) is configured by "
         "one pydantic-settings class, `server/settings.py`. Every field is an environment "
         f"variable `{prefix}<NAME>`; the federation's options are also flags of `simulate`, "
         "`server` and `run`, with the same defaults (a flag wins over the variable). The flag "

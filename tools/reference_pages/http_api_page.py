@@ -1,4 +1,4 @@
-"""reference/http-api.md: the federation server's OpenAPI document (server.app.create_app), each
+"""reference/http-api.md: the federation server's OpenAPI document (fedkey.server.app.create_app), each
 route and the schemas it names, and the WebSocket routes OpenAPI leaves out."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs
 
 def openapi_document() -> dict[str, Any]:
     """The federation server's OpenAPI document, from an app built on a throwaway storage."""
-    from server.app import create_app
-    from server.settings import Settings
+    from fedkey.server.app import create_app
+    from fedkey.server.settings import Settings
 
     with tempfile.TemporaryDirectory() as storage:
         return create_app(Settings(storage=Path(storage))).openapi()
@@ -37,8 +37,8 @@ def _schema_text(schema: dict[str, Any] | None) -> str:
 def _websockets() -> Iterator[tuple[str, str]]:
     """(path, description) of the app's WebSocket routes, which OpenAPI leaves out: the
     description is the docstring of the module that defines each route."""
-    from server.app import create_app
-    from server.settings import Settings
+    from fedkey.server.app import create_app
+    from fedkey.server.settings import Settings
 
     with tempfile.TemporaryDirectory() as storage:
         app = create_app(Settings(storage=Path(storage)))

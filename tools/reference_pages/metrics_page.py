@@ -1,4 +1,4 @@
-"""reference/metrics.md: the fields of a metrics row (server.metrics_row), those of every row and
+"""reference/metrics.md: the fields of a metrics row (fedkey.federation.metrics_row), those of every row and
 those an option asks for."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs,
 
 
 def metrics_reference() -> str:
-    """reference/metrics.md: the fields of a metrics row (server.metrics_row)."""
-    from server import metrics_row
+    """reference/metrics.md: the fields of a metrics row (fedkey.federation.metrics_row)."""
+    from fedkey.federation import metrics_row
 
     lines = [
         GENERATED_NOTE,

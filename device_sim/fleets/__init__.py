@@ -1,0 +1,1 @@
+"""Fleets of phones over HTTP: threads on this machine, or asyncio tasks on Ray."""

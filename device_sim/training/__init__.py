@@ -1,0 +1,1 @@
+"""Where phones train: the local trainer and its backends (processes, Ray, stacked)."""

@@ -1,0 +1,1 @@
+"""The federation's algorithm: rounds, strategies, privacy, bounded influence, updates."""

@@ -1,0 +1,1 @@
+"""Differential privacy: the mechanisms, their accountants and the server's secret."""

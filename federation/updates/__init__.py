@@ -1,0 +1,1 @@
+"""Updates: stored on disk as they arrive, read back in slices, validated."""

@@ -1,0 +1,1 @@
+"""The service's plumbing: threads, slots, limits, admission, metrics, the collector."""
