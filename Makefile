@@ -55,7 +55,7 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# Which top-level packages each top-level package imports (tools/import_graph.py).
+# Which of fedkey's packages each package imports (tools/import_graph.py).
 imports: venv
 	$(PY) tools/import_graph.py
 

@@ -15,13 +15,13 @@
 
 The benchmarks are not part of the product: `fedkey-bench` (experiments/, installed beside it).
 
-Every subcommand has --help. The federation's options are defined once, from fedkey.server.settings
-(their defaults are the Settings defaults); every one can also be set by an environment variable
-FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
+Every subcommand has --help. The federation's options are declared once, as the fields of
+fedkey.server.settings.Settings: each flag's default, bounds and help are its field's; every one can
+also be set by an environment variable FEDKEY_<NAME> (for example FEDKEY_ROUNDS=20), flags winning.
 
-The package: options.py (the shared option tables; those of malicious phones in attack_options.py,
-of the training backend in backend_options.py), errors.py (every failure as one line),
-federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
+The package: options.py (the shared options, derived from Settings; those of malicious phones in
+attack_options.py, of the training backend in backend_options.py), errors.py (every failure as one
+line), federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
 keyboard, info, evaluate), operator.py (enroll-tokens, revoke: against a running server), demo.py,
 audit.py, data.py. Nothing here imports torch until a command runs, so --help is quick.
 """

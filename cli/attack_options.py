@@ -6,19 +6,21 @@ from __future__ import annotations
 import typer
 
 from fedkey.cli.errors import UserError
-from fedkey.device_sim.config import Attack, BackdoorConfig
+from fedkey.device_sim.config import Attack, BackdoorConfig, FleetConfig
 
 #: Malicious phones (fedkey.device_sim.attacks), for simulate, devices and run.
-_BACKDOOR = BackdoorConfig()
+_BACKDOOR, _FLEET = BackdoorConfig(), FleetConfig()
 ATTACKS = {
     "malicious": (
         int,
-        typer.Option(0, "--malicious", min=0, help="The last N phones (by name) attack."),
+        typer.Option(
+            _FLEET.malicious, "--malicious", min=0, help="The last N phones (by name) attack."
+        ),
     ),
     "attack": (
         Attack,
         typer.Option(
-            "scale",
+            _FLEET.attack,
             "--attack",
             help="scale: the update x100; signflip: x-10; backdoor: trained to suggest --backdoor-target after --backdoor-trigger, boosted by model replacement (Bagdasaryan et al. 2020); nan: a NaN tensor; shape: wrong tensors (the server refuses nan and shape). With backdoor, simulate reports the backdoor's success every round, also with --malicious 0.",
         ),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from fedkey.cli.errors import UserError, check_can_listen
-from fedkey.cli.options import DATA, FEDERATION, PHONES, TRAIN, check_url, tls_pair, with_options
+from fedkey.cli.options import PHONES, check_url, settings_group, tls_pair, with_options
 
 if TYPE_CHECKING:
     from fedkey.runners.rescore import Rescored
@@ -132,8 +132,9 @@ def info(
 
 
 @with_options(
-    {k: DATA[k] for k in ("data", "paper_protocol", "max_eval_sentences", "seed")},
-    {"ksr_sentences": FEDERATION["ksr_sentences"], "precision": TRAIN["precision"]},
+    settings_group(
+        "data", "paper_protocol", "max_eval_sentences", "seed", "ksr_sentences", "precision"
+    ),
     {"device": PHONES["device"], "partition": PHONES["partition"]},
 )
 def evaluate(

@@ -14,24 +14,22 @@ from fedkey.cli.errors import INTERRUPTED, UserError, check_can_listen
 from fedkey.cli.options import (
     CANARY,
     DATA,
-    FEDERATION,
     FLEET,
     MODEL,
     PHONES,
     ROUNDS,
+    SERVICE,
     SETTINGS_GROUPS,
-    TRAIN,
     build_settings,
     canary_probes,
     check_server_data,
     check_url,
-    opt,
     phone_data,
+    settings_group,
     tls_pair,
     with_options,
 )
 from fedkey.device_sim.config import FleetConfig
-from fedkey.federation.config import EnrollmentMode
 from fedkey.runners.processes import free_port
 
 
@@ -148,101 +146,13 @@ def simulate(
     _report_attack(rows)
 
 
-@with_options(*SETTINGS_GROUPS, ROUNDS)
-def server(
-    storage: Path = opt(
-        "storage",
-        "--storage",
-        help="Run directory: database, checkpoints/, metrics.jsonl, uploads.",
-    ),
-    host: str = opt("host", "--host", help="Interface to listen on."),
-    port: int = opt("port", "--port", help="Port to listen on (0: any free port)."),
-    tls_cert: Path | None = opt(
-        "tls_cert",
-        "--tls-cert",
-        help="Serve HTTPS with this certificate (PEM; phones check it against their trusted "
-        "certificates, or SSL_CERT_FILE's).",
-    ),
-    tls_key: Path | None = opt("tls_key", "--tls-key", help="The certificate's private key."),
-    enrollment_secret: str | None = typer.Option(
-        None,
-        "--enrollment-secret",
-        envvar="FEDKEY_ENROLLMENT_SECRET",
-        help="Devices present it to enroll (default: a random one, written to "
-        "STORAGE/enrollment_secret, readable by you alone).",
-    ),
-    enrollment: EnrollmentMode = opt(
-        "enrollment",
-        "--enrollment",
-        help="secret: devices enroll with the shared secret or a token minted by `fedkey "
-        "enroll-tokens`; tokens: with a minted token only, one device each.",
-    ),
-    max_devices: int | None = opt(
-        "max_devices",
-        "--max-devices",
-        min=1,
-        help="The most devices enrolled at once (403 past it); default: no cap.",
-    ),
-    device_token_ttl: float | None = opt(
-        "device_token_ttl",
-        "--device-token-ttl",
-        min=1.0,
-        help="Seconds a device's token works after it enrolls, then it enrolls again; default: "
-        "for ever.",
-    ),
-    wait_devices: int = opt(
-        "wait_devices",
-        "--wait-devices",
-        min=1,
-        help="Round 1 opens once this many devices have enrolled.",
-    ),
-    database_url: str | None = opt(
-        "database_url", "--database-url", help="SQLAlchemy URL (default: SQLite in --storage)."
-    ),
-    exit_when_done: bool = opt(
-        "exit_when_done", "--exit-when-done", help="Exit once the last round is recorded."
-    ),
-    export_dir: Path | None = opt(
-        "export_dir",
-        "--export-dir",
-        help="Export the global model to DIR/model.onnx (+ model.json) for the keyboard: a "
-        "round's model when its validation perplexity is the best so far.",
-    ),
-    export_latest: bool = opt(
-        "export_latest",
-        "--export-latest",
-        help="With --export-dir: export every round's model, better on validation or not.",
-    ),
-    max_samples: int = opt(
-        "max_samples",
-        "--max-samples",
-        min=1,
-        help="The largest sample count a phone may declare (422 past it).",
-    ),
-    **opts,
-) -> None:
+@with_options(SERVICE, *SETTINGS_GROUPS, ROUNDS)
+def server(**opts) -> None:
     """Run the federation server: devices enroll, train and upload over HTTP (docs/how-to/http-federation.md)."""
     from fedkey.server.main import serve
 
-    tls_pair(tls_cert, tls_key)
-    own = dict(
-        storage=storage,
-        host=host,
-        port=port,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        enrollment_secret=enrollment_secret,
-        enrollment=enrollment,
-        max_devices=max_devices,
-        device_token_ttl=device_token_ttl,
-        wait_devices=wait_devices,
-        database_url=database_url,
-        exit_when_done=exit_when_done,
-        export_dir=export_dir,
-        export_latest=export_latest,
-        max_samples=max_samples,
-    )
-    settings = build_settings({**opts, **own})
+    tls_pair(opts["tls_cert"], opts["tls_key"])
+    settings = build_settings(opts)
     check_server_data(settings)
     check_can_listen(settings.host, settings.port)
     serve(settings)
@@ -276,7 +186,7 @@ def fleet_config(url: str, count: int, secret: str, opts: dict, **extra) -> Flee
 
 
 @with_options(
-    {k: DATA[k] for k in ("data", "paper_protocol", "max_train_tokens", "seed")},
+    settings_group("data", "paper_protocol", "max_train_tokens", "seed"),
     PHONES,
     FLEET,
     ATTACKS,
@@ -401,8 +311,9 @@ def run(
 @with_options(
     DATA,
     MODEL,
-    {k: TRAIN[k] for k in ("batch_size", "lr", "momentum", "clip", "precision")},
-    {k: FEDERATION[k] for k in ("ksr_sentences", "lr_decay")},
+    settings_group(
+        "batch_size", "lr", "momentum", "clip", "precision", "ksr_sentences", "lr_decay"
+    ),
     PHONES,
     BACKEND,
 )
@@ -453,7 +364,7 @@ def train_central_cmd(
 
 @with_options(
     DATA,
-    {"ksr_sentences": FEDERATION["ksr_sentences"]},
+    settings_group("ksr_sentences"),
     {k: PHONES[k] for k in ("partition", "alpha")},
 )
 def ngram(

@@ -37,16 +37,16 @@ FTRL_MECHANISMS: tuple[DPMechanism, ...] = ("tree", "blt")
 
 @dataclass
 class TrainConfig:
-    """Local training on a phone: SGD with momentum over its private sentences."""
+    """Local training on a phone: SGD with momentum over its private sentences. What each field
+    means: the description of the Settings field that sets it (fedkey.server.settings)."""
 
     epochs: int = 5
     batch_size: int = 10  # sentences per batch, as in the seed papers
     lr: float = 1.0  # the seed papers' 0.01 learns far slower (experiments/results/README.md)
     momentum: float = 0.5
-    clip: float = 5.0  # gradient-norm clipping; 0 turns it off
-    max_len: int = 80  # longer sentences are cut into chunks (training only)
+    clip: float = 5.0
+    max_len: int = 80
     batching: Batching = "sentences"
-    # The forward's arithmetic; "auto" is resolved by each phone for its own hardware.
     precision: Precision = "auto"
 
     def __post_init__(self) -> None:
@@ -58,19 +58,20 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """The corpus, the server's tokenizer and how it is cut into the phones' shards."""
+    """The corpus, the server's tokenizer and how it is cut into the phones' shards (the fields
+    Settings has too are described there, fedkey.server.settings)."""
 
     data: str = "demo"  # "demo" or a directory (see fedkey.corpora.loaders.load_corpus)
-    paper_protocol: bool = False  # the seed papers' preprocessing: lowercase, split on " . ", ...
+    paper_protocol: bool = False
     tokenizer: TokenizerKind = "word"
     vocab_size: int = 10_000
     clients: int = 100
     partition: Scheme = "iid"
     alpha: float = 0.5  # Dirichlet concentration
-    max_train_tokens: int | None = None  # keep the first N training words (reduced CPU runs)
-    max_eval_sentences: int | None = None  # cap valid and test (reduced CPU runs)
+    max_train_tokens: int | None = None
+    max_eval_sentences: int | None = None
     seed: int = 0
-    tokenizer_text: str | None = None  # SentencePiece: public text the server holds
+    tokenizer_text: str | None = None
     # A memorization audit (fedkey.models.canary): `canary_repeats` copies of the sentence `canary` go
     # into the first phone's training shard, never into valid/test or the tokenizer's text.
     canary: str | None = None

@@ -109,7 +109,7 @@ def by_article(articles: Sequence[str], num_clients: int, seed: int) -> list[lis
     ``num_clients`` articles); a client's size is the sum of its articles' sizes, so sizes
     differ as articles do (WikiText-2 over 100 phones: 6 articles each, of unequal length). The
     text of one phone is a few topics, and phones differ in topic and size: the non-IID users
-    of issue 18, item 4, with no synthetic skew parameter.
+    a realistic federation wants, with no synthetic skew parameter.
     """
     groups: dict[str, list[int]] = {}
     for i, a in enumerate(articles):

@@ -1,1 +1,2 @@
-"""Simulated phones: corpora, partitioning into private shards, local training, the HTTP client."""
+"""Simulated phones: local training and its backends (training/), the HTTP client (client/), fleets
+of phones (fleets/), malicious phones and joining a Ray cluster."""

@@ -65,10 +65,10 @@ def scheduled_lr(lr: float, decay: float, round: int) -> float:
 class ServerOptConfig:
     name: ServerOptName = "none"
     lr: float = 1.0
-    momentum: float = 0.9  # FedAvgM's beta; Adam's beta1
+    momentum: float = 0.9
     beta2: float = 0.99  # Adam
     tau: float = 1e-3  # Adam's adaptivity (Reddi et al.'s epsilon)
-    lr_decay: float = 1.0  # round r steps with lr * lr_decay ** (r - 1)
+    lr_decay: float = 1.0
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -170,7 +170,7 @@ class PrivacyConfig:
     noise_multiplier: float = 1.0  # ... and add N(0, (z * sensitivity)^2) to the aggregate
     # epsilon is reported at this delta; None: 1 / N^1.1 for the N phones (production's choice)
     delta: float | None = None
-    target_epsilon: float | None = None  # stop the run once this budget is spent
+    target_epsilon: float | None = None
     sampling: DPSampling = "fixed"
     mechanism: DPMechanism = "gaussian"
     # tree, blt: two participations of one phone are at least this many rounds apart; None: the
@@ -195,6 +195,9 @@ class PrivacyConfig:
 
 @dataclass
 class FederationConfig:
+    """A federation's configuration; the fields Settings sets are described there
+    (fedkey.server.settings), as the flags' help."""
+
     strategy: StrategyName = "fedavg"
     label: str | None = None  # what metrics and checkpoints call the run (default: the strategy)
     strategy_params: dict = field(default_factory=dict)  # epsilon, norm, beta, selector, ...
@@ -205,13 +208,12 @@ class FederationConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     influence: InfluenceConfig = field(default_factory=InfluenceConfig)
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
-    lr_decay: float = 1.0  # round r trains with lr * lr_decay ** (r - 1)
+    lr_decay: float = 1.0
     eval_batch_size: int = 64
     # where the global model is evaluated each round: auto is the GPU where torch sees one (the
     # full PTB validation and test sets take ~25 s a round on one CPU thread, under 1 s there)
     eval_device: str = "auto"
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
-    # checkpoints kept on disk: 0 every round's; N the latest N rounds' and the best round's
     keep_checkpoints: int = 0
 
 

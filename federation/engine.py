@@ -1,6 +1,7 @@
 """The round engine: one implementation of a federated round, shared by every transport.
 
     plan_round()      the strategy selects a cohort and the task it is given
+                      (fedkey.federation.plan)
     choose_uploaders  (FedMed topK) which of the trained devices upload
     complete_round()  privacy -> aggregate -> evaluate -> checkpoint -> metrics row
 
@@ -17,19 +18,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from fedkey.common.config import TrainConfig
 from fedkey.common.files import atomic_write
-from fedkey.federation.config import FederationConfig, scheduled_lr
+from fedkey.federation.config import FederationConfig
 from fedkey.federation.influence.bounding import bound_round
 from fedkey.federation.metrics_row import public_info, public_row
+from fedkey.federation.plan import plan_round
 from fedkey.federation.privacy.round import RoundPrivacy
 from fedkey.federation.privacy.secret import RunSecret
 from fedkey.federation.seeds import (
@@ -52,15 +53,8 @@ from fedkey.models.model import LanguageModel
 from fedkey.models.precision import resolve_device, resolve_precision
 from fedkey.models.tokenizers import Tokenizer
 
-
-@dataclass
-class RoundPlan:
-    round: int
-    cohort: list[str]
-    train: TrainConfig
-    started: float
-    attempt: int = 0
-    population: int = 0  # how many phones the cohort was drawn from (the DP accountant's N)
+if TYPE_CHECKING:
+    from fedkey.federation.plan import RoundPlan
 
 
 @dataclass
@@ -178,34 +172,11 @@ class Federation:
     # -- one round -----------------------------------------------------------------------------
 
     def plan_round(self, available: list[str], attempt: int = 0) -> RoundPlan:
-        """The next round's cohort, drawn from `available` with an rng seeded by (seed, round),
-        or under DP keyed by the run's secret.
-
-        `attempt` > 0 re-plans a round that missed its quorum with a fresh draw.
-        """
-        r = self.round + 1
-        rng = self.privacy.selection_rng(r, attempt) or np.random.default_rng(
-            [self.config.seed, r] + ([attempt] if attempt else [])
-        )
-        self.privacy.observe(len(available))
-        # DP's cohort where its analysis fixes how it is drawn (the tree's rule, Poisson), else
-        # the strategy's. Strategies count rounds from 0; the engine's round 0 is the initial model.
-        cohort = self.privacy.cohort(r, sorted(available), rng)
-        if cohort is None:
-            cohort = sorted(self.strategy.select(r - 1, sorted(available), rng))
-        train = self.config.train
-        epochs = self.strategy.local_epochs_override
-        if epochs is not None:
-            train = replace(train, epochs=epochs)
-        if self.config.lr_decay != 1.0:
-            train = replace(train, lr=scheduled_lr(train.lr, self.config.lr_decay, r))
-        return RoundPlan(
-            round=r,
-            cohort=cohort,
-            train=train,
-            started=time.perf_counter(),
-            attempt=attempt,
-            population=len(available),
+        """The next round's cohort, drawn from `available`, and its task
+        (fedkey.federation.plan.plan_round); `attempt` > 0 re-plans a round that missed its
+        quorum with a fresh draw."""
+        return plan_round(
+            self.config, self.strategy, self.privacy, self.round + 1, available, attempt
         )
 
     def choose_uploaders(self, plan: RoundPlan, losses: dict[str, float]) -> list[str]:

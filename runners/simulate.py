@@ -49,7 +49,8 @@ from fedkey.device_sim.training.backends import Backend, TrainingBackend, make_b
 from fedkey.device_sim.training.process_pool import LocalTask
 from fedkey.device_sim.training.trainer import TrainResult
 from fedkey.federation.config import FederationConfig
-from fedkey.federation.engine import Federation, Probe, RoundPlan, client_seed
+from fedkey.federation.engine import Federation, Probe, client_seed
+from fedkey.federation.plan import RoundPlan
 from fedkey.federation.storage import RunStorage
 from fedkey.federation.strategies import ClientUpdate
 from fedkey.federation.updates.validation import ValidationError, check_finite, check_tensors

@@ -35,7 +35,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, get_args
 
 from fedkey.federation.config import AggregateIn
-from fedkey.federation.engine import Federation, FederationState, RoundPlan
+from fedkey.federation.engine import Federation, FederationState
+from fedkey.federation.plan import RoundPlan
 from fedkey.federation.strategies import ClientUpdate
 from fedkey.federation.updates.store import StoredState
 from fedkey.server.round_state import Upload

@@ -132,7 +132,7 @@ def build_server(settings: Settings, log_level: str = "info") -> uvicorn.Server:
         port=settings.port,
         workers=1,
         # httptools and uvloop: 26-32% less of the event loop's CPU per request than h11 and
-        # asyncio's loop (measured at 10,000 phones, issue 16); the head limit is ours (above).
+        # asyncio's loop (measured at 10,000 phones); the head limit is ours (above).
         http=head_limited(settings.max_header_bytes, settings.head_timeout),
         loop="uvloop",
         ws="websockets-sansio",

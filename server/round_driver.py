@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedkey.federation.engine import Federation, RoundPlan
+from fedkey.federation.engine import Federation
+from fedkey.federation.plan import RoundPlan
 from fedkey.federation.strategies.selection import cohort_size
 from fedkey.server.aggregator import Aggregator
 from fedkey.server.db import Attempt, MetricRow, Round

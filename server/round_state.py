@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
-from fedkey.federation.engine import RoundPlan
+from fedkey.federation.plan import RoundPlan
 from fedkey.federation.updates.validation import ValidationError
 
 

@@ -1,2 +1,3 @@
-"""fedkey's tests. A package, so that `fedkey.testing` is importable by its name (pytest puts the
-checkout on sys.path: `pythonpath = ["."]` in pyproject.toml)."""
+"""fedkey's tests, mirroring the product's folders. A package, so that a test can import another
+test's helpers by name (tests.federation.privacy.test_tree); the helpers several share are
+fedkey.testing (tests/support)."""

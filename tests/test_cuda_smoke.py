@@ -1,4 +1,4 @@
-"""The GPU path, wherever a GPU is visible (issue 18, item 2): nothing in it may be untested code.
+"""The GPU path, wherever a GPU is visible: nothing in it may be untested code.
 
 On a machine without CUDA every test here skips and says why. With one, they check what a user of
 `--device cuda` relies on: a phone trains on the GPU under fp32 and bf16 and uploads finite

@@ -43,7 +43,7 @@ def start_server(storage: Path, port: int, *args: str) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
-        "cli",
+        "fedkey",
         "server",
         "--storage",
         str(storage),

@@ -1,5 +1,6 @@
-"""The wheel: what `pip wheel .` builds holds the keyboard's page and the license, and not the
-research harness; installed into a fresh virtual environment, its `fedkey keyboard` serves the page.
+"""The wheel: what `pip wheel .` builds installs one top-level package, `fedkey`, holding the
+keyboard's page and the license, and not the research harness nor the tests' helpers; installed into
+a fresh virtual environment, `python -m fedkey` answers and its `fedkey keyboard` serves the page.
 
 The wheel is built from a copy of the source tree (the files git tracks or would track), so a
 stale build/ or egg-info in the checkout can neither add to it nor be left behind by it. The fresh
@@ -30,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STATIC = ("index.html", "app.js", "suggest.js", "style.css")
 TITLE = "<title>fedkey"
 WHERE = (
-    "import importlib.util, keyboard_web; "
-    "print(keyboard_web.__file__); print(importlib.util.find_spec('cli').origin)"
+    "import importlib.util, fedkey.keyboard_web; "
+    "print(fedkey.keyboard_web.__file__); print(importlib.util.find_spec('fedkey.cli').origin)"
 )
 
 
@@ -44,7 +45,10 @@ def _source_copy(dest: Path) -> Path:
     ).stdout.split(b"\0")
     for name in filter(None, (n.decode() for n in listed)):
         src = ROOT / name
-        if src.is_file():  # a tracked file deleted in the work tree is not copied
+        if src.is_symlink():  # fedkey/server -> ../server: the namespace's links, kept as links
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).symlink_to(os.readlink(src))
+        elif src.is_file():  # a tracked file deleted in the work tree is not copied
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
@@ -89,13 +93,18 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_holds_the_page_and_the_license_and_not_the_harness(wheel):
+def test_the_wheel_installs_one_package_with_the_page_and_the_license(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         meta = z.read(metadata).decode()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"fedkey"}, f"the wheel adds more than fedkey to site-packages: {sorted(tops)}"
+    assert "fedkey/federation/privacy/blt_params.json" in names
+    assert not [n for n in names if "__pycache__" in n or n.startswith("fedkey/testing/")]
     for f in STATIC:
-        assert f"keyboard_web/static/{f}" in names, f"keyboard_web/static/{f} not in the wheel"
+        path = f"fedkey/keyboard_web/static/{f}"
+        assert path in names, f"{path} not in the wheel"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "License-Expression: Apache-2.0" in meta
     assert "License-File: LICENSE" in meta
@@ -152,6 +161,8 @@ def test_the_installed_keyboard_serves_its_page(wheel, tmp_path):
     ).stdout.split()
     for f in where:
         assert Path(f).resolve().is_relative_to(venv.resolve()), f"imported from {f}, not the wheel"
+    usage = _run([str(py), "-m", "fedkey", "--help"], cwd=away, env=env).stdout
+    assert "simulate" in usage and "keyboard" in usage
 
     model = _tiny_model(tmp_path)
     port = _free_port()

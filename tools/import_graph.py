@@ -1,18 +1,18 @@
-"""Print which top-level packages each top-level package imports directly (`make imports`).
+"""Print which of fedkey's packages each package imports directly (`make imports`).
 
     python tools/import_graph.py [PACKAGE ...]
 
-Run from the repository root. Without arguments the packages are import-linter's root_packages
-in pyproject.toml, in its layer order. A line reads `server -> common (8), export (1)`: there are
-8 distinct (importing module, imported module) pairs from `server` to `common`. Every import
-counts, function-level ones and those under `if TYPE_CHECKING` included, as import-linter counts
-them. The graph is grimp's, the library import-linter checks its contracts with; a package that
-is a single module (cli.py before it became cli/) is read with `ast`, as grimp reads the others.
+Run from the repository root. Without arguments the packages are the layers of import-linter's
+layers contract in pyproject.toml (fedkey.cli, fedkey.runners, ...), in their order. A line reads
+`server -> federation (12), common (8)`: there are 12 distinct (importing module, imported module)
+pairs from fedkey.server to fedkey.federation. Every import counts, function-level ones and those
+under `if TYPE_CHECKING` included, as import-linter counts them: the graph is grimp's, the library
+import-linter checks its contracts with.
 """
 
 from __future__ import annotations
 
-import ast
+import re
 import sys
 import tomllib
 from collections import Counter
@@ -20,52 +20,42 @@ from pathlib import Path
 
 import grimp
 
+NAMESPACE = "fedkey"
 
-def root_packages(pyproject: Path = Path("pyproject.toml")) -> list[str]:
+
+def layer_packages(pyproject: Path = Path("pyproject.toml")) -> list[str]:
+    """The packages of the layers contract, top layer first (`a | b` is two packages)."""
     with pyproject.open("rb") as f:
-        packages: list[str] = tomllib.load(f)["tool"]["importlinter"]["root_packages"]
-    return packages
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return [p for layer in layers for p in re.split(r"\s*\|\s*", layer)]
 
 
-def module_imports(path: Path, known: set[str]) -> set[str]:
-    """The modules a single-file module imports (`from a import b` is a.b where that is a module)."""
-    imported: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                name = f"{node.module}.{alias.name}"
-                imported.add(name if name in known else node.module)
-    return imported
-
-
-def top_level_imports(packages: list[str]) -> dict[str, Counter[str]]:
+def package_imports(packages: list[str]) -> dict[str, Counter[str]]:
     """package -> Counter of the other packages it imports, by (importer, imported) module pairs."""
     sys.path.insert(0, str(Path.cwd()))
-    single = [p for p in packages if not Path(p, "__init__.py").exists()]
-    # External packages are kept (as their top-level name): a single-file module is one of them.
-    graph = grimp.build_graph(
-        *[p for p in packages if p not in single], include_external_packages=True
-    )
-    imports = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
-    for module in single:
-        imports[module] = module_imports(Path(f"{module}.py"), graph.modules)
+    graph = grimp.build_graph(NAMESPACE)
     edges: dict[str, Counter[str]] = {p: Counter() for p in packages}
-    for module, imported_modules in imports.items():
-        importer = module.split(".")[0]
+    for module in graph.modules:
+        importer = _package(module)
         if importer not in edges:
-            continue  # an external package
-        for imported in imported_modules:
-            target = imported.split(".")[0]
+            continue
+        for imported in graph.find_modules_directly_imported_by(module):
+            target = _package(imported)
             if target != importer and target in edges:
                 edges[importer][target] += 1
     return edges
 
 
+def _package(module: str) -> str:
+    """fedkey.server.api.deps -> server."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == NAMESPACE else ""
+
+
 def main(argv: list[str]) -> None:
-    packages = argv or root_packages()
-    edges = top_level_imports(packages)
+    packages = argv or layer_packages()
+    edges = package_imports(packages)
     width = max(len(p) for p in packages)
     for package in packages:
         # In the order given (the layer order by default): what a package imports reads

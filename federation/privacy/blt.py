@@ -72,7 +72,7 @@ longer than every entry is refused in one line naming the command that computes 
 
 What it assumes: what the tree assumes (fedkey.federation.privacy.tree): the noise's secret is secret, which phones
 are available and drop out does not depend on their data, and the rule above is enforced
-(fedkey.federation.privacy.round.RoundPrivacy.cohort) with b fixed for the run.
+(fedkey.federation.privacy.ftrl.FTRLMechanism.cohort) with b fixed for the run.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class BLTNoise:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         self.secret = secret
         self.noise_multiplier = float(noise_multiplier)
-        self.blt = blt  # fixed with the run's b (fedkey.federation.privacy.round)
+        self.blt = blt  # fixed with the run's b (fedkey.federation.privacy.ftrl)
         self.sensitivities: list[float] = []  # Delta_t of rounds 1..t
         self._buffers: StateDict | None = None  # key -> (d, *shape), after self._stepped rounds
         self._stepped = 0

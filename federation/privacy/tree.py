@@ -79,7 +79,7 @@ what z alone costs. Delta defaults to ``1 / N^1.1`` for N phones (fedkey.federat
 
 What it assumes: the noise is drawn on the server from a secret (fedkey.federation.privacy.secret); which phones are
 available and which drop out do not depend on their data; the rule above is what the server
-enforces (fedkey.federation.privacy.round.RoundPrivacy.cohort), with ``b`` fixed for the run.
+enforces (fedkey.federation.privacy.ftrl.FTRLMechanism.cohort), with ``b`` fixed for the run.
 """
 
 from __future__ import annotations

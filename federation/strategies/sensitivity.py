@@ -60,7 +60,7 @@ Attention computed from the released (noised) aggregates and the public model al
 free (post-processing) but sees no phone, so it cannot weigh phones at all: a server optimizer,
 not FedAtt. Poisson cohorts could take the fixed denominator ``q N`` instead of ``m``
 (add/remove-one ``step * S / (q N)``, the mean's times the step); fedkey.federation.config.dp_problem still
-refuses attention there, and fedkey.federation.privacy.round's Poisson path declares the mean's.
+refuses attention there, and fedkey.federation.privacy.dp_fedavg's Poisson path declares the mean's.
 
 **FedAttOpt's step** (Jiang et al. 2020, eq. 7; gradient in
 :class:`fedkey.federation.strategies.aggregate.AttOptGradient`): ``Delta_out = -eps * grad`` with

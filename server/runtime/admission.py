@@ -5,7 +5,7 @@ sockets. Phones do not arrive evenly: at 10,000 phones the requests of a round's
 a fake-phone driver's processes each getting the CPU back) came in bursts of 600-960 in one
 iteration, each about 0.4 ms of FastAPI's routing, dependencies and handler before its first
 await, so one iteration ran 0.1-0.3 s while a /healthz that came with them waited for its end
-(issue 16, a trace of the loop's iterations). The long-poll wake-ups (fedkey.server.devices.WAKE_BATCH)
+(a trace of the loop's iterations). The long-poll wake-ups (fedkey.server.devices.WAKE_BATCH)
 and the model downloads (settings.max_sending) were already spread; this spreads the rest.
 
 :class:`Admission` is a pure ASGI middleware: a request past the iteration's budget waits, in

@@ -55,12 +55,18 @@ def test_a_setting_that_contradicts_another_is_its_own_message(tmp_path):
 
 
 def test_a_value_settings_refuses_names_its_flag(tmp_path):
-    result = runner.invoke(app, ["simulate", "--vocab-size", "2", "--out", str(tmp_path)])
+    """A strict bound (lr > 0) typer cannot check: Settings refuses the value."""
+    result = runner.invoke(app, ["simulate", "--lr", "0", "--out", str(tmp_path)])
     assert result.exit_code == 1
-    assert (
-        one_error_line(result)
-        == "error: --vocab-size 2: input should be greater than or equal to 4"
-    )
+    assert one_error_line(result) == "error: --lr 0.0: input should be greater than 0"
+
+
+def test_a_bound_of_a_settings_field_is_checked_by_its_flag(tmp_path):
+    """An inclusive bound (vocab_size >= 4) becomes the option's min: typer refuses the value."""
+    result = runner.invoke(app, ["simulate", "--vocab-size", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "'--vocab-size'" in line and "greater than or equal to 4" in line
 
 
 def test_validation_problems_one_line_each_without_pydantic_noise(monkeypatch):

@@ -1,4 +1,4 @@
-"""WikiText split by article (issue 18, item 4): the loader finds the articles, the partition gives
+"""WikiText split by article: the loader finds the articles, the partition gives
 each phone whole articles, every article once, of unequal sizes."""
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Real typing measured as production does (issue 51, item 4): on a per-sender corpus the
+"""Real typing measured as production does: on a per-sender corpus the
 validation and test sets hold the later messages of the senders who have a phone (with
 ``--clients K``, the K kept), and every run (simulate, train-central, ngram) also scores the
 held-out senders who never trained (the ``unseen_*`` fields of a metrics row)."""

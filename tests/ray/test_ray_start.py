@@ -1,4 +1,4 @@
-"""A cluster made with the `ray` command itself, joined as the docs say (issue 53): a head and a
+"""A cluster made with the `ray` command itself, joined as the docs say: a head and a
 second node started by `ray start` with token authentication on, in a clean environment (its own
 HOME, no RAY_* variables), and `fedkey simulate --ray-address 127.0.0.1:PORT` run as a separate
 process with nothing set up for it. It trains on both nodes and ends with the weights of

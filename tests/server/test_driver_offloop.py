@@ -1,4 +1,4 @@
-"""The round driver leaves the event loop free (issue 16): an aggregated round's uploads are
+"""The round driver leaves the event loop free: an aggregated round's uploads are
 deleted in a worker thread, and rounds complete in a child process (or, asked, one thread) at a
 lower CPU priority."""
 

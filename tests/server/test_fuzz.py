@@ -1,4 +1,4 @@
-"""A bounded schema fuzz of the federation server (issue 16, item 6): schemathesis reads the
+"""A bounded schema fuzz of the federation server: schemathesis reads the
 server's own OpenAPI document and drives hypothesis over every operation, with a device's bearer
 token, with an unknown token and with none, in positive and negative data. No answer may be a 5xx,
 a status the document does not state, or a body, content type or header other than documented;

@@ -1,4 +1,4 @@
-"""Upload bodies are read at most `settings.max_receiving` at a time (issue 16): each body being
+"""Upload bodies are read at most `settings.max_receiving` at a time: each body being
 read holds up to a write batch in the server's memory, so 1,000 phones uploading at once must not
 mean 1,000 buffers. The others wait their turn, their bytes in the kernel's socket buffers, and
 are then read and answered as usual."""

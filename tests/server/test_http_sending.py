@@ -1,4 +1,4 @@
-"""Model download bodies are sent at most `settings.max_sending` at a time (issue 16): each body
+"""Model download bodies are sent at most `settings.max_sending` at a time: each body
 being sent is a download step ready in every event-loop iteration, and a round's cohort asking for
 the model at once made iterations of 0.1-0.3 s. The others wait for a slot before their answer
 starts (503 + Retry-After past routes_model.GATE_WAIT); a 304 takes none; a download whose

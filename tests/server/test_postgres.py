@@ -1,4 +1,4 @@
-"""The server on a real PostgreSQL (issue 16): a throwaway cluster (initdb + pg_ctl) in a temporary
+"""The server on a real PostgreSQL: a throwaway cluster (initdb + pg_ctl) in a temporary
 directory, listening on 127.0.0.1 on a free port only, trust auth, one fresh database per test.
 
 Debian's postgresql package puts initdb and pg_ctl in /usr/lib/postgresql/<version>/bin (CI installs

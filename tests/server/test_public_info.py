@@ -1,4 +1,4 @@
-"""Issue 52: under DP a round's published ``info`` holds only what the guarantee covers
+"""Under DP a round's published ``info`` holds only what the guarantee covers
 (fedkey.federation.metrics_row.public_info): settings, functions of the clip and the cohort's size, and the
 noised statistics; no per-phone weight, no exact norm or count. Without DP the row is as it was,
 and the redaction changes no weight."""

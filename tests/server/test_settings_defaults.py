@@ -72,3 +72,10 @@ def test_server_lr_decay_reaches_the_server_optimizer_and_needs_one(clean_env):
         Settings(server_lr_decay=0.97)
     with pytest.raises(ValueError):
         Settings(server_opt="adam", server_lr_decay=1.5)  # a schedule that grows: refused
+
+
+def test_every_field_has_a_description():
+    """The description is the field's documentation, the help of its flag (tests/cli/test_options.py
+    checks that the flags use it) and its row of reference/configuration.md: a sentence."""
+    fields = Settings.model_fields
+    assert not [name for name, f in fields.items() if not (f.description or "").endswith(".")]

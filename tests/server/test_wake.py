@@ -1,4 +1,4 @@
-"""A transition wakes every long-poll, but a batch per event-loop iteration (issue 16): woken
+"""A transition wakes every long-poll, but a batch per event-loop iteration: woken
 all at once, 10,000 long-polls' answers ran in one iteration and /healthz waited seconds."""
 
 from __future__ import annotations

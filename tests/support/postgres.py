@@ -1,6 +1,5 @@
 """A throwaway PostgreSQL cluster: tests/server/test_postgres.py's, and that of the research
-harness's `fedkey-bench load --database postgresql` cells (issue 16), which loads this file from
-the checkout it runs from (experiments/fedkey_bench/load.py).
+harness's `fedkey-bench load --database postgresql` cells (as fedkey.testing.postgres).
 
 Debian's initdb and pg_ctl (the postgresql package, /usr/lib/postgresql/<version>/bin) in a
 temporary directory, listening on 127.0.0.1 only on a free port, trust authentication, one fresh

@@ -1,5 +1,5 @@
-"""The Markdown every reference page uses: the generated-page note, table cells, inline code and
-help texts as paragraphs."""
+"""The Markdown every reference page uses: the generated-page note, table cells, inline code,
+help texts as paragraphs, and long descriptions cut short for a table."""
 
 from __future__ import annotations
 
@@ -38,3 +38,46 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
         "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
+
+
+#: A table cell longer than this holds only the description's opening; the whole of it follows the
+#: table in a section of its own, so a table stays one line a row.
+LONG_CELL = 300
+
+
+def opening(text: str) -> str:
+    """The opening of a long description: its first sentence, or, when that is long too, what
+    comes before its first colon or parenthesis."""
+    s = " ".join(text.split())
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if ch == "." and depth == 0 and (i + 1 == len(s) or s[i + 1] == " "):
+            s = s[: i + 1]
+            break
+    if len(s) > LONG_CELL:
+        cut = min((i for i in (s.find(":"), s.find(" (")) if i > 0), default=LONG_CELL)
+        s = s[:cut].rstrip(" .,;") + "."
+    return s
+
+
+def described(name: str, text: str, details: list[tuple[str, str]]) -> str:
+    """A table cell for `name`'s description `text`: the text itself, or, past LONG_CELL
+    characters, its opening and a link to the whole, which is added to `details`."""
+    if len(" ".join(text.split())) <= LONG_CELL:
+        return cell(text)
+    details.append((name, text))
+    return f"{cell(opening(text))} [More](#field-{_anchor(name)})."
+
+
+def details_sections(details: list[tuple[str, str]]) -> list[str]:
+    """The sections that hold the long descriptions `described` cut short."""
+    lines: list[str] = []
+    for name, text in details:
+        lines += [f"### `{name}` {{#field-{_anchor(name)}}}", "", paragraphs(text), ""]
+    return lines
+
+
+def _anchor(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

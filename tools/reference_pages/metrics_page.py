@@ -3,13 +3,22 @@ those an option asks for."""
 
 from __future__ import annotations
 
-from tools.reference_pages.markup import GENERATED_NOTE, cell, code, paragraphs, table
+from tools.reference_pages.markup import (
+    GENERATED_NOTE,
+    cell,
+    code,
+    described,
+    details_sections,
+    paragraphs,
+    table,
+)
 
 
 def metrics_reference() -> str:
     """reference/metrics.md: the fields of a metrics row (fedkey.federation.metrics_row)."""
     from fedkey.federation import metrics_row
 
+    details: list[tuple[str, str]] = []  # the descriptions too long for a cell, after the tables
     lines = [
         GENERATED_NOTE,
         "# Metrics rows",
@@ -24,7 +33,10 @@ def metrics_reference() -> str:
         "",
         *table(
             ["field", "type", "meaning"],
-            [[code(n), cell(f.type), cell(f.description)] for n, f in metrics_row.ALWAYS.items()],
+            [
+                [code(n), cell(f.type), described(n, f.description, details)]
+                for n, f in metrics_row.ALWAYS.items()
+            ],
         ),
         "",
         "## When an option asks for them",
@@ -32,10 +44,12 @@ def metrics_reference() -> str:
         *table(
             ["field", "type", "when", "meaning"],
             [
-                [code(n), cell(f.type), f.when, cell(f.description)]
+                [code(n), cell(f.type), f.when, described(n, f.description, details)]
                 for n, f in metrics_row.CONDITIONAL.items()
             ],
         ),
         "",
     ]
+    if details:
+        lines += ["## In full", "", *details_sections(details)]
     return "\n".join(lines)

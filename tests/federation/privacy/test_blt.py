@@ -24,6 +24,7 @@ from fedkey.federation.privacy.blt import (
     select_blt,
     unit_draw,
 )
+from fedkey.federation.privacy.ftrl import BLTMechanism
 from fedkey.federation.privacy.gaussian import PrivacyAccountant
 from fedkey.federation.privacy.secret import RunSecret
 from fedkey.federation.privacy.tree import TreeAccountant, zcdp_epsilon
@@ -227,8 +228,9 @@ def test_the_model_is_theta0_plus_the_prefix_sum_plus_the_blt_noise(tmp_path):
     steps: dict = {}
     for _ in range(5):
         row, _ = run_round(fed, steps)
-        noise = fed.privacy.blt
-        assert noise is not None
+        mechanism = fed.privacy.mechanism
+        assert isinstance(mechanism, BLTMechanism)
+        noise = mechanism.noise
         total = noise.prefix_noise(theta0)
         for k in total:
             expected = theta0[k].double() + sum(steps[s][k] for s in steps).double() + total[k]

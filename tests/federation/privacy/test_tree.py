@@ -17,6 +17,7 @@ from dp_accounting.rdp import RdpAccountant
 from pydantic import ValidationError
 
 from fedkey.federation.config import FederationConfig, PrivacyConfig
+from fedkey.federation.privacy.ftrl import TreeMechanism
 from fedkey.federation.privacy.gaussian import PrivacyAccountant
 from fedkey.federation.privacy.secret import RunSecret, write_secret
 from fedkey.federation.privacy.tree import (
@@ -272,14 +273,15 @@ def test_the_model_is_theta0_plus_the_noisy_prefix_sum(tmp_path):
     steps: dict = {}
     for t in range(1, 7):
         row, _ = run_round(fed, steps)
-        assert fed.privacy.tree is not None
-        noise = fed.privacy.tree.prefix_noise(theta0)
+        mechanism = fed.privacy.mechanism
+        assert isinstance(mechanism, TreeMechanism)
+        noise = mechanism.noise.prefix_noise(theta0)
         for k in noise:
             expected = theta0[k].double() + sum(steps[s][k] for s in steps).double() + noise[k]
             assert torch.allclose(fed.global_state[k].double(), expected, atol=1e-5), (t, k)
         dp = row["info"]["dp"]
         assert dp["tree_nodes"] == bin(t).count("1") and dp["mechanism"] == "tree"
-        assert dp["release_noise_std"] == pytest.approx(fed.privacy.tree.release_std())
+        assert dp["release_noise_std"] == pytest.approx(mechanism.noise.release_std())
 
 
 def test_selection_keeps_every_phone_b_rounds_apart_and_rows_say_so(tmp_path):

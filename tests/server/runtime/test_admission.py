@@ -1,4 +1,4 @@
-"""New requests enter the app at most `admit_per_tick` an event-loop iteration (issue 16): a burst
+"""New requests enter the app at most `admit_per_tick` an event-loop iteration: a burst
 of hundreds arriving together ran their first steps in one iteration of 0.1-0.3 s, and a
 /healthz that came with them waited for its end."""
 

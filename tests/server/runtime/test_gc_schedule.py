@@ -1,4 +1,4 @@
-"""The server process keeps Python's garbage collections off the event loop (issue 16): after
+"""The server process keeps Python's garbage collections off the event loop: after
 start-up, and then every FREEZE_EVERY seconds, the objects alive are frozen out of the
 collector's scans, and young collections run every GC_THRESHOLD allocations. Checked in a fresh
 interpreter: freezing is process-wide."""
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 PROGRAM = """
 import asyncio
