@@ -1,5 +1,5 @@
-"""`fedkey-bench`: the benchmarks (fedkey_bench.perf, fedkey_bench.paper, fedkey_bench.attacks, fedkey_bench.privacy,
-fedkey_bench.load, fedkey_bench.peers), with their targets, in a report.
+"""`fedkey-bench`: the benchmarks (one sub-package of fedkey_bench each: perf, paper, attacks,
+privacy, load, peers, cohorts, aggregation, canary), with their targets, in a report.
 
 The research harness's own command, beside the product's `fedkey`: it fails as `fedkey` does
 (fedkey.cli.errors.FedkeyGroup: one `error: ...` line and an exit status). Results go to
@@ -18,13 +18,14 @@ import typer
 
 from fedkey.cli.errors import FedkeyGroup, UserError
 from fedkey.device_sim.training.backends import BACKENDS, Backend
-from fedkey_bench.aggregation import command as bench_aggregation
-from fedkey_bench.canary_cli import command as bench_canary
-from fedkey_bench.checkout import RESULTS
-from fedkey_bench.cohorts import command as bench_cohorts
-from fedkey_bench.load import DATABASES, FRACTION
-from fedkey_bench.paper import PRESETS, SUITES
-from fedkey_bench.report import STEPS
+from fedkey_bench.aggregation.runner import command as bench_aggregation
+from fedkey_bench.canary.cli import command as bench_canary
+from fedkey_bench.cohorts.runner import command as bench_cohorts
+from fedkey_bench.common.checkout import RESULTS
+from fedkey_bench.load.runner import DATABASES, FRACTION
+from fedkey_bench.paper.presets import PRESETS
+from fedkey_bench.paper.suites import SUITES
+from fedkey_bench.perf.report import STEPS
 
 
 def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
@@ -80,7 +81,7 @@ def bench_perf(
     memory, keyboard latency (WebSocket and in-browser wasm), int8 export; writes OUT/perf.json
     and rebuilds OUT/../results.md, every machine's figures beside the targets. Exits 1 if a
     step failed."""
-    from fedkey_bench.perf import run_perf
+    from fedkey_bench.perf.runner import run_perf
 
     if skip and only:
         raise UserError("give --skip or --only, not both")
@@ -100,7 +101,7 @@ def bench_paper(
     preset: PaperPreset = typer.Option(
         PaperPreset("cpu"),
         "--preset",
-        help="cpu: issue 18's ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; a round's phones as one stacked model on the GPU, resumable); smoke: minutes, for a first look.",
+        help="cpu: the ranking protocol (all the data, 50 rounds, C 0.1, E 1; days in the background, resumable); gpu: the seed papers' protocol (E 5, C 0.1 and 0.5; a round's phones as one stacked model on the GPU, resumable); smoke: minutes, for a first look.",
     ),
     suite: list[PaperSuite] = typer.Option(
         [PaperSuite("sweep"), PaperSuite("rank")],
@@ -152,7 +153,7 @@ def bench_paper(
     with the same command is not run again, so an interrupted bench resumes where it stopped."""
     import signal
 
-    from fedkey_bench.paper import run_bench
+    from fedkey_bench.paper.runner import run_bench
 
     # A kill (SIGTERM) stops the bench as Ctrl-C does, so its runs are stopped with it.
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -198,8 +199,8 @@ def bench_merge(
     """Take another machine's `fedkey-bench paper` results into this one's: the runs this one
     lacks, the bench command lines, the notes of runs begun there; results.md is rebuilt. A begun
     run goes on where its folder is (copy runs/bench/<preset>/<id> along to go on here)."""
-    from fedkey_bench.paper import write_fresh
-    from fedkey_bench.paper_results import Bench
+    from fedkey_bench.paper.results import Bench
+    from fedkey_bench.paper.runner import write_fresh
 
     if not other.is_file():
         raise UserError(f"{other}: no such file; give the other machine's results.json")
@@ -255,7 +256,8 @@ def bench_attacks(
     without (--bound off), 1 attacker of 10 phones and 3 of 30, on the demo corpus: test
     perplexity against the clean run and the backdoor's success per round. A cell already in
     results.json with the same command is not run again, so an interrupted bench resumes."""
-    from fedkey_bench.attacks import Protocol, run_attacks
+    from fedkey_bench.attacks.matrix import Protocol
+    from fedkey_bench.attacks.runner import run_attacks
 
     flags = tuple(part for f in backdoor_flag for part in shlex.split(f))
     protocol = Protocol(rounds=rounds, local_epochs=local_epochs, workers=workers, backdoor=flags)
@@ -278,9 +280,9 @@ def bench_privacy(
     workload: str = typer.Option(
         "ptb",
         "--workload",
-        help="ptb: PTB over IID phones, gaussian noise (issue 15). irc: the real Ubuntu IRC "
+        help="ptb: PTB over IID phones, gaussian noise. irc: the real Ubuntu IRC "
         "population, one phone per sender, the gaussian, tree and blt mechanisms and rows with "
-        "a simulated deployment cohort's noise (issue 52). The options below override its "
+        "a simulated deployment cohort's noise. The options below override its "
         "settings.",
     ),
     out: Path | None = typer.Option(
@@ -352,7 +354,7 @@ def bench_privacy(
     results.json with the same settings is not run again, so an interrupted bench resumes."""
     from dataclasses import replace
 
-    from fedkey_bench.privacy import MECHANISMS, WORKLOADS, Protocol, run_privacy
+    from fedkey_bench.privacy.runner import MECHANISMS, WORKLOADS, Protocol, run_privacy
 
     if workload not in WORKLOADS:
         raise UserError(f"--workload {workload}: choose one of {', '.join(WORKLOADS)}")
@@ -433,7 +435,7 @@ def bench_load(
     """The federation server under N fake phones (the real HTTP contract, no training): seconds
     per round, uploads per round, /healthz latency, the server's peak RSS and every error by
     kind. A cell already in results.json with the same command is not run again."""
-    from fedkey_bench.load import LoadError, Options, run_load
+    from fedkey_bench.load.runner import LoadError, Options, run_load
 
     try:
         sizes = [int(p) for p in phones.split(",") if p.strip()]
@@ -529,7 +531,8 @@ def bench_peers(
     (made from experiments/peers/<name>/requirements.txt the first time): seconds per round,
     final test perplexity (void past 5% from fedkey's), peak RSS of the process tree. Rows
     replace those of the same framework and workload in OUT/results.json."""
-    from fedkey_bench.peers import FRAMEWORKS, preset, run_peers
+    from fedkey_bench.peers.report import FRAMEWORKS
+    from fedkey_bench.peers.runner import preset, run_peers
 
     unknown = sorted(set(framework) - set(FRAMEWORKS))
     if unknown:

@@ -4,7 +4,7 @@ only (no fedkey), imported by peers/flower/run.py and peers/pfl/run.py in their 
 Each piece mirrors fedkey's own, so the frameworks train the same model on the same data the same
 way; only who schedules, ships and averages the work differs:
 
-* the shards: the .npz that fedkey_bench.peers writes with fedkey's corpus code (each phone's encoded
+* the shards: the .npz that fedkey_bench.peers.runner writes with fedkey's corpus code (each phone's encoded
   sentences, the validation and test sentences, the initial weights fedkey's round 0 has);
 * LanguageModel: models/model.py's, a 1-layer GRU with tied embeddings, no dropout, initialized
   as fedkey initializes (embedding U(-0.1, 0.1), decoder bias 0, torch's GRU default), then given
@@ -75,7 +75,7 @@ def load_state(model: nn.Module, state: dict[str, Tensor] | dict[str, np.ndarray
 
 
 class Shards:
-    """The .npz fedkey_bench.peers writes: per phone its encoded sentences (<s> ... </s> ids), the
+    """The .npz fedkey_bench.peers.runner writes: per phone its encoded sentences (<s> ... </s> ids), the
     held-out sentences, the initial weights and the workload's settings (`meta`)."""
 
     def __init__(self, path: str):

@@ -24,7 +24,7 @@ def table_runs() -> list:
     """A fixed suite for the tests of the bench's machinery (jobs, time limits, resuming): the
     seed papers' table's methods on PTB and WikiText-2, FedSGD, C 0.1 and 0.5, AdaFL. The
     bench's own suites follow the sweep's choices; this one needs none."""
-    from fedkey_bench.paper_spec import DATASETS, fed
+    from fedkey_bench.paper.spec import DATASETS, fed
 
     runs = []
     for ds in DATASETS:
@@ -44,13 +44,14 @@ def table_suite(monkeypatch):
     """The smoke preset with the `table` suite (table_runs) beside its own."""
     from dataclasses import replace
 
-    import fedkey_bench.paper as paper
+    import fedkey_bench.paper.plan as plan
+    from fedkey_bench.paper.presets import PRESETS
 
-    smoke = paper.PRESETS["smoke"]
-    monkeypatch.setitem(paper.PRESETS, "smoke", replace(smoke, suites=(*smoke.suites, "table")))
-    own = paper.suite_runs
+    smoke = PRESETS["smoke"]
+    monkeypatch.setitem(PRESETS, "smoke", replace(smoke, suites=(*smoke.suites, "table")))
+    own = plan.suite_runs
 
     def suite_runs(suite, preset, results=None):
         return table_runs() if suite == "table" else own(suite, preset, results)
 
-    monkeypatch.setattr(paper, "suite_runs", suite_runs)
+    monkeypatch.setattr(plan, "suite_runs", suite_runs)

@@ -67,7 +67,7 @@ def train(msg: Message, context: Context) -> Message:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shards", help="the .npz fedkey_bench.peers wrote")
+    parser.add_argument("shards", help="the .npz fedkey_bench.peers.runner wrote")
     parser.add_argument("--workers", type=int, default=2, help="Ray actors (one CPU each)")
     args = parser.parse_args()
     os.environ["PEERS_SHARDS"] = str(Path(args.shards).resolve())

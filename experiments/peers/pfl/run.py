@@ -121,7 +121,7 @@ class EveryRound(TrainingProcessCallback):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shards", help="the .npz fedkey_bench.peers wrote")
+    parser.add_argument("shards", help="the .npz fedkey_bench.peers.runner wrote")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()

@@ -1,0 +1,1 @@
+"""`fedkey-bench attacks`: malicious phones against the server's defences, with its report."""

@@ -1,0 +1,1 @@
+"""`fedkey-bench cohorts`: phone-updates per second of the training backends by cohort size."""

@@ -1,0 +1,1 @@
+"""`fedkey-bench load`: the federation server under thousands of fake phones, with its report."""

@@ -1,0 +1,1 @@
+"""`fedkey-bench peers`: fedkey against Flower and pfl-research on the same workload."""

@@ -1,0 +1,1 @@
+"""`fedkey-bench perf`: the system against its performance targets, with its report."""

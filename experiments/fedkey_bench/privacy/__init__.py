@@ -1,0 +1,1 @@
+"""`fedkey-bench privacy`: the privacy-utility table, with its report."""
