@@ -8,6 +8,7 @@
     fedkey keyboard       the web keyboard: suggestions from an ONNX model
     fedkey demo           all of it on NUS SMS, else the demo corpus (what `make demo` runs)
     fedkey train-central  the same model trained on all the data at once: the quality ceiling
+    fedkey pretrain       a base model of public text (chitchat) for a federation's --init
     fedkey info           what a checkpoint holds
     fedkey evaluate       a checkpoint scored on held-out text, beside what its run recorded
     fedkey audit canary   a planted secret's exposure, without and with DP (memorization)
@@ -21,7 +22,7 @@ also be set by an environment variable FEDKEY_<NAME> (for example FEDKEY_ROUNDS=
 
 The package: options.py (the shared options, derived from Settings; those of malicious phones in
 attack_options.py, of the training backend in backend_options.py), errors.py (every failure as one
-line), federation.py (simulate, server, devices, run, train-central, ngram), checkpoints.py (export,
+line), federation.py (simulate, server, devices, run, train-central, ngram), pretrain.py, checkpoints.py (export,
 keyboard, info, evaluate), operator.py (enroll-tokens, revoke: against a running server), demo.py,
 audit.py, data.py. Nothing here imports torch until a command runs, so --help is quick.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import typer
 
-from fedkey.cli import audit, checkpoints, data, demo, federation, operator
+from fedkey.cli import audit, checkpoints, data, demo, federation, operator, pretrain
 from fedkey.cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
@@ -51,6 +52,7 @@ app.command()(operator.revoke)
 app.command()(federation.run)
 app.command("train-central")(federation.train_central_cmd)
 app.command()(federation.ngram)
+app.command()(pretrain.pretrain)
 app.command()(checkpoints.export)
 app.command()(checkpoints.keyboard)
 app.command()(demo.demo)

@@ -33,7 +33,7 @@ from fedkey.device_sim.config import FleetConfig
 from fedkey.runners.processes import free_port
 
 
-def _print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -77,7 +77,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def _report(rows: list[dict], out: Path) -> None:
-    _print_table(rows)
+    print_table(rows)
     last = rows[-1]
     if "eval_precision" in last:  # the task's "auto" is resolved by each phone: None here
         train = last.get("train_precision") or "as each phone resolves it"
@@ -388,5 +388,5 @@ def ngram(
     settings = build_settings(opts, storage=out)
     data = phone_data(settings, opts, clients)
     rows = train_ngram(data, order, str(out), settings.ksr_sentences, positional)
-    _print_table(rows)
+    print_table(rows)
     typer.echo(f"metrics: {out / 'metrics.jsonl'}")

@@ -16,7 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
+import click
 import typer
+from click.core import ParameterSource
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -119,14 +121,16 @@ def _cli_type(annotation: Any) -> Any:
 
 def settings_option(name: str, **extra: Any) -> tuple[Any, Any]:
     """(type, typer.Option) of the Settings field `name`, derived from the field; `extra` (with
-    EXTRAS[name]) adds flag, aliases, a callback, or another help where a command needs its own."""
+    EXTRAS[name]) adds flag, aliases, a callback, or another help or default where a command
+    needs its own."""
     field = Settings.model_fields[name]
     kw = {**_bounds(field), "help": field.description, **EXTRAS.get(name, {}), **extra}
+    default = kw.pop("default", field.default)
     flags = (kw.pop("flag", f"--{name.replace('_', '-')}"), *kw.pop("aliases", ()))
     kind = _cli_type(field.annotation)
     if kind is not field.annotation:  # a secret: its default is not shown
         kw.setdefault("show_default", False)
-    option = typer.Option(field.default, *flags, envvar=f"FEDKEY_{name.upper()}", **kw)
+    option = typer.Option(default, *flags, envvar=f"FEDKEY_{name.upper()}", **kw)
     return kind, option
 
 
@@ -139,7 +143,7 @@ DATA = settings_group(
     "data", "paper_protocol", "tokenizer", "vocab_size", "tokenizer_text", "max_train_tokens",
     "max_eval_sentences", "seed",
 )  # fmt: skip
-MODEL = settings_group("model", "cell", "layers", "tied", "dropout")
+MODEL = settings_group("model", "cell", "layers", "tied", "dropout", "init")
 TRAIN = settings_group(
     "local_epochs", "batch_size", "lr", "momentum", "clip", "batching", "precision"
 )
@@ -249,10 +253,23 @@ def with_options(*groups: dict):
     return decorate
 
 
+def _given(name: str, value: Any) -> bool:
+    """Whether the running command's option `name` was given (flag or environment) or has a
+    default of the command's own, rather than its Settings field's default: Settings then knows
+    which options were asked for (--init refuses those that contradict the base)."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return (
+        source not in (ParameterSource.DEFAULT, None)
+        or value != Settings.model_fields[name].default
+    )
+
+
 def build_settings(opts: dict, **overrides) -> Settings:
-    """Settings from the options a command received (only the names Settings knows); a value
-    Settings refuses is a UserError, one line per problem."""
-    values = {k: v for k, v in opts.items() if k in Settings.model_fields}
+    """Settings from the options a command received (only the names Settings knows, and of
+    those with the field's default only the ones given); a value Settings refuses is a
+    UserError, one line per problem."""
+    values = {k: v for k, v in opts.items() if k in Settings.model_fields and _given(k, v)}
     try:
         return Settings(**{**values, **overrides})
     except ValidationError as e:
@@ -263,12 +280,17 @@ def check_server_data(settings: Settings) -> None:
     """A corpus path that does not exist, found before a server process starts (its loader
     would say so only inside a traceback in the server's log)."""
     from fedkey.corpora.datadir import corpus_path
-    from fedkey.corpora.loaders import ACCEPTED_LAYOUTS, NAMED_CORPORA
+    from fedkey.corpora.loaders import ACCEPTED_LAYOUTS, CHITCHAT_CORPORA, NAMED_CORPORA
 
+    installed = ("demo", *CHITCHAT_CORPORA)
     for flag, spec in (("--data", settings.data), ("--tokenizer-text", settings.tokenizer_text)):
         if spec is not None and spec.strip() in NAMED_CORPORA:
             corpus_path(spec.strip())  # MissingCorpus: what to run, in one line
-        elif spec is not None and spec.strip() != "demo" and not Path(spec).expanduser().exists():
+        elif (
+            spec is not None
+            and spec.strip() not in installed
+            and not Path(spec).expanduser().exists()
+        ):
             raise UserError(f"{flag}: corpus {spec!r} not found; {ACCEPTED_LAYOUTS}")
 
 

@@ -72,6 +72,8 @@ class DataConfig:
     max_eval_sentences: int | None = None
     seed: int = 0
     tokenizer_text: str | None = None
+    # A base checkpoint (fedkey.models.base): its vocabulary encodes the text, none is built.
+    init: str | None = None
     # A memorization audit (fedkey.models.canary): `canary_repeats` copies of the sentence `canary` go
     # into the first phone's training shard, never into valid/test or the tokenizer's text.
     canary: str | None = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from fedkey.common.config import DataConfig
 from fedkey.corpora.loaders import Corpus, load_corpus
 from fedkey.corpora.partition import by_user, partition
+from fedkey.models.base import base_tokenizer
 from fedkey.models.canary import check_vocabulary
 from fedkey.models.tokenizers import Tokenizer, build_tokenizer
 
@@ -65,9 +66,10 @@ def tokenizer_text(cfg: DataConfig, corpus: Corpus) -> list[str]:
 
 
 def load_cut(cfg: DataConfig) -> tuple[Corpus, list[str]]:
-    """-> (the corpus cut to the configured sizes, the text the server's tokenizer is built from)."""
+    """-> (the corpus cut to the configured sizes, the text the server's tokenizer is built from:
+    none from a base checkpoint's, `cfg.init`)."""
     corpus = load_corpus(cfg.data, paper_protocol=cfg.paper_protocol, seed=cfg.seed)
-    vocab_text = tokenizer_text(cfg, corpus)
+    vocab_text = tokenizer_text(cfg, corpus) if cfg.init is None else []
     n = cut_tokens(corpus.train, cfg.max_train_tokens)
     train_users = corpus.train_users[:n] if corpus.train_users else None
     valid, valid_users = _phones_only(cfg, train_users, corpus.valid, corpus.valid_users)
@@ -108,8 +110,11 @@ def _phones_only(
 
 
 def server_data(cfg: DataConfig) -> tuple[Corpus, Tokenizer]:
-    """The server's side: the (cut) corpus for evaluation and the tokenizer it ships."""
+    """The server's side: the (cut) corpus for evaluation and the tokenizer it ships, the base
+    checkpoint's with `cfg.init` (public text's, never built from the phones')."""
     corpus, vocab_text = load_cut(cfg)
+    if cfg.init is not None:
+        return corpus, base_tokenizer(cfg.init)
     return corpus, build_tokenizer(cfg.tokenizer, vocab_text, cfg.vocab_size)
 
 

@@ -7,6 +7,8 @@ training item. Tokenization into ids (start/end tokens, vocabulary) happens late
 Layouts (see :func:`load_corpus` for the dispatch):
 
 * ``"demo"``: the embedded, generated demo corpus (:mod:`fedkey.corpora.demo`), the default.
+* ``"chitchat"``, ``"chitchat-heldout"``: public chat to pretrain on, and the senders held out of
+  it (:mod:`fedkey.corpora.chitchat`; shipped by the ``chitchat-dataset`` package).
 * ``"nus-sms"``, ``"ubuntu-irc"``: the real per-sender corpora in the data directory
   (:mod:`fedkey.corpora.datadir`), read by :mod:`fedkey.corpora.nus_sms` and :mod:`fedkey.corpora.ubuntu_irc`; a
   directory laid out as theirs (the NUS zip; ``train/*.raw.txt`` logs) loads the same way.
@@ -35,6 +37,7 @@ from fedkey.common.text import normalize_text
 
 __all__ = [
     "ACCEPTED_LAYOUTS",
+    "CHITCHAT_CORPORA",
     "NAMED_CORPORA",
     "Corpus",
     "article_starts",
@@ -465,7 +468,8 @@ def load_stackexchange_posts(
 # --------------------------------------------------------------------------------------------
 
 ACCEPTED_LAYOUTS = (
-    "accepted corpus specs: 'demo' (the built-in demo corpus); 'nus-sms' or 'ubuntu-irc' (real "
+    "accepted corpus specs: 'demo' (the built-in demo corpus); 'chitchat' or 'chitchat-heldout' "
+    "(public chat: the pretraining senders, the others); 'nus-sms' or 'ubuntu-irc' (real "
     "corpora in the data directory: fedkey data fetch); a directory with train.txt, "
     'valid.txt and test.txt (PTB, WikiText-2); a .jsonl file of {"user": ..., "text": ...} '
     "lines; a Stack Exchange Posts.xml file or a directory containing Posts.xml; a directory of "
@@ -475,6 +479,10 @@ ACCEPTED_LAYOUTS = (
 
 #: The real corpora named by a word (their folder in the data directory, fedkey.corpora.datadir).
 NAMED_CORPORA = ("nus-sms", "ubuntu-irc")
+
+#: The two parts of the Chit-Chat dataset (fedkey.corpora.chitchat), installed with fedkey: its
+#: pretraining senders and those held out of pretraining.
+CHITCHAT_CORPORA = ("chitchat", "chitchat-heldout")
 
 
 def _load_sender_corpus(path: Path, name: str, seed: int) -> Corpus:
@@ -501,6 +509,10 @@ def load_corpus(spec: str | Path, paper_protocol: bool = False, seed: int = 0) -
         from fedkey.corpora.demo import demo_corpus
 
         return demo_corpus(seed=seed)
+    if isinstance(spec, str) and spec.strip() in CHITCHAT_CORPORA:
+        from fedkey.corpora.chitchat import load_chitchat
+
+        return load_chitchat(spec.strip(), seed=seed)
     if isinstance(spec, str) and spec.strip() in NAMED_CORPORA:
         from fedkey.corpora.datadir import corpus_path
 

@@ -215,6 +215,7 @@ class FederationConfig:
     eval_device: str = "auto"
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
     keep_checkpoints: int = 0
+    init: str | None = None  # a base checkpoint whose weights round 0 holds (default: fresh ones)
 
 
 def dp_problem(

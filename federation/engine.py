@@ -43,7 +43,7 @@ from fedkey.models.checkpoint import (
     build_model,
     check_state,
     checkpoint_bytes,
-    model_state,
+    initial_state,
     public_bytes,
     read_metadata,
     save_checkpoint,
@@ -125,7 +125,7 @@ class Federation:
             self.privacy.observe(len(client_sizes), check=True)
         self.server_opt = ServerOptimizer(config.server_opt)
         torch.manual_seed(config.seed)
-        self.global_state = model_state(build_model(model_config))
+        self.global_state = initial_state(model_config, config.init)
         self.model_bytes = state_bytes(self.global_state)
         self.round = 0  # rounds completed
         self.best: dict | None = None

@@ -90,6 +90,20 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor] | None = Non
     return model
 
 
+def initial_state(config: ModelConfig, init: str | Path | None = None) -> dict[str, torch.Tensor]:
+    """The weights a run starts from: a fresh model's (seeded by the caller's torch.manual_seed),
+    or those of the base checkpoint `init` (fedkey.models.base), checked against `config`."""
+    fresh = model_state(build_model(config))
+    if init is None:
+        return fresh
+    state = st_load(Path(init).expanduser().read_bytes())
+    try:
+        check_state(state, config)
+    except CheckpointError as e:
+        raise CheckpointError(f"{init}: {e}") from None
+    return {k: state[k] for k in fresh}  # the model's key order, as a fresh run holds it
+
+
 def save_checkpoint(
     path: str | Path,
     state: dict[str, torch.Tensor],

@@ -103,6 +103,7 @@ def _train_central(
         train=train,
         ksr_sentences=ksr_sentences,
         lr_decay=lr_decay,
+        init=data.init,
     )
     federation = make_federation(fed, model_config, prepared, {"central": union}, out_dir, device)
     storage = federation.storage

@@ -34,6 +34,7 @@ from fedkey.federation.config import (
     StrategyName,
     dp_problem,
 )
+from fedkey.models.base import FIXED_BY_BASE, base_conflicts, base_model_config, read_base
 from fedkey.models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from fedkey.models.config import Cell, ModelConfig, ModelOverrides, Preset
 
@@ -68,7 +69,8 @@ class Settings(BaseSettings):
 
     # -- data: the server's side (tokenizer + evaluation text), as DataConfig -----------------
     data: str = Field(_DATA.data,
-        description="'demo' (the embedded corpus), 'nus-sms' or 'ubuntu-irc' (real corpora in the "
+        description="'demo' (the embedded corpus), 'chitchat' or 'chitchat-heldout' (public chat: "
+        "its pretraining senders, the others), 'nus-sms' or 'ubuntu-irc' (real corpora in the "
         "data directory: fedkey data fetch), or a directory: train/valid/test.txt (PTB, "
         "WikiText-2), one .txt per user, a .jsonl of {user, text}, or a StackExchange Posts.xml.")
     paper_protocol: bool = Field(_DATA.paper_protocol,
@@ -98,6 +100,11 @@ class Settings(BaseSettings):
     tied: bool = Field(_MODEL.tied, description="Share input and output embeddings.")
     dropout: float = Field(_MODEL.dropout, ge=0.0, le=0.9,
         description="Dropout on embeddings and outputs.")
+    init: str | None = Field(_DATA.init,
+        description="Start from this base checkpoint (fedkey pretrain: a model of public text): "
+        "its weights, its model and its vocabulary, which encodes the phones' text; round 0 "
+        "scores it. Refuses a --model, --hidden-size, --cell, --layers, --tied/--untied, "
+        "--tokenizer, --vocab-size or --tokenizer-text that differs from it.")
 
     # -- federation ----------------------------------------------------------------------------
     strategy: StrategyName = Field(_FEDERATION.strategy, description="Aggregation method.")
@@ -393,7 +400,18 @@ class Settings(BaseSettings):
             self.canary_spec()  # a malformed FEDKEY_CANARY_FORMAT / _ALPHABET, refused up front
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("HTTPS needs both --tls-cert and --tls-key")
+        if self.init is not None:
+            self._check_base(self.init)
         return self
+
+    def _check_base(self, init: str) -> None:
+        """--init: a readable base checkpoint, and no explicit option that contradicts it."""
+        asked = {k: getattr(self, k) for k in FIXED_BY_BASE if k in self.model_fields_set}
+        problems = base_conflicts(read_base(init), asked)
+        if problems:
+            raise ValueError(
+                f"--init {init} fixes the model and its vocabulary: drop {'; '.join(problems)}"
+            )
 
     # -- the engine's dataclasses ----------------------------------------------------------------
 
@@ -430,6 +448,11 @@ class Settings(BaseSettings):
         return self.canary_spec().draw(self.seed) if self.canary else None
 
     def build_model_config(self, vocab_size: int) -> ModelConfig:
+        """The model of `vocab_size` words these settings ask for; with --init, the base's (its
+        dropout replaced by an explicit --dropout)."""
+        if self.init is not None:
+            dropout = self.dropout if "dropout" in self.model_fields_set else None
+            return base_model_config(read_base(self.init), dropout)
         extra = ModelOverrides(
             cell=self.cell, num_layers=self.layers, tied=self.tied, dropout=self.dropout
         )
@@ -520,6 +543,7 @@ class Settings(BaseSettings):
             ksr_sentences=self.ksr_sentences,
             keep_checkpoints=self.keep_checkpoints,
             eval_device=self.eval_device,
+            init=self.init,
         )
 
     def quorum_for(self, expected: int) -> int:

@@ -1,0 +1,102 @@
+"""A base model: the checkpoint a federation starts from (``--init``), as `fedkey pretrain` writes
+it from public text. It fixes the model's shape and the vocabulary the phones' text is encoded
+with, so neither is chosen again, nor built from the phones' text.
+
+Read without torch (a safetensors file starts with its length-prefixed JSON header, which holds
+the "fedkey" metadata, fedkey.models.checkpoint), so the settings check ``--init`` as the command
+line is parsed; the weights are loaded by fedkey.models.checkpoint.initial_state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedkey.models.config import PRESETS, ModelConfig
+from fedkey.models.tokenizers import Tokenizer, tokenizer_from_config
+
+__all__ = ["FIXED_BY_BASE", "base_conflicts", "base_model_config", "base_tokenizer", "read_base"]
+
+#: The Settings fields a base model fixes: its shape and its vocabulary.
+FIXED_BY_BASE = (
+    "model", "hidden_size", "cell", "layers", "tied", "tokenizer", "vocab_size", "tokenizer_text",
+)  # fmt: skip
+
+_MAX_HEADER = 256 * 2**20  # a header past this is no checkpoint's (a 10k vocabulary: ~0.1 MB)
+
+
+def _header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size <= _MAX_HEADER:
+            raise ValueError("no safetensors header")
+        header: dict[str, Any] = json.loads(f.read(size))
+    return header
+
+
+def read_base(path: str | Path) -> dict[str, Any]:
+    """The fedkey metadata of the checkpoint at `path`; a ValueError in one line when the file
+    is missing, unreadable or not a fedkey checkpoint."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"--init {path}: no such file (a checkpoint of fedkey pretrain)")
+    try:
+        meta: dict[str, Any] = json.loads(_header(p)["__metadata__"]["fedkey"])
+        ModelConfig(**meta["model"])
+        meta["tokenizer"]["kind"]
+    except OSError as e:
+        raise ValueError(f"--init {path}: cannot read it ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--init {path}: not a fedkey checkpoint") from None
+    return meta
+
+
+def base_model_config(meta: Mapping[str, Any], dropout: float | None = None) -> ModelConfig:
+    """The base's model config; `dropout`, when given, replaces its dropout (training, not shape)."""
+    config = dict(meta["model"])
+    if dropout is not None:
+        config["dropout"] = dropout
+    return ModelConfig(**config)
+
+
+def base_tokenizer(path: str | Path) -> Tokenizer:
+    """The vocabulary of the base at `path`, which the phones' text is encoded with."""
+    return tokenizer_from_config(read_base(path)["tokenizer"])
+
+
+def _flag(name: str, value: Any) -> str:
+    if name == "tied":
+        return "--tied" if value else "--untied"
+    return f"--{name.replace('_', '-')} {value}"
+
+
+def base_conflicts(meta: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """The options in `asked` (Settings field -> value given explicitly) that disagree with the
+    base `meta`, each as '--flag VALUE (the base's: BASE)'."""
+    model = meta["model"]
+    base = {
+        "cell": model["cell"],
+        "layers": model["num_layers"],
+        "tied": model["tied"],
+        "tokenizer": meta["tokenizer"]["kind"],
+        "vocab_size": model["vocab_size"],
+    }
+    problems = [
+        f"{_flag(name, asked[name])} (the base's: {_flag(name, value)})"
+        for name, value in base.items()
+        if name in asked and asked[name] != value
+    ]
+    size = asked.get("hidden_size")
+    flag = f"--hidden-size {size}"
+    if size is None and "model" in asked:
+        size, flag = (
+            PRESETS[asked["model"]],
+            f"--model {asked['model']} (size {PRESETS[asked['model']]})",
+        )
+    if size is not None and size != model["hidden_size"]:
+        problems.insert(0, f"{flag} (the base's: --hidden-size {model['hidden_size']})")
+    if asked.get("tokenizer_text") is not None:
+        problems.append("--tokenizer-text (the vocabulary is the base's)")
+    return problems
