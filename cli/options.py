@@ -16,9 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
-import click
 import typer
-from click.core import ParameterSource
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -121,16 +119,14 @@ def _cli_type(annotation: Any) -> Any:
 
 def settings_option(name: str, **extra: Any) -> tuple[Any, Any]:
     """(type, typer.Option) of the Settings field `name`, derived from the field; `extra` (with
-    EXTRAS[name]) adds flag, aliases, a callback, or another help or default where a command
-    needs its own."""
+    EXTRAS[name]) adds flag, aliases, a callback, or another help where a command needs its own."""
     field = Settings.model_fields[name]
     kw = {**_bounds(field), "help": field.description, **EXTRAS.get(name, {}), **extra}
-    default = kw.pop("default", field.default)
     flags = (kw.pop("flag", f"--{name.replace('_', '-')}"), *kw.pop("aliases", ()))
     kind = _cli_type(field.annotation)
     if kind is not field.annotation:  # a secret: its default is not shown
         kw.setdefault("show_default", False)
-    option = typer.Option(default, *flags, envvar=f"FEDKEY_{name.upper()}", **kw)
+    option = typer.Option(field.default, *flags, envvar=f"FEDKEY_{name.upper()}", **kw)
     return kind, option
 
 
@@ -235,8 +231,13 @@ FLEET = {
 }
 
 
+#: The key of **opts under which `with_options` hands a command its typer.Context.
+CONTEXT = "typer_context"
+
+
 def with_options(*groups: dict):
-    """Give a command the shared options of `groups`; they arrive in its **opts."""
+    """Give a command the shared options of `groups`; they arrive in its **opts, with the
+    command's typer.Context (under CONTEXT: build_settings reads which options were given)."""
 
     def decorate(fn):
         sig = inspect.signature(fn)
@@ -246,6 +247,9 @@ def with_options(*groups: dict):
             for group in groups
             for name, (kind, option) in group.items()
         ]
+        extra.append(
+            inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        )
         fn.__signature__ = sig.replace(parameters=own + extra)
         fn.__annotations__ = {**fn.__annotations__, **{p.name: p.annotation for p in extra}}
         return fn
@@ -253,23 +257,21 @@ def with_options(*groups: dict):
     return decorate
 
 
-def _given(name: str, value: Any) -> bool:
-    """Whether the running command's option `name` was given (flag or environment) or has a
-    default of the command's own, rather than its Settings field's default: Settings then knows
-    which options were asked for (--init refuses those that contradict the base)."""
-    ctx = click.get_current_context(silent=True)
+def _given(ctx: typer.Context | None, name: str, value: Any) -> bool:
+    """Whether the command's option `name` was given (flag or environment) or has a default of
+    the command's own, rather than its Settings field's default: Settings then knows which
+    options were asked for (--init refuses those that contradict the base)."""
     source = ctx.get_parameter_source(name) if ctx is not None else None
-    return (
-        source not in (ParameterSource.DEFAULT, None)
-        or value != Settings.model_fields[name].default
-    )
+    given = source is not None and source.name != "DEFAULT"
+    return given or value != Settings.model_fields[name].default
 
 
 def build_settings(opts: dict, **overrides) -> Settings:
     """Settings from the options a command received (only the names Settings knows, and of
     those with the field's default only the ones given); a value Settings refuses is a
     UserError, one line per problem."""
-    values = {k: v for k, v in opts.items() if k in Settings.model_fields and _given(k, v)}
+    ctx = opts.get(CONTEXT)
+    values = {k: v for k, v in opts.items() if k in Settings.model_fields and _given(ctx, k, v)}
     try:
         return Settings(**{**values, **overrides})
     except ValidationError as e:

@@ -7,16 +7,19 @@ from pathlib import Path
 import typer
 
 from fedkey.cli.federation import print_table
-from fedkey.cli.options import PHONES, build_settings, settings_group, settings_option, with_options
+from fedkey.cli.options import PHONES, build_settings, settings_group, with_options
 
 #: The public text to pretrain on, and its vocabulary.
 PUBLIC_DATA = {
-    "data": settings_option(
-        "data",
-        default="chitchat",
-        help="Public text to pretrain on: 'chitchat' (the Chit-Chat dataset's pretraining "
-        "senders, installed with fedkey), 'ubuntu-irc', or a corpus directory. Never the phones' "
-        "text: 'nus-sms' and 'chitchat-heldout' are refused.",
+    "data": (
+        str,
+        typer.Option(
+            "chitchat",
+            "--data",
+            help="Public text to pretrain on: 'chitchat' (the Chit-Chat dataset's pretraining "
+            "senders, installed with fedkey), 'ubuntu-irc', or a corpus directory. Never the "
+            "phones' text: 'nus-sms' and 'chitchat-heldout' are refused.",
+        ),
     ),
     **settings_group(
         "paper_protocol", "tokenizer", "vocab_size", "tokenizer_text", "max_train_tokens",
@@ -55,7 +58,7 @@ def pretrain(
     from fedkey.runners.pretrain import PretrainConfig
     from fedkey.runners.pretrain import pretrain as run_pretrain
 
-    settings = build_settings(opts, storage=out)
+    settings = build_settings(opts, storage=out, init=None)  # a base of its own: no FEDKEY_INIT
     rows, base = run_pretrain(
         PretrainConfig(
             settings.data_config(),

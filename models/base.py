@@ -83,10 +83,13 @@ def base_conflicts(meta: Mapping[str, Any], asked: Mapping[str, Any]) -> list[st
         "tokenizer": meta["tokenizer"]["kind"],
         "vocab_size": model["vocab_size"],
     }
+    # the --vocab-size it was pretrained with, a maximum its vocabulary may not have reached
+    pretrained = meta.get("pretrain", {}).get("vocabulary", {}).get("max_size")
     problems = [
         f"{_flag(name, asked[name])} (the base's: {_flag(name, value)})"
         for name, value in base.items()
-        if name in asked and asked[name] != value
+        if name in asked
+        and asked[name] not in (value, pretrained if name == "vocab_size" else value)
     ]
     size = asked.get("hidden_size")
     flag = f"--hidden-size {size}"

@@ -26,7 +26,8 @@ FORMAT_VERSION = 1
 
 #: What the JSON object under the "fedkey" metadata key holds, key -> meaning (the checkpoint
 #: reference, docs/reference/checkpoint.md, is generated from it). checkpoint_bytes writes the
-#: first five; the round engine (fedkey.federation.engine) adds "metrics" and "server" through `extra`.
+#: first five; the round engine (fedkey.federation.engine) adds "metrics" and "server" through `extra`,
+#: fedkey.runners.pretrain "pretrain" to a base model.
 METADATA: dict[str, str] = {
     "format": f"The format's version ({FORMAT_VERSION}).",
     "model": "The model config (fedkey.models.config.ModelConfig): vocab_size, cell, emb_size, "
@@ -39,6 +40,10 @@ METADATA: dict[str, str] = {
     "server": "The server's memory for a restart: the strategy's per-phone scores and sample "
     "counts, the privacy accountant, the best round so far. Only in the run's own files: the "
     "model served by GET /v1/model leaves it out.",
+    "pretrain": "A base model's only (fedkey pretrain, the --init of a federation): its corpora, "
+    "its vocabulary (kind, size, the --vocab-size asked, the public text it was built from) and "
+    "its recipe (epochs, lr, lr_decay, momentum, clip, batch_size, max_len, precision, model, "
+    "seed, max_train_tokens, fedkey_commit).",
 }
 
 

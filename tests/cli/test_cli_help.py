@@ -42,9 +42,9 @@ def test_help_of_every_command_imports_no_torch():
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    # the app, its 11 commands, the audit group and its 1, the data group and its 2 (fetch,
+    # the app, its 12 commands, the audit group and its 1, the data group and its 2 (fetch,
     # where); the benchmarks are fedkey-bench's
-    assert int(out.stdout.split()[-1]) == 19  # fedkey, its 15 commands, audit and data's 3
+    assert int(out.stdout.split()[-1]) == 20  # fedkey, its 16 commands, audit and data's 3
 
 
 def test_python_dash_m_cli_is_the_fedkey_command():
