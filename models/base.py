@@ -72,9 +72,24 @@ def _flag(name: str, value: Any) -> str:
     return f"--{name.replace('_', '-')} {value}"
 
 
+def _size_conflict(model: Mapping[str, Any], asked: Mapping[str, Any]) -> str | None:
+    """An asked --hidden-size, or else --model preset, whose size is not the base's."""
+    if asked.get("hidden_size") is not None:
+        size, flag = asked["hidden_size"], f"--hidden-size {asked['hidden_size']}"
+    elif "model" in asked:
+        size = PRESETS[asked["model"]]
+        flag = f"--model {asked['model']} (size {size})"
+    else:
+        return None
+    if size == model["hidden_size"]:
+        return None
+    return f"{flag} (the base's: --hidden-size {model['hidden_size']})"
+
+
 def base_conflicts(meta: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
     """The options in `asked` (Settings field -> value given explicitly) that disagree with the
-    base `meta`, each as '--flag VALUE (the base's: BASE)'."""
+    base `meta`, each as '--flag VALUE (the base's: BASE)'. A --vocab-size may also be the one
+    the base was pretrained with: a maximum its vocabulary need not have reached."""
     model = meta["model"]
     base = {
         "cell": model["cell"],
@@ -83,23 +98,16 @@ def base_conflicts(meta: Mapping[str, Any], asked: Mapping[str, Any]) -> list[st
         "tokenizer": meta["tokenizer"]["kind"],
         "vocab_size": model["vocab_size"],
     }
-    # the --vocab-size it was pretrained with, a maximum its vocabulary may not have reached
-    pretrained = meta.get("pretrain", {}).get("vocabulary", {}).get("max_size")
+    accepted = {name: {value} for name, value in base.items()}
+    accepted["vocab_size"].add(meta.get("pretrain", {}).get("vocabulary", {}).get("max_size"))
     problems = [
         f"{_flag(name, asked[name])} (the base's: {_flag(name, value)})"
         for name, value in base.items()
-        if name in asked
-        and asked[name] not in (value, pretrained if name == "vocab_size" else value)
+        if name in asked and asked[name] not in accepted[name]
     ]
-    size = asked.get("hidden_size")
-    flag = f"--hidden-size {size}"
-    if size is None and "model" in asked:
-        size, flag = (
-            PRESETS[asked["model"]],
-            f"--model {asked['model']} (size {PRESETS[asked['model']]})",
-        )
-    if size is not None and size != model["hidden_size"]:
-        problems.insert(0, f"{flag} (the base's: --hidden-size {model['hidden_size']})")
+    size = _size_conflict(model, asked)
+    if size is not None:
+        problems.insert(0, size)
     if asked.get("tokenizer_text") is not None:
         problems.append("--tokenizer-text (the vocabulary is the base's)")
     return problems
