@@ -2,9 +2,9 @@
 it from public text. It fixes the model's shape and the vocabulary the phones' text is encoded
 with, so neither is chosen again, nor built from the phones' text.
 
-Read without torch (a safetensors file starts with its length-prefixed JSON header, which holds
-the "fedkey" metadata, fedkey.models.checkpoint), so the settings check ``--init`` as the command
-line is parsed; the weights are loaded by fedkey.models.checkpoint.initial_state.
+Its metadata is read without torch (safetensors' header alone, through its numpy reader), so the
+settings check ``--init`` as the command line is parsed; the weights are loaded by
+fedkey.models.checkpoint.initial_state.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ FIXED_BY_BASE = (
     "model", "hidden_size", "cell", "layers", "tied", "tokenizer", "vocab_size", "tokenizer_text",
 )  # fmt: skip
 
-_MAX_HEADER = 256 * 2**20  # a header past this is no checkpoint's (a 10k vocabulary: ~0.1 MB)
 
+def _metadata(path: Path) -> dict[str, str]:
+    """The safetensors header's metadata of the file at `path` (no tensor is read)."""
+    from safetensors import SafetensorError, safe_open
 
-def _header(path: Path) -> dict[str, Any]:
-    with path.open("rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        if not 0 < size <= _MAX_HEADER:
-            raise ValueError("no safetensors header")
-        header: dict[str, Any] = json.loads(f.read(size))
-    return header
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return f.metadata() or {}
+    except SafetensorError as e:
+        raise ValueError(str(e)) from None
 
 
 def read_base(path: str | Path) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def read_base(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ValueError(f"--init {path}: no such file (a checkpoint of fedkey pretrain)")
     try:
-        meta: dict[str, Any] = json.loads(_header(p)["__metadata__"]["fedkey"])
+        meta: dict[str, Any] = json.loads(_metadata(p)["fedkey"])
         ModelConfig(**meta["model"])
         meta["tokenizer"]["kind"]
     except OSError as e:
