@@ -47,7 +47,7 @@ DEMO = ["--fraction", "0.5", "--local-epochs", "2"]
 #: NUS SMS: a phone for every sender with at least NUS_MIN_MESSAGES training messages (30), 9 a
 #: round, and the settings chosen by measurement so that test perplexity improves or holds round
 #: after round over 30 rounds, never more than 2% above its best so far
-#: (docs/tutorial/first-federation.md): a vocabulary of 2,000 words, a GRU of 96 units, two local
+#: (docs/explanation/demo.md): a vocabulary of 2,000 words, a GRU of 96 units, two local
 #: epochs at lr 1.0 decaying by 0.93 a round, and a FedAtt server step of 0.4 (best test
 #: perplexity 125.6; one local epoch at lr 0.7 decaying by 0.9 stays near 170, and at step 0.5 a
 #: round rose 2.4% above its best). fp32: faster than bf16 on a CPU without bf16 units.
