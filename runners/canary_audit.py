@@ -47,6 +47,7 @@ from fedkey.runners.canary_arms import (
     summarize,
 )
 from fedkey.runners.canary_report import Results, per_round_table, write_report
+from fedkey.runners.source import git
 
 __all__ = [
     "AuditConfig",
@@ -60,19 +61,6 @@ __all__ = [
     "summarize",
     "write_report",
 ]
-
-#: Where this code lives: git says from here which commit an arm ran (None outside a checkout).
-_SOURCE = Path(__file__).resolve().parents[1]
-
-
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=_SOURCE, capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return done.stdout.strip()
 
 
 def _device() -> str:
@@ -120,12 +108,12 @@ def run_fedkey(
     RuntimeError with the end of its log. `results`: the folder the audit writes into, which is
     not a change to the code (git_dirty)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    commit = _git("rev-parse", "HEAD")
+    commit = git("rev-parse", "HEAD")
     aside = []
-    top = _git("rev-parse", "--show-toplevel")
+    top = git("rev-parse", "--show-toplevel")
     if results is not None and top is not None and results.resolve().is_relative_to(top):
         aside = [f":!{results.resolve().relative_to(top)}"]
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", top or ".", *aside))
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", top or ".", *aside))
     line = shlex.join(cmd)
     (run_dir / "command.txt").write_text(line + "\n")
     assigned, argv = _split_env(cmd)

@@ -14,7 +14,6 @@ corpora, its vocabulary and its recipe (:func:`base_metadata`). The phones' priv
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from fedkey.federation.storage import RunStorage
 from fedkey.models.checkpoint import read_metadata
 from fedkey.models.config import ModelConfig
 from fedkey.runners.baselines import train_central
+from fedkey.runners.source import git
 
 __all__ = ["BASE_FILE", "PretrainConfig", "base_metadata", "check_public", "pretrain"]
 
@@ -37,8 +37,6 @@ BASE_FILE = "base.safetensors"
 
 #: What a base is never trained on: the phones' text, and the Chit-Chat senders kept for them.
 PRIVATE_CORPORA = ("nus-sms", "chitchat-heldout")
-
-_SOURCE = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -131,17 +129,6 @@ def base_metadata(meta: dict[str, Any], config: PretrainConfig) -> dict[str, Any
             "model": meta["model"],
             "seed": data.seed,
             "max_train_tokens": data.max_train_tokens,
-            "fedkey_commit": fedkey_commit(),
+            "fedkey_commit": git("rev-parse", "HEAD") or None,
         },
     }
-
-
-def fedkey_commit() -> str | None:
-    """The git commit of this code (None outside a checkout or without git)."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=_SOURCE, capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return done.stdout.strip() or None

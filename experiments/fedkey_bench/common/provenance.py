@@ -5,21 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import subprocess
 from pathlib import Path
 
-from fedkey_bench.common.checkout import ROOT
+from fedkey.runners.source import git
 
-
-def git(*args: str, tree: Path = ROOT) -> str | None:
-    """`git ARGS` in `tree` (the checkout by default): its output, or None when it fails."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return done.stdout.strip()
+__all__ = ["cpu_model", "git", "machine", "machine_line", "proc_kb"]
 
 
 def proc_kb(path: str, key: str) -> int:
