@@ -146,9 +146,9 @@ TRAIN = settings_group(
 FEDERATION = settings_group(
     "strategy", "fraction", "rounds", "epsilon", "max_reach", "norm", "fedatt_normalizer", "eta",
     "epsilon_med", "topk_beta", "adafl", "server_opt", "server_lr", "server_momentum",
-    "server_lr_decay", "lr_decay", "ksr_sentences", "keep_checkpoints", "eval_device", "bound",
-    "bound_norm", "bound_multiple", "bound_scope", "attention_temperature", "weight_cap", "trim",
-    "outlier_z", "dp_beta", "dp_clip", "dp_noise_multiplier", "dp_sampling", "dp_mechanism",
+    "server_lr_decay", "lr_decay", "ksr_sentences", "ngram", "keep_checkpoints", "eval_device",
+    "bound", "bound_norm", "bound_multiple", "bound_scope", "attention_temperature", "weight_cap",
+    "trim", "outlier_z", "dp_beta", "dp_clip", "dp_noise_multiplier", "dp_sampling", "dp_mechanism",
     "dp_min_separation", "dp_clip_quantile", "dp_clip_lr", "dp_clip_count_stddev", "dp_delta",
     "dp_target_epsilon", "dp_publish_scores", "dp_secret",
 )  # fmt: skip

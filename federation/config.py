@@ -216,6 +216,7 @@ class FederationConfig:
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
     keep_checkpoints: int = 0
     init: str | None = None  # a base checkpoint whose weights round 0 holds (default: fresh ones)
+    ngram: str | None = None  # a Kneser-Ney n-gram file: every round also scores the mixture
 
 
 def dp_problem(

@@ -55,6 +55,7 @@ from fedkey.models.tokenizers import Tokenizer
 
 if TYPE_CHECKING:
     from fedkey.federation.plan import RoundPlan
+    from fedkey.models.mixture import NgramMixture
 
 
 @dataclass
@@ -73,6 +74,24 @@ Evaluator = Callable[[dict[str, torch.Tensor]], dict]
 #: A round metric besides perplexity (a backdoor's success, a canary's exposure): called with the
 #: evaluated model and the tokenizer, its dict is merged into the round's metrics row.
 Probe = Callable[[LanguageModel, Tokenizer], dict]
+
+
+def _mixture(
+    config: FederationConfig, tokenizer: Tokenizer, valid: list[str], test: list[str]
+) -> NgramMixture:
+    """The run's n-gram (config.ngram, a fedkey-kn-1 file) beside its model: a ValueError of one
+    line when it cannot be read, is not an n-gram file, or has another vocabulary."""
+    from fedkey.models.mixture import NgramMixture
+    from fedkey.models.ngram import KneserNey
+    from fedkey.models.tokenizers import WordTokenizer
+
+    if not isinstance(tokenizer, WordTokenizer):
+        raise ValueError("--ngram mixes an n-gram with a word-vocabulary model (--tokenizer word)")
+    try:
+        ngram = KneserNey.load(str(config.ngram), tokenizer)
+        return NgramMixture(ngram, tokenizer, valid, test, config.ksr_sentences)
+    except ValueError as e:
+        raise ValueError(f"--ngram {e}") from None
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
@@ -129,21 +148,28 @@ class Federation:
         self.model_bytes = state_bytes(self.global_state)
         self.round = 0  # rounds completed
         self.best: dict | None = None
+        # --ngram: every round also scores the model mixed with this n-gram (refused now, in one
+        # line, when it cannot be read or was built for another vocabulary).
+        self.mixture = _mixture(config, tokenizer, valid, test) if config.ngram else None
         self._public: tuple[int, bytes] | None = None  # (round, public checkpoint bytes)
 
     # -- evaluation ---------------------------------------------------------------------------
 
     def evaluate(self, state: dict[str, torch.Tensor]) -> dict:
-        """Validation and test perplexity, top-1/top-3 and keystroke savings of `state`."""
+        """Validation and test perplexity, top-1/top-3 and keystroke savings of `state`; with an
+        n-gram, the mixture's too (fedkey.models.mixture.MIX_FIELDS), from the same batches."""
         from fedkey.models.metrics import column_perplexity, held_out_scores
 
         device = self.eval_device
         model = build_model(self.model_config, state).to(device)
         precision = self.eval_precision
+        mixed = self.mixture.round() if self.mixture is not None else None
         scores: dict = held_out_scores(
             model, self.tokenizer, self.valid, self.test, self.config.eval_batch_size, device,
-            precision, self.config.ksr_sentences,
+            precision, self.config.ksr_sentences, mixed.taps if mixed is not None else None,
         )  # fmt: skip
+        if mixed is not None:
+            scores.update(mixed.fields(model, precision))
         if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
             for key, text in (("col_val_ppl", self.valid), ("col_test_ppl", self.test)):
                 scores[key] = column_perplexity(

@@ -74,6 +74,18 @@ ALWAYS: dict[str, RowField] = {
         "(never `</s>` or `<unk>`); what production keyboards report as top-1 recall.",
     ),
     "bar_top3": RowField("float | null", "`top3` as a suggestion bar ranks."),
+    "all_top1": RowField(
+        "float | null",
+        "`bar_top1` over every word of the test set (the end of a message aside), a word out of "
+        "the vocabulary counting as a miss: what the user sees of all they type, which a "
+        "smaller vocabulary cannot raise by leaving the hard words out.",
+    ),
+    "all_top3": RowField("float | null", "`bar_top3` over every word, as `all_top1`."),
+    "oov": RowField(
+        "float | null",
+        "Share of the test set's words (the end of a message aside) out of the vocabulary "
+        "(`<unk>`): `all_top1` = `bar_top1` x (1 - `oov`).",
+    ),
     "ksr": RowField(
         "float | null",
         "Keystroke savings on the first test sentences with a 3-slot suggestion bar (null when "
@@ -152,6 +164,9 @@ UNSEEN_WHEN = (
     "`ubuntu-irc`)"
 )
 
+#: When a row scores the model mixed with an n-gram (fedkey.models.mixture).
+NGRAM_WHEN = "`--ngram PATH` (`simulate`, `server`, `run`)"
+
 #: Fields a row has only when an option asks for them.
 CONDITIONAL: dict[str, RowField] = {
     "col_val_ppl": RowField(
@@ -195,10 +210,45 @@ CONDITIONAL: dict[str, RowField] = {
         "`bar_top3` on the held-out senders' messages.",
         UNSEEN_WHEN,
     ),
+    "unseen_all_top1": RowField(
+        "float | null",
+        "`all_top1` on the held-out senders' messages.",
+        UNSEEN_WHEN,
+    ),
+    "unseen_all_top3": RowField(
+        "float | null",
+        "`all_top3` on the held-out senders' messages.",
+        UNSEEN_WHEN,
+    ),
+    "unseen_oov": RowField(
+        "float | null",
+        "`oov` on the held-out senders' messages.",
+        UNSEEN_WHEN,
+    ),
     "unseen_ksr": RowField(
         "float | null",
         "`ksr` on the held-out senders' first messages.",
         UNSEEN_WHEN,
+    ),
+    "ngram_weight": RowField(
+        "float",
+        "The model's weight lam in the mixture lam x model + (1 - lam) x n-gram that the keyboard "
+        "ships (Mikolov et al. 2010's linear interpolation): of 0, 0.05, ..., 1, the one with the "
+        "lowest validation perplexity this round.",
+        NGRAM_WHEN,
+    ),
+    "mix_val_ppl": RowField(
+        "float", "Validation perplexity of the mixture (at `ngram_weight`).", NGRAM_WHEN
+    ),
+    "mix_test_ppl": RowField("float", "Test perplexity of the mixture.", NGRAM_WHEN),
+    "mix_bar_top1": RowField(
+        "float | null", "`bar_top1` of the mixture (as the keyboard ranks it).", NGRAM_WHEN
+    ),
+    "mix_all_top1": RowField("float | null", "`all_top1` of the mixture.", NGRAM_WHEN),
+    "mix_ksr": RowField(
+        "float | null",
+        "`ksr` of the mixture, on the same first test sentences (null when `--ksr-sentences 0`).",
+        NGRAM_WHEN,
     ),
     "canary_exposure": RowField(
         "float",
@@ -366,6 +416,9 @@ SCORE_KEYS = frozenset(
         "top3",
         "bar_top1",
         "bar_top3",
+        "all_top1",
+        "all_top3",
+        "oov",
         "ksr",
         "best_round",
         "best_val_ppl",
@@ -379,7 +432,16 @@ SCORE_KEYS = frozenset(
         "unseen_top3",
         "unseen_bar_top1",
         "unseen_bar_top3",
+        "unseen_all_top1",
+        "unseen_all_top3",
+        "unseen_oov",
         "unseen_ksr",
+        "ngram_weight",
+        "mix_val_ppl",
+        "mix_test_ppl",
+        "mix_bar_top1",
+        "mix_all_top1",
+        "mix_ksr",
     }
 )
 

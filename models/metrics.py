@@ -2,7 +2,9 @@
 
 Perplexity is exp(total NLL / predicted words), the end of sentence counted as a word. For a
 SentencePiece model the NLL of a word is the sum of its pieces' NLLs, so the divisor is still
-the number of words + 1 per sentence and the numbers compare with word-level models.
+the number of words + 1 per sentence and the numbers compare with word-level models. The counts
+(and the tie rule of every ranking) are fedkey.models.scoring's, shared with the n-grams and the
+n-gram mixture (fedkey.models.mixture).
 
 `precision` (fedkey.models.precision): the forward's arithmetic; the log-probabilities and the sums are
 float32 whatever it is.
@@ -10,9 +12,10 @@ float32 whatever it is.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Iterator
-from typing import TypedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,10 +23,30 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedkey.common.config import Precision
+from fedkey.models.bar import savings_scores, word_lengths
 from fedkey.models.batching import IGNORE, batches, column_batches, seeded_order
 from fedkey.models.model import LanguageModel
 from fedkey.models.precision import autocast, resolve_precision
+from fedkey.models.scoring import Evaluation, Tally, perplexity
 from fedkey.models.tokenizers import Tokenizer, WordTokenizer
+
+__all__ = [
+    "TEST_FIELDS",
+    "Evaluation",
+    "Tap",
+    "Taps",
+    "column_perplexity",
+    "evaluate",
+    "held_out_scores",
+    "keystroke_savings",
+    "keystroke_savings_of",
+    "next_word_log_probs",
+    "perplexity",
+    "scoring_order",
+    "test_fields_of",
+    "token_log_probs",
+    "unseen_scores",
+]
 
 #: Scores (predicted words x vocabulary) in one evaluation batch: 20 MB of float32, under the
 #: 32 MB above which glibc's malloc maps every block afresh instead of reusing its heap. PTB's
@@ -32,24 +55,11 @@ from fedkey.models.tokenizers import Tokenizer, WordTokenizer
 SCORES = 5_000_000
 
 
-class Evaluation(TypedDict):
-    """What :func:`evaluate` (and the n-gram models' `evaluate`) report on held-out sentences."""
-
-    ppl: float
-    nll: float
-    words: int
-    top1: float | None  # None for SentencePiece, or when no target is a real word
-    top3: float | None
-    bar_top1: float | None  # the suggestion bar's ranking: </s> and <unk> never shown
-    bar_top3: float | None
-
-
-def perplexity(mean_nll: float) -> float:
-    """exp(mean NLL), inf past the float range (a diverged model: a x100 update, say)."""
-    try:
-        return math.exp(mean_nll)
-    except OverflowError:
-        return math.inf
+def scoring_order(seqs: Sequence[list[int]]) -> list[int]:
+    """The order :func:`token_log_probs` reads encoded sentences in: shortest first (less padding),
+    ties as given. Its batches hold whole sentences, so its targets, concatenated, are those of
+    the sentences in this order."""
+    return sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
 
 
 def token_log_probs(
@@ -67,7 +77,7 @@ def token_log_probs(
     model.to(device)
     resolved = resolve_precision(precision, device)
     seqs = [tokenizer.encode(s) for s in sentences]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    order = scoring_order(seqs)
     # At most SCORES scores a batch (see SCORES: larger blocks cost page faults at every batch).
     for inputs, targets in batches(seqs, batch_size, order, max(1, SCORES // tokenizer.vocab_size)):
         keep = targets != IGNORE
@@ -86,7 +96,8 @@ def evaluate(
     precision: Precision = "fp32",
     accuracy: bool = True,
 ) -> Evaluation:
-    """-> {"ppl", "nll", "words", "top1", "top3", "bar_top1", "bar_top3"} on held-out sentences.
+    """-> {"ppl", "nll", "words", "top1", "top3", "bar_top1", "bar_top3", "all_top1", "all_top3",
+    "oov"} on held-out sentences (counted by fedkey.models.scoring.Tally).
 
     top-k accuracy (word tokenizers only; None for SentencePiece) counts the predictions whose
     target is a real word: not </s> and not <unk>, which a suggestion bar would never show.
@@ -94,29 +105,49 @@ def evaluate(
     bench has always scored); bar_top1/bar_top3 rank only the words a bar shows
     (Tokenizer.special_ids left out): what a user sees, and what production keyboards report as
     top-k recall (Hard et al. 2018, "Federated Learning for Mobile Keyboard Prediction", Sec. 5).
-    `accuracy=False` leaves them out (None): the top-3 search is about a quarter of the time, and
-    a validation set is read for its perplexity only.
+    all_top1/all_top3 are the bar's hits over every real word (every target but </s>), an
+    out-of-vocabulary one (<unk>) a miss, and oov the share of real words out of the
+    vocabulary: a smaller vocabulary cannot look better by leaving the hard words out. Ties go
+    to the lower vocabulary id, as in the bar. `accuracy=False` leaves them out (None): a
+    validation set is read for its perplexity only.
     """
-    nll, scored = 0.0, 0
-    hits = {"top1": 0, "top3": 0, "bar_top1": 0, "bar_top3": 0}
-    word_level = accuracy and isinstance(tokenizer, WordTokenizer)
+    return _scored(model, tokenizer, sentences, batch_size, device, precision, accuracy, ())
+
+
+#: A reader of the model's scores beside the evaluation: called with the (targets [n],
+#: log-probabilities [n, vocab]) of every batch, in `scoring_order`.
+Tap = Callable[[Tensor, Tensor], None]
+
+
+@dataclass
+class Taps:
+    """Other scorers that read the model's scores as :func:`held_out_scores` computes them, so
+    that the model runs once (the n-gram mixture, fedkey.models.mixture)."""
+
+    valid: list[Tap] = field(default_factory=list)
+    test: list[Tap] = field(default_factory=list)
+
+
+@torch.no_grad()
+def _scored(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    batch_size: int,
+    device: torch.device | str,
+    precision: Precision,
+    accuracy: bool,
+    taps: Sequence[Tap],
+) -> Evaluation:
+    """:func:`evaluate`, each batch also handed to `taps`."""
+    tally = Tally.of(tokenizer, accuracy)
     for targets, logp in token_log_probs(
         model, tokenizer, sentences, batch_size, device, precision
     ):
-        nll += float(F.nll_loss(logp, targets, reduction="sum"))
-        if word_level:
-            real = (targets != tokenizer.eos_id) & (targets != tokenizer.unk_id)
-            for prefix in ("", "bar_"):
-                if prefix:  # the bar's ranking: the specials never shown
-                    logp[:, tokenizer.special_ids] = -math.inf
-                match = logp.topk(3, dim=-1).indices == targets.unsqueeze(-1)
-                hits[prefix + "top1"] += int((match[..., 0] & real).sum())
-                hits[prefix + "top3"] += int((match.any(-1) & real).sum())
-            scored += int(real.sum())
-    words = sum(tokenizer.num_words(s) + 1 for s in sentences)
-    shares = {k: (v / scored if word_level and scored else None) for k, v in hits.items()}
-    return {"ppl": perplexity(nll / max(words, 1)), "nll": nll, "words": words,
-            **shares}  # type: ignore[typeddict-item]  # fmt: skip
+        tally.add(targets, logp)
+        for tap in taps:
+            tap(targets, logp)
+    return tally.result(sum(tokenizer.num_words(s) + 1 for s in sentences))
 
 
 def held_out_scores(
@@ -128,19 +159,32 @@ def held_out_scores(
     device: torch.device | str = "cpu",
     precision: Precision = "fp32",
     ksr_sentences: int = 0,
+    taps: Taps | None = None,
 ) -> dict[str, float | None]:
     """What every round of a run records of its global model (fedkey.federation.engine), and what `fedkey
     evaluate` scores a checkpoint by: validation perplexity (read for the best round, so no
-    accuracy), test perplexity, top-1/top-3 on the test set (the model's ranking and the bar's),
-    and keystroke savings on its first `ksr_sentences` sentences (None: off, or a SentencePiece
-    vocabulary)."""
-    val = evaluate(model, tokenizer, valid, batch_size, device, precision, accuracy=False)
-    scores = _test_scores(model, tokenizer, test, batch_size, device, precision, ksr_sentences)
+    accuracy), then TEST_FIELDS: test perplexity, top-1/top-3 on the test set (the model's
+    ranking, the bar's, and the bar's over every word), the out-of-vocabulary share, and
+    keystroke savings on its first `ksr_sentences` sentences (None: off, or a SentencePiece
+    vocabulary). `taps` read the same batches (the validation set's, then the test set's)."""
+    taps = taps or Taps()
+    val = _scored(model, tokenizer, valid, batch_size, device, precision, False, taps.valid)
+    scores = _test_scores(
+        model, tokenizer, test, batch_size, device, precision, ksr_sentences, taps.test
+    )
     return {"val_ppl": val["ppl"], **scores}
 
 
 #: What _test_scores (and fedkey.runners.baselines' n-gram) reports of held-out sentences, in order.
-TEST_FIELDS = ("test_ppl", "top1", "top3", "bar_top1", "bar_top3", "ksr")
+TEST_FIELDS = (
+    "test_ppl", "top1", "top3", "bar_top1", "bar_top3", "all_top1", "all_top3", "oov", "ksr"
+)  # fmt: skip
+
+
+def test_fields_of(scores: Evaluation, ksr: float | None) -> dict[str, float | None]:
+    """TEST_FIELDS of an evaluation of test sentences, with their keystroke savings."""
+    got = {**scores, "test_ppl": scores["ppl"], "ksr": ksr}
+    return {k: got[k] for k in TEST_FIELDS}  # type: ignore[misc]  # the floats of TEST_FIELDS
 
 
 def _test_scores(
@@ -151,15 +195,15 @@ def _test_scores(
     device: torch.device | str,
     precision: Precision,
     ksr_sentences: int,
+    taps: Sequence[Tap] = (),
 ) -> dict[str, float | None]:
     """TEST_FIELDS of held-out sentences: perplexity, top-1 and top-3 (the model's ranking and
     the bar's), keystroke savings on the first `ksr_sentences` (None: off, or SentencePiece)."""
-    scores = evaluate(model, tokenizer, sentences, batch_size, device, precision)
+    scores = _scored(model, tokenizer, sentences, batch_size, device, precision, True, taps)
     ksr = None
     if isinstance(tokenizer, WordTokenizer) and ksr_sentences > 0:
         ksr = keystroke_savings(model, tokenizer, sentences[:ksr_sentences], precision=precision)
-    return {"test_ppl": scores["ppl"], "top1": scores["top1"], "top3": scores["top3"],
-            "bar_top1": scores["bar_top1"], "bar_top3": scores["bar_top3"], "ksr": ksr}  # fmt: skip
+    return test_fields_of(scores, ksr)
 
 
 def unseen_scores(
@@ -173,7 +217,8 @@ def unseen_scores(
 ) -> dict[str, float | None]:
     """The test fields of :func:`held_out_scores` on the messages of held-out senders who never
     trained (``Corpus.unseen_test``), each named ``unseen_<field>`` (``unseen_test_ppl``,
-    ``unseen_top1``, ``unseen_bar_top1``, ..., ``unseen_ksr`` on its first `ksr_sentences`)."""
+    ``unseen_top1``, ``unseen_bar_top1``, ``unseen_all_top1``, ``unseen_oov``, ...,
+    ``unseen_ksr`` on its first `ksr_sentences`)."""
     scores = _test_scores(model, tokenizer, unseen, batch_size, device, precision, ksr_sentences)
     return {f"unseen_{k}": v for k, v in scores.items()}
 
@@ -207,7 +252,25 @@ def column_perplexity(
     return perplexity(nll / max(count, 1))
 
 
-@torch.no_grad()
+def next_word_log_probs(
+    model: LanguageModel, precision: Precision = "fp32"
+) -> Callable[[list[int]], np.ndarray]:
+    """An encoded sentence -> the model's log-probabilities (float32 [words, vocab]) of each of
+    its words given the words before it: :func:`keystroke_savings_of`'s `scores_for`."""
+    model.eval()
+    device = model.decoder.bias.device
+    resolved = resolve_precision(precision, device)
+
+    @torch.no_grad()
+    def scores(ids: list[int]) -> np.ndarray:
+        with autocast(resolved, device):  # the context before each word:
+            logits, _ = model(torch.tensor([ids[:-2]], device=device))
+        rows: np.ndarray = F.log_softmax(logits[0].float(), dim=-1).cpu().numpy()
+        return rows
+
+    return scores
+
+
 def keystroke_savings(
     model: LanguageModel,
     tokenizer: WordTokenizer,
@@ -216,17 +279,46 @@ def keystroke_savings(
     precision: Precision = "fp32",
 ) -> float:
     """Keystroke savings of a neural model (see :func:`keystroke_savings_of`)."""
-    model.eval()
-    device = model.decoder.bias.device
-    resolved = resolve_precision(precision, device)
+    return keystroke_savings_of(next_word_log_probs(model, precision), tokenizer, sentences, slots)
 
-    def scores(ids: list[int]) -> np.ndarray:
-        with autocast(resolved, device):  # the context before each word:
-            logits, _ = model(torch.tensor([ids[:-2]], device=device))
-        row_scores: np.ndarray = logits[0].float().cpu().numpy()
-        return row_scores
 
-    return keystroke_savings_of(scores, tokenizer, sentences, slots)
+@dataclass(frozen=True)
+class _Bar:
+    """A vocabulary as the suggestion bar reads it: the words it may show (a letter or a digit,
+    no special token: fedkey.keyboard_web.suggest's rule), their lengths, and those words sorted,
+    so that the completions of a prefix are one contiguous range (bisect)."""
+
+    lengths: np.ndarray  # float64 [V]
+    hidden: np.ndarray  # bool [V]: the words it never shows
+    sorted_words: list[str]
+    sorted_ids: np.ndarray  # int64, aligned with sorted_words
+
+    @classmethod
+    def of(cls, tokenizer: WordTokenizer) -> _Bar:
+        ok = np.array([any(c.isalnum() for c in w) for w in tokenizer.itos], dtype=bool)
+        ok[tokenizer.special_ids] = False
+        pairs = sorted((w, i) for i, w in enumerate(tokenizer.itos) if ok[i])
+        return cls(
+            word_lengths(tokenizer.itos),
+            ~ok,
+            [w for w, _ in pairs],
+            np.array([i for _, i in pairs], dtype=np.int64),
+        )
+
+    def completions(self, prefix: str) -> np.ndarray:
+        """The ids of the words it may show that start with `prefix` (not empty)."""
+        lo = bisect.bisect_left(self.sorted_words, prefix)
+        hi = bisect.bisect_left(self.sorted_words, prefix + "\U0010ffff", lo)
+        return self.sorted_ids[lo:hi]
+
+
+def _in_bar(values: np.ndarray, ids: np.ndarray, wid: int, own: float, slots: int) -> bool:
+    """Whether the word `wid`, of savings score `own`, is among the `slots` best `values` (the
+    scores of the candidates `ids`; ties to the lower id) and not -inf: it saves keystrokes."""
+    if not own > -math.inf:
+        return False
+    ahead = (values > own) | ((values == own) & (ids < wid))
+    return int(ahead.sum()) < slots
 
 
 def keystroke_savings_of(
@@ -235,45 +327,43 @@ def keystroke_savings_of(
     sentences: list[str],
     slots: int = 3,
 ) -> float:
-    """Share of characters a user need not type with a `slots`-wide suggestion bar.
+    """Share of characters a user need not type with the `slots`-wide suggestion bar of
+    fedkey.models.bar.
 
     The user types a sentence word by word; each word costs len(word) + 1 keystrokes (the space).
-    Before each keystroke of a word the bar shows the `slots` most likely vocabulary words that
-    start with what is typed so far (next words when nothing is typed yet); if the intended word
-    is there, one tap inserts it with its space. KSR = 1 - keystrokes / characters.
-    `scores_for` gives any model's next-word scores (higher = likelier) before each word.
+    Before each keystroke of a word, k characters typed, the bar shows the `slots` words with the
+    highest P(w) * (len(w) - k) among the words it may show that start with what is typed and
+    are longer (all of them before the first letter); if the intended word is there, one tap
+    inserts it with its space: k + 1 keystrokes. A word typed in full is never a tap, and a word
+    out of the vocabulary is typed in full. KSR = 1 - keystrokes / characters (Trnka & McCoy
+    2008, "Evaluating word prediction: framing keystroke savings").
+
+    `scores_for` gives any model's next-word log-probabilities before each word (or scores that
+    differ from them by a constant per position: logits).
     """
     if not isinstance(tokenizer, WordTokenizer):
         raise ValueError("keystroke savings need a word vocabulary")
-    vocab = np.array(tokenizer.itos, dtype=object)
-    suggestible = np.ones(len(vocab), dtype=bool)
-    suggestible[tokenizer.special_ids] = False
-    first_char = np.array([v[:1] for v in tokenizer.itos], dtype=object)
+    bar = _Bar.of(tokenizer)
+    every = np.arange(tokenizer.vocab_size)
     typed_chars, keystrokes = 0, 0
     for sentence in sentences:
         words = sentence.split()
-        scores = scores_for(tokenizer.encode(sentence))
+        rows = np.asarray(scores_for(tokenizer.encode(sentence))[: len(words)], dtype=np.float64)
+        first = savings_scores(rows, bar.lengths, 0)  # nothing typed yet: every word it shows
+        first[:, bar.hidden] = -math.inf
         for pos, word in enumerate(words):
             typed_chars += len(word) + 1
             cost = len(word) + 1
-            wid = tokenizer.stoi.get(word)
-            if wid is not None and suggestible[wid]:
-                s = scores[pos]
-                better = (s > s[wid]) & suggestible
-                # The words ranked above the intended one that still match what is typed; each
-                # letter narrows the previous set (the first one with a vectorized comparison).
-                rivals: list[str] = []
-                for k in range(len(word)):
-                    if k == 0:
-                        rank = int(better.sum())
-                    elif k == 1:
-                        rivals = list(vocab[better & (first_char == word[0])])
-                        rank = len(rivals)
-                    else:
-                        rivals = [v for v in rivals if v.startswith(word[:k])]
-                        rank = len(rivals)
-                    if rank < slots:
-                        cost = k + 1  # k letters typed, then one tap
-                        break
+            wid = tokenizer.stoi.get(word, tokenizer.unk_id)
+            for k in range(0 if bar.hidden[wid] else len(word)):  # k letters typed, then a tap
+                if k == 0:
+                    ids, values, own = every, first[pos], first[pos, wid]
+                else:  # the completions of what is typed; the word itself saves len - k
+                    ids = bar.completions(word[:k])
+                    values = savings_scores(rows[pos, ids], bar.lengths[ids], k)
+                    own = savings_scores(rows[pos, [wid]], bar.lengths[[wid]], k)[0]
+                if _in_bar(values, ids, wid, own, slots):
+                    cost = k + 1
+                    break
             keystrokes += cost
     return 1.0 - keystrokes / max(typed_chars, 1)

@@ -24,7 +24,8 @@ from fedkey.federation.strategies import ClientUpdate
 from fedkey.runners.simulate import make_federation, start_or_resume
 
 if TYPE_CHECKING:
-    from fedkey.models.ngram import KneserNey, PositionalUnigram
+    from fedkey.models.ngram import KneserNey
+    from fedkey.models.positional import PositionalUnigram
 
 
 def train_central(
@@ -146,13 +147,14 @@ def _train_central(
 def _ngram_test_scores(
     lm: KneserNey | PositionalUnigram, sentences: list[str], ksr_sentences: int
 ) -> dict:
-    """fedkey.models.metrics.TEST_FIELDS of an n-gram on held-out sentences, as a round records them."""
-    from fedkey.models.metrics import TEST_FIELDS, keystroke_savings_of
+    """fedkey.models.metrics.TEST_FIELDS of an n-gram on held-out sentences, as a round records
+    them (all_top1, all_top3 and oov included: the same counts as the model's)."""
+    from fedkey.models.metrics import keystroke_savings_of, test_fields_of
 
-    scores = lm.evaluate(sentences)
-    ksr = keystroke_savings_of(lm.sentence_log_probs, lm.tokenizer, sentences[:ksr_sentences])
-    got = {**scores, "test_ppl": scores["ppl"], "ksr": ksr if ksr_sentences else None}
-    return {k: got[k] for k in TEST_FIELDS}
+    ksr = None
+    if ksr_sentences > 0:
+        ksr = keystroke_savings_of(lm.sentence_log_probs, lm.tokenizer, sentences[:ksr_sentences])
+    return test_fields_of(lm.evaluate(sentences), ksr)
 
 
 def train_ngram(
@@ -164,8 +166,9 @@ def train_ngram(
 ) -> list[dict]:
     """The baseline: a Kneser-Ney n-gram on the union of every phone's data, scored as a round.
     `positional`: a unigram by position in the sentence instead, with the seed papers'
-    column perplexity (fedkey.models.ngram.PositionalUnigram)."""
-    from fedkey.models.ngram import KneserNey, PositionalUnigram
+    column perplexity (fedkey.models.positional.PositionalUnigram)."""
+    from fedkey.models.ngram import KneserNey
+    from fedkey.models.positional import PositionalUnigram
     from fedkey.models.tokenizers import WordTokenizer
 
     prepared = prepare(data)

@@ -21,11 +21,17 @@ from fedkey.federation.config import FederationConfig
 #: What a round records of its model and a rescoring compares, in a metrics row's order.
 SCORES = {"val_ppl": "validation perplexity", "test_ppl": "test perplexity",
           "top1": "top-1 (test)", "top3": "top-3 (test)", "bar_top1": "the bar's top-1 (test)",
-          "bar_top3": "the bar's top-3 (test)", "ksr": "keystroke savings",
+          "bar_top3": "the bar's top-3 (test)",
+          "all_top1": "the bar's top-1 over every word (test)",
+          "all_top3": "the bar's top-3 over every word (test)",
+          "oov": "words out of the vocabulary (test)", "ksr": "keystroke savings",
           "unseen_test_ppl": "perplexity (senders who never trained)",
           "unseen_top1": "top-1 (never trained)", "unseen_top3": "top-3 (never trained)",
           "unseen_bar_top1": "the bar's top-1 (never trained)",
           "unseen_bar_top3": "the bar's top-3 (never trained)",
+          "unseen_all_top1": "the bar's top-1 over every word (never trained)",
+          "unseen_all_top3": "the bar's top-3 over every word (never trained)",
+          "unseen_oov": "words out of the vocabulary (never trained)",
           "unseen_ksr": "keystroke savings (never trained)"}  # fmt: skip
 #: Relative difference under which a score agrees with the recorded one (bf16 sums may differ in
 #: their last digits from one build of torch or one CPU to another).

@@ -34,7 +34,13 @@ from fedkey.federation.config import (
     StrategyName,
     dp_problem,
 )
-from fedkey.models.base import FIXED_BY_BASE, base_conflicts, base_model_config, read_base
+from fedkey.models.base import (
+    FIXED_BY_BASE,
+    base_conflicts,
+    base_model_config,
+    ngram_path,
+    read_base,
+)
 from fedkey.models.canary import DEFAULT_ALPHABET, DEFAULT_TEMPLATE, CanaryFormat
 from fedkey.models.config import Cell, ModelConfig, ModelOverrides, Preset
 
@@ -101,10 +107,14 @@ class Settings(BaseSettings):
     dropout: float = Field(_MODEL.dropout, ge=0.0, le=0.9,
         description="Dropout on embeddings and outputs.")
     init: str | None = Field(_DATA.init,
-        description="Start from this base checkpoint (fedkey pretrain: a model of public text): "
-        "its weights, its model and its vocabulary, which encodes the phones' text; round 0 "
+        description="Start from this base checkpoint (fedkey pretrain: a model of public text; "
+        "'base': the one that ships with fedkey): its weights, its model and its vocabulary, which encodes the phones' text; round 0 "
         "scores it. Refuses a --model, --hidden-size, --cell, --layers, --tied/--untied, "
         "--tokenizer, --vocab-size or --tokenizer-text that differs from it.")
+    ngram: str | None = Field(_FEDERATION.ngram,
+        description="A Kneser-Ney n-gram (fedkey pretrain writes OUT/ngram.safetensors; 'base': "
+        "the shipped base's) that the keyboard mixes with the model; each round's row then also scores the mixture "
+        "(ngram_weight, mix_*). Its vocabulary must be the model's.")
 
     # -- federation ----------------------------------------------------------------------------
     strategy: StrategyName = Field(_FEDERATION.strategy, description="Aggregation method.")
@@ -544,6 +554,7 @@ class Settings(BaseSettings):
             keep_checkpoints=self.keep_checkpoints,
             eval_device=self.eval_device,
             init=self.init,
+            ngram=None if self.ngram is None else str(ngram_path(self.ngram)),
         )
 
     def quorum_for(self, expected: int) -> int:

@@ -10,7 +10,7 @@ import pytest
 from fedkey.common.config import DataConfig, TrainConfig
 from fedkey.federation.config import FederationConfig
 from fedkey.federation.metrics_row import ALWAYS, CONDITIONAL, FIELDS, undeclared
-from fedkey.models.checkpoint import METADATA, read_metadata
+from fedkey.models.checkpoint import BASE_ONLY, METADATA, read_metadata
 from fedkey.models.config import ModelConfig
 from fedkey.runners.simulate import SimulationConfig, simulate
 
@@ -33,9 +33,9 @@ def test_a_plain_round_has_exactly_the_fields_every_row_has(tmp_path):
     for row in rows:
         assert list(row) == list(ALWAYS)
     # The checkpoint reference's keys (fedkey.models.checkpoint.METADATA) are what the round wrote,
-    # but "pretrain", which only a base model of fedkey pretrain holds.
+    # but those only a base model holds (fedkey pretrain's, fedkey vocabulary discover's).
     meta = read_metadata(tmp_path / "checkpoints" / "round_0001.safetensors")
-    assert list(meta) == [key for key in METADATA if key != "pretrain"]
+    assert list(meta) == [key for key in METADATA if key not in BASE_ONLY]
 
 
 @pytest.mark.slow
@@ -84,3 +84,43 @@ def test_a_phone_the_outlier_filter_rejects_uploaded_but_was_not_aggregated(tmp_
     assert row["uploaded"] == plan.cohort and "p09" in row["uploaded"]
     assert row["aggregated"] == [d for d in plan.cohort if d != "p09"]
     assert row["bytes_up"] == fed.model_bytes * 10
+
+
+def _federation(tmp_path, tok, ngram: str):
+    from fedkey.federation.engine import Federation
+    from fedkey.federation.storage import RunStorage
+
+    text = ["the cat sat on the mat", "a dog sat on the log", "the dog ran"]
+    return Federation(
+        FederationConfig(rounds=1, fraction=1.0, ksr_sentences=2, ngram=ngram, eval_device="cpu"),
+        ModelConfig(vocab_size=tok.vocab_size, emb_size=4, hidden_size=4),
+        tok,
+        {"p0": 10},
+        text[:2],
+        text[1:],
+        RunStorage(tmp_path / "run"),
+    )
+
+
+def test_a_run_with_an_ngram_scores_the_mixture_every_round(tmp_path):
+    """--ngram: each row also holds the mixture's fields (fedkey.models.mixture.MIX_FIELDS), all
+    declared; an n-gram of another vocabulary is refused at the start, in one line."""
+    from fedkey.models.mixture import MIX_FIELDS
+    from fedkey.models.ngram import KneserNey
+    from fedkey.models.tokenizers import WordTokenizer
+
+    train = ["the cat sat on the mat", "a dog ran", "the dog sat on the mat"]
+    tok = WordTokenizer.build(train)
+    path = tmp_path / "ngram.safetensors"
+    KneserNey(tok, 3).fit(tok.encode(s) for s in train).save(path, corpus="three sentences")
+    row = _federation(tmp_path, tok, str(path)).start()
+    assert undeclared(row) == []
+    assert set(MIX_FIELDS) <= set(row) and set(row) - set(ALWAYS) == set(MIX_FIELDS)
+    assert row["ngram_weight"] in [i / 20 for i in range(21)]
+    assert row["mix_val_ppl"] <= row["val_ppl"] + 1e-9  # lam = 1 is the model itself
+    assert None not in [row[k] for k in MIX_FIELDS]
+
+    other = WordTokenizer.build(train + ["zebra"])
+    with pytest.raises(ValueError, match=r"^--ngram .*another vocabulary") as e:
+        _federation(tmp_path, other, str(path))
+    assert "\n" not in str(e.value)

@@ -1,11 +1,12 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from fedkey.models.config import ModelConfig
-from fedkey.models.metrics import evaluate, keystroke_savings
+from fedkey.models.metrics import evaluate, keystroke_savings, keystroke_savings_of
 from fedkey.models.model import LanguageModel
 from fedkey.models.tokenizers import SentencePieceTokenizer, WordTokenizer
 
@@ -64,8 +65,32 @@ def test_a_perplexity_only_evaluation_scores_the_same_without_the_accuracy():
     model = FixedScores(torch.tensor([0.0, 0.0, 0.0, 3.0, 2.0, 1.0]))
     full = evaluate(model, tok, ["x y z", "z qq"])
     quick = evaluate(model, tok, ["x y z", "z qq"], accuracy=False)
-    assert quick == {**full, "top1": None, "top3": None, "bar_top1": None, "bar_top3": None}
-    assert full["top1"] is not None
+    accuracy = ("top1", "top3", "bar_top1", "bar_top3", "all_top1", "all_top3", "oov")
+    assert quick == {**full, **dict.fromkeys(accuracy, None)}
+    assert None not in [full[k] for k in accuracy]
+
+
+def test_words_out_of_the_vocabulary_are_misses_over_every_word():
+    """bar_top1 counts the words in the vocabulary only; all_top1 counts every real word (not
+    </s>), an out-of-vocabulary one (<unk>) a miss; oov is their share."""
+    tok = WordTokenizer(["<unk>", "<s>", "</s>", "x", "y", "z"])
+    scores = torch.tensor([0.0, 0.0, 0.0, 3.0, 2.0, 1.0])  # the bar shows x, y, z
+    sentences = ["x qq y", "zz x"]  # real words x qq y zz x: qq and zz are out of the vocabulary
+    r = evaluate(FixedScores(scores), tok, sentences)
+    words = [w for s in sentences for w in s.split()]
+    oov = sum(w not in tok.stoi for w in words) / len(words)
+    assert r["oov"] == oov == 2 / 5
+    # x x are first, y second: 2 of the 3 known words are the bar's first, all 3 in its top 3.
+    assert (r["bar_top1"], r["bar_top3"]) == (2 / 3, 1.0)
+    assert (r["all_top1"], r["all_top3"]) == (2 / 5, 3 / 5)
+    assert r["all_top1"] < r["bar_top1"]
+
+
+def test_ties_go_to_the_lower_id_as_in_the_bar():
+    tok = WordTokenizer(["<unk>", "<s>", "</s>", "x", "y", "z"])
+    scores = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # x, y, z tie
+    r = evaluate(FixedScores(scores), tok, ["y", "z", "x"])
+    assert (r["bar_top1"], r["bar_top3"]) == (1 / 3, 1.0)  # x first
 
 
 def test_keystroke_savings_by_hand():
@@ -79,6 +104,45 @@ def test_keystroke_savings_by_hand():
     # An out-of-vocabulary word is typed in full, space included.
     ksr = keystroke_savings(FixedScores(scores), tok, ["apple zzz"])
     assert ksr == pytest.approx(1 - (2 + 4) / 10)
+
+
+def _fixed(words: list[str], probs: dict[str, float]):
+    """(tokenizer, scores_for) of a model whose next-word probabilities never change."""
+    tok = WordTokenizer(["<unk>", "<s>", "</s>", *words])
+    row = np.log(np.array([1e-9] * 3 + [probs[w] for w in words]))
+    return tok, lambda ids: np.tile(row, (len(ids), 1))
+
+
+def test_the_bar_ranks_by_keystrokes_saved_not_by_probability():
+    """P(w) * (len(w) - typed): "because" (0.10 * 7) leads the bar before a letter is typed,
+    though four words are likelier; "i" (0.25, the likeliest) saves 1 keystroke and falls to
+    fifth, and once "i" is typed it saves nothing, so it costs its letter and its space."""
+    probs = {"i": 0.25, "in": 0.2, "it": 0.15, "is": 0.15, "because": 0.1, "be": 0.1, "bee": 0.05}
+    tok, scores_for = _fixed(list(probs), probs)
+    # Savings before a letter: because .70, in .40, it .30, is .30, i .25, be .20, bee .15.
+    assert keystroke_savings_of(scores_for, tok, ["because"]) == pytest.approx(1 - 1 / 8)
+    # By probability "i" would be first (a tap: 1 - 1/2); by savings it is fifth: typed in full.
+    assert keystroke_savings_of(scores_for, tok, ["i"]) == 0.0
+    # "be" with "b" typed: because .60, be .10, bee .10: in the bar (one letter, one tap).
+    assert keystroke_savings_of(scores_for, tok, ["be"]) == pytest.approx(1 - 2 / 3)
+
+
+def test_a_word_typed_in_full_never_takes_a_slot():
+    """With "be" typed, "be" (likelier) saves nothing and leaves the one slot to "bee"; ranked
+    by probability among the words starting with "be" it would keep it, and "bee" be typed in
+    full."""
+    probs = {"be": 0.7, "bee": 0.3}
+    tok, scores_for = _fixed(list(probs), probs)
+    # one slot: nothing typed be 1.4 > bee 0.9; "b": be 0.7 > bee 0.6; "be": only bee (0.3).
+    assert keystroke_savings_of(scores_for, tok, ["bee"], slots=1) == pytest.approx(1 - 3 / 4)
+
+
+def test_punctuation_is_never_suggested():
+    """The keyboard never shows a token without a letter or a digit (fedkey.keyboard_web.suggest),
+    so its keystrokes are typed, however likely it is."""
+    probs = {",": 0.9, "ok": 0.1}
+    tok, scores_for = _fixed(list(probs), probs)
+    assert keystroke_savings_of(scores_for, tok, [", ok"]) == pytest.approx(1 - (2 + 1) / 5)
 
 
 def test_sentencepiece_perplexity_is_per_word():

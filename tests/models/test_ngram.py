@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from fedkey.models.ngram import KneserNey, PositionalUnigram
+from fedkey.models.ngram import KneserNey
+from fedkey.models.positional import PositionalUnigram
 from fedkey.models.tokenizers import WordTokenizer
 
 TRAIN = ["the cat sat on the mat", "the dog sat on the log", "a cat ate the fish"] * 3
@@ -23,7 +24,7 @@ def test_every_distribution_sums_to_one_and_never_gives_zero(lm):
     for context in (["the", "cat"], ["sat", "on"], ["zebra", "zebra"], ["fish"]):
         p = lm.distribution([tok.bos_id] + [tok.stoi[w] for w in context])
         assert p.shape == (tok.vocab_size,)
-        assert math.isclose(p.sum(), 1.0, rel_tol=1e-9)
+        assert math.isclose(p.sum(), 1.0, rel_tol=1e-6)  # stored as float32
         assert (p > 0).all()  # "zebra", never seen in training, still has some mass
 
 
@@ -55,6 +56,23 @@ def test_a_suggestion_bars_top_1_skips_the_unknown_word_the_ngram_likes_best():
     # targets a (after <s>: the likeliest) and b (after a: <unk> is likelier), then </s>
     scores = lm.evaluate(["a b"])
     assert (scores["top1"], scores["bar_top1"]) == (0.5, 1.0)
+
+
+def test_out_of_vocabulary_words_count_as_misses_over_every_word():
+    """bar_top1 is over the words in the vocabulary; all_top1 over every real word (not </s>),
+    an out-of-vocabulary one a miss; oov is their share, as fedkey.models.metrics.evaluate."""
+    train = ["a b", "a b", "a c", "c b"]
+    tok = WordTokenizer.build(train, max_size=6)  # <unk> <s> </s> a b c
+    lm = KneserNey(tok, order=2).fit(tok.encode(s) for s in train)
+    held = ["a b zz", "a qq c"]  # real words: a b zz a qq c
+    words = [w for s in held for w in s.split()]
+    r = lm.evaluate(held)
+    assert r["oov"] == sum(w not in tok.stoi for w in words) / len(words) == 2 / 6
+    # The bar's first guess after <s> is "a" (two hits), after "a" "b" (a hit); after <unk> (qq)
+    # the unigram's, "b" (c misses).
+    assert r["bar_top1"] == 3 / 4
+    assert r["all_top1"] == 3 / 6 < r["bar_top1"]
+    assert r["all_top3"] == r["bar_top3"] * 4 / 6
 
 
 def test_order_below_two_is_refused():
