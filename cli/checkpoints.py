@@ -35,10 +35,26 @@ def export(
     data: str = typer.Option(
         "demo",
         "--data",
-        help="Held-out text for the int8 perplexity change (the corpus' test split).",
+        help="Held-out text: its test split for the int8 perplexity change, its validation "
+        "split for the n-gram's weight.",
     ),
     eval_sentences: int = typer.Option(
         500, "--eval-sentences", min=1, help="Held-out sentences for the int8 report."
+    ),
+    ngram: Path | None = typer.Option(
+        None,
+        "--ngram",
+        dir_okay=False,
+        help="An n-gram on the model's vocabulary (ngram.safetensors) for the keyboard to mix in; "
+        "copied beside the model.",
+    ),
+    ngram_weight: float | None = typer.Option(
+        None,
+        "--ngram-weight",
+        min=0.0,
+        max=1.0,
+        help="The model's share of the mixture (default: the checkpoint's ngram_weight, else "
+        "the best on --data's validation split).",
     ),
 ) -> None:
     """Export a checkpoint to ONNX (recurrent state in and out); fails loudly if ONNX Runtime and PyTorch disagree."""
@@ -47,14 +63,21 @@ def export(
     from fedkey.corpora.loaders import load_corpus
     from fedkey.export.onnx_export import ExportParityError, export_checkpoint
 
-    held_out = load_corpus(data).test[:eval_sentences] if int8 else None
+    corpus = load_corpus(data) if int8 or ngram is not None else None
+    held_out = corpus.test[:eval_sentences] if corpus is not None and int8 else None
+    valid = corpus.valid[:eval_sentences] if corpus is not None and ngram is not None else None
     try:
-        report = export_checkpoint(checkpoint, out, int8=int8, parity_text=held_out)
+        report = export_checkpoint(
+            checkpoint, out, int8=int8, parity_text=held_out, ngram=ngram,
+            ngram_weight=ngram_weight, weight_text=valid,
+        )  # fmt: skip
     except ExportParityError as e:
         typer.echo(f"export failed the parity check: {e}", err=True)
         raise typer.Exit(1) from None
     except SafetensorError as e:
         raise not_a_checkpoint(checkpoint, e) from None
+    except ValueError as e:  # an n-gram that is not one, or of another vocabulary
+        raise UserError(str(e)) from None
     typer.echo(
         json.dumps(
             {k: (str(v) if isinstance(v, Path) else v) for k, v in report.__dict__.items()},

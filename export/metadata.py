@@ -25,6 +25,11 @@ def metadata_path(onnx_path: str | Path) -> Path:
     return Path(onnx_path).with_suffix(".json")
 
 
+def ngram_path(onnx_path: str | Path) -> Path:
+    """`model.onnx` -> `model.ngram.safetensors` (the n-gram an export mixes in, beside it)."""
+    return Path(onnx_path).with_suffix(".ngram.safetensors")
+
+
 def read_embedded_metadata(onnx_path: str | Path) -> dict:
     """The JSON stored in the ONNX model's metadata_props (key "fedkey"); parses the file."""
     import onnx  # imported here: reading the .json beside needs no onnx at all
@@ -47,7 +52,11 @@ def load_metadata(onnx_path: str | Path) -> dict:
     round: this round when it is the best so far; None when not recorded), "metrics"
     ({"val_ppl", "test_ppl"} when the checkpoint had them), "privacy" (:func:`privacy_facts`;
     absent from exports made before it existed), "int8", "inputs", "outputs" and "export" (file
-    sizes and held-out numbers measured at export time). "data" and "best_round" are absent
+    sizes and held-out numbers measured at export time), "ngram" (present when the export mixes
+    in an n-gram, fedkey.export.mixture.ngram_entry: {"file" (beside the model), "sha256",
+    "bytes", "weight" (the model's share of the mixture), "weight_source", "order", "corpus",
+    "min_count"}) and "personal" (the personal cache's parameters, fedkey.models.personal.
+    DEFAULTS: {"max_weight", "ramp", "beta"}). "data", "best_round" and "personal" are absent
     from exports made before they existed.
     """
     side = metadata_path(onnx_path)

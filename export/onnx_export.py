@@ -25,8 +25,12 @@ Choices:
 - int8: ``onnxruntime.quantization.quantize_dynamic`` with int8 weights, per tensor, on MatMul,
   Gather and LSTM (what it supports; a GRU stays fp32). The held-out perplexity of fp32 and int8
   is computed with onnxruntime, with the definition of fedkey.models.metrics.evaluate.
-- Files are written atomically (fedkey.common.files): the .onnx first, then the .json beside it,
-  so a watcher that sees a new .json finds a complete .onnx.
+- Files are written atomically (fedkey.common.files): the .onnx first, then the n-gram it mixes
+  in (`<stem>.ngram.safetensors`, with `ngram`), then the .json beside them, so a watcher that
+  sees a new .json finds a complete .onnx and n-gram.
+- With `ngram`, the metadata's "ngram" names the n-gram file and the mixture weight
+  (fedkey.export.mixture); "personal" always holds the personal cache's parameters
+  (fedkey.models.personal.DEFAULTS), which the keyboard reads.
 """
 
 from __future__ import annotations
@@ -51,9 +55,11 @@ from onnx import helper, numpy_helper
 from torch import Tensor, nn
 
 from fedkey.common.files import atomic_write as _atomic_write  # a module name the tests can patch
-from fedkey.export.metadata import FORMAT, METADATA_KEY, metadata_path, privacy_facts
+from fedkey.export.metadata import FORMAT, METADATA_KEY, metadata_path, ngram_path, privacy_facts
+from fedkey.export.mixture import mixture_weight, ngram_entry, read_ngram, target_probs
 from fedkey.models.checkpoint import load_checkpoint
 from fedkey.models.model import LanguageModel
+from fedkey.models.personal import DEFAULTS as PERSONAL_DEFAULTS
 from fedkey.models.tokenizers import Tokenizer
 
 PARITY_TOLERANCE = 1e-4
@@ -76,6 +82,7 @@ class ExportReport:
     held_out_ppl_int8: float | None
     top1_agreement: float | None  # int8 vs fp32 top suggestion on held-out prefixes
     seconds: float
+    ngram: dict | None = None  # the metadata's "ngram" (fedkey.export.mixture.ngram_entry)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -380,6 +387,9 @@ def export_checkpoint(
     parity_text: list[str] | None = None,
     opset: int = 17,
     metrics: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ngram: str | Path | None = None,
+    ngram_weight: float | None = None,
+    weight_text: list[str] | None = None,
 ) -> ExportReport:
     """Export `checkpoint` to `out` (.onnx) and `<out stem>.json`; see the module docstring.
 
@@ -387,16 +397,31 @@ def export_checkpoint(
     int8-vs-fp32 top-1 agreement; without it those report fields are None. `metrics`, when
     given, maps the checkpoint's metrics row to the row the export may publish (the server's:
     fedkey.federation.metrics_row.public_row).
-    Raises ExportParityError (and writes nothing) if onnxruntime disagrees with PyTorch.
+    `ngram`: an n-gram file (fedkey.models.ngram.KneserNey.save) on the model's vocabulary, copied
+    beside the model as `<out stem>.ngram.safetensors` and mixed in by the keyboard with the
+    model's share `ngram_weight`; without it, the checkpoint's metrics row's "ngram_weight" (as
+    `metrics` publishes the row), else the weight of fedkey.models.mixture.GRID best on
+    `weight_text` (validation sentences, never the test's), else 0.5
+    (fedkey.export.mixture.mixture_weight).
+    Raises ExportParityError (and writes nothing) if onnxruntime disagrees with PyTorch, and
+    ValueError (and writes nothing) for an n-gram of another vocabulary or a damaged one.
     """
     start = time.perf_counter()
     out = Path(out)
     if out.suffix != ".onnx":
         raise ValueError(f"the output should end in .onnx, got {out}")
+    if ngram_weight is not None and not 0 <= ngram_weight <= 1:
+        raise ValueError(
+            f"ngram_weight is the model's share of the mixture, in [0, 1]: {ngram_weight}"
+        )
     json_path = metadata_path(out)
     model, tokenizer, meta = load_checkpoint(checkpoint)
+    ngram_data, lm = read_ngram(ngram, tokenizer) if ngram is not None else (b"", None)
     if metrics is not None and "metrics" in meta:
         meta["metrics"] = metrics(meta["metrics"])
+    # The weight measured on held-out text only as far as the row may be published (under DP,
+    # fedkey.federation.metrics_row.public_row keeps the phones' held-out scores out).
+    row = dict(meta.get("metrics") or {})
     model.eval()
     config = model.config
 
@@ -413,6 +438,18 @@ def export_checkpoint(
         _check_finite(int8_session, model)
         sessions["int8"] = int8_session
     scores = held_out_scores(sessions, config, tokenizer, parity_text) if parity_text else {}
+    entry = None
+    if lm is not None:  # the mixture with the model that ships (int8 or fp32)
+        targets = None
+        if weight_text:
+            seqs = [tokenizer.encode(s) for s in weight_text]
+            shipped = sessions["int8" if int8 else "fp32"]
+            c = config
+            logprobs = held_out_logprobs(shipped, c.cell, c.num_layers, c.hidden_size, seqs)
+            targets = target_probs(lm, seqs, logprobs)
+        weight, source, ppl = mixture_weight(ngram_weight, row, targets)
+        entry = {**ngram_entry(ngram_path(out).name, ngram_data, lm, weight, source),
+                 "held_out_ppl": ppl}  # fmt: skip
 
     inputs, outputs = io_names(config.cell)
     doc = {
@@ -431,6 +468,8 @@ def export_checkpoint(
             "held_out_ppl_int8": scores.get("ppl_int8"),
             "top1_agreement": scores.get("top1_agreement"),
         },
+        **({"ngram": entry} if entry is not None else {}),
+        "personal": dict(PERSONAL_DEFAULTS),
     }
     text = json.dumps(doc, ensure_ascii=False)
     del final.metadata_props[:]
@@ -440,7 +479,9 @@ def export_checkpoint(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(out, data)
-    _atomic_write(json_path, text.encode("utf-8"))  # last: a new .json means a complete .onnx
+    if entry is not None:
+        _atomic_write(ngram_path(out), ngram_data)
+    _atomic_write(json_path, text.encode("utf-8"))  # last: a new .json means a complete export
     return ExportReport(
         path=out,
         json_path=json_path,
@@ -452,6 +493,7 @@ def export_checkpoint(
         held_out_ppl_int8=scores.get("ppl_int8"),
         top1_agreement=scores.get("top1_agreement"),
         seconds=time.perf_counter() - start,
+        ngram=entry,
     )
 
 

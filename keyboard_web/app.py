@@ -24,7 +24,7 @@ Serving never imports torch.
 The app is composed here from routers by concern, as fedkey.server.app is from fedkey.server.api:
 
     routes_page   GET /, /static/..., /vendor/...
-    routes_model  GET /model.onnx, /model.json
+    routes_model  GET /model.onnx, /model.json, /ngram.safetensors
     routes_api    GET /api/info, /api/metrics
     routes_ws     WS /ws/suggest, /ws/events
 

@@ -57,6 +57,16 @@ class Info(BaseModel):
     tokenizer: str | None
     suggestions: bool = Field(description="Whether the model can suggest words.")
     error: str | None = Field(description="Why it cannot (None when it can).")
+    ngram: dict[str, Any] | None = Field(
+        description="The n-gram mixed into the suggestions (fedkey.keyboard_web.ngram): active, "
+        "order, weight (the model's share), weight_source, corpus, min_count, bytes, file, and "
+        "why it is not used (error; the model then suggests alone); None when the export names "
+        "none."
+    )
+    personal: dict[str, float] = Field(
+        description="The personal cache's parameters (max_weight, ramp, beta) from the export, "
+        "fedkey.models.personal.DEFAULTS where it records none; the cache lives in the browser."
+    )
     browser_mode: BrowserMode
     events: EventsRelay
     reloads: int = Field(description="Hot reloads since start.")

@@ -3,10 +3,15 @@
 The serving side of the keyboard. It never imports torch: the model is the ONNX export
 (`export/onnx_export.py`), its vocabulary and shape come from the `<stem>.json` beside it.
 
-The suggestion bar follows `fedkey.models.metrics.keystroke_savings`: after a space (nothing typed of
-the next word) the bar shows the three most likely next words; while a word is being typed it
-shows the three most likely vocabulary words that start with the typed prefix. The special
-tokens (<unk>, <s>, </s>) and punctuation-only tokens are never suggested.
+The suggestion bar (fedkey.models.bar, the rule fedkey.models.metrics.keystroke_savings_of
+scores): a slot is worth P(w) * (len(w) - typed), the keystrokes tapping w saves on average.
+After a space (nothing typed of the next word) the bar shows the three best next words; while a
+word is being typed, the three best vocabulary words that start with the typed prefix and are
+longer than it (a word typed in full saves nothing and never takes a slot). The special tokens
+(<unk>, <s>, </s>) and punctuation-only tokens are never suggested.
+
+P(w) is the model's, mixed with the export's n-gram when it names one
+(fedkey.keyboard_web.ngram: p = weight * p_model + (1 - weight) * p_ngram).
 
 Context. The typed text is normalized like the training text (`fedkey.corpora.loaders.
 normalize_text`: lowercase, punctuation split into tokens) and split into the completed words and
@@ -21,7 +26,8 @@ log-probabilities, one per word of the context. A keystroke that completes a wor
 step (one `session.run` of one token, from the state on top of the stack); an edit (backspace, a
 paste) keeps the longest common prefix of the old and new contexts and steps only through the
 words after it. Keystrokes inside a word cost no model call at all: completions are ranked with
-the log-probabilities already on the stack, found through a sorted index of the vocabulary.
+the log-probabilities already on the stack (mixed with the n-gram's when it is pushed), found
+through a sorted index of the vocabulary.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ import numpy as np
 import onnxruntime as ort
 
 from fedkey.common.text import normalize_text
+from fedkey.keyboard_web.ngram import ServedNgram
+from fedkey.models.bar import savings_scores, word_lengths
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
@@ -122,7 +130,7 @@ def _read_metadata(onnx_path: Path) -> tuple[dict, bytes]:
 @dataclass
 class _Entry:
     """One position of a session's context: the token fed, the recurrent state after it and the
-    log-probabilities of the next word."""
+    log-probabilities of the next word (the model's mixed with the n-gram's)."""
 
     token: int
     state: tuple[np.ndarray, ...]
@@ -197,6 +205,9 @@ class Suggester:
         order = sorted((w, i) for i, w in enumerate(self.words) if suggestible[i])
         self.sorted_words = [w for w, _ in order]
         self.sorted_ids = np.array([i for _, i in order], dtype=np.int64)
+        self.lengths = word_lengths(self.words)  # for the bar's keystrokes saved
+        # The n-gram the export names (never raises: a broken one is reported, not used).
+        self.ngram = ServedNgram.load(self.path, self.metadata, self.words)
         self.initial = self._initial_entry() if self.error is None else None
 
     # -- metadata ------------------------------------------------------------------------------
@@ -245,6 +256,16 @@ class Suggester:
                 return float(m[key])
         return None
 
+    @property
+    def personal(self) -> dict:
+        """The personal cache's parameters the export records (fedkey.models.personal.DEFAULTS
+        for what it does not record, as the page does): the cache itself lives in the browser."""
+        from fedkey.models.personal import DEFAULTS  # numpy + stdlib
+
+        given = self.metadata.get("personal")
+        given = given if isinstance(given, dict) else {}
+        return {k: given.get(k, v) for k, v in DEFAULTS.items()}
+
     def info(self) -> dict:
         m = self.metrics
         model = self.metadata["model"]
@@ -265,6 +286,8 @@ class Suggester:
             "tokenizer": self.tokenizer_kind,
             "suggestions": self.error is None,
             "error": self.error,
+            "ngram": self.ngram.info(),
+            "personal": self.personal,
         }
 
     # -- the model -----------------------------------------------------------------------------
@@ -283,9 +306,14 @@ class Suggester:
         out = self.session.run(self.outputs, feed)
         return out[0][0], tuple(out[1:])
 
+    def next_logprobs(self, model_logprobs: np.ndarray, context: list[int]) -> np.ndarray:
+        """The next word's log-probabilities the bar ranks, after the context ids `context`
+        (without <s>): the model's `model_logprobs`, mixed with the n-gram's."""
+        return self.ngram.mix(model_logprobs, [self.bos_id, *context])
+
     def _initial_entry(self) -> _Entry:
         logprobs, state = self.run([self.bos_id], self.zero_state())
-        return _Entry(self.bos_id, state, logprobs[0])
+        return _Entry(self.bos_id, state, self.next_logprobs(logprobs[0], []))
 
     def start(self) -> _Entry:
         """The entry after <s>, where every suggestion starts (a model that cannot suggest,
@@ -308,17 +336,19 @@ class Suggester:
     # -- ranking -------------------------------------------------------------------------------
 
     def rank(self, logprobs: np.ndarray, partial: str, k: int = SLOTS) -> list[str]:
-        """The top-k suggestible words: next words (no partial) or completions of `partial`."""
+        """The bar (fedkey.models.bar): the k suggestible words that save the most keystrokes on
+        average, P(w) * (len(w) - len(partial)), among the next words (no partial) or the
+        completions of `partial` longer than it."""
         if partial:
             lo = bisect.bisect_left(self.sorted_words, partial)
             hi = bisect.bisect_left(self.sorted_words, partial + "\U0010ffff", lo)
             if hi <= lo:
                 return []
             ids = self.sorted_ids[lo:hi]
-            scores = logprobs[ids]
+            scores = savings_scores(logprobs[ids], self.lengths[ids], len(partial))
         else:
             ids = None
-            scores = logprobs + self.next_mask
+            scores = savings_scores(logprobs, self.lengths, 0) + self.next_mask
         n = min(k, len(scores))
         if n <= 0:
             return []
@@ -341,7 +371,7 @@ class Suggester:
         logprobs = self.start().logprobs
         if ids:
             lp, _ = self.run(ids, self.start().state)
-            logprobs = lp[-1]
+            logprobs = self.next_logprobs(lp[-1], ids)
         return self.reply(self.rank(logprobs, partial))
 
     def suggest(self, text: str) -> dict:
@@ -381,10 +411,10 @@ class Session:
             k += 1
         del stack[k:]
         top = self._top()
-        for tok in ids[k:]:
-            logprobs, state = self.suggester.run([tok], top.state)
+        for j in range(k, len(ids)):
+            logprobs, state = self.suggester.run([ids[j]], top.state)
             self.steps += 1
-            top = _Entry(tok, state, logprobs[0])
+            top = _Entry(ids[j], state, self.suggester.next_logprobs(logprobs[0], ids[: j + 1]))
             stack.append(top)
         return top.logprobs
 

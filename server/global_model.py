@@ -79,7 +79,8 @@ class GlobalModel:
                 path = self._fed.storage.checkpoint_path(r)
                 try:
                     published = partial(public_row, privacy=self._fed.config.privacy)
-                    report = await asyncio.to_thread(_export, path, export_dir, published)
+                    ngram = self._fed.config.ngram  # --ngram: shipped beside the model
+                    report = await asyncio.to_thread(_export, path, export_dir, published, ngram)
                 except Exception as e:  # an export failure never stops the federation
                     log.exception("round %d: ONNX export failed", r)
                     self._events.publish(
@@ -94,9 +95,12 @@ class GlobalModel:
             self._exporting = None
 
 
-def _export(checkpoint: Path, export_dir: Path, metrics: Callable[[dict], dict]):
-    """The ONNX export of `checkpoint`, its metrics row as `metrics` publishes it."""
+def _export(
+    checkpoint: Path, export_dir: Path, metrics: Callable[[dict], dict], ngram: str | None = None
+):
+    """The ONNX export of `checkpoint`, its metrics row as `metrics` publishes it; with the run's
+    n-gram (`ngram`) beside it, mixed in with the weight the round's row measured."""
     from fedkey.export.onnx_export import export_checkpoint
 
     out = export_dir / "model.onnx"
-    return export_checkpoint(checkpoint, out, metrics=metrics)
+    return export_checkpoint(checkpoint, out, metrics=metrics, ngram=ngram)

@@ -136,31 +136,42 @@ def test_next_words_are_real_words(sugg):
         assert all(real_word(w) and w in sugg.stoi for w in words), (text, words)
 
 
-def test_next_words_are_the_model_top3(sugg):
+def test_next_words_are_the_top3_by_keystrokes_saved(sugg):
+    """P(w) * len(w): the model's probability times the keystrokes tapping w saves."""
     ids, _ = sugg.context_ids("see you ")
     lp, _ = sugg.run(ids, sugg.initial.state)
-    lp = lp[-1].copy()
+    score = lp[-1].astype(np.float64) + np.log([len(w) for w in sugg.words])
     for i, w in enumerate(sugg.words):
         if not real_word(w):
-            lp[i] = -np.inf
-    expected = [sugg.words[i] for i in np.argsort(-lp, kind="stable")[:3]]
+            score[i] = -np.inf
+    expected = [sugg.words[i] for i in np.argsort(-score, kind="stable")[:3]]
     assert sugg.suggest_fresh("see you ")["suggestions"] == expected
 
 
 @pytest.mark.parametrize("prefix", ["t", "se", "to", "w", "don'", "Th"])
-def test_completions_start_with_the_prefix_and_rank_by_probability(sugg, prefix):
+def test_completions_start_with_the_prefix_and_rank_by_keystrokes_saved(sugg, prefix):
     text = "see you " + prefix
     got = sugg.new_session().suggest(text)["suggestions"]
     low = prefix.lower()
-    candidates = [w for w in sugg.words if w.startswith(low) and real_word(w)]
+    candidates = [w for w in sugg.words if w.startswith(low) and len(w) > len(low) and real_word(w)]
     assert got, f"no completion for {prefix!r}"
     assert len(got) == min(3, len(candidates))
     assert all(w.startswith(low) for w in got), got
     ids, _ = sugg.context_ids(text)
     lp, _ = sugg.run(ids, sugg.initial.state)
-    scores = {w: float(lp[-1][sugg.stoi[w]]) for w in candidates}
+    scores = {w: float(lp[-1][sugg.stoi[w]]) + np.log(len(w) - len(low)) for w in candidates}
     best = sorted(candidates, key=lambda w: (-scores[w], sugg.stoi[w]))[:3]
     assert got == best
+
+
+def test_a_word_typed_in_full_never_takes_a_slot(sugg):
+    """ "the" typed in full saves nothing; its longer completions fill the bar."""
+    for text in ("see you the", "see you to", "i", "see you a"):
+        partial = split_text(text)[1]
+        assert partial in sugg.stoi, partial
+        got = sugg.new_session().suggest(text)["suggestions"]
+        assert partial not in got and all(len(w) > len(partial) for w in got), (text, got)
+        assert got == sugg.suggest_fresh(text)["suggestions"]
 
 
 def test_unknown_prefix_has_no_completions(sugg):

@@ -21,11 +21,11 @@ class FakeFederation:
     """What GlobalModel reads of a Federation: the round, the best round, the checkpoints, the
     privacy config."""
 
-    def __init__(self, root: Path, privacy: PrivacyConfig | None = None):
+    def __init__(self, root: Path, privacy: PrivacyConfig | None = None, ngram: str | None = None):
         self.round = 0
         self.best: dict | None = None
         self.storage = SimpleNamespace(checkpoint_path=lambda r: root / f"round_{r:04d}")
-        self.config = SimpleNamespace(privacy=privacy or PrivacyConfig())
+        self.config = SimpleNamespace(privacy=privacy or PrivacyConfig(), ngram=ngram)
 
     def public_checkpoint(self) -> bytes:
         return f"round {self.round}".encode()
@@ -38,18 +38,25 @@ class FakeFederation:
 
 
 def exported_rounds(
-    tmp_path, monkeypatch, val_ppls: list[float], latest: bool, privacy: PrivacyConfig | None = None
+    tmp_path,
+    monkeypatch,
+    val_ppls: list[float],
+    latest: bool,
+    privacy: PrivacyConfig | None = None,
+    ngram: str | None = None,
 ) -> list[int]:
     """The rounds whose checkpoints GlobalModel exported, one refresh per round (each export
-    finished before the next round, as in a federation whose rounds outlast an export)."""
+    finished before the next round, as in a federation whose rounds outlast an export); each
+    export is asked to ship the run's n-gram `ngram`."""
     exported: list[int] = []
 
-    def fake_export(checkpoint: Path, export_dir: Path, metrics):
+    def fake_export(checkpoint: Path, export_dir: Path, metrics, shipped: str | None = None):
+        assert shipped == ngram
         exported.append(int(checkpoint.name.removeprefix("round_")))
         return SimpleNamespace(path=export_dir / "model.onnx", bytes=1)
 
     monkeypatch.setattr(global_model, "_export", fake_export)
-    fed = FakeFederation(tmp_path, privacy)
+    fed = FakeFederation(tmp_path, privacy, ngram)
 
     async def run() -> None:
         model = GlobalModel(fed, EventBus(), tmp_path / "export", export_latest=latest)  # type: ignore[arg-type]
@@ -74,6 +81,12 @@ def test_a_round_that_does_worse_on_validation_leaves_the_export_alone(tmp_path,
 def test_export_latest_exports_every_round(tmp_path, monkeypatch):
     rounds = exported_rounds(tmp_path, monkeypatch, [100.0, 90.0, 95.0], latest=True)
     assert rounds == [0, 1, 2, 3]
+
+
+def test_a_run_with_an_ngram_ships_it_with_every_export(tmp_path, monkeypatch):
+    ngram = str(tmp_path / "ngram.safetensors")
+    rounds = exported_rounds(tmp_path, monkeypatch, [100.0, 90.0], latest=True, ngram=ngram)
+    assert rounds == [0, 1, 2]  # fake_export checked each was asked to ship `ngram`
 
 
 def test_under_dp_the_export_follows_the_newest_round(tmp_path, monkeypatch):
