@@ -28,7 +28,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-STATIC = ("index.html", "app.js", "suggest.js", "style.css")
+STATIC = ("index.html", "app.js", "suggest.js", "ngram.js", "personal.js", "panel.js", "style.css")
 TITLE = "<title>fedkey"
 WHERE = (
     "import importlib.util, fedkey.keyboard_web; "
@@ -188,7 +188,7 @@ def test_the_installed_keyboard_serves_its_page(wheel, tmp_path):
                 time.sleep(0.2)
         assert status == 200, f"GET / -> {status}\n{log.read_text()}"
         assert TITLE in page
-        for f in ("app.js", "suggest.js", "style.css"):  # what the page loads
+        for f in STATIC[1:]:  # what the page loads
             assert f'"/static/{f}"' in page
             assert _get(f"{url}/static/{f}")[0] == 200, f"GET /static/{f}"
     finally:

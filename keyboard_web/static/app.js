@@ -1,14 +1,17 @@
 /* fedkey web keyboard: the page. Plain JS, no build step.
  *
  * Two modes: "server" sends the text before the caret over WS /ws/suggest on every keystroke;
- * "browser" runs the same ONNX model with onnxruntime-web (wasm, one thread) and the port of the
- * suggestion logic in suggest.js, so keystrokes never leave the device.
+ * "browser" runs the same ONNX model with onnxruntime-web (wasm, one thread), mixed with the
+ * export's n-gram when it has one (ngram.js), and the port of the suggestion logic in
+ * suggest.js, so keystrokes never leave the device. In browser mode the bar also learns the
+ * user's own words from the messages sent (personal.js), kept in this browser's localStorage.
  * window.fedkeyTimings holds per-keystroke times in ms (server: round trip; browser: compute).
  */
 (() => {
   "use strict";
 
   const $ = (id) => document.getElementById(id);
+  const Panel = window.FedkeyPanel;
   const input = $("input");
   const slots = Array.from(document.querySelectorAll('[data-testid="suggestion"]'));
   const modeSelect = $("mode");
@@ -26,7 +29,9 @@
     browserReady: false,
     browserRound: null,
     suggestions: [],
+    suggestedFor: null, // the text before the caret the bar answers (null: none yet)
     round: null,
+    ngramError: null, // why browser mode runs without the export's n-gram
   };
   window.fedkey = state;
 
@@ -51,9 +56,10 @@
     ["q", "w", "e", "r", "t", "y", "u", "i", "o", "p"],
     ["a", "s", "d", "f", "g", "h", "j", "k", "l", "'"],
     ["z", "x", "c", "v", "b", "n", "m", "backspace"],
-    [",", "space", ".", "?"],
+    [",", "space", ".", "?", "send"],
   ];
-  const LABELS = { backspace: "⌫", space: "space" };
+  const LABELS = { backspace: "⌫", space: "space", send: "send" };
+  const WIDE = new Set(["backspace", "send"]);
 
   function buildKeyboard() {
     const keys = $("keys");
@@ -63,7 +69,7 @@
       for (const k of row) {
         const b = document.createElement("button");
         b.type = "button";
-        b.className = "key" + (k === "backspace" ? " wide" : "") + (k === "space" ? " space" : "");
+        b.className = "key" + (WIDE.has(k) ? " wide" : "") + (k === "space" ? " space" : "");
         b.dataset.key = k;
         b.setAttribute("data-testid", `key-${k}`);
         b.setAttribute("aria-label", k);
@@ -83,6 +89,7 @@
 
   function pressKey(k) {
     if (k === "backspace") backspace();
+    else if (k === "send") send();
     else insertText(k === "space" ? " " : k);
   }
 
@@ -109,16 +116,121 @@
     changed();
   }
 
+  // Enter sends the message (Shift+Enter starts a new line).
+  const isSendKey = (e) => e.key === "Enter" && !e.shiftKey && !e.isComposing;
+
+  input.addEventListener("keydown", (e) => {
+    if (!isSendKey(e)) return;
+    e.preventDefault();
+    send();
+  });
+
   // A key typed while the focus is elsewhere (the mode switch, the page) still types.
   document.addEventListener("keydown", (e) => {
     const t = e.target;
     if (t === input || t.tagName === "SELECT" || t.tagName === "INPUT") return;
     if (e.ctrlKey || e.metaKey || e.altKey) return;
     if (e.key === "Backspace") backspace();
+    else if (isSendKey(e)) send();
     else if (e.key.length === 1) insertText(e.key);
     else return;
     e.preventDefault();
     input.focus();
+  });
+
+  /** Send the message: the text box empties, and in browser mode its words are learned. */
+  function send() {
+    const message = input.value;
+    if (!message.trim()) return;
+    learnWords(message);
+    input.value = "";
+    input.focus();
+    changed();
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // My words: the personal cache (personal.js), browser mode only, in this browser's storage
+  // ---------------------------------------------------------------------------------------------
+  const P = window.FedkeyPersonal;
+  const ENABLED_KEY = "fedkey.personal.enabled";
+  const storage = pageStorage();
+  const personal = {
+    cache: P.PersonalCache.load(storage),
+    params: P.personalParams(null), // model.json's "personal" once browser mode loads it
+    enabled: storage.getItem(ENABLED_KEY) !== "0", // on unless the user turned it off
+  };
+
+  /** localStorage, or a store that forgets on reload where the browser refuses it. */
+  function pageStorage() {
+    try {
+      const s = window.localStorage;
+      s.getItem(P.STORAGE_KEY);
+      return s;
+    } catch {
+      const m = new Map();
+      return {
+        getItem: (k) => (m.has(k) ? m.get(k) : null),
+        setItem: (k, v) => m.set(k, String(v)),
+        removeItem: (k) => m.delete(k),
+      };
+    }
+  }
+
+  function personalActive() {
+    return state.mode === "browser" && personal.enabled;
+  }
+
+  /** What the bar mixes in: the cache and its parameters, or null. */
+  function personalForBar() {
+    return personalActive() && personal.cache.size ? personal : null;
+  }
+
+  function savePersonal() {
+    try {
+      personal.cache.save(storage);
+    } catch (e) {
+      setStatus(`could not keep your words in this browser: ${e.message || e}`, true);
+    }
+  }
+
+  function learnWords(message) {
+    if (!personalActive()) return;
+    personal.cache.learn(message);
+    savePersonal();
+    showPersonal();
+  }
+
+  function personalNote() {
+    if (state.mode !== "browser") return "in browser mode, where typing stays on the device";
+    if (!personal.enabled) return "off: nothing learned or suggested";
+    const n = personal.cache.size;
+    return `${n} word${n === 1 ? "" : "s"} learned from what you send, kept here`;
+  }
+
+  function showPersonal() {
+    const toggle = $("personal-switch");
+    toggle.checked = personal.enabled;
+    toggle.disabled = state.mode !== "browser";
+    $("personal-clear").disabled = personal.cache.size === 0;
+    const note = $("personal-note");
+    note.textContent = personalNote();
+    note.title = note.textContent; // a short screen may cut it
+  }
+
+  $("personal-switch").addEventListener("change", (e) => {
+    personal.enabled = e.target.checked;
+    storage.setItem(ENABLED_KEY, personal.enabled ? "1" : "0");
+    showPersonal();
+    input.focus();
+    changed(true);
+  });
+
+  $("personal-clear").addEventListener("click", () => {
+    personal.cache.clear();
+    savePersonal();
+    showPersonal();
+    input.focus();
+    changed(true);
   });
 
   // ---------------------------------------------------------------------------------------------
@@ -143,8 +255,10 @@
   input.addEventListener("input", () => changed());
   for (const ev of ["keyup", "click", "select"]) input.addEventListener(ev, () => changed());
 
-  function render(list, round) {
+  /** Show `list` in the bar; `text`: the text it answers. */
+  function render(list, round, text = null) {
     state.suggestions = list;
+    state.suggestedFor = text;
     slots.forEach((b, i) => {
       b.textContent = list[i] || "";
       b.dataset.word = list[i] || "";
@@ -207,7 +321,7 @@
         return;
       }
       if (t0 !== undefined) timings.server.push(performance.now() - t0);
-      if (msg.id === seq) render(msg.suggestions, msg.round);
+      if (msg.id === seq) render(msg.suggestions, msg.round, lastText);
     };
     ws.onclose = () => {
       state.serverReady = false;
@@ -257,16 +371,43 @@
     return ortPromise;
   }
 
+  /** GET `url` -> {bytes, same: whether it is round `round`'s (X-Fedkey-Round), error}. */
+  async function fetchBytes(url, round) {
+    const r = await fetch(url, { cache: "no-store" });
+    const same = r.headers.get("X-Fedkey-Round") === String(round);
+    if (!r.ok) {
+      const body = await r.json().catch(() => ({}));
+      return { bytes: null, same, error: body.detail || `GET ${url}: ${r.status}` };
+    }
+    return { bytes: new Uint8Array(await r.arrayBuffer()), same, error: null };
+  }
+
+  /** model.json, model.onnx and (when model.json names one) ngram.safetensors, all of one round;
+   * an n-gram the server does not use (its 404 says why) leaves the model alone, as there. */
   async function fetchModel() {
     for (let attempt = 0; attempt < 5; attempt++) {
       const meta = await (await fetch("/model.json", { cache: "no-store" })).json();
-      const r = await fetch("/model.onnx", { cache: "no-store" });
-      if (!r.ok) throw new Error(`GET /model.onnx: ${r.status}`);
-      const bytes = new Uint8Array(await r.arrayBuffer());
-      if (r.headers.get("X-Fedkey-Round") === String(meta.round)) return [meta, bytes];
-      // A hot reload happened between the two requests: fetch both again.
+      const onnx = await fetchBytes("/model.onnx", meta.round);
+      if (onnx.error) throw new Error(onnx.error);
+      const ngram = meta.ngram
+        ? await fetchBytes("/ngram.safetensors", meta.round)
+        : { bytes: null, same: true, error: null };
+      if (onnx.same && ngram.same) return { meta, onnx: onnx.bytes, ngram };
+      // A hot reload happened between the requests: fetch them again.
     }
     throw new Error("the model changed while it was downloaded; try again");
+  }
+
+  /** The NGram to mix in, or null and why not (a file the server does not use, or refused). */
+  async function browserNgram(meta, fetched) {
+    if (!meta.ngram) return [null, null];
+    if (fetched.error) return [null, fetched.error];
+    const words = (meta.tokenizer && meta.tokenizer.words) || [];
+    try {
+      return [await window.FedkeyNgram.loadNGram(fetched.bytes, words, meta.ngram.sha256), null];
+    } catch (e) {
+      return [null, `the n-gram is not used: ${e.message || e}`];
+    }
   }
 
   async function loadBrowserModel() {
@@ -276,12 +417,16 @@
     ort.env.wasm.numThreads = 1; // no SharedArrayBuffer needed
     ort.env.wasm.proxy = false;
     ort.env.wasm.wasmPaths = "/vendor/";
-    const [meta, bytes] = await fetchModel();
-    const session = await ort.InferenceSession.create(bytes, {
+    const fetched = await fetchModel();
+    const meta = fetched.meta;
+    const session = await ort.InferenceSession.create(fetched.onnx, {
       executionProviders: ["wasm"],
       graphOptimizationLevel: "all",
     });
-    const sugg = await new window.FedkeySuggest.Suggester(ort, session, meta).init();
+    const [ngram, ngramError] = await browserNgram(meta, fetched.ngram);
+    state.ngramError = ngramError;
+    const sugg = await new window.FedkeySuggest.Suggester(ort, session, meta, { ngram }).init();
+    personal.params = P.personalParams(meta.personal);
     bSuggester = sugg;
     bSession = sugg.newSession();
     state.browserRound = meta.round;
@@ -308,11 +453,11 @@
         const session = bSession;
         const calls = session.suggester.calls;
         const t0 = performance.now();
-        const res = await session.suggest(t);
+        const res = await session.suggest(t, personalForBar());
         const dt = performance.now() - t0;
         timings.browser.push(dt);
         if (session.suggester.calls > calls) timings.browserModel.push(dt);
-        if (state.mode === "browser" && i === seq) render(res.suggestions, res.round);
+        if (state.mode === "browser" && i === seq) render(res.suggestions, res.round, t);
         job = pending;
       }
     } catch (e) {
@@ -320,6 +465,12 @@
     } finally {
       busy = false;
     }
+  }
+
+  function browserStatus() {
+    if (state.ngramError) return `model runs in this browser (wasm), alone: ${state.ngramError}`;
+    const what = bSuggester && bSuggester.ngram ? "model and n-gram run" : "model runs";
+    return `${what} in this browser (wasm): keystrokes stay here`;
   }
 
   async function setMode(mode) {
@@ -333,6 +484,7 @@
       state.mode = "browser";
       document.body.dataset.mode = "browser";
       $("served-by").textContent = "browser";
+      showPersonal();
       render([]);
       if (!bSession || state.browserRound !== state.round) {
         setStatus("loading the model into the browser…");
@@ -345,12 +497,13 @@
           return setMode("server");
         }
       }
-      setStatus("model runs in this browser (wasm): keystrokes stay here");
+      setStatus(browserStatus(), Boolean(state.ngramError));
       changed(true);
     } else {
       state.mode = "server";
       document.body.dataset.mode = "server";
       $("served-by").textContent = "server";
+      showPersonal();
       setStatus(state.serverReady ? serverStatus() : "connecting…");
       changed(true);
     }
@@ -362,12 +515,10 @@
   });
 
   // ---------------------------------------------------------------------------------------------
-  // The model panel and the chart
+  // The model panel and the chart (their text and drawing: panel.js)
   // ---------------------------------------------------------------------------------------------
-  function fmt(x) {
-    if (x === null || x === undefined || !isFinite(x)) return "–";
-    return x >= 100 ? x.toFixed(0) : x.toFixed(1);
-  }
+  const rows = new Map(); // round -> {round, val_ppl, test_ppl}
+  let served = null; // the served model's facts (model.json or /api/info), for its note
 
   function setRound(r) {
     state.round = r;
@@ -375,89 +526,8 @@
     drawChart();
   }
 
-  // The privacy block: what the served export records (fedkey.export.metadata.privacy_facts), said as
-  // it is: epsilon so far against the budget at its delta, rho-zCDP and the mechanism (gaussian,
-  // or DP-FTRL's tree or BLT with its separation b), "none" without DP, "not recorded" for an old
-  // export.
-  const isNum = (x) => typeof x === "number" && isFinite(x);
-  // DP-FTRL's mechanisms (fedkey.common.config.FTRL_MECHANISMS) as the panel names them.
-  const FTRL = { tree: "DP-FTRL tree aggregation", blt: "DP-FTRL BLT matrix factorization" };
-  const sig = (x) => String(Number(x.toPrecision(3)));
-  const sci = (x) => Number(x.toPrecision(3)).toExponential();
-
-  function privacyText(p) {
-    if (!p || p.dp === null || p.dp === undefined) return [["not recorded in this export", []], ""];
-    if (!p.dp) return [["no differential privacy (epsilon: none)", []], ""];
-    const details = [];
-    let eps = "not recorded";
-    if (p.epsilon === "inf") {
-      eps = "∞";
-      details.push("no guarantee (infinite epsilon)");
-    } else if (isNum(p.epsilon)) {
-      eps = sig(p.epsilon);
-    }
-    const budget = isNum(p.target_epsilon) ? ` of budget ${sig(p.target_epsilon)}` : ", no budget set";
-    const tail = [];
-    if (isNum(p.delta)) tail.push(`(delta ${sci(p.delta)})`);
-    if (p.rho === "inf") tail.push("rho ∞");
-    else if (isNum(p.rho)) tail.push(`rho ${sig(p.rho)}`);
-    if (FTRL[p.mechanism]) {
-      const b = Number.isInteger(p.min_separation) ? `, b = ${p.min_separation}` : "";
-      tail.push(`${p.mechanism}${b}`);
-    } else if (p.mechanism === "gaussian") {
-      tail.push("gaussian");
-    }
-    if (isNum(p.target_epsilon) && (p.epsilon === "inf" || p.epsilon >= p.target_epsilon)) {
-      details.push("budget spent");
-    }
-    if (FTRL[p.mechanism]) details.push(FTRL[p.mechanism]);
-    if (isNum(p.noise_multiplier)) details.push(`noise multiplier ${sig(p.noise_multiplier)}`);
-    if (p.sampling === "fixed") details.push("fixed-size cohorts");
-    else if (isNum(p.sampling_rate)) details.push(`Poisson sampling q = ${sig(p.sampling_rate)}`);
-    if (Number.isInteger(p.steps)) details.push(`${p.steps} noised round${p.steps === 1 ? "" : "s"}`);
-    return [[`epsilon ${eps}${budget}${tail.length ? " " : ""}`, tail], details.join(" · ")];
-  }
-
-  // The round's bounding (info["clip"]): the update-norm clip, then (detail) the cap on a phone's
-  // sample weight n_k and FedAtt's attention cap; "none (--bound off)" for the undefended arm.
-  // Under DP no exact count (clipped updates, capped weights): the guarantee does not cover them
-  // (fedkey.federation.metrics_row.public_info), so an older export that recorded them does not show them.
-  function boundingText(p) {
-    const main = [];
-    const details = [];
-    const exact = !(p && p.dp);
-    const c = p && p.clip;
-    const a = p && p.adaptive_clip;
-    if (c && c.mode === "off") {
-      main.push("none (--bound off)");
-    } else if (c) {
-      const mode = c.mode === "dp" ? "DP" : c.mode || "norm";
-      let t = `${mode} clip${c.scope === "layer" ? " per layer" : ""}`;
-      if (c.mode === "dp" && a && isNum(a.quantile)) t += ` (adaptive, quantile ${sig(a.quantile)})`;
-      if (isNum(c.norm)) t += `, S = ${sig(c.norm)}`;
-      if (exact && Number.isInteger(c.clipped)) {
-        t += Number.isInteger(c.updates) ? `, ${c.clipped} of ${c.updates} clipped` : `, ${c.clipped} clipped`;
-      } else if (exact && isNum(c.clipped_fraction)) {
-        t += `, ${Math.round(100 * c.clipped_fraction)}% clipped`;
-      }
-      main.push(t);
-      if (exact && isNum(c.weight_cap)) {
-        const k = c.capped_weights;
-        const cap = Number.isInteger(c.weight_cap) ? String(c.weight_cap) : sig(c.weight_cap);
-        details.push(`sample weights capped at ${cap}${k > 0 ? ` (${k} capped)` : ""}`);
-      }
-      if (isNum(c.attention_cap)) details.push(`attention ≤ ${sig(c.attention_cap)}`);
-      if (a && isNum(a.unclipped_fraction_noisy)) {
-        details.push(`noised share within the clip ${sig(a.unclipped_fraction_noisy)}`);
-      }
-    }
-    const d = p && p.dp_clip;
-    if (d && isNum(d.norm)) {
-      let t = `DP clip, S = ${sig(d.norm)}`;
-      if (exact && isNum(d.clipped_fraction)) t += `, ${Math.round(100 * d.clipped_fraction)}% clipped`;
-      main.push(t);
-    }
-    return [main.join(" · "), details.join(" · ")];
+  function drawChart() {
+    Panel.drawChart($("chart"), rows, state.round);
   }
 
   function showPrivacy(p) {
@@ -465,7 +535,7 @@
       $(id).textContent = text;
       $(id).hidden = !text;
     };
-    const [[main, tail], detail] = privacyText(p);
+    const [[main, tail], detail] = Panel.privacyText(p);
     const value = $("privacy");
     value.textContent = main;
     tail.forEach((part, i) => {
@@ -477,46 +547,15 @@
     });
     value.title = detail; // short screens hide the detail line
     show("privacy-detail", detail);
-    const [bounding, boundingDetail] = boundingText(p);
+    const [bounding, boundingDetail] = Panel.boundingText(p);
     $("bounding").textContent = bounding;
     $("bounding").title = boundingDetail;
     $("bounding-row").hidden = !bounding;
     show("bounding-detail", boundingDetail);
   }
 
-  // The corpora a model can learn from, as the page names them (else the name as recorded).
-  const CORPORA = {
-    demo: "the generated demo corpus",
-    "nus-sms": "NUS SMS (real text messages)",
-    "ubuntu-irc": "Ubuntu IRC (real #ubuntu chat)",
-  };
-
-  // Which round is served and why (the best on validation so far, or the latest round), and the
-  // corpus the model learned from, from the export's "best_round" and "data" and the chart's rows.
-  let served = null;
-
-  function servedNote() {
-    const m = served;
-    if (!m || m.round === null || m.round === undefined) return "";
-    const parts = [];
-    const all = Array.from(rows.values());
-    const last = all.length ? Math.max(...all.map((r) => r.round)) : m.round;
-    const vals = all.filter((r) => isNum(r.val_ppl)).map((r) => r.val_ppl);
-    const beaten = isNum(m.val_ppl) && vals.some((v) => v < m.val_ppl);
-    const span = last > m.round ? ` of rounds 0–${last}` : " so far";
-    if (m.best_round === m.round && !beaten) {
-      parts.push(`serving round ${m.round}: the best on validation${span}`);
-    } else if (Number.isInteger(m.best_round) && m.best_round !== m.round) {
-      parts.push(`serving round ${m.round}, the latest (best on validation: round ${m.best_round})`);
-    } else {
-      parts.push(`serving round ${m.round}`);
-    }
-    if (m.data) parts.push(`learned from ${CORPORA[m.data] || m.data}`);
-    return parts.join(" · ");
-  }
-
   function showServed() {
-    $("served-note").textContent = servedNote();
+    $("served-note").textContent = Panel.servedNote(served, rows);
   }
 
   function showModel(m) {
@@ -525,7 +564,7 @@
     $("strategy").textContent = m.strategy || "–";
     showPrivacy(m.privacy);
     const ppl = m.perplexity ?? m.test_ppl ?? m.val_ppl;
-    $("perplexity").textContent = fmt(ppl) + (m.int8 ? " · int8" : "");
+    $("perplexity").textContent = Panel.fmt(ppl) + (m.int8 ? " · int8" : "");
     if (m.round !== null && m.round !== undefined && (m.val_ppl != null || m.test_ppl != null)) {
       const row = rows.get(m.round) || {};
       rows.set(m.round, {
@@ -538,8 +577,6 @@
     showServed();
   }
 
-  const rows = new Map(); // round -> {round, val_ppl, test_ppl}
-
   function addRows(list) {
     for (const r of list || []) {
       if (r && typeof r.round === "number") {
@@ -548,69 +585,6 @@
     }
     drawChart();
     showServed();
-  }
-
-  const SVGNS = "http://www.w3.org/2000/svg";
-
-  function el(name, attrs, text) {
-    const e = document.createElementNS(SVGNS, name);
-    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
-
-  function drawChart() {
-    const svg = $("chart");
-    if (!svg) return;
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    const W0 = 360;
-    const H0 = 150;
-    const pad = { l: 34, r: 8, t: 8, b: 18 };
-    const data = Array.from(rows.values()).sort((a, b) => a.round - b.round);
-    const vals = data.flatMap((d) => [d.val_ppl, d.test_ppl]).filter((v) => v > 0 && isFinite(v));
-    if (!vals.length) {
-      svg.appendChild(el("text", { x: W0 / 2, y: H0 / 2, "text-anchor": "middle" }, "no rounds yet"));
-      return;
-    }
-    let lo = Math.min(...vals);
-    let hi = Math.max(...vals);
-    const log = hi / lo > 4;
-    const f = log ? Math.log : (x) => x;
-    if (hi === lo) {
-      lo *= 0.9;
-      hi *= 1.1;
-    }
-    const y0 = f(lo);
-    const y1 = f(hi);
-    // One round alone sits in the middle of the x axis.
-    const r0 = data.length > 1 ? data[0].round : data[0].round - 1;
-    const r1 = data.length > 1 ? data[data.length - 1].round : data[0].round + 1;
-    const X = (r) => pad.l + ((r - r0) / (r1 - r0)) * (W0 - pad.l - pad.r);
-    const Y = (v) => pad.t + (1 - (f(v) - y0) / (y1 - y0 || 1)) * (H0 - pad.t - pad.b);
-    svg.appendChild(el("line", { class: "axis", x1: pad.l, y1: H0 - pad.b, x2: W0 - pad.r, y2: H0 - pad.b }));
-    svg.appendChild(el("line", { class: "axis", x1: pad.l, y1: pad.t, x2: pad.l, y2: H0 - pad.b }));
-    for (const v of [lo, log ? Math.sqrt(lo * hi) : (lo + hi) / 2, hi]) {
-      svg.appendChild(el("text", { x: pad.l - 3, y: Y(v) + 3, "text-anchor": "end" }, fmt(v)));
-    }
-    const ticks = new Set([r0, r1, Math.round((r0 + r1) / 2)]);
-    for (const r of ticks) {
-      svg.appendChild(el("text", { x: X(r), y: H0 - 5, "text-anchor": "middle" }, String(r)));
-    }
-    if (state.round !== null && state.round !== undefined && state.round >= r0) {
-      const x = X(state.round);
-      svg.appendChild(el("line", { class: "served", x1: x, y1: pad.t, x2: x, y2: H0 - pad.b }));
-    }
-    for (const key of ["val_ppl", "test_ppl"]) {
-      const pts = data.filter((d) => d[key] > 0 && isFinite(d[key]));
-      const cls = key === "val_ppl" ? "val" : "test";
-      if (pts.length > 1) {
-        const dpath = pts.map((d, i) => `${i ? "L" : "M"}${X(d.round).toFixed(1)},${Y(d[key]).toFixed(1)}`);
-        svg.appendChild(el("path", { class: `line ${cls}`, d: dpath.join(" ") }));
-      }
-      for (const d of pts) {
-        svg.appendChild(el("circle", { class: `dot ${cls}`, cx: X(d.round), cy: Y(d[key]), r: 2.5 }));
-      }
-    }
   }
 
   async function refreshInfo() {
@@ -672,6 +646,7 @@
           try {
             const meta = await loadBrowserModel();
             showModel({ ...meta, ...(meta.metrics || {}) });
+            setStatus(browserStatus(), Boolean(state.ngramError));
             changed(true);
           } catch (err) {
             setStatus(`could not load round ${e.round} in the browser: ${err.message || err}`, true);
@@ -691,6 +666,7 @@
 
   // ---------------------------------------------------------------------------------------------
   buildKeyboard();
+  showPersonal();
   render([]);
   drawChart();
   refreshInfo().then(() => refreshMetrics());

@@ -1,15 +1,21 @@
 /* The suggestion logic of keyboard_web/suggest.py, ported to JavaScript for the in-browser mode.
  *
- * Same normalization (device_sim.corpora.normalize_text), same split into completed words and the
- * partial word, same context (the current sentence, windowed to 40 words), same state stack (a
- * new word costs one model step, an edit recomputes from the longest common prefix), same
- * ranking (top-3 next words without specials and punctuation, or completions of the prefix).
+ * Same normalization (fedkey.common.text.normalize_text), same split into completed words and
+ * the partial word, same context (the current sentence, windowed to 40 words), same state stack
+ * (a new word costs one model step, an edit recomputes from the longest common prefix; each
+ * entry holds the next-word log-probabilities, mixed with the export's n-gram when model.json
+ * names one: ngram.js), same bar (fedkey.models.bar: the three words that save the most
+ * keystrokes, P(w) * (len(w) - typed), completions of the partial word longer than it, never a
+ * special or punctuation-only token, ties to the lower vocabulary id).
+ * In this mode only, the bar also mixes in the user's own words (personal.js), words outside the
+ * vocabulary included.
  * Works in a browser (window.FedkeySuggest) and in Node (module.exports) for tests.
  */
 (function (root) {
   "use strict";
 
   const MAX_CONTEXT = 40;
+  const BOS = 1; // <s>
   const MAX_TEXT_TAIL = 1000; // code points, as Python counts them
   const SLOTS = 3;
   const W = "\\p{L}\\p{N}_"; // Python's \w on str: alphanumeric or underscore
@@ -78,28 +84,58 @@
     return ALNUM_RE.test(word);
   }
 
-  /** Top-k of (score desc, id asc) over `ids` (or all ids with mask when ids is null). */
-  function topK(logprobs, ids, mask, k) {
-    const best = []; // [score, id], sorted best first
-    const consider = (id) => {
-      const sc = logprobs[id];
-      if (best.length === k) {
-        const last = best[k - 1];
-        if (sc < last[0] || (sc === last[0] && id > last[1])) return;
-      }
+  /** A word's length in code points, as Python's len counts it. */
+  function codePoints(word) {
+    return Array.from(word).length;
+  }
+
+  /** log(P(w) * (len(w) - typed)), fedkey.models.bar.savings_scores for one word: -Infinity when
+   * the word saves nothing (it is no longer than what is typed). */
+  function savingsScore(logprob, length, typed) {
+    const left = length - typed;
+    return left > 0 ? logprob + Math.log(left) : -Infinity;
+  }
+
+  /** The k best of the offered (score, id, word): score descending, then the lower id (a word
+   * outside the vocabulary has id Infinity), then code-point order; -Infinity never kept. */
+  class TopK {
+    constructor(k) {
+      this.k = k;
+      this.best = []; // [score, id, word], best first
+    }
+
+    /** Whether (score, id, word) ranks before the kept item `b`. */
+    static before(score, id, word, b) {
+      if (score !== b[0]) return score > b[0];
+      if (id !== b[1]) return id < b[1];
+      return cmpCodePoints(word, b[2]) < 0;
+    }
+
+    /** False when `score` cannot enter (a fast test before `offer`). */
+    admits(score) {
+      return score > -Infinity && (this.best.length < this.k || score >= this.best[this.k - 1][0]);
+    }
+
+    offer(score, id, word) {
+      if (!(score > -Infinity)) return; // -Infinity or NaN: not a suggestion
+      const best = this.best;
+      if (best.length === this.k && !TopK.before(score, id, word, best[this.k - 1])) return;
       let j = best.length;
-      while (j > 0 && (best[j - 1][0] < sc || (best[j - 1][0] === sc && best[j - 1][1] > id))) j--;
-      best.splice(j, 0, [sc, id]);
-      if (best.length > k) best.pop();
-    };
-    if (ids) for (let i = 0; i < ids.length; i++) consider(ids[i]);
-    else for (let id = 0; id < logprobs.length; id++) if (mask[id]) consider(id);
-    return best.map((b) => b[1]);
+      while (j > 0 && TopK.before(score, id, word, best[j - 1])) j--;
+      best.splice(j, 0, [score, id, word]);
+      if (best.length > this.k) best.pop();
+    }
+
+    words() {
+      return this.best.map((b) => b[2]);
+    }
   }
 
   class Suggester {
-    /** `ort`: the onnxruntime-web namespace; `session`: an ort.InferenceSession; `meta`: model.json */
-    constructor(ort, session, meta, maxContext = MAX_CONTEXT) {
+    /** `ort`: the onnxruntime-web namespace; `session`: an ort.InferenceSession; `meta`:
+     * model.json; `ngram`: the n-gram meta.ngram names (ngram.js NGram), mixed in with its
+     * "weight"; null: the model alone (as the server when it cannot use the file). */
+    constructor(ort, session, meta, { ngram = null, maxContext = MAX_CONTEXT } = {}) {
       const tok = meta.tokenizer || {};
       if (tok.kind !== "word") {
         throw new Error(
@@ -119,8 +155,12 @@
       this.lstm = session.inputNames.includes("c0");
       this.stateIn = this.lstm ? ["h0", "c0"] : ["h0"];
       this.stateOut = this.lstm ? ["hn", "cn"] : ["hn"];
+      this.ngram = meta.ngram && ngram ? ngram : null;
+      this.ngramWeight = this.ngram ? Number(meta.ngram.weight) : 1;
       this.stoi = new Map();
       this.words.forEach((w, i) => this.stoi.set(w, i));
+      this.lengths = Int32Array.from(this.words, codePoints);
+      this.maxLength = this.lengths.reduce((a, b) => Math.max(a, b), 0);
       this.mask = new Uint8Array(this.words.length);
       const sortable = [];
       this.words.forEach((w, i) => {
@@ -129,6 +169,7 @@
           sortable.push([w, i]);
         }
       });
+      this.nextIds = Int32Array.from(sortable.map((x) => x[1])); // every word the bar may show
       // Code-point order, as Python sorts strings.
       const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
       sortable.sort((a, b) => cmpCodePoints(a[0], b[0]) || cmp(a[1], b[1]));
@@ -169,28 +210,77 @@
     }
 
     async _initialEntry() {
-      const [rows, state] = await this.run([1], this.zeroState());
-      return { token: 1, state, logprobs: rows[0] };
+      const [rows, state] = await this.run([BOS], this.zeroState());
+      return { token: BOS, state, logprobs: this.nextLogprobs(rows[0], [BOS]) };
+    }
+
+    /** The model's next-word log-probs after `context` (ids from <s>), mixed with the n-gram's
+     * distribution when there is one. */
+    nextLogprobs(modelRow, context) {
+      return this.ngram ? this.ngram.mix(modelRow, context, this.ngramWeight) : modelRow;
     }
 
     encode(words) {
       return words.map((w) => (this.stoi.has(w) ? this.stoi.get(w) : 0));
     }
 
+    /** Typed text -> [context ids (without <s>), partial word, the previous token ("<s>" at a
+     * sentence start: the personal cache's bigram context)]. */
     contextIds(text) {
       const [tokens, partial] = splitText(text);
-      return [this.encode(contextWords(tokens, this.maxContext)), partial];
+      const words = contextWords(tokens, this.maxContext);
+      const prev = words.length ? words[words.length - 1] : "<s>";
+      return [this.encode(words), partial, prev];
     }
 
-    rank(logprobs, partial, k = SLOTS) {
-      let ids = null;
-      if (partial) {
-        const lo = lowerBound(this.sortedWords, partial);
-        const hi = lowerBound(this.sortedWords, partial + "\u{10ffff}", lo);
-        if (hi <= lo) return [];
-        ids = this.sortedIds.subarray(lo, hi);
+    /** gain[len] = log(len - typed), -Infinity when len <= typed: savingsScore's second term for
+     * every vocabulary word length (a table, so ranking the vocabulary takes no logarithm). */
+    gains(typed) {
+      const gain = new Float64Array(this.maxLength + 1);
+      for (let len = 0; len <= this.maxLength; len++) gain[len] = savingsScore(0, len, typed);
+      return gain;
+    }
+
+    /** The ids the bar may show: every suggestible word, or the completions of `partial`. */
+    candidates(partial) {
+      if (!partial) return this.nextIds;
+      const lo = lowerBound(this.sortedWords, partial);
+      const hi = lowerBound(this.sortedWords, partial + "\u{10ffff}", lo);
+      return this.sortedIds.subarray(lo, Math.max(lo, hi));
+    }
+
+    /** The bar: the k words saving the most keystrokes (fedkey.models.bar), best first.
+     * `personal` ({cache, params}, or null) mixes in the user's words after `prev`:
+     * p(w) = (1 - mu) * P(w) + mu * p_cache(w | prev). */
+    rank(logprobs, partial, k = SLOTS, personal = null, prev = "<s>") {
+      const typed = codePoints(partial);
+      const mu = personal ? personal.cache.weight(personal.params) : 0;
+      const keep = Math.log1p(-mu); // 0 without the cache
+      const cache = mu > 0 ? personal.cache : null;
+      const ids = this.candidates(partial);
+      const gain = this.gains(typed);
+      const best = new TopK(k);
+      for (let j = 0; j < ids.length; j++) {
+        const id = ids[j];
+        const score = logprobs[id] + keep + gain[this.lengths[id]];
+        if (!best.admits(score) || (cache && cache.has(this.words[id]))) continue; // cache: below
+        best.offer(score, id, this.words[id]);
       }
-      return topK(logprobs, ids, this.mask, k).map((id) => this.words[id]);
+      if (mu > 0) this.offerPersonal(best, logprobs, partial, typed, personal, prev, mu);
+      return best.words();
+    }
+
+    /** Offer the cache's words that complete `partial` at their mixed probability. */
+    offerPersonal(best, logprobs, partial, typed, { cache, params }, prev, mu) {
+      const pCache = cache.scorer(prev, params);
+      for (const w of cache.words()) {
+        if (!w.startsWith(partial)) continue;
+        const id = this.stoi.get(w);
+        if (id !== undefined && !this.mask[id]) continue; // a special token: never shown
+        const base = id === undefined ? 0 : Math.exp(logprobs[id]);
+        const p = (1 - mu) * base + mu * pCache(w);
+        best.offer(savingsScore(Math.log(p), codePoints(w), typed), id ?? Infinity, w);
+      }
     }
 
     newSession() {
@@ -242,24 +332,36 @@
       while (k < n && stack[k].token === ids[k]) k++;
       stack.length = k;
       let top = this.top();
-      for (const tok of ids.slice(k)) {
-        const [rows, state] = await this.suggester.run([tok], top.state);
+      for (let j = k; j < ids.length; j++) {
+        const [rows, state] = await this.suggester.run([ids[j]], top.state);
         this.steps += 1;
-        top = { token: tok, state, logprobs: rows[0] };
+        const context = [BOS, ...ids.slice(0, j + 1)];
+        top = { token: ids[j], state, logprobs: this.suggester.nextLogprobs(rows[0], context) };
         stack.push(top);
       }
       return top.logprobs;
     }
 
-    async suggest(text) {
+    /** The bar for `text`; `personal` ({cache, params}) mixes in the user's words. */
+    async suggest(text, personal = null) {
       const s = this.suggester;
-      const [ids, partial] = s.contextIds(text);
+      const [ids, partial, prev] = s.contextIds(text);
       const logprobs = await this.advance(ids);
-      return { suggestions: s.rank(logprobs, partial), round: s.round };
+      return { suggestions: s.rank(logprobs, partial, SLOTS, personal, prev), round: s.round };
     }
   }
 
-  const api = { splitText, contextWords, tokenize, isTerminator, Suggester, Session, MAX_CONTEXT };
+  const api = {
+    splitText,
+    contextWords,
+    tokenize,
+    isTerminator,
+    suggestible,
+    savingsScore,
+    Suggester,
+    Session,
+    MAX_CONTEXT,
+  };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.FedkeySuggest = api;
 })(typeof window !== "undefined" ? window : globalThis);
