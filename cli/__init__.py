@@ -13,6 +13,7 @@
     fedkey evaluate       a checkpoint scored on held-out text, beside what its run recorded
     fedkey audit canary   a planted secret's exposure, without and with DP (memorization)
     fedkey data fetch     a real corpus (nus-sms, ubuntu-irc) downloaded and checked
+    fedkey vocabulary discover  words many phones type, added to a base by a DP federated count
 
 The benchmarks are not part of the product: `fedkey-bench` (experiments/, installed beside it).
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import typer
 
-from fedkey.cli import audit, checkpoints, data, demo, federation, operator, pretrain
+from fedkey.cli import audit, checkpoints, data, demo, federation, operator, pretrain, vocabulary
 from fedkey.cli.errors import FedkeyGroup
 
 __all__ = ["app", "main"]
@@ -60,6 +61,7 @@ app.command()(checkpoints.info)
 app.command()(checkpoints.evaluate)
 app.add_typer(audit.audit_app, name="audit")
 app.add_typer(data.data_app, name="data")
+app.add_typer(vocabulary.vocabulary_app, name="vocabulary")
 
 
 def main() -> None:

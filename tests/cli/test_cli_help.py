@@ -43,8 +43,8 @@ def test_help_of_every_command_imports_no_torch():
     )
     assert out.returncode == 0, out.stderr
     # the app, its 12 commands, the audit group and its 1, the data group and its 2 (fetch,
-    # where); the benchmarks are fedkey-bench's
-    assert int(out.stdout.split()[-1]) == 20  # fedkey, its 16 commands, audit and data's 3
+    # where), the vocabulary group and its 1 (discover); the benchmarks are fedkey-bench's
+    assert int(out.stdout.split()[-1]) == 22  # fedkey, its 17 commands, their 4 subcommands
 
 
 def test_python_dash_m_cli_is_the_fedkey_command():
