@@ -9,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint imports format clean docs
+.PHONY: venv demo base-model test test-fast lint imports format clean docs
 
 # pip >= 25.1 installs a PEP 735 dependency group (--group); setuptools >= 77 (PEP 639 license metadata) is the build
 # backend pyproject.toml names, used from the venv (--no-build-isolation).
@@ -25,10 +25,16 @@ $(STAMP): pyproject.toml experiments/pyproject.toml constraints.txt keyboard_web
 venv: $(STAMP)
 
 # The whole system on NUS SMS (real text messages, fetched once into the data directory; offline,
-# the embedded demo corpus): a federation server, a phone per sender training, an ONNX export of
-# the round best on validation so far and the web keyboard serving it. Ctrl-C stops everything.
+# the Chit-Chat senders held out of pretraining): the shipped base model fine-tuned by a federation
+# server and a phone per sender, an ONNX export of the round best on validation so far and the web
+# keyboard serving it. Ctrl-C stops everything.
 demo: venv
 	$(VENV)/bin/fedkey demo --out runs/demo
+
+# The base model that ships with fedkey (--init base), trained again with its committed recipe and
+# written into the package (models/shipped/; about 31 CPU-minutes). docs/how-to/pretrain.md.
+base-model: venv
+	$(VENV)/bin/fedkey pretrain --shipped --out runs/base-model
 
 # The product's tests, then the research harness's (experiments/tests, its own pytest settings).
 test: venv

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from fedkey.cli.federation import print_table
-from fedkey.cli.options import PHONES, build_settings, settings_group, with_options
+from fedkey.cli.options import CONTEXT, PHONES, build_settings, settings_group, with_options
 
 #: The public text to pretrain on, and its vocabulary.
 PUBLIC_DATA = {
@@ -49,6 +49,13 @@ def pretrain(
         "--resume",
         help="Continue the run in --out after its last epoch's checkpoint (same settings).",
     ),
+    shipped: bool = typer.Option(
+        False,
+        "--shipped",
+        help="Train the base that ships with fedkey (--init base) with its recipe, and write it "
+        "(fp16) into the package. Another option changes the recipe: the base then stays in "
+        "--out and is not shipped (a reduced check of the recipe).",
+    ),
     **opts,
 ) -> None:
     """Train the language model centrally on public text only: the base model a federation
@@ -58,7 +65,10 @@ def pretrain(
     from fedkey.runners.pretrain import PretrainConfig
     from fedkey.runners.pretrain import pretrain as run_pretrain
 
-    settings = build_settings(opts, storage=out, init=None)  # a base of its own: no FEDKEY_INIT
+    recipe, changed = shipped_recipe(opts) if shipped else ({}, [])
+    epochs = recipe.pop("epochs", epochs)
+    # A base of its own: no FEDKEY_INIT.
+    settings = build_settings({**opts, **recipe}, storage=out, init=None)
     rows, base = run_pretrain(
         PretrainConfig(
             settings.data_config(),
@@ -74,3 +84,29 @@ def pretrain(
     )
     print_table(rows)
     typer.echo(f"base model: {base}  (start a federation from it: --init {base})")
+    if shipped:
+        ship_base(base, changed)
+
+
+def shipped_recipe(opts: dict) -> tuple[dict, list[str]]:
+    """--shipped: the recipe's value of every option not given (flag or environment), the
+    epochs included, and the flags that were given: each of them changes the recipe."""
+    from fedkey.runners.pretrain import SHIPPED_EPOCHS, SHIPPED_RECIPE
+
+    ctx = opts[CONTEXT]
+    names = [name for name in (*opts, "epochs") if name not in (CONTEXT, "device")]
+    given = [name for name in names if ctx.get_parameter_source(name).name != "DEFAULT"]
+    recipe = {**SHIPPED_RECIPE, "epochs": SHIPPED_EPOCHS}
+    kept = {name: value for name, value in recipe.items() if name not in given}
+    return kept, ["--" + name.replace("_", "-") for name in given]
+
+
+def ship_base(base: Path, changed: list[str]) -> None:
+    """Write the base into the package as the shipped one, unless the recipe was changed."""
+    from fedkey.models.base import SHIPPED
+    from fedkey.runners.pretrain import ship
+
+    if changed:
+        typer.echo(f"not shipped: {', '.join(changed)} changed the recipe of the shipped base")
+        return
+    typer.echo(f"shipped base: {ship(base, SHIPPED)}  (--init base)")

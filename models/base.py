@@ -2,6 +2,9 @@
 it from public text. It fixes the model's shape and the vocabulary the phones' text is encoded
 with, so neither is chosen again, nor built from the phones' text.
 
+``--init base`` names the base that ships with fedkey (:data:`SHIPPED`, package data built by
+``fedkey pretrain --shipped``); any other value is a path.
+
 Its metadata is read without torch (safetensors' header alone, through its numpy reader), so the
 settings check ``--init`` as the command line is parsed; the weights are loaded by
 fedkey.models.checkpoint.initial_state.
@@ -17,7 +20,24 @@ from typing import Any
 from fedkey.models.config import PRESETS, ModelConfig
 from fedkey.models.tokenizers import Tokenizer, tokenizer_from_config
 
-__all__ = ["FIXED_BY_BASE", "base_conflicts", "base_model_config", "base_tokenizer", "read_base"]
+__all__ = [
+    "FIXED_BY_BASE",
+    "SHIPPED",
+    "SHIPPED_NAME",
+    "SHIPPED_NGRAM",
+    "base_conflicts",
+    "base_model_config",
+    "base_path",
+    "base_tokenizer",
+    "ngram_path",
+    "header_metadata",
+    "read_base",
+]
+
+#: `--init base`: the base model that ships with fedkey, and its folder (with its n-gram).
+SHIPPED_NAME = "base"
+SHIPPED = Path(__file__).resolve().parent / "shipped" / "base.safetensors"
+SHIPPED_NGRAM = SHIPPED.with_name("ngram.safetensors")
 
 #: The Settings fields a base model fixes: its shape and its vocabulary.
 FIXED_BY_BASE = (
@@ -25,7 +45,7 @@ FIXED_BY_BASE = (
 )  # fmt: skip
 
 
-def _metadata(path: Path) -> dict[str, str]:
+def header_metadata(path: Path) -> dict[str, str]:
     """The safetensors header's metadata of the file at `path` (no tensor is read)."""
     from safetensors import SafetensorError, safe_open
 
@@ -36,14 +56,29 @@ def _metadata(path: Path) -> dict[str, str]:
         raise ValueError(str(e)) from None
 
 
+def base_path(spec: str | Path) -> Path:
+    """The file an --init value names: the shipped base for "base", else the path itself."""
+    return SHIPPED if str(spec) == SHIPPED_NAME else Path(spec).expanduser()
+
+
+def ngram_path(spec: str | Path) -> Path:
+    """The file an --ngram value names: the shipped base's n-gram for "base", else the path."""
+    return SHIPPED_NGRAM if str(spec) == SHIPPED_NAME else Path(spec).expanduser()
+
+
 def read_base(path: str | Path) -> dict[str, Any]:
-    """The fedkey metadata of the checkpoint at `path`; a ValueError in one line when the file
-    is missing, unreadable or not a fedkey checkpoint."""
-    p = Path(path).expanduser()
+    """The fedkey metadata of the checkpoint at `path` ("base": the shipped one); a ValueError
+    in one line when the file is missing, unreadable or not a fedkey checkpoint."""
+    p = base_path(path)
+    if str(path) == SHIPPED_NAME and not p.is_file():
+        raise ValueError(
+            "--init base: the shipped base model is missing from this installation "
+            "(build it with `fedkey pretrain --shipped`)"
+        )
     if not p.is_file():
         raise ValueError(f"--init {path}: no such file (a checkpoint of fedkey pretrain)")
     try:
-        meta: dict[str, Any] = json.loads(_metadata(p)["fedkey"])
+        meta: dict[str, Any] = json.loads(header_metadata(p)["fedkey"])
         ModelConfig(**meta["model"])
         meta["tokenizer"]["kind"]
     except OSError as e:

@@ -18,6 +18,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from fedkey.common.files import atomic_write
+from fedkey.models.base import base_path
 from fedkey.models.config import ModelConfig
 from fedkey.models.model import LanguageModel
 from fedkey.models.tokenizers import Tokenizer, tokenizer_from_config
@@ -44,7 +45,14 @@ METADATA: dict[str, str] = {
     "its vocabulary (kind, size, the --vocab-size asked, the public text it was built from) and "
     "its recipe (epochs, lr, lr_decay, momentum, clip, batch_size, max_len, precision, model, "
     "seed, max_train_tokens, fedkey_commit).",
+    "vocabulary": "An extended base's only (fedkey vocabulary discover): one note per extension, "
+    "oldest first: the words added (at the end of the word list), the vocabulary size before, "
+    "the DP count's epsilon, delta, phones, max_words_per_phone, noise_std, threshold and "
+    "noisy_counts (fedkey.models.vocab_extend).",
 }
+
+#: The METADATA keys only a base model holds, never a run's own checkpoints.
+BASE_ONLY = ("pretrain", "vocabulary")
 
 
 class CheckpointError(ValueError):
@@ -101,7 +109,8 @@ def initial_state(config: ModelConfig, init: str | Path | None = None) -> dict[s
     fresh = model_state(build_model(config))
     if init is None:
         return fresh
-    state = st_load(Path(init).expanduser().read_bytes())
+    # A shipped base is stored in fp16 (fedkey pretrain --shipped); a run's weights are fp32.
+    state = {k: v.float() for k, v in st_load(base_path(init).read_bytes()).items()}
     try:
         check_state(state, config)
     except CheckpointError as e:
