@@ -101,6 +101,11 @@ def test_the_wheel_installs_one_package_with_the_page_and_the_license(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"fedkey"}, f"the wheel adds more than fedkey to site-packages: {sorted(tops)}"
     assert "fedkey/federation/privacy/blt_params.json" in names
+    # --init base and --ngram base: the shipped base model and its 3-gram
+    assert {
+        "fedkey/models/shipped/base.safetensors",
+        "fedkey/models/shipped/ngram.safetensors",
+    } <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.startswith("fedkey/testing/")]
     for f in STATIC:
         path = f"fedkey/keyboard_web/static/{f}"
