@@ -17,8 +17,20 @@ from typing import Any
 
 #: Seconds an answer of the federation server's GET /v1/metrics is served again.
 METRICS_TTL = 2.0
-#: The fields of a round the page's panel shows.
-PANEL_ROW = ("round", "strategy", "val_ppl", "test_ppl", "top1", "epsilon")
+#: The fields of a round the page's panel shows (the bar's top-1 and the mixture's scores: its line
+#: comparing the served round with round 0).
+PANEL_ROW = (
+    "round",
+    "strategy",
+    "val_ppl",
+    "test_ppl",
+    "top1",
+    "bar_top1",
+    "mix_val_ppl",
+    "mix_test_ppl",
+    "mix_bar_top1",
+    "epsilon",
+)
 #: The federation server's events the page is told of, each with these fields (and its type and
 #: time).
 PANEL_EVENTS: dict[str, tuple[str, ...]] = {

@@ -498,12 +498,14 @@
         }
       }
       setStatus(browserStatus(), Boolean(state.ngramError));
+      showServed(); // the browser's mixture may not be the server's
       changed(true);
     } else {
       state.mode = "server";
       document.body.dataset.mode = "server";
       $("served-by").textContent = "server";
       showPersonal();
+      showServed();
       setStatus(state.serverReady ? serverStatus() : "connecting…");
       changed(true);
     }
@@ -517,7 +519,17 @@
   // ---------------------------------------------------------------------------------------------
   // The model panel and the chart (their text and drawing: panel.js)
   // ---------------------------------------------------------------------------------------------
-  const rows = new Map(); // round -> {round, val_ppl, test_ppl}
+  const rows = new Map(); // round -> {round, and the ROW_FIELDS known of it}
+  // What the panel reads of a round: the chart's perplexities, and for the line against round 0
+  // the bar's top-1 and the mixture's (the model with the keyboard's n-gram) scores.
+  const ROW_FIELDS = [
+    "val_ppl",
+    "test_ppl",
+    "bar_top1",
+    "mix_val_ppl",
+    "mix_test_ppl",
+    "mix_bar_top1",
+  ];
   let served = null; // the served model's facts (model.json or /api/info), for its note
 
   function setRound(r) {
@@ -554,8 +566,27 @@
     show("bounding-detail", boundingDetail);
   }
 
+  /** Whether the suggestions mix in the export's n-gram (in browser mode: the browser's). */
+  function mixesNgram() {
+    if (state.mode === "browser") return Boolean(bSuggester && bSuggester.ngram);
+    const n = state.info && state.info.ngram;
+    return Boolean(n && n.active);
+  }
+
   function showServed() {
     $("served-note").textContent = Panel.servedNote(served, rows);
+    const [text, title] = Panel.baselineText(rows, served && served.round, mixesNgram());
+    const line = $("baseline");
+    line.textContent = text;
+    line.title = title;
+    line.hidden = !text;
+  }
+
+  /** Round `r`'s row, what `fields` holds of ROW_FIELDS laid over what was known of it. */
+  function mergeRow(r, fields) {
+    const row = { ...(rows.get(r) || {}), round: r };
+    for (const k of ROW_FIELDS) if (fields[k] !== undefined) row[k] = fields[k];
+    rows.set(r, row);
   }
 
   function showModel(m) {
@@ -567,11 +598,7 @@
     $("perplexity").textContent = Panel.fmt(ppl) + (m.int8 ? " · int8" : "");
     if (m.round !== null && m.round !== undefined && (m.val_ppl != null || m.test_ppl != null)) {
       const row = rows.get(m.round) || {};
-      rows.set(m.round, {
-        round: m.round,
-        val_ppl: row.val_ppl ?? m.val_ppl,
-        test_ppl: row.test_ppl ?? m.test_ppl,
-      });
+      mergeRow(m.round, { val_ppl: row.val_ppl ?? m.val_ppl, test_ppl: row.test_ppl ?? m.test_ppl });
       drawChart();
     }
     showServed();
@@ -579,9 +606,7 @@
 
   function addRows(list) {
     for (const r of list || []) {
-      if (r && typeof r.round === "number") {
-        rows.set(r.round, { round: r.round, val_ppl: r.val_ppl, test_ppl: r.test_ppl });
-      }
+      if (r && typeof r.round === "number") mergeRow(r.round, r);
     }
     drawChart();
     showServed();
@@ -642,6 +667,7 @@
         if (state.mode === "server") showModel(e);
         else addRows([e]);
         await refreshInfo();
+        refreshMetrics(); // the new round's row: the line against round 0 reads its top-1
         if (state.mode === "browser" && state.browserRound !== e.round) {
           try {
             const meta = await loadBrowserModel();

@@ -1,6 +1,7 @@
 /* The page's model panel, as text and pictures: the privacy block, the bounding line, which round
- * is served and why, and the perplexity chart. Pure functions of what the export and the
- * federation server record (app.js puts them on the page). window.FedkeyPanel.
+ * is served and why, the served round against round 0, and the perplexity chart. Pure functions of
+ * what the export and the federation server record (app.js puts them on the page).
+ * window.FedkeyPanel.
  */
 (function (root) {
   "use strict";
@@ -124,6 +125,35 @@
     return parts.join(" · ");
   }
 
+  // The served round against round 0, the model the run started from (with --init, the base
+  // pretrained on public chat), both as their metrics rows score them on the phones' held-out text:
+  // test perplexity (else validation) and the suggestion bar's top-1 (bar_top1); the mixture's
+  // (mix_*) when the keyboard mixes its n-gram in (`mixed`), as it suggests. [text, title], or
+  // ["", ""] without a round-0 row or a number both rows hold. Nothing recorded says whether
+  // round 0 was a pretrained base, so the line names it "round 0" (the title: the initial model).
+  function baselineText(rows, round, mixed) {
+    const first = rows.get(0);
+    const now = rows.get(round);
+    if (!Number.isInteger(round) || round <= 0 || !first || !now) return ["", ""];
+    const both = (k) => isNum(first[k]) && isNum(now[k]);
+    const mix = Boolean(mixed) && (both("mix_test_ppl") || both("mix_val_ppl"));
+    const pre = mix ? "mix_" : "";
+    const ppl = [`${pre}test_ppl`, `${pre}val_ppl`].find(both);
+    const top = `${pre}bar_top1`;
+    const parts = [];
+    if (ppl) parts.push(`perplexity ${fmt(first[ppl])} → ${fmt(now[ppl])}`);
+    if (both(top)) parts.push(`top-1 ${first[top].toFixed(3)} → ${now[top].toFixed(3)}`);
+    if (!parts.length) return ["", ""];
+    const what = [];
+    if (ppl) what.push(`${ppl.endsWith("test_ppl") ? "test" : "validation"} perplexity`);
+    if (both(top)) what.push("the suggestion bar's top-1");
+    const title =
+      `round 0 (the initial model, before any phone trained) against round ${round} (served): ` +
+      `${what.join(" and ")} on the phones' held-out text` +
+      (mix ? ", of the model mixed with the keyboard's n-gram, as it suggests" : "");
+    return [`vs round 0${mix ? " (with the n-gram)" : ""}: ${parts.join(", ")}`, title];
+  }
+
   const SVGNS = "http://www.w3.org/2000/svg";
 
   function el(name, attrs, text) {
@@ -188,5 +218,5 @@
     }
   }
 
-  root.FedkeyPanel = { fmt, privacyText, boundingText, servedNote, drawChart };
+  root.FedkeyPanel = { fmt, privacyText, boundingText, servedNote, baselineText, drawChart };
 })(window);
