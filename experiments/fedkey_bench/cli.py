@@ -1,5 +1,5 @@
 """`fedkey-bench`: the benchmarks (one sub-package of fedkey_bench each: perf, paper, attacks,
-privacy, load, peers, cohorts, aggregation, canary), with their targets, in a report.
+privacy, load, peers, cohorts, aggregation, canary, typing), with their targets, in a report.
 
 The research harness's own command, beside the product's `fedkey`: it fails as `fedkey` does
 (fedkey.cli.errors.FedkeyGroup: one `error: ...` line and an exit status). Results go to
@@ -26,6 +26,7 @@ from fedkey_bench.load.runner import DATABASES, FRACTION
 from fedkey_bench.paper.presets import PRESETS
 from fedkey_bench.paper.suites import SUITES
 from fedkey_bench.perf.report import STEPS
+from fedkey_bench.typing.runner import command as bench_typing
 
 
 def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
@@ -464,6 +465,7 @@ def bench_load(
 app.command("aggregation")(bench_aggregation)
 app.command("cohorts")(bench_cohorts)
 app.command("canary")(bench_canary)
+app.command("typing")(bench_typing)
 
 
 @app.command("peers")

@@ -22,6 +22,7 @@ COMMANDS = (
     "cohorts",
     "aggregation",
     "canary",
+    "typing",
 )
 
 # A fresh interpreter: the test process has torch loaded already (conftest.py).
