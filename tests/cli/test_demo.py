@@ -1,5 +1,5 @@
 """`fedkey demo`'s corpus: NUS SMS when it is in the data directory or can be fetched, else the
-generated demo corpus, said in one line."""
+Chit-Chat senders held out of the base's pretraining, said in one line."""
 
 from __future__ import annotations
 
@@ -38,17 +38,19 @@ def test_nus_sms_is_fetched_when_absent(empty_data_dir, monkeypatch):
     assert fetched == ["nus-sms"] and said == [f"fetching NUS SMS (2.4 MB) into {empty_data_dir}"]
 
 
-def test_offline_falls_back_to_the_demo_corpus_in_one_line(empty_data_dir, monkeypatch):
+def test_offline_federates_over_the_held_out_chitchat_senders_in_one_line(
+    empty_data_dir, monkeypatch
+):
     monkeypatch.setattr("fedkey.corpora.datadir.fetch", offline)
     said: list[str] = []
-    assert demo.demo_corpus("auto", said.append) == "demo"
-    fallback = [line for line in said if "generated demo corpus" in line]
+    assert demo.demo_corpus("auto", said.append) == "chitchat-heldout"
+    fallback = [line for line in said if "held out of the base's pretraining" in line]
     assert len(fallback) == 1 and "\n" not in fallback[0] and "no network" in fallback[0]
 
 
 def test_asked_for_corpora(empty_data_dir, monkeypatch):
     monkeypatch.setattr("fedkey.corpora.datadir.fetch", offline)
-    assert demo.demo_corpus("demo", print) == "demo"
+    assert demo.demo_corpus("chitchat", print) == "chitchat-heldout"
     with pytest.raises(UserError, match="NUS SMS could not be fetched"):
         demo.demo_corpus("nus-sms", lambda line: None)
 
@@ -59,5 +61,9 @@ def test_one_phone_per_sender_with_enough_messages():
 
     if not is_present("nus-sms", data_dir()):
         pytest.skip("NUS SMS is not in the data directory")
-    assert demo.senders_with(demo.NUS_MIN_MESSAGES) == 30
-    assert demo.senders_with(1) > demo.senders_with(demo.NUS_MIN_MESSAGES)
+    assert demo.senders_with("nus-sms", demo.NUS_MIN_MESSAGES) == 30
+    assert demo.senders_with("nus-sms", 1) > demo.senders_with("nus-sms", demo.NUS_MIN_MESSAGES)
+
+
+def test_offline_phones_are_the_held_out_chitchat_senders():
+    assert demo.senders_with("chitchat-heldout", demo.NUS_MIN_MESSAGES) == 21

@@ -11,19 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fedkey.keyboard_web.app import ORT_DIST, create_app
+from fedkey.keyboard_web.app import create_app
 from fedkey.keyboard_web.suggest import Suggester
-from fedkey.testing.browser import CHROMIUM
+from fedkey.testing.browser import browser_mode_marks
 from fedkey.testing.keyboard import ThreadServer
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed"),
-    pytest.mark.skipif(
-        not (ORT_DIST / "ort.wasm.min.js").exists(),
-        reason="browser mode needs onnxruntime-web: run `npm ci --prefix keyboard_web`",
-    ),
-]
+pytestmark = browser_mode_marks()
 PHONE = {"width": 390, "height": 844}
 TEXTS = ["see you ", "see you t", "i will call you ", "the meeting is at th", "ok . wh"]
 
