@@ -1,6 +1,7 @@
 """`fedkey demo`: the whole system on real text messages (NUS SMS, one phone per sender) when they
-are in the data directory or can be fetched, else on the embedded generated corpus; each part a
-`fedkey` command in its own process (fedkey.runners.processes.ProcessGroup: logs in --out, all stopped
+are in the data directory or can be fetched, else on the Chit-Chat senders held out of the base's
+pretraining: a federation fine-tuning the shipped base model (`--init base`); each part a `fedkey`
+command in its own process (fedkey.runners.processes.ProcessGroup: logs in --out, all stopped
 together)."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fedkey.runners.processes import (
     wait_healthy,
 )
 
-DemoData = Literal["auto", "nus-sms", "demo"]
+DemoData = Literal["auto", "nus-sms", "chitchat"]
 
 #: What the demo shows: attentive aggregation (FedAtt), every update bounded, and DP noise
 #: calibrated to FedAtt's sensitivity. Twenty or thirty phones cannot buy a small epsilon: at
@@ -37,46 +38,33 @@ MISSION = [
     "--dp-publish-scores",
 ]  # fmt: skip
 
-#: The generated demo corpus (the offline fallback): 20 phones, one per owner. S = 10 is about the
-#: median update norm of a demo phone's two local epochs at lr 1.0 (test perplexity 96.1 after 4
-#: rounds of `fedkey simulate --data demo --clients 20 --partition user --fraction 0.5
-#: --local-epochs 2 --strategy fedatt --dp-clip 10 --dp-noise-multiplier 0.005`).
-DEMO_PHONES = 20
-DEMO = ["--fraction", "0.5", "--local-epochs", "2"]
-
-#: NUS SMS: a phone for every sender with at least NUS_MIN_MESSAGES training messages (30), 9 a
-#: round, and the settings chosen by measurement so that test perplexity improves or holds round
-#: after round over 30 rounds, never more than 2% above its best so far
-#: (docs/explanation/demo.md): a vocabulary of 2,000 words, a GRU of 96 units, two local
-#: epochs at lr 1.0 decaying by 0.93 a round, and a FedAtt server step of 0.4 (best test
-#: perplexity 125.6; one local epoch at lr 0.7 decaying by 0.9 stays near 170, and at step 0.5 a
-#: round rose 2.4% above its best). fp32: faster than bf16 on a CPU without bf16 units.
+#: The phones: one per sender with at least NUS_MIN_MESSAGES training messages (NUS SMS: 30;
+#: the Chit-Chat senders held out of pretraining: 21), about a third of them a round.
 NUS_MIN_MESSAGES = 300
-NUS_SMS = [
-    "--vocab-size",
-    "2000",
-    "--fraction",
-    "0.3",
-    "--local-epochs",
-    "2",
-    "--lr",
-    "1.0",
-    "--lr-decay",
-    "0.93",
-    "--epsilon",
-    "0.4",
-    "--precision",
-    "fp32",
-]
-NUS_SMS_ENV = {"FEDKEY_HIDDEN_SIZE": "96"}  # no flag: emb = hidden = 96 (the small preset's 300)
+
+#: The model: the base that ships with fedkey (pretrained on public chat; its vocabulary encodes
+#: the phones' text) and its Kneser-Ney 3-gram, which the keyboard mixes in. Round 0 is the base
+#: itself, so the keyboard suggests sensibly before any phone has trained. Fine-tuning settings
+#: chosen by measurement (docs/explanation/demo.md): test perplexity improves or holds round after
+#: round, never more than 2% above its best so far. fp32: faster than bf16 on a CPU without bf16
+#: units.
+FINE_TUNE = [
+    "--init", "base", "--ngram", "base", "--fraction", "0.3", "--local-epochs", "1",
+    "--lr", "0.5", "--lr-decay", "0.95", "--epsilon", "0.4", "--precision", "fp32",
+]  # fmt: skip
+
+#: The corpus the demo federates over, by what `--data` asks: NUS SMS, else (offline) the
+#: Chit-Chat senders held out of pretraining.
+CORPUS = {"nus-sms": "nus-sms", "chitchat": "chitchat-heldout"}
 
 
 def demo_corpus(data: str, echo: Callable[[str], None]) -> str:
     """The corpus the demo trains on: "nus-sms" when it is in the data directory or can be
-    fetched now (2.4 MB, once), else "demo", said in one line; `data` "demo" or "nus-sms" asks
-    for one (an NUS SMS that cannot be had is then an error)."""
-    if data == "demo":
-        return "demo"
+    fetched now (2.4 MB, once), else "chitchat-heldout" (the Chit-Chat senders held out of the
+    base's pretraining, installed with fedkey), said in one line; `data` "nus-sms" or "chitchat"
+    asks for one (an NUS SMS that cannot be had is then an error)."""
+    if data == "chitchat":
+        return CORPUS["chitchat"]
     from fedkey.corpora.datadir import data_dir, fetch, is_present
 
     root = data_dir()
@@ -89,20 +77,19 @@ def demo_corpus(data: str, echo: Callable[[str], None]) -> str:
         if data == "nus-sms":
             raise UserError(f"NUS SMS could not be fetched: {e}") from None
         echo(
-            f"NUS SMS is not in {root} and could not be fetched ({e}): the demo trains on the "
-            "generated demo corpus instead"
+            f"NUS SMS is not in {root} and could not be fetched ({e}): the demo federates over "
+            "the Chit-Chat senders held out of the base's pretraining instead"
         )
-        return "demo"
+        return CORPUS["chitchat"]
     return "nus-sms"
 
 
-def senders_with(min_messages: int) -> int:
-    """How many NUS SMS senders have at least `min_messages` training messages: the demo's
+def senders_with(corpus: str, min_messages: int) -> int:
+    """How many senders of `corpus` have at least `min_messages` training messages: the demo's
     phones (`fedkey devices --partition user --count K` takes the K senders with the most)."""
     from fedkey.corpora.loaders import load_corpus
 
-    corpus = load_corpus("nus-sms")
-    counts = Counter(corpus.train_users or [])
+    counts = Counter(load_corpus(corpus).train_users or [])
     return sum(n >= min_messages for n in counts.values())
 
 
@@ -114,32 +101,28 @@ def demo(
         "auto",
         "--data",
         help="auto: NUS SMS when it is in the data directory or can be fetched, else the "
-        "generated demo corpus; nus-sms or demo: that one.",
+        "Chit-Chat senders held out of the base's pretraining; nus-sms or chitchat: that one.",
     ),
     phones: int | None = typer.Option(
         None,
         "--phones",
         min=2,
-        help="Simulated phones, one per sender (default: NUS SMS's senders with at least "
-        f"{NUS_MIN_MESSAGES} training messages; {DEMO_PHONES} on the demo corpus).",
+        help="Simulated phones, one per sender (default: the senders with at least "
+        f"{NUS_MIN_MESSAGES} training messages).",
     ),
     rounds: int = typer.Option(30, "--rounds", min=1, help="Federated rounds."),
     port: int = typer.Option(8080, "--port", help="The keyboard's port."),
     workers: int = typer.Option(2, "--workers", min=0, help="Training processes for the phones."),
 ) -> None:
     """The whole system on real text messages (NUS SMS, one phone per sender; fetched once, else
-    the generated demo corpus): a server running FedAtt with bounded updates and DP noise, a fleet
+    the Chit-Chat senders held out of the base's pretraining): the shipped base model of public
+    chat fine-tuned by a server running FedAtt with bounded updates and DP noise, a fleet
     of phones, an ONNX export whenever a round is the best so far on validation, and the web
     keyboard serving it (its panel shows the round, the corpus, the strategy and epsilon so far).
     Ctrl-C stops every process."""
     check_can_listen("127.0.0.1", port)  # the keyboard's, before minutes of training
     corpus = demo_corpus(data, typer.echo)
-    if corpus == "nus-sms":
-        phones = phones or senders_with(NUS_MIN_MESSAGES)
-        settings, env = NUS_SMS, NUS_SMS_ENV
-    else:
-        phones = phones or DEMO_PHONES
-        settings, env = DEMO, {}
+    phones = phones or senders_with(corpus, NUS_MIN_MESSAGES)
     from fedkey.runners.loopback import fresh_run_dir
 
     fresh_run_dir(out / "server")  # a new demo: new phones (a new secret), new rounds
@@ -174,10 +157,10 @@ def demo(
                     str(phones),
                     "--round-deadline",
                     "120",
-                    *settings,
+                    *FINE_TUNE,
                     *MISSION,
                 ],
-                env=server_env(env),
+                env=server_env(),
             )
             wait_healthy(url, server_proc)
             typer.echo(f"federation server {url}: {corpus}, {phones} phones (logs in {out}/)")
