@@ -158,6 +158,10 @@ class InfluenceConfig:
         return self.mode != "off"
 
 
+#: DP's noise multiplier z where none is given and no target epsilon calibrates one.
+DEFAULT_NOISE_MULTIPLIER = 1.0
+
+
 @dataclass
 class PrivacyConfig:
     """Client-side randomization of the seed papers (beta) and/or DP (clip + noise + accountant)."""
@@ -167,7 +171,9 @@ class PrivacyConfig:
     )
     sigma: float = 1.0
     clip_norm: float | None = None  # DP: clip each update's L2 norm to S ...
-    noise_multiplier: float = 1.0  # ... and add N(0, (z * sensitivity)^2) to the aggregate
+    # ... and add N(0, (z * sensitivity)^2) to the aggregate; None: calibrated to target_epsilon
+    # over the planned rounds (fedkey.federation.privacy.calibrate), else DEFAULT_NOISE_MULTIPLIER
+    noise_multiplier: float | None = None
     # epsilon is reported at this delta; None: 1 / N^1.1 for the N phones (production's choice)
     delta: float | None = None
     target_epsilon: float | None = None
@@ -315,7 +321,10 @@ def adaptive_clip_problem(privacy: PrivacyConfig) -> str | None:
     if sigma_b is not None:
         if not sigma_b >= 0:
             return f"--dp-clip-count-stddev must be >= 0, got {sigma_b}"
-        return count_stddev_problem(
-            privacy.noise_multiplier, sigma_b, count_sensitivity(privacy.sampling)
-        )
+        z = privacy.noise_multiplier
+        if z is None and privacy.target_epsilon is not None:
+            # z is calibrated below sigma_b's limit (fedkey.federation.privacy.calibrate)
+            return None
+        z = DEFAULT_NOISE_MULTIPLIER if z is None else z
+        return count_stddev_problem(z, sigma_b, count_sensitivity(privacy.sampling))
     return None

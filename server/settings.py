@@ -206,12 +206,16 @@ class Settings(BaseSettings):
     dp_clip: float | None = Field(_PRIVACY.clip_norm, gt=0,
         description="DP: clip each update to this L2 norm S and add noise calibrated to the "
         "strategy's sensitivity (turns DP on; fedavg, fedatt, fedattopt, fedmed).")
-    dp_noise_multiplier: float = Field(_PRIVACY.noise_multiplier, ge=0,
-        description="DP noise multiplier z: N(0, (z * sensitivity)^2) on the aggregate.")
+    dp_noise_multiplier: float | None = Field(_PRIVACY.noise_multiplier, ge=0,
+        description="DP noise multiplier z: N(0, (z * sensitivity)^2) on the aggregate. Default: "
+        "with --dp-target-epsilon, calibrated before round 1 (the smallest z, to 3 significant "
+        "digits, whose epsilon after --rounds rounds is at most the target); else 1.0.")
     dp_delta: float | None = Field(_PRIVACY.delta, gt=0, lt=1,
         description="DP delta for the reported epsilon (default: 1 / N^1.1 for N phones).")
     dp_target_epsilon: float | None = Field(_PRIVACY.target_epsilon, gt=0,
-        description="DP: stop before epsilon would pass this budget.")
+        description="DP budget: without --dp-noise-multiplier, z is calibrated so that the "
+        "planned --rounds end at this epsilon (for the phones, cohorts and mechanism of the run); "
+        "either way the run stops before epsilon would pass it.")
     dp_sampling: DPSampling = Field(_PRIVACY.sampling,
         description="How DP cohorts are drawn and accounted: fixed (a fixed-size sample, "
         "replace-one) or poisson (each phone with probability C, add/remove-one; fedavg/fedsgd "

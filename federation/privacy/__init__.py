@@ -8,5 +8,6 @@ rule and the server's secret.
     tree.py, blt.py   their correlated noise and zCDP accounting
     gaussian.py       Gaussian noise, the seed papers' client-side randomization, the RDP accountant
     clipping.py       the clip rule: fixed, or adaptive (adaptive_clip.py, Andrew et al. 2021)
+    calibrate.py      the noise multiplier that ends the planned rounds at --dp-target-epsilon
     secret.py         the 256-bit server secret every DP draw comes from
 """

@@ -5,6 +5,7 @@
         norm                 the round's clip: C_t, or S (None without DP)
         ready                whether the aggregate's noise multiplier is known
         noise_multiplier()   z, or adaptive clipping's z_u (Andrew et al. 2021, Theorem 1)
+        max_noise_multiplier()  the z it allows below: adaptive clipping's sigma_b / s_b
         observe(N)           what the population fixes (the default sigma_b)
         step(...)            the round's noised count and the next clip (row fields)
         start_info, state_dict, load_state_dict
@@ -18,6 +19,7 @@ keyed by the round, so a resumed run draws the same.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 from fedkey.federation.config import FederationConfig
@@ -29,6 +31,7 @@ from fedkey.federation.privacy.adaptive_clip import (
     default_count_stddev,
     update_noise_multiplier,
 )
+from fedkey.federation.privacy.calibrate import noise_multiplier_of
 from fedkey.federation.privacy.secret import RunSecret
 from fedkey.federation.strategies.selection import cohort_size
 
@@ -38,7 +41,7 @@ class ClipRule(ABC):
 
     def __init__(self, config: FederationConfig) -> None:
         self.config = config
-        self.z = config.privacy.noise_multiplier
+        self.z = noise_multiplier_of(config.privacy)
 
     @property
     @abstractmethod
@@ -58,6 +61,10 @@ class ClipRule(ABC):
     def noise_multiplier(self) -> float:
         """The aggregate's noise multiplier: z."""
         return self.z
+
+    def max_noise_multiplier(self) -> float:
+        """The z the rule allows below (exclusive): any (a fixed clip)."""
+        return math.inf
 
     def observe(self, population: int) -> bool:
         """A population the run draws from; True when it fixed the noise multiplier now."""
@@ -134,6 +141,12 @@ class AdaptiveClipping(ClipRule):
         if self.rule.count_stddev is None:
             raise RuntimeError("adaptive clipping's count noise is not fixed yet")
         return update_noise_multiplier(self.z, self.rule.count_stddev, self.rule.sensitivity)
+
+    def max_noise_multiplier(self) -> float:
+        """sigma_b / s_b: the count's noise must exceed s_b z (count_stddev_problem); any z
+        while sigma_b is not fixed."""
+        sigma_b = self.rule.count_stddev
+        return math.inf if sigma_b is None else sigma_b / self.rule.sensitivity
 
     def observe(self, population: int) -> bool:
         """The default sigma_b, the expected cohort / 20, fixed by the first population seen

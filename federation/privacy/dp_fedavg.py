@@ -20,6 +20,7 @@ import numpy as np
 
 from fedkey.federation.config import FederationConfig
 from fedkey.federation.influence.bounding import BoundedRound, scale_deltas
+from fedkey.federation.privacy.calibrate import noise_multiplier_of
 from fedkey.federation.privacy.clipping import ClipRule
 from fedkey.federation.privacy.gaussian import PrivacyAccountant, add_gaussian_noise
 from fedkey.federation.privacy.mechanism import (
@@ -48,7 +49,7 @@ class GaussianMechanism(AccountedMechanism):
         super().__init__(config, strategy, secret, clip)
         p = config.privacy
         self.accountant = PrivacyAccountant(
-            noise_multiplier=p.noise_multiplier,
+            noise_multiplier=noise_multiplier_of(p),
             sampling=p.sampling,
             sampling_rate=config.fraction,
             delta=p.delta,
@@ -107,6 +108,7 @@ class GaussianMechanism(AccountedMechanism):
         self.accountant.step(population, len(plan.cohort))
         return new_state, {
             "mechanism": "gaussian",
+            "noise_multiplier": self.accountant.noise_multiplier,
             "sensitivity": sens,
             "noise_std": std,
             "sampling": p.sampling,
@@ -115,6 +117,12 @@ class GaussianMechanism(AccountedMechanism):
 
     def start_info(self) -> dict:
         return {}
+
+    def planned_epsilon(self, rounds: int, population: int) -> float:
+        """Epsilon after `rounds` rounds of the usual cohort of `population` phones (fixed-size:
+        the fraction of them; Poisson: at q), at their delta."""
+        cohort = cohort_size(self.config.fraction, population)
+        return self.accountant.planned_epsilon(rounds, population, cohort)
 
     def would_exceed(self, population: int) -> bool:
         """Whether one more round of the usual cohort of `population` phones would take epsilon

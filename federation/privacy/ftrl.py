@@ -24,6 +24,7 @@ from fedkey.federation.config import FederationConfig
 from fedkey.federation.influence.bounding import BoundedRound
 from fedkey.federation.privacy import blt as dp_blt
 from fedkey.federation.privacy import tree as dp_ftrl
+from fedkey.federation.privacy.calibrate import noise_multiplier_of
 from fedkey.federation.privacy.clipping import ClipRule
 from fedkey.federation.privacy.mechanism import (
     FLOAT32_MARGIN,
@@ -163,9 +164,15 @@ class FTRLMechanism(AccountedMechanism):
         """What every DP-FTRL row says of the rule the accounting assumes."""
         return {
             "mechanism": self.config.privacy.mechanism,
-            "noise_multiplier": self.config.privacy.noise_multiplier,
+            "noise_multiplier": noise_multiplier_of(self.config.privacy),
             "min_separation": self.accountant.min_separation,
         }
+
+    def planned_epsilon(self, rounds: int, population: int) -> float:
+        """Epsilon after `rounds` releases, at the delta of `population` phones (b and sigma_b
+        fixed by the population seen)."""
+        self.min_separation(population)
+        return self.accountant.planned_epsilon(rounds, population)
 
     def would_exceed(self, population: int) -> bool:
         """Whether one more release would pass the budget: b and sigma_b are fixed at the first
@@ -214,10 +221,9 @@ class TreeMechanism(FTRLMechanism):
         super().__init__(config, strategy, secret, clip)
         p = config.privacy
         # The nodes' multiplier is z_u under adaptive clipping (retune).
-        self.noise = dp_ftrl.TreeNoise(secret, p.noise_multiplier)
-        self.accountant = dp_ftrl.TreeAccountant(
-            p.noise_multiplier, p.min_separation, p.delta, p.target_epsilon
-        )
+        z = noise_multiplier_of(p)
+        self.noise = dp_ftrl.TreeNoise(secret, z)
+        self.accountant = dp_ftrl.TreeAccountant(z, p.min_separation, p.delta, p.target_epsilon)
 
     def _row_extra(self, r: int) -> dict:
         """The tree nodes of round r's release (one per set bit of r)."""
@@ -237,9 +243,10 @@ class BLTMechanism(FTRLMechanism):
     ) -> None:
         super().__init__(config, strategy, secret, clip)
         p = config.privacy
-        self.noise = dp_blt.BLTNoise(secret, p.noise_multiplier)
+        z = noise_multiplier_of(p)
+        self.noise = dp_blt.BLTNoise(secret, z)
         self.accountant = dp_blt.BLTAccountant(
-            p.noise_multiplier, p.min_separation, config.rounds, p.delta, p.target_epsilon
+            z, p.min_separation, config.rounds, p.delta, p.target_epsilon
         )
 
     def _separation_fixed(self) -> None:

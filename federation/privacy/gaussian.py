@@ -255,6 +255,16 @@ class PrivacyAccountant(PopulationDelta):
         """Whether the budget ``target_epsilon`` is spent (never, without a target)."""
         return self.target_epsilon is not None and self.epsilon >= self.target_epsilon
 
+    def planned_epsilon(self, rounds: int, population: int, cohort: int) -> float:
+        """Epsilon at the delta of ``population`` phones after ``rounds`` rounds of ``cohort`` of
+        them (Poisson: at the rate q), from none: what a run plans
+        (fedkey.federation.privacy.calibrate)."""
+        if rounds == 0:
+            return 0.0
+        a, m = self._key(population, cohort)
+        delta = known_delta(self.delta_for(population))
+        return compute_epsilon(self.sampling, self.noise_multiplier, ((a, m, rounds),), delta)
+
     def would_exceed(self, population: int, cohort: int) -> bool:
         """Whether one more round of ``cohort`` of ``population`` phones would take epsilon past
         ``target_epsilon``."""

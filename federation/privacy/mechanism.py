@@ -7,6 +7,7 @@ pfl/privacy has one class per mechanism behind its PrivacyMechanism base).
         add_noise(...)       the noise on the round's aggregate, and its accounting
         retune()             adaptive clipping fixed sigma_b: the aggregate's noise is z_u
         start_info, row_fields, would_exceed   what the rows report; the budget stop
+        planned_epsilon(T, N)  epsilon after T planned rounds (the budget's calibration)
         state_dict, load_state_dict            the server state's "accountant", "secret", ...
     NoPrivacy            without DP (no --dp-clip): every call a no-op
     AccountedMechanism   what every DP mechanism shares: the secret, the accountant, the clip
@@ -115,6 +116,11 @@ class NoiseMechanism(ABC):
         """Whether one more round (of the usual cohort) would pass the budget."""
 
     @abstractmethod
+    def planned_epsilon(self, rounds: int, population: int) -> float:
+        """Epsilon after `rounds` rounds (of the usual cohort of `population` phones), from
+        none: what a run plans (fedkey.federation.privacy.calibrate)."""
+
+    @abstractmethod
     def state_dict(self) -> dict:
         """The server state's part of the mechanism: "accountant" first."""
 
@@ -159,6 +165,9 @@ class NoPrivacy(NoiseMechanism):
 
     def would_exceed(self, population: int) -> bool:
         return False
+
+    def planned_epsilon(self, rounds: int, population: int) -> float:
+        return 0.0
 
     def state_dict(self) -> dict:
         return {"accountant": None}

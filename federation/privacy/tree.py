@@ -377,6 +377,11 @@ class TreeAccountant(PopulationDelta):
     def exhausted(self) -> bool:
         return self.target_epsilon is not None and self.epsilon >= self.target_epsilon
 
+    def planned_epsilon(self, rounds: int, population: int = 0) -> float:
+        """Epsilon at the delta of ``population`` phones after ``rounds`` releases, from none:
+        what a run plans (fedkey.federation.privacy.calibrate; b must be known)."""
+        return zcdp_epsilon(self.rho_after(rounds), known_delta(self.delta_for(population)))
+
     def would_exceed(self, population: int = 0, cohort: int = 0) -> bool:
         """Whether one more release would take epsilon past ``target_epsilon``."""
         if self.target_epsilon is None:

@@ -27,8 +27,9 @@ def settings(clean_env):
 def test_train_and_privacy_configs_are_the_dataclass_defaults(settings):
     assert settings.train_config() == TrainConfig()
     assert settings.privacy_config() == PrivacyConfig()
-    # The two defaults that once disagreed between the layers.
-    assert (settings.lr, settings.dp_noise_multiplier) == (1.0, 1.0)
+    # The two defaults that once disagreed between the layers: z is None, "not given" (1.0, or
+    # calibrated to --dp-target-epsilon: fedkey.federation.privacy.calibrate).
+    assert (settings.lr, settings.dp_noise_multiplier) == (1.0, None)
 
 
 def test_federation_config_is_the_dataclass_default(settings):
