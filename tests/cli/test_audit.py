@@ -125,6 +125,8 @@ def test_the_audit_runs_a_dp_ftrl_arm_whose_planted_phone_trains_once(tmp_path):
     trained = [r["round"] for r in rows if "device-00" in r["aggregated"]]
     assert len(trained) == 1 and run["canary_rounds"] == trained
     assert rows[-1]["info"]["dp"]["min_separation"] == 2
-    assert all(0 < p["exposure"] <= math.log2(100) for p in run["curve"])  # |R| = 100
+    # |R| = 100: exposure log2(100) - log2(rank) lies in [0, log2(100)]; the noise is secret (drawn
+    # from the operating system), so the canary may rank last (exposure 0) by chance.
+    assert all(0 <= p["exposure"] <= math.log2(100) for p in run["curve"])
     md = (out / "results.md").read_text()
     assert f"| {trained[0]} |" in md.split("rounds with device-00")[1].split("\n")[2]
