@@ -108,13 +108,13 @@ class Settings(BaseSettings):
         description="Dropout on embeddings and outputs.")
     init: str | None = Field(_DATA.init,
         description="Start from this base checkpoint (fedkey pretrain: a model of public text; "
-        "'base': the one that ships with fedkey): its weights, its model and its vocabulary, which encodes the phones' text; round 0 "
-        "scores it. Refuses a --model, --hidden-size, --cell, --layers, --tied/--untied, "
+        "'base': the one that ships with fedkey): its weights, its model and its vocabulary, "
+        "which encodes the phones' text; round 0 scores it. Refuses a --model, --hidden-size, --cell, --layers, --tied/--untied, "
         "--tokenizer, --vocab-size or --tokenizer-text that differs from it.")
     ngram: str | None = Field(_FEDERATION.ngram,
         description="A Kneser-Ney n-gram (fedkey pretrain writes OUT/ngram.safetensors; 'base': "
-        "the shipped base's) that the keyboard mixes with the model; each round's row then also scores the mixture "
-        "(ngram_weight, mix_*). Its vocabulary must be the model's.")
+        "the shipped base's) that the keyboard mixes with the model; each round's row then also "
+        "scores the mixture (ngram_weight, mix_*). Its vocabulary must be the model's.")
 
     # -- federation ----------------------------------------------------------------------------
     strategy: StrategyName = Field(_FEDERATION.strategy, description="Aggregation method.")
