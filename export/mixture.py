@@ -5,7 +5,7 @@ The keyboard mixes the model with the n-gram linearly (fedkey.models.mixture, af
 al. 2010, "Recurrent neural network based language model"): p(w) = weight * p_model(w) +
 (1 - weight) * p_ngram(w), `weight` the model's share (1: the model alone). The export takes it
 from the caller, else from the checkpoint's metrics row ("ngram_weight", chosen on the
-validation text by a run with an n-gram), else from held-out text (fedkey.models.mixture.
+validation text by a run with an n-gram), else from validation text (fedkey.models.mixture.
 choose_weight over its GRID 0, 0.05, ..., 1), else DEFAULT_WEIGHT (`mixture_weight`).
 
 The export copies the n-gram file (fedkey.models.ngram.KneserNey.save, format "fedkey-kn-1")
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fedkey.models.mixture import choose_weight
-from fedkey.models.ngram import KneserNey
+from fedkey.models.ngram import KneserNey, mixture_share
 from fedkey.models.tokenizers import Tokenizer, WordTokenizer
 
 __all__ = [
@@ -42,17 +42,14 @@ DEFAULT_WEIGHT = 0.5
 def row_weight(row: Mapping[str, Any]) -> float | None:
     """The mixture weight a checkpoint's metrics row measured ("ngram_weight", the model's share,
     chosen on validation), when it holds a number in [0, 1]; else None."""
-    w = row.get("ngram_weight")
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
-        return None
-    return float(w)
+    return mixture_share(row.get("ngram_weight"))
 
 
 def ngram_entry(
     file: str, data: bytes, lm: KneserNey, weight: float, weight_source: str
 ) -> dict[str, Any]:
     """The metadata's "ngram": the file beside the model, its sha256 and size, the mixture weight
-    and where it came from ("argument", "metrics_row", "parity_text" or "default"), and what the
+    and where it came from ("argument", "metrics_row", "validation" or "default"), and what the
     n-gram is (order, the corpus it was trained on, its min_count)."""
     return {
         "file": file,

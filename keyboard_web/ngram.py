@@ -2,8 +2,8 @@
 
 An export may name an n-gram beside its model (the metadata's "ngram", written by
 fedkey.export.onnx_export.export_checkpoint: {"file", "sha256", "weight", "order", "corpus",
-"min_count", ...}). The keyboard mixes it in linearly, as fedkey.models.mixture.mix scores it
-(that module imports torch; this one never does):
+"min_count", ...}). The keyboard mixes it in linearly (fedkey.models.ngram.mix, what
+fedkey.models.mixture scores):
 
     p(w) = weight * p_model(w) + (1 - weight) * p_ngram(w)
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedkey.models.ngram import KneserNey
+from fedkey.models.ngram import KneserNey, mix, mixture_share
 from fedkey.models.tokenizers import WordTokenizer
 
 __all__ = ["ServedNgram", "mix_log_probs"]
@@ -30,17 +30,16 @@ __all__ = ["ServedNgram", "mix_log_probs"]
 
 def mix_log_probs(model_logprobs: np.ndarray, ngram_probs: np.ndarray, weight: float) -> np.ndarray:
     """log(weight * exp(model_logprobs) + (1 - weight) * ngram_probs), float64, elementwise."""
-    mixed = weight * np.exp(model_logprobs.astype(np.float64)) + (1 - weight) * ngram_probs
     with np.errstate(divide="ignore"):
-        out: np.ndarray = np.log(mixed)
+        out: np.ndarray = np.log(mix(model_logprobs, ngram_probs, weight))
     return out
 
 
 def _weight(entry: dict) -> float:
-    w = entry.get("weight")
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
-        raise ValueError(f"its weight {w!r} is not a number in [0, 1]")
-    return float(w)
+    w = mixture_share(entry.get("weight"))
+    if w is None:
+        raise ValueError(f"its weight {entry.get('weight')!r} is not a number in [0, 1]")
+    return w
 
 
 def _read(onnx_path: Path, entry: dict, words: list[str]) -> tuple[KneserNey, bytes, float]:

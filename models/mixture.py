@@ -38,6 +38,7 @@ from fedkey.models.metrics import (
     token_log_probs,
 )
 from fedkey.models.model import LanguageModel
+from fedkey.models.ngram import mix
 from fedkey.models.scoring import Evaluation, Tally, perplexity, target_ranks
 from fedkey.models.tokenizers import Tokenizer, WordTokenizer
 
@@ -64,14 +65,6 @@ def check_vocabulary(ngram: KneserNey, tokenizer: Tokenizer) -> None:
             f"the n-gram's vocabulary ({len(its)} words) is not the model's ({len(mine)} words): "
             "fit the n-gram on the model's own vocabulary"
         )
-
-
-def mix(model_log_probs: np.ndarray, ngram_probs: np.ndarray, lam: float) -> np.ndarray:
-    """lam * p_nn + (1 - lam) * p_kn, float64, elementwise (lam = 1: the model's probabilities,
-    lam = 0: the n-gram's, exactly)."""
-    model = np.exp(np.asarray(model_log_probs, dtype=np.float64))
-    mixed: np.ndarray = lam * model + (1.0 - lam) * np.asarray(ngram_probs, dtype=np.float64)
-    return mixed
 
 
 def _nll(model_log_probs: np.ndarray, ngram_probs: np.ndarray, lam: float) -> float:

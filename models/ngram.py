@@ -48,6 +48,23 @@ _LEVEL_DTYPES = {"ctx": np.int64, "off": np.int64, "gamma": np.float32, "word": 
                  "prob": np.float32}  # fmt: skip
 
 
+def mix(model_log_probs: np.ndarray, ngram_probs: np.ndarray, lam: float) -> np.ndarray:
+    """The keyboard's mixture, lam * p_model + (1 - lam) * p_ngram, float64, elementwise (lam = 1:
+    the model's probabilities, lam = 0: the n-gram's, exactly): what fedkey.models.mixture scores
+    and the keyboard serves (fedkey.keyboard_web.ngram)."""
+    model = np.exp(np.asarray(model_log_probs, dtype=np.float64))
+    mixed: np.ndarray = lam * model + (1.0 - lam) * np.asarray(ngram_probs, dtype=np.float64)
+    return mixed
+
+
+def mixture_share(value: Any) -> float | None:
+    """`value` as the model's share of a mixture when it is a number in [0, 1] (not a bool), else
+    None: how a recorded weight (an export's, a metrics row's) is read."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return None
+    return float(value)
+
+
 def vocab_sha256(words: Sequence[str]) -> str:
     """sha256 hex of "\\n".join(words): the vocabulary an n-gram file and a model must share."""
     return hashlib.sha256("\n".join(words).encode()).hexdigest()
