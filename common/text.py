@@ -11,6 +11,17 @@ import unicodedata
 # punctuation; a run of the same punctuation character stays one token ("...", "!!", "--").
 _TOKEN_RE = re.compile(r"\w+(?:['\-.]\w+)*|([^\w\s])\1*")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
+_TERMINATOR_CHARS = frozenset(".!?")
+
+
+def is_terminator(token: str) -> bool:
+    """A sentence end: a token made only of ". ! ?" ("." "?!" "...")."""
+    return bool(token) and all(ch in _TERMINATOR_CHARS for ch in token)
+
+
+def is_word(token: str) -> bool:
+    """A token with a letter or a digit: a word, not punctuation (what a suggestion bar shows)."""
+    return any(ch.isalnum() for ch in token)
 
 
 def normalize_text(s: str) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from fedkey.common.text import normalize_text
+from fedkey.common.text import is_terminator, is_word, normalize_text
 
 __all__ = [
     "ACCEPTED_LAYOUTS",
@@ -108,15 +108,9 @@ class Corpus:
 # Normalization of raw text
 # --------------------------------------------------------------------------------------------
 
-_TERMINATOR_CHARS = frozenset(".!?")
-
-
-def _is_terminator(token: str) -> bool:
-    return bool(token) and all(ch in _TERMINATOR_CHARS for ch in token)
-
 
 def _has_word(tokens: Iterable[str]) -> bool:
-    return any(any(ch.isalnum() for ch in t) for t in tokens)
+    return any(is_word(t) for t in tokens)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -131,7 +125,7 @@ def split_sentences(text: str) -> list[str]:
     for i, tok in enumerate(tokens):
         current.append(tok)
         nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
-        if _is_terminator(tok) and not _is_terminator(nxt):
+        if is_terminator(tok) and not is_terminator(nxt):
             if _has_word(current):
                 sentences.append(" ".join(current))
             current = []

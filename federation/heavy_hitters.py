@@ -48,9 +48,9 @@ from statistics import NormalDist
 
 import dp_accounting
 
+from fedkey.common.text import is_word
 from fedkey.federation.privacy.gaussian import population_delta
 from fedkey.federation.privacy.secret import SecretKey
-from fedkey.models.personal import is_suggestible
 
 __all__ = [
     "Plan",
@@ -104,9 +104,7 @@ def phone_vote(sentences: Iterable[str], vocabulary: Container[str], max_words: 
     those it typed most often first (ties alphabetical)."""
     if max_words < 1:
         raise ValueError(f"max_words must be >= 1, got {max_words}")
-    counts = Counter(
-        w for s in sentences for w in s.split() if w not in vocabulary and is_suggestible(w)
-    )
+    counts = Counter(w for s in sentences for w in s.split() if w not in vocabulary and is_word(w))
     ranked = sorted(counts, key=lambda w: (-counts[w], w))
     return ranked[:max_words]
 

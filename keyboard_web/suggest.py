@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from fedkey.common.text import normalize_text
+from fedkey.common.text import is_terminator, is_word, normalize_text
 from fedkey.keyboard_web.ngram import ServedNgram
 from fedkey.models.bar import savings_scores, word_lengths
 
@@ -65,20 +65,10 @@ _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": 
 # and possibly ending with a ' or - that the next keystroke continues ("don'", "well-"). A
 # trailing "." is not part of it: "hello." ends a sentence.
 _PARTIAL_RE = re.compile(r"\w+(?:['\-.]\w+)*['\-]?$")
-_TERMINATOR_CHARS = frozenset(".!?")
 
 
 class SuggestError(ValueError):
     """The model cannot give suggestions (e.g. a SentencePiece model); the message says why."""
-
-
-def is_terminator(token: str) -> bool:
-    """A sentence end: a token made only of ". ! ?" ("." "?!" "...")."""
-    return bool(token) and all(ch in _TERMINATOR_CHARS for ch in token)
-
-
-def _is_suggestible(word: str) -> bool:
-    return any(ch.isalnum() for ch in word)
 
 
 def split_text(text: str) -> tuple[list[str], str]:
@@ -197,7 +187,7 @@ class Suggester:
                 )
         self.stoi = {w: i for i, w in enumerate(self.words)}
         self.unk_id, self.bos_id, self.eos_id = 0, 1, 2
-        suggestible = np.array([_is_suggestible(w) for w in self.words], dtype=bool)
+        suggestible = np.array([is_word(w) for w in self.words], dtype=bool)
         suggestible[: min(3, len(suggestible))] = False  # <unk> <s> </s>
         # Next words: an additive mask (0 or -inf) keeps the top-k a single argpartition.
         self.next_mask = np.where(suggestible, 0.0, -np.inf).astype(np.float32)

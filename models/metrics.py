@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedkey.common.config import Precision
+from fedkey.common.text import is_word
 from fedkey.models.bar import savings_scores, word_lengths
 from fedkey.models.batching import IGNORE, batches, column_batches, seeded_order
 from fedkey.models.model import LanguageModel
@@ -295,7 +296,7 @@ class _Bar:
 
     @classmethod
     def of(cls, tokenizer: WordTokenizer) -> _Bar:
-        ok = np.array([any(c.isalnum() for c in w) for w in tokenizer.itos], dtype=bool)
+        ok = np.array([is_word(w) for w in tokenizer.itos], dtype=bool)
         ok[tokenizer.special_ids] = False
         pairs = sorted((w, i) for i, w in enumerate(tokenizer.itos) if ok[i])
         return cls(

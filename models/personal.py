@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from fedkey.common.text import is_terminator, is_word
+
 __all__ = [
     "BOS",
     "DEFAULTS",
@@ -34,8 +36,6 @@ __all__ = [
     "bigram_row",
     "cache_formula",
     "cache_probabilities",
-    "is_suggestible",
-    "is_terminator",
     "previous_tokens",
 ]
 
@@ -52,17 +52,6 @@ DEFAULTS: dict[str, float] = {"max_weight": 0.5, "ramp": 50.0, "beta": 2.0}
 MAX_WORDS = 5000
 
 BOS = "<s>"
-_TERMINATOR_CHARS = frozenset(".!?")
-
-
-def is_suggestible(token: str) -> bool:
-    """A word a bar may show: it holds a letter or a digit (not punctuation)."""
-    return any(ch.isalnum() for ch in token)
-
-
-def is_terminator(token: str) -> bool:
-    """A sentence end: a token made only of ". ! ?" ("." "?!" "...")."""
-    return bool(token) and all(ch in _TERMINATOR_CHARS for ch in token)
 
 
 def previous_tokens(tokens: Sequence[str]) -> list[str]:
@@ -139,7 +128,7 @@ class PersonalCache:
     def learn(self, tokens: Sequence[str]) -> None:
         """Count a sent message (normalize_text's tokens), then drop past `max_words`."""
         for prev, tok in zip(previous_tokens(tokens), tokens, strict=True):
-            if not is_suggestible(tok):
+            if not is_word(tok):
                 continue
             self.unigrams[tok] = self.unigrams.pop(tok, 0) + 1  # to the end: used last
             row = self.bigrams.setdefault(prev, {})

@@ -36,6 +36,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from fedkey.common.text import is_word
 from fedkey.models.bar import savings_scores, word_lengths
 from fedkey.models.personal import (
     DEFAULTS,
@@ -43,7 +44,6 @@ from fedkey.models.personal import (
     PersonalCache,
     bigram_row,
     cache_formula,
-    is_suggestible,
     previous_tokens,
 )
 from fedkey.models.tokenizers import WordTokenizer
@@ -94,7 +94,7 @@ class _Vocab:
     def of(cls, tok: WordTokenizer) -> _Vocab:
         shown = np.ones(tok.vocab_size, dtype=bool)
         shown[tok.special_ids] = False
-        ids = [i for i, w in enumerate(tok.itos) if shown[i] and is_suggestible(w)]
+        ids = [i for i, w in enumerate(tok.itos) if shown[i] and is_word(w)]
         ordered = sorted(ids, key=tok.itos.__getitem__)
         return cls(tok.stoi, shown, np.array(ids, dtype=np.int64), word_lengths(tok.itos),
                    [tok.itos[i] for i in ordered], np.array(ordered, dtype=np.int64))  # fmt: skip
@@ -208,7 +208,7 @@ def _keystrokes(word: str, wid: int | None, log_base: np.ndarray, log_mixed: np.
     j = snap.index.get(word)
     if j is not None:
         logp, key = log_mixed[:, j], int(snap.keys[j])
-    elif wid is not None and vocab.shown[wid] and is_suggestible(word):
+    elif wid is not None and vocab.shown[wid] and is_word(word):
         logp, key = log_base[wid] + snap.log_keep, wid
     else:
         return cost
