@@ -473,11 +473,13 @@ def bench_peers(
     framework: list[str] = typer.Option(
         [], "--framework", help="fedkey, flower or pfl (repeatable; default: all three)."
     ),
-    workload: str = typer.Option(
-        "ptb",
+    workloads: list[str] = typer.Option(
+        [],
         "--preset",
-        help="ptb (PTB IID over 100 phones) or irc (Ubuntu IRC, one phone per speaker: the 500 "
-        "most active, 25 a round); the options below change it.",
+        help="ptb (PTB IID over 100 phones, 10 a round), irc (Ubuntu IRC, one phone per "
+        "speaker: the 500 most active, 25 a round) or irc5k (its 5,000 most active, 1,000 a "
+        "round, 3 rounds); repeatable: each in turn (default: ptb); the options below change "
+        "each.",
     ),
     name: str | None = typer.Option(
         None,
@@ -498,19 +500,30 @@ def bench_peers(
         None, "--fraction", min=0.0, max=1.0, help="C: the share of phones a round (ptb 0.1)."
     ),
     hidden_size: int | None = typer.Option(None, "--hidden-size", min=1, help="GRU units (64)."),
-    rounds: int = typer.Option(5, "--rounds", "-R", min=1, help="Federated rounds."),
+    rounds: int | None = typer.Option(
+        None, "--rounds", "-R", min=1, help="Federated rounds (ptb, irc 10; irc5k 3)."
+    ),
     batch_size: int | None = typer.Option(
         None, "--batch-size", "-B", min=1, help="Sentences a step."
     ),
-    lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate (fedkey's default 1.0)."),
+    lr: float | None = typer.Option(
+        None, "--lr", help="Local SGD learning rate (the presets 0.5)."
+    ),
+    precision: str = typer.Option(
+        "fp32",
+        "--precision",
+        help="fp32, or bf16: fedkey's --precision bf16, the peers' model under torch.autocast "
+        "bf16 (slow and unmeasured where the CPU has no native bf16).",
+    ),
     workers: int = typer.Option(
         2, "--workers", min=1, help="Training processes / Ray actors / torchrun workers."
     ),
     repeats: int = typer.Option(
-        1,
+        3,
         "--repeats",
         min=1,
-        help="Run the frameworks this many times, interleaved; each row is its median repeat.",
+        help="Run the frameworks this many times, interleaved; a row: the repeats' medians and "
+        "spread.",
     ),
     timeout: float = typer.Option(
         1800, "--timeout", min=1, help="Seconds one framework's run may take before it is killed."
@@ -530,9 +543,11 @@ def bench_peers(
     """The same federated workload (a --preset: PTB IID over 100 phones, or the Ubuntu IRC
     population one phone per speaker; a GRU with tied embeddings, C, E 1, FedAvg) in fedkey, in
     Flower's Simulation Engine and in pfl-research, each peer in its own venv under .venv-peers/
-    (made from experiments/peers/<name>/requirements.txt the first time): seconds per round,
-    final test perplexity (void past 5% from fedkey's), peak RSS of the process tree. Rows
-    replace those of the same framework and workload in OUT/results.json."""
+    (made from experiments/peers/<name>/requirements.txt the first time), every round the same
+    cohort (fedkey's selection) in all three: seconds and CPU seconds per round (the median of
+    --repeats and its spread), final test perplexity (void past 5% from fedkey's), peak RSS of
+    the process tree. Rows replace those of the same framework and workload in
+    OUT/results.json."""
     from fedkey_bench.peers.report import FRAMEWORKS
     from fedkey_bench.peers.runner import preset, run_peers
 
@@ -541,18 +556,26 @@ def bench_peers(
         raise UserError(f"--framework {', '.join(unknown)}: choose from {', '.join(FRAMEWORKS)}")
     if data is not None and not data.is_dir():
         raise UserError(f"--data: no corpus folder {data}")
+    keys = workloads or ["ptb"]
+    if name is not None and len(keys) > 1:
+        raise UserError("--workload names one workload: give one --preset with it")
     try:
-        w = preset(workload, name=name, data=data and str(data.resolve()),
-                   max_train_tokens=max_train_tokens, max_eval_sentences=max_eval_sentences,
-                   clients=clients, fraction=fraction, hidden_size=hidden_size, rounds=rounds,
-                   batch_size=batch_size, lr=lr, workers=workers)  # fmt: skip
+        runs = [preset(key, name=name, data=data and str(data.resolve()),
+                       max_train_tokens=max_train_tokens, max_eval_sentences=max_eval_sentences,
+                       clients=clients, fraction=fraction, hidden_size=hidden_size,
+                       rounds=rounds, batch_size=batch_size, lr=lr, workers=workers,
+                       precision=precision) for key in keys]  # fmt: skip
     except ValueError as e:
         raise UserError(str(e)) from None
-    if not Path(w.data).is_dir():
-        raise UserError(f"--data: no corpus folder {w.data} (fedkey data fetch, or pass --data)")
-    run_peers(w, [f for f in FRAMEWORKS if not framework or f in framework], out,
-              work.resolve(), fedkey_tree.resolve(),
-              shlex.join(["fedkey-bench", *sys.argv[1:]]), repeats, timeout)  # fmt: skip
+    for w in runs:
+        if not Path(w.data).is_dir():
+            raise UserError(
+                f"--data: no corpus folder {w.data} (fedkey data fetch, or pass --data)"
+            )
+    for w in runs:
+        run_peers(w, [f for f in FRAMEWORKS if not framework or f in framework], out,
+                  work.resolve(), fedkey_tree.resolve(),
+                  shlex.join(["fedkey-bench", *sys.argv[1:]]), repeats, timeout)  # fmt: skip
 
 
 def main() -> None:

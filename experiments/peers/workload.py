@@ -5,7 +5,10 @@ Each piece mirrors fedkey's own, so the frameworks train the same model on the s
 way; only who schedules, ships and averages the work differs:
 
 * the shards: the .npz that fedkey_bench.peers.runner writes with fedkey's corpus code (each phone's encoded
-  sentences, the validation and test sentences, the initial weights fedkey's round 0 has);
+  sentences, the validation and test sentences, the initial weights fedkey's round 0 has), and
+  the rounds' cohorts as fedkey's selection draws them, with each phone's training seed of the
+  round (fedkey.federation.seeds.client_seed): every framework trains the same phones of a round
+  on batches in the same order;
 * LanguageModel: models/model.py's, a 1-layer GRU with tied embeddings, no dropout, initialized
   as fedkey initializes (embedding U(-0.1, 0.1), decoder bias 0, torch's GRU default), then given
   the shared initial weights;
@@ -13,11 +16,17 @@ way; only who schedules, ships and averages the work differs:
   cut, a seeded permutation per epoch, padded batches of B sentences, the mean loss over the real
   words, gradient-norm clipping, SGD with momentum);
 * perplexity: models/metrics.py's, exp of the summed NLL of every predicted word (end of sentence
-  included) over their count.
+  included) over their count;
+* precision: the shards' meta "precision"; bf16 runs the model's forward (embedding, GRU, softmax
+  layer) under torch.autocast(cpu, bfloat16) with float32 weights and the loss from the logits
+  cast back to float32, as fedkey.models.precision describes its bf16 (fedkey's CPU trainer
+  writes its recurrence out instead; the peers take torch's GRU as autocast runs it). Flower and
+  pfl both run it here, in LanguageModel.nll.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -34,8 +43,9 @@ class LanguageModel(nn.Module):
     """Embedding -> GRU -> tied softmax, as fedkey.models.model.LanguageModel (cell gru, 1 layer, tied,
     dropout 0): the same parameter names, so a fedkey state dict loads as it is."""
 
-    def __init__(self, vocab_size: int, size: int):
+    def __init__(self, vocab_size: int, size: int, precision: str = "fp32"):
         super().__init__()
+        self.precision = precision
         self.embedding = nn.Embedding(vocab_size, size)
         self.rnn = nn.GRU(size, size, num_layers=1, batch_first=True)
         self.decoder = nn.Linear(size, vocab_size)
@@ -54,10 +64,19 @@ class LanguageModel(nn.Module):
         """(summed NLL of the batch's real targets, their count)."""
         keep = targets != IGNORE
         n = int(keep.sum())
-        loss = nn.functional.cross_entropy(
-            self.logits_at(inputs, keep), targets[keep], reduction="sum"
-        )
+        with autocast(self.precision):
+            logits = self.logits_at(inputs, keep)
+        loss = nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum")
         return loss, n
+
+
+def autocast(precision: str) -> contextlib.AbstractContextManager:
+    """bf16: torch.autocast on the CPU in bfloat16 (fedkey's --precision bf16); fp32: nothing."""
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise ValueError(f"precision {precision!r}: fp32 or bf16")
+    return contextlib.nullcontext()
 
 
 def federated_state(model: nn.Module) -> dict[str, Tensor]:
@@ -92,11 +111,21 @@ class Shards:
             has_unseen = "unseen_tokens" in z.files
             self.unseen = _split(z["unseen_tokens"], z["unseen_lengths"]) if has_unseen else []
             self.init = {k[5:]: z[k] for k in z.files if k.startswith("init.")}
+            # Round r's cohort (r = 1..R: row r - 1), the phones' indices, and their seeds.
+            self.cohorts: list[list[int]] = z["cohorts"].tolist()
+            self.cohort_seeds: list[list[int]] = z["cohort_seeds"].tolist()
 
     def model(self) -> LanguageModel:
-        model = LanguageModel(self.meta["vocab_size"], self.meta["hidden_size"])
+        model = LanguageModel(
+            self.meta["vocab_size"], self.meta["hidden_size"], self.meta.get("precision", "fp32")
+        )
         load_state(model, self.init)
         return model
+
+    def seed(self, rnd: int, phone: int) -> int:
+        """Phone `phone`'s training seed in round `rnd` (1..R): fedkey's client_seed."""
+        row = self.cohorts[rnd - 1]
+        return self.cohort_seeds[rnd - 1][row.index(phone)]
 
 
 def _split(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
@@ -178,6 +207,7 @@ class Clock:
     def __init__(self, shards: Shards):
         self.shards = shards
         self.ends: list[float] = []
+        self.epoch_ends: list[float] = []  # the same by the wall clock: the bench's CPU samples
         self.train_s: list[float] = []
         self.val_ppl: list[float] = []
         self.test_ppl: list[float] = []
@@ -205,6 +235,7 @@ class Clock:
             self.unseen_ppl.append(unseen)
             got["unseen_ppl"] = unseen
         self.ends.append(time.perf_counter())
+        self.epoch_ends.append(time.time())
         return got
 
     def line(self, framework: str, version: str, started: float, **extra: object) -> str:
@@ -214,6 +245,8 @@ class Clock:
                 "version": version,
                 "torch": torch.__version__,
                 "round_ends": [round(t - started, 3) for t in self.ends],
+                "round_ends_epoch": [round(t, 3) for t in self.epoch_ends],
+                "precision": self.shards.meta.get("precision", "fp32"),
                 "train_s": [round(t, 3) for t in self.train_s],
                 "val_ppl": self.val_ppl,
                 "test_ppl": self.test_ppl,

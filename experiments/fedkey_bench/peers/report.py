@@ -1,6 +1,8 @@
-"""The page of `fedkey-bench peers` (fedkey_bench.peers.runner): per workload, each framework's
-seconds a round against fedkey's (void where its perplexity disagrees), then how it was run;
-rebuilt from results.json alone: `python -m fedkey_bench.peers.report experiments/results/peers`."""
+"""The page of `fedkey-bench peers` (fedkey_bench.peers.runner): one table first, per workload the
+seconds a round (median of the repeats, their spread) and the CPU seconds a round of fedkey, pfl
+and Flower, and fedkey's speed against pfl's; then per workload each framework's row against
+fedkey's (void where its perplexity disagrees) and how it was run; rebuilt from results.json
+alone: `python -m fedkey_bench.peers.report experiments/results/peers`."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from fedkey_bench.common.checkout import RESULTS, shown, shown_path
 
 #: The frameworks compared, fedkey first (the reference of every ratio).
 FRAMEWORKS = ("fedkey", "flower", "pfl")
-#: Final test perplexities within this share of fedkey's: the same computation (the runs differ
-#: only in cohort draws and batch order). Past it the speed comparison of that row is void.
+#: Final test perplexities within this share of fedkey's: the same computation (the runs train
+#: the same cohorts on batches in the same order; they differ in float rounding, and pfl in its
+#: own local loop). Past it the speed comparison of that row is void.
 TOLERANCE = 0.05
 
 
@@ -35,14 +38,63 @@ def agreement(rows: list[dict], tolerance: float = TOLERANCE) -> dict[str, str]:
     return verdicts
 
 
+#: The lead table's frameworks, in its order.
+LEAD = ("fedkey", "pfl", "flower")
+
+
+def _seconds(row: dict | None, key: str = "seconds_per_round") -> str:
+    """A row's median seconds with their spread, "2.13 (2.05-2.30)"; "-" without a figure."""
+    if row is None or row.get(key) is None:
+        return "-" if row is None or not row.get("error") else "failed"
+    spread = row.get(f"{key}_spread")
+    if spread and len(spread) == 2 and spread[0] != spread[1]:
+        return f"{row[key]:.2f} ({spread[0]:.2f}-{spread[1]:.2f})"
+    return f"{row[key]:.2f}"
+
+
+def speed_ratio(fedkey: dict | None, other: dict | None) -> str:
+    """fedkey's speed over another framework's: its s/round over fedkey's (above 1: fedkey is
+    faster), "(tie)" where their spreads overlap, "(void)" where its perplexity disagrees."""
+    if not fedkey or not other:
+        return "-"
+    a, b = fedkey.get("seconds_per_round"), other.get("seconds_per_round")
+    if not a or not b:
+        return "-"
+    cell = f"{b / a:.2f}x"
+    sa, sb = fedkey.get("seconds_per_round_spread"), other.get("seconds_per_round_spread")
+    if sa and sb and sa[0] <= sb[1] and sb[0] <= sa[1]:
+        cell += " (tie: the spreads overlap)"
+    ref, ppl = fedkey.get("final_test_ppl"), other.get("final_test_ppl")
+    if ref and ppl is not None and math.isfinite(ppl) and abs(ppl / ref - 1) > TOLERANCE:
+        cell += " (void: perplexity disagrees)"
+    return cell
+
+
+def lead_table(data: dict) -> str:
+    """The page's first table: one line per workload (the latest first), the median s/round
+    (spread) and CPU s/round of fedkey, pfl and Flower, and fedkey's speed over pfl's."""
+    lines = ["| workload | repeats | s/round: fedkey | pfl | flower | CPU s/round: fedkey | pfl "
+             "| flower | fedkey's speed / pfl's |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, meta in reversed(data["workloads"].items()):
+        rows = {r["framework"]: r for r in data["rows"] if r["workload"] == name}
+        cells = [name, str(meta.get("repeats", "-"))]
+        cells += [_seconds(rows.get(f)) for f in LEAD]
+        cells += [_seconds(rows.get(f), "cpu_seconds_per_round") for f in LEAD]
+        cells.append(speed_ratio(rows.get("fedkey"), rows.get("pfl")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict], tolerance: float = TOLERANCE) -> str:
     """The page's table: one line per framework of one workload, fedkey first."""
     order = {f: i for i, f in enumerate(FRAMEWORKS)}
     rows = sorted(rows, key=lambda r: order.get(r["framework"], len(order)))
     ref = next((r for r in rows if r["framework"] == "fedkey"), None)
     verdicts = agreement(rows, tolerance)
-    lines = ["| framework | version | s/round | ratio to fedkey | final test ppl | peak RSS |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| framework | version | precision | s/round (spread) | CPU s/round | ratio to fedkey "
+             "| final test ppl | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         s = r.get("seconds_per_round")
         ratio = "-"
@@ -54,18 +106,27 @@ def table(rows: list[dict], tolerance: float = TOLERANCE) -> str:
         ppl_cell = "-" if ppl is None else f"{ppl:.2f}"
         if ppl is not None and ref and ref.get("final_test_ppl") and r is not ref:
             ppl_cell += f" ({ppl / ref['final_test_ppl'] - 1:+.1%})"
-        cells = [r["framework"], r.get("version") or "-",
-                 "-" if s is None else f"{s:.2f}", ratio, ppl_cell,
+        cells = [r["framework"], r.get("version") or "-", r.get("precision") or "fp32",
+                 _seconds(r), _seconds(r, "cpu_seconds_per_round"), ratio, ppl_cell,
                  "-" if r.get("peak_rss_mb") is None else f"{r['peak_rss_mb']:.0f} MB"]  # fmt: skip
         if r.get("error"):
-            cells[2] = f"not run: {r['error']}"
+            cells[3] = f"not run: {r['error']}"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def page(data: dict) -> str:
-    """results.md: per workload the table first, then how it was run."""
-    parts = ["# fedkey against Flower and pfl-research: the same workload in three frameworks", ""]
+    """results.md: the lead table, then per workload its table and how it was run."""
+    parts = ["# fedkey against Flower and pfl-research: the same workload in three frameworks", "",
+             lead_table(data), "",
+             "Seconds a round: the median of the repeats (min-max across them), each repeat's "
+             "the mean wall time of its steady rounds (2..R); CPU seconds a round: the whole "
+             "process tree's (every worker, actor and helper process), user and system, over "
+             "the same rounds, so on 2 cores up to twice the wall time. fedkey's speed / pfl's: "
+             "pfl's s/round over fedkey's (above 1: fedkey is faster). Every framework trains "
+             "the same phones each round (fedkey's own selection, checked against its metrics "
+             "rows) on the same shards from the same weights; the figures, every repeat's and "
+             "its perplexity curve, are in [results.json](results.json).", ""]  # fmt: skip
     for name, meta in reversed(data["workloads"].items()):  # the latest first
         rows = [r for r in data["rows"] if r["workload"] == name]
         verdicts = agreement(rows)
@@ -138,14 +199,13 @@ def _how(meta: dict, rows: list[dict]) -> str:
         f"Run by `{shown(meta['bench_command'])}` on {meta['device']}, commit "
         f"{str(meta['git_commit'])[:10]} ({meta['date']}), fedkey from "
         f"{shown_path(meta['fedkey_tree'])}; "
-        f"{meta['repeats']} repeat(s), interleaved; a row is its framework's median repeat by "
-        "s/round (of an even count the faster middle one), every repeat's s/round and final "
-        "perplexity, and its test perplexity after every round, beside it in "
-        "[results.json](results.json).",
+        f"{meta['repeats']} repeat(s), interleaved; a row's figures are the medians of its "
+        "repeats, every repeat's figures and test perplexity after every round beside them in "
+        f"[results.json](results.json). {_cohorts(meta)}",
         "",
         f"The initial model's test perplexity, the same weights on the same sentences: {init}.",
         "",
-        "| framework | s/round: training | s/round: the rest | s/round, slowest repeat "
+        "| framework | s/round: training | s/round: the rest | final test ppl per repeat "
         "| first round s | wall s | peak PSS | command |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -155,11 +215,22 @@ def _how(meta: dict, rows: list[dict]) -> str:
                          f"`{shown(r['command'])}` |")  # fmt: skip
             continue
         pss = r.get("peak_pss_mb")
-        slowest = max(r.get("seconds_per_round_all", [r["seconds_per_round"]]))
+        ppl = [p.get("final_test_ppl") for p in r.get("per_repeat", [])] or [r["final_test_ppl"]]
         lines.append(f"| {r['framework']} | {r['train_s']:.2f} | {r['eval_s']:.2f} | "
-                     f"{slowest:.2f} | {r['first_round_s']:.2f} | {r['wall_s']:.1f} | "
+                     f"{', '.join(f'{p:.2f}' for p in ppl if p is not None)} | "
+                     f"{r['first_round_s']:.2f} | {r['wall_s']:.1f} | "
                      f"{'-' if pss is None else f'{pss:.0f} MB'} | `{shown(r['command'])}` |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _cohorts(meta: dict) -> str:
+    """How the rounds' cohorts were chosen (a workload recorded before they were shared: each
+    framework drew its own)."""
+    if meta.get("cohort_seed") is None:
+        return "Each framework drew its own cohorts (recorded before the cohorts were shared)."
+    return (f"Every framework trained the same {meta.get('cohort_size', '')} phones each round: "
+            f"fedkey's selection with seed {meta['cohort_seed']}, checked against fedkey's "
+            "metrics rows, each phone on batches in fedkey's order of that round.")  # fmt: skip
 
 
 METHOD = "\n".join(
@@ -168,13 +239,23 @@ METHOD = "\n".join(
         "",
         "Every framework reads one .npz written by fedkey's own corpus and partition code (each "
         "phone's encoded sentences, the held-out sentences) with fedkey's round-0 weights in it, "
-        "so all three start from the same model on the same shards; they differ in which phones "
-        "each round draws and in the batches' order, which is the noise the perplexities carry. "
-        "The peers' model, local loop and perplexity mirror fedkey's line for line "
+        "so all three start from the same model on the same shards. The .npz also carries each "
+        "round's cohort, drawn by fedkey's own selection code (fedkey.federation.plan."
+        "choose_cohort: without DP, from the seed and the round), and each phone's training seed "
+        "of that round: Flower's server sends exactly those phones (a FedAvg whose "
+        "configure_train hands each to one of the round's SuperNodes), pfl's user sampler yields "
+        "them in order, and each trains on its sentences in the order fedkey's trainer takes "
+        "them. After fedkey's run the bench checks that its metrics rows selected that list, and "
+        "each peer reports the phones it trained: a mismatch fails the row. The peers' model, "
+        "local loop and perplexity mirror fedkey's line for line "
         "(experiments/peers/workload.py); pfl trains with its own local loop "
-        "(PyTorchModel.do_multiple_epochs_of) on that model's loss.",
+        "(PyTorchModel.do_multiple_epochs_of) on that model's loss. FedAvg weighs each phone by "
+        "the words it predicts in all three (pfl: a WeightingStrategy); pfl also knows each "
+        "phone's words when it splits a cohort between its workers (user_id_to_weight), and "
+        "Flower keeps one model per Ray actor, loading each phone's round weights into it.",
         "",
-        "s/round: the mean wall time of rounds 2..R, each from the end of the previous round's "
+        "s/round: per repeat the mean wall time of rounds 2..R, each from the end of the "
+        "previous round's "
         "evaluation to the end of its own (training, aggregation, evaluation); round 1 also pays "
         "for starting the workers (first round s), and wall s adds the start-up (imports, "
         "reading the data, Ray). fedkey's round ends are when its metrics rows appear; the "
@@ -185,16 +266,23 @@ METHOD = "\n".join(
         "in their server process, pfl splits the scoring across its workers (its central "
         "evaluation). Peak RSS: the largest sum of VmRSS over the framework's "
         "process and every descendant (Ray's raylet, GCS and workers; torchrun's workers), "
-        "sampled every 0.2 s; PSS counts a page that processes share once. "
+        "sampled every 0.2 s; PSS counts a page that processes share once. CPU s/round: the "
+        "user and system seconds of the same process tree (/proc/<pid>/stat, with the reaped "
+        "children's), sampled with the memory, between the end of round 1 and the end of round "
+        "R, over R - 1 (the round ends placed on the samples' clock: fedkey's metrics rows' "
+        "arrival, the peers' wall-clock round ends). "
         f"A row whose final test perplexity is more than {TOLERANCE:.0%} from fedkey's is "
         "void: it did not compute the same thing.",
         "",
         "The runs take the machine as they find it: where other work shares its cores (this "
         "bench runs well under `nice`), a framework's s/round moves by tens of percent from one "
-        "repeat to the next (its median against the 'slowest repeat' column), and ratios within that spread are ties. "
+        "repeat to the next (the spread beside each median), and ratios within that spread are "
+        "ties. "
         "The repeats are interleaved so that such load weighs on every framework alike.",
         "",
-        "Not measured here: a GPU (every run is on the CPU), larger models. Running a workload's command again replaces its rows; "
+        "Precision: fp32 unless a row says bf16 (`--precision bf16`: fedkey's own bf16, the "
+        "peers' model forward under torch.autocast bf16), which is only measured where the CPU "
+        "does bf16 natively. Not measured here: a GPU (every run is on the CPU), larger models. Running a workload's command again replaces its rows; "
         "`python -m fedkey_bench.peers.report experiments/results/peers` rebuilds this page "
         "from results.json.",
     ]

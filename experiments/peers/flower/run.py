@@ -1,13 +1,20 @@
 """The `fedkey-bench peers` workload in Flower's Simulation Engine (Ray backend), run in its own
 venv (.venv-peers/flower): .venv-peers/flower/bin/python experiments/peers/flower/run.py SHARDS.
 
-A ServerApp runs Flower's message-API FedAvg (flwr.serverapp.strategy.FedAvg: C of the phones
-sampled each round without replacement, the replies averaged weighted by their "num-examples",
-here the words each phone predicts, as fedkey weights) with centralized evaluation of the global
-model before the first round and after each (validation and test perplexity, as fedkey's server).
-A ClientApp per phone (a SuperNode; its partition id is its phone) trains with peers/workload's
-loop. Ray runs the ClientApps in `--workers` actors of one CPU and one torch thread each.
-Prints one JSON line (workload.Clock.line) at the end.
+A ServerApp runs Flower's message-API FedAvg (flwr.serverapp.strategy.FedAvg: the replies
+averaged weighted by their "num-examples", here the words each phone predicts, as fedkey weights)
+with centralized evaluation of the global model before the first round and after each
+(validation and test perplexity, as fedkey's server). One SuperNode per phone; Ray runs the
+ClientApps in `--workers` actors of one CPU and one torch thread each.
+
+Round r trains exactly the phones of the shards' cohort r (fedkey's selection, drawn by the
+bench), not a draw of Flower's own: `SameCohorts.configure_train` sends each of them, by its
+index, with its training seed of the round (fedkey's client_seed: batches in fedkey's order), to
+one of the round's SuperNodes (the first K by node id: in the simulation they are
+interchangeable, and Flower's server cannot see which partition a node id holds). The model is
+kept per Ray actor (`worker_model`): built once in each actor's process, each phone's ClientApp
+loads the round's weights into it, as fedkey's resident trainers keep theirs. Prints one JSON
+line (workload.Clock.line) at the end, with the cohorts the replies say were trained.
 """
 
 from __future__ import annotations
@@ -23,13 +30,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/peer
 import flwr
 import torch
 import workload
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 
 _SHARDS: dict[str, workload.Shards] = {}
+_MODEL: dict[str, workload.LanguageModel] = {}
 
 
 def shards() -> workload.Shards:
@@ -42,27 +58,68 @@ def shards() -> workload.Shards:
     return _SHARDS[path]
 
 
+def worker_model() -> workload.LanguageModel:
+    """The model of this process (a Ray actor runs many phones' ClientApps one after another):
+    built once; each phone loads the round's weights into it."""
+    path = os.environ["PEERS_SHARDS"]
+    if path not in _MODEL:
+        _MODEL[path] = shards().model()
+    return _MODEL[path]
+
+
 client = ClientApp()
 
 
 @client.train()
 def train(msg: Message, context: Context) -> Message:
     data = shards()
-    phone = int(context.node_config["partition-id"])
-    model = data.model()
+    config = msg.content["config"]
+    phone, rnd = int(config["phone"]), int(config["server-round"])
+    model = worker_model()
     workload.load_state(model, msg.content["arrays"].to_torch_state_dict())
-    rnd = int(msg.content["config"]["server-round"])
     sentences = data.phones[phone]
-    workload.train_local(
-        model, sentences, data.meta, seed=data.meta["seed"] * 1_000_003 + rnd * 1_009 + phone
-    )
+    workload.train_local(model, sentences, data.meta, seed=int(config["seed"]))
     reply = RecordDict(
         {
             "arrays": ArrayRecord(workload.federated_state(model)),
             "metrics": MetricRecord({"num-examples": workload.count_targets(sentences)}),
+            "trained": ConfigRecord({"phone": phone, "server-round": rnd}),
         }
     )
     return Message(content=reply, reply_to=msg)
+
+
+class SameCohorts(FedAvg):
+    """FedAvg whose round r trains the shards' cohort r (see the module's docstring); the phones
+    the replies name are kept in `trained` (round -> phones)."""
+
+    def __init__(self, data: workload.Shards, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.data = data
+        self.trained: dict[int, list[int]] = {}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        cohort = self.data.cohorts[server_round - 1]
+        seeds = self.data.cohort_seeds[server_round - 1]
+        nodes = sorted(grid.get_node_ids())[: len(cohort)]
+        messages = []
+        for node, phone, seed in zip(nodes, cohort, seeds, strict=True):
+            given = ConfigRecord({**config, "server-round": server_round, "phone": phone,
+                                  "seed": seed})  # fmt: skip
+            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: given})
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+            )
+        return messages
+
+    def aggregate_train(self, server_round: int, replies):
+        replies = list(replies)
+        self.trained[server_round] = sorted(
+            int(m.content["trained"]["phone"]) for m in replies if not m.has_error()
+        )
+        return super().aggregate_train(server_round, replies)
 
 
 def main() -> None:
@@ -77,6 +134,7 @@ def main() -> None:
     meta = data.meta
     clock = workload.Clock(data)
     server = ServerApp()
+    strategies: list[SameCohorts] = []  # the one the ServerApp runs (in this process)
 
     @server.main()
     def run(grid: Grid, context: Context) -> None:
@@ -86,12 +144,14 @@ def main() -> None:
             workload.load_state(model, arrays.to_torch_state_dict())
             return MetricRecord(clock.evaluate(model))
 
-        strategy = FedAvg(
+        strategy = SameCohorts(
+            data,
             fraction_train=meta["fraction"],
             fraction_evaluate=0.0,
             min_available_nodes=meta["clients"],
             weighted_by_key="num-examples",
         )
+        strategies.append(strategy)
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(workload.federated_state(model)),
@@ -110,7 +170,10 @@ def main() -> None:
             "init_args": {"address": "local", "num_cpus": args.workers, "include_dashboard": False},
         },
     )
-    print(clock.line("flower", flwr.__version__, started, workers=args.workers), flush=True)
+    trained = strategies[0].trained if strategies else {}
+    done = [trained.get(r, []) for r in range(1, meta["rounds"] + 1)]
+    print(clock.line("flower", flwr.__version__, started, workers=args.workers, cohorts=done),
+          flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

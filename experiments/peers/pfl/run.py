@@ -7,11 +7,20 @@ pfl's FederatedAveraging on a SimulatedBackend: its PyTorchModel trains each pho
 local loop (do_multiple_epochs_of: the model's `loss` per batch of B sentences, the gradient norm
 clipped, the local optimizer SGD with fedkey's momentum), the deltas weighted by the words each
 phone predicts (a WeightingStrategy, as fedkey weights) and averaged, the central optimizer SGD
-at lr 1 (plain FedAvg). A cohort is C of the phones drawn without replacement, as fedkey and
-Flower draw it (pfl's own 'random' sampler draws with replacement). The global model is scored
-before the first round and after each on the validation and test sentences, as pfl's central
-evaluation does it (each worker its part, the metrics all-reduced). Worker 0 prints one JSON
-line (workload.Clock.line) at the end.
+at lr 1 (plain FedAvg).
+
+Round r trains exactly the phones of the shards' cohort r (fedkey's selection, drawn by the
+bench): the user sampler hands them out in order, each as the user "r:phone", whose dataset is
+that phone's sentences in the order fedkey's trainer takes them in round r (its seed of the
+round; E = 1: pfl does not reshuffle). The FederatedDataset has each user's weight
+(`user_id_to_weight`: the words it predicts, pfl's proxy of its training time), so pfl splits a
+cohort between its workers by words, largest first onto the least loaded worker, not by count.
+With the shards' precision bf16 the model's forward runs under torch.autocast bf16
+(workload.LanguageModel.nll; pfl's own `amp_dtype` would wrap the same autocast around its
+steps). The global model is scored before the first round and after each on the validation and
+test sentences, as pfl's central evaluation does it (each worker its part, the metrics
+all-reduced). Worker 0 prints one JSON line (workload.Clock.line) at the end, with the cohorts
+trained.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
+from itertools import count
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/peers: workload
@@ -81,11 +91,19 @@ class WeightByWords(WeightingStrategy):
         return stats, Metrics()
 
 
-def cohorts(phones: int, size: int, seed: int) -> Iterator[str]:
-    """Phone ids, `size` distinct ones a round: every worker draws the same sequence."""
-    rng = np.random.default_rng(seed)
-    while True:
-        yield from (str(k) for k in rng.choice(phones, size, replace=False))
+def cohorts(rounds: list[list[int]]) -> Iterator[str]:
+    """The users of round 1's cohort, then round 2's, ..., as "r:phone": every worker draws the
+    same sequence. Past the last round it starts over (pfl's sampler caches samples ahead of
+    the rounds; those are never trained)."""
+    for _ in count():
+        for r, cohort in enumerate(rounds, start=1):
+            yield from (f"{r}:{phone}" for phone in cohort)
+
+
+def parse(user_id: str) -> tuple[int, int]:
+    """(round, phone) of a user id "r:phone"."""
+    r, phone = user_id.split(":")
+    return int(r), int(phone)
 
 
 class EveryRound(TrainingProcessCallback):
@@ -127,22 +145,25 @@ def main() -> None:
     started = time.perf_counter()
     data = workload.Shards(args.shards)
     meta = data.meta
-    rng = np.random.default_rng(
-        meta["seed"] + get_default_framework_module().distributed.global_rank
-    )
+    trained: list[str] = []
 
     def user_dataset(user_id: str) -> Dataset:
-        seqs = workload.split_long(data.phones[int(user_id)], meta["max_len"])
-        order = rng.permutation(len(seqs))  # an epoch's order (E = 1: pfl does not reshuffle)
+        rnd, phone = parse(user_id)
+        trained.append(user_id)
+        seqs = workload.split_long(data.phones[phone], meta["max_len"])
+        # fedkey's trainer's order of the round (workload.local_batches' first epoch).
+        gen = torch.Generator().manual_seed(data.seed(rnd, phone))
+        order = torch.randperm(len(seqs), generator=gen).tolist()
         return Dataset(raw_data=list(padded([seqs[j] for j in order])), user_id=user_id)
 
-    cohort_size = max(1, round(meta["fraction"] * meta["clients"]))
-    draws = cohorts(meta["clients"], cohort_size, meta["seed"])
-    training = FederatedDataset(user_dataset, lambda: next(draws))
-    words = {str(k): workload.count_targets(p) for k, p in enumerate(data.phones)}
+    cohort_size = len(data.cohorts[0])
+    draws = cohorts(data.cohorts)
+    words = {f"{r}:{k}": workload.count_targets(data.phones[k])
+             for r, cohort in enumerate(data.cohorts, start=1) for k in cohort}  # fmt: skip
+    training = FederatedDataset(user_dataset, lambda: next(draws), user_id_to_weight=words)
     backend = SimulatedBackend(training_data=training, val_data=None,
                                postprocessors=[WeightByWords(words)])  # fmt: skip
-    module = PflLanguageModel(meta["vocab_size"], meta["hidden_size"])
+    module = PflLanguageModel(meta["vocab_size"], meta["hidden_size"], meta["precision"])
     workload.load_state(module, data.init)
     model = PyTorchModel(
         model=module,
@@ -171,9 +192,20 @@ def main() -> None:
         callbacks=[EveryRound(clock)],
     )
     distributed = get_default_framework_module().distributed
+    # Every worker's trained users, gathered on worker 0 (a cohort split between the workers).
+    everyone = [trained]
+    if distributed.world_size > 1:
+        import torch.distributed as dist
+
+        everyone = [None] * distributed.world_size
+        dist.all_gather_object(everyone, trained)
     if distributed.global_rank == 0:
+        by_round: dict[int, list[int]] = {}
+        for r, phone in (parse(u) for part in everyone for u in part):
+            by_round.setdefault(r, []).append(phone)
+        done = [sorted(set(by_round.get(r, []))) for r in range(1, meta["rounds"] + 1)]
         workers = distributed.world_size
-        print(clock.line("pfl", pfl_version, started, workers=workers), flush=True)
+        print(clock.line("pfl", pfl_version, started, workers=workers, cohorts=done), flush=True)
 
 
 if __name__ == "__main__":
