@@ -6,6 +6,7 @@ simulator, so both paths produce the same weights for the same seed.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,17 @@ from fedkey.models.config import ModelConfig
 from fedkey.models.model import LanguageModel
 from fedkey.models.precision import Resolved, autocast, resolve_device, resolve_precision
 
+#: How many compiled products oneDNN keeps (ONEDNN_PRIMITIVE_CACHE_CAPACITY; its default 1,024).
+#: On a CPU with native bf16, torch's bf16 products are oneDNN's, and oneDNN compiles and keeps
+#: one primitive (its kernels and buffers) for every distinct shape it runs, up to that many. A
+#: phone's batches have shapes of their own (the softmax on each batch's real words: [words, H]
+#: x [H, V]), so the cache grows as a cohort trains: the cause, as far as measured, of one process
+#: training 1,000 IRC phones under bf16 growing to 5.8 GB there (experiments/results/cohorts). On
+#: a CPU without native bf16 no product is oneDNN's, and the same cohort stays flat at 0.5 GB, in
+#: fp32 and in emulated bf16 alike. Set at import, before any product: oneDNN reads it once, at
+#: its first primitive. A value in the environment (the user's) is kept.
+ONEDNN_CACHE_CAPACITY = 128
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
 #: Where torch.optim.SGD has a fused kernel that this project runs (the CPU and CUDA).
 FUSED_SGD_DEVICES = ("cpu", "cuda")
 #: Train each phone on the model its thread trained the last phone on, the global weights

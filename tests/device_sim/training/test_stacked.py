@@ -5,6 +5,8 @@ does; the commands that train one phone at a time refuse it in one line."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -106,6 +108,30 @@ def test_a_cohort_in_several_stacks_gets_train_locals_updates_within_the_toleran
         for k, v in want.state.items():
             torch.testing.assert_close(got[t.device_id].state[k], v, rtol=0, atol=1e-6)
         assert got[t.device_id].train_loss == pytest.approx(want.train_loss, rel=1e-6)
+
+
+def test_a_streamed_cohort_holds_at_most_one_stacks_results_the_caller_dropped():
+    """Memory that does not grow with the cohort: while the stream yields a stack's results,
+    every result of the stacks before it that the caller let go is freed (not kept by the
+    backend, its stack or the stream); the stack's weights are one set, reused."""
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, emb_size=8, hidden_size=8)
+    train = TrainConfig(epochs=1, batch_size=4, lr=0.5, precision="fp32")
+    tasks = [LocalTask(f"p{i}", SEQS[i : i + 5 + i % 3], i, cfg, train, device="cpu")
+             for i in range(9)]  # fmt: skip
+    backend = StackedTrainer(phones=2)
+    held: list[weakref.ref] = []
+    stacks = set()
+    for n, (_, result) in enumerate(backend.stream(tasks, initial(cfg))):
+        assert result is not None
+        held.append(weakref.ref(result.state["embedding.weight"]))
+        del result
+        gc.collect()
+        alive = [i for i, ref in enumerate(held[:-1]) if ref() is not None]
+        assert all(i // 2 == n // 2 for i in alive), (n, alive)  # only this stack's
+        stacks.update(id(s) for s in backend._stacks.values())
+    assert len(held) == 9 and len(stacks) == 1  # 5 stacks trained by one Stack
+    gc.collect()
+    assert sum(ref() is not None for ref in held) <= 2
 
 
 def test_with_dropout_and_bf16_it_still_learns_what_train_local_learns():

@@ -1,3 +1,8 @@
+import gc
+import os
+import subprocess
+import sys
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -188,3 +193,34 @@ def test_bf16_keeps_fp32_master_weights_and_uploads_finite_fp32_updates():
         dim=0,
     )
     assert cos > 0.95  # the same update, up to bf16 rounding
+
+
+def test_a_returned_state_is_freed_when_the_caller_drops_it():
+    """Memory that does not grow with the phones trained: train_local keeps nothing of a phone's
+    result (its state is a copy, not the reused model's weights), so one the caller lets go is
+    freed, while the next phone trains on the same reused model."""
+    seqs = [TOK.encode(s) for s in TEXT]
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=0.5)
+    state = initial_state()
+    first = train_local(CFG, state, seqs[:8], cfg, seed=1, device="cpu")
+    refs = [weakref.ref(v) for v in first.state.values()]
+    second = train_local(CFG, state, seqs[8:], cfg, seed=2, device="cpu")
+    assert second.state["embedding.weight"].data_ptr() != refs[0]().data_ptr()  # type: ignore[union-attr]
+    del first
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+
+
+def test_the_onednn_cache_is_bounded_unless_the_environment_says_otherwise():
+    """Importing the trainer bounds oneDNN's cache of compiled products (one a shape it has
+    run: bf16 products on a CPU with native bf16), before any product; a value the user set is
+    kept."""
+    code = ("import os, fedkey.device_sim.training.trainer as t; "
+            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], t.ONEDNN_CACHE_CAPACITY)")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    got, capacity = run.stdout.split()
+    assert got == capacity and 0 < int(capacity) < 1024  # oneDNN's default: 1,024
+    env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "7"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.split()[0] == "7"
