@@ -20,15 +20,16 @@ What, pass by pass (m phones, n parameters):
   two passes cannot be one (short of the m x m Gram matrix, O(m^2 n): 23 s at m = 1,000 where a
   pass is about 2).
 * :func:`trim_scan`: the cohort stacked slice by slice (``chunk`` elements across the kept
-  phones at a time, one ``pread`` per phone and slice, fedkey.federation.updates.slices), then worked on
-  ``ORDER_BLOCK`` elements (a few hundred columns) at a time, in cache: the block transposed (a
-  coordinate's m values contiguous), the trim's order statistics from numpy's SIMD sort of
-  groups of at most ``SORT_GROUP`` phones and a sort of the groups' k+1 extremes
-  (:func:`_order_statistics`), and in the same read every phone's trimmed layer norms (the
-  block clamped, the global subtracted, squared and summed). One np.sort along the cohort of
-  the whole stack took 6-9 ns an element at m = 300-1,000 (its column copies out of cache, rows
-  of 1,000 past the sorting networks); the blocks take 4-5, the transposing copies and the
-  sort of rows padded to a power of two most of it.
+  phones at a time, one ``pread`` per phone and slice, fedkey.federation.updates.slices), each
+  slice laid out as blocks of ``ORDER_BLOCK`` elements (a few hundred columns of every phone,
+  contiguous) worked on in cache (:func:`_trim_block`): the block transposed (a coordinate's m
+  values contiguous), the trim's order statistics selected (fedkey.federation.influence.selection:
+  two quickselects per coordinate, the sort's values, half its time at 1,000 phones; smaller
+  cohorts and DP's exact scan sort, :func:`_order_statistics`), and in the same read every
+  phone's trimmed layer norms (the block clamped, the global subtracted, squared and summed).
+  Transposed straight out of the slice, whose rows are ``chunk / m`` elements apart, a block
+  took 9 ns a value at 1,000 phones (8,388 floats apart: the cache's sets) against 0.9 from its
+  own contiguous copy.
 * :func:`weighted_scan`, the strategy's pass (influence.BoundedRound.weighted_sum): FedAvg's
   weights and FedAtt's attention are known once the bound is (FedAtt scores the bounded
   distances, the trimmed norms times the clip factors), so the step ``sum_k c_k^l u_k^l`` is
@@ -43,10 +44,11 @@ What, pass by pass (m phones, n parameters):
 Four passes, and no fewer without holding the cohort in memory (4.6 GB at 1,000 uploads of a
 1.14M-parameter model): each needs what the one before it finished (V, then the kept phones,
 then every trimmed norm for the clip's median and the strategy's weights). Per pass, one core,
-300 uploads of 1.14M parameters whose read once takes 0.16 s of CPU (safetensors, page cache
-warm): the filter's two phone passes 0.7 s, the trim's pass 1.7, the weighted sum 0.4
-(bench script not kept; ``fedkey-bench aggregation`` gives the totals,
-experiments/results/aggregation). The trim's transposes and sorts are most of what is left.
+500 uploads of 1.14M parameters whose read once takes 0.8-0.9 s of CPU (safetensors, page cache
+warm, the shared machine busy): the filter's two phone passes 2.6 s, the trim's pass 6.9 (the
+selection 4 of it, the slice reads 0.9, the transposes 0.9, the clamp and the norms 1.1), the
+weighted sum 2.0 (phases timed by hand; ``fedkey-bench aggregation`` gives the totals,
+experiments/results/aggregation).
 
 The trim's bounds are kept as values, not deltas: ``theta + clamp(theta_k - theta, lo - theta,
 hi - theta)`` is ``clamp(theta_k, lo, hi)`` (the delta is monotone in the value and the bounds
@@ -79,6 +81,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedkey.federation.influence.selection import SELECT_FROM, select_limits
 from fedkey.federation.updates.slices import SliceReader
 from fedkey.federation.updates.store import StoredState
 
@@ -310,14 +313,20 @@ def trim_scan(
             g = cohort.global_flat(key, dtype)
             g64 = cohort.global_flat(key, np.dtype(np.float64)) if exact else None
             lo, hi = np.empty(g.size, dtype), np.empty(g.size, dtype)
-            stack = np.empty((m, min(step, g.size)), dtype)
+            row = np.empty(min(step, g.size), dtype)
+            # the slice block by block: block c // width is the phones' columns c : c + width,
+            # contiguous (a phone's row of the whole slice is ``step`` elements long: transposed
+            # from such a stride, a block took 9 ns a value at 1,000 phones, 0.9 from its own)
+            blocks = np.empty((-(-row.size // width), m, width), dtype)
             for a in range(0, g.size, step):
                 b = min(a + step, g.size)
-                values = stack[:, : b - a]
+                full = (b - a) // width
                 for i in range(m):
-                    cohort.read(i, key, a, b, values[i])
+                    cohort.read(i, key, a, b, row[: b - a])
+                    blocks[:full, i] = row[: full * width].reshape(full, width)
+                    blocks[full : full + 1, i, : b - a - full * width] = row[full * width : b - a]
                 # the blocks of columns c : c + width of this slice, its elements a + c on
-                work = partial(_trim_block, values, a, width, k, (lo, hi), g, g64)
+                work = partial(_trim_block, blocks, a, b - a, width, k, (lo, hi), g, g64)
                 starts = range(0, b - a, width)
                 done = map(work, starts) if pool is None else pool.map(work, starts)
                 for got in done:
@@ -328,8 +337,9 @@ def trim_scan(
 
 
 def _trim_block(
-    values: np.ndarray,
+    blocks: np.ndarray,
     a: int,
+    n: int,
     width: int,
     k: int,
     limits: tuple[np.ndarray, np.ndarray],
@@ -337,20 +347,23 @@ def _trim_block(
     g64: np.ndarray | None,
     c: int,
 ) -> np.ndarray:
-    """One block of the trim scan: columns ``c : c + width`` of ``values`` (the stacked slice: m
-    phones x the layer's elements ``a`` on) give their (k+1)-th smallest and largest values into
-    ``limits`` (the layer's lo and hi arrays, :func:`_order_statistics`), and each phone's
-    squared distance to ``g`` over these columns after the trim (returned; ``g64`` given: in
-    float64 arithmetic, the DP clip's norms). Worked on transposed (a column's values
-    contiguous: numpy's elementwise loops then run along m phones rather than a few columns,
-    about half the time), sized to stay in cache (``ORDER_BLOCK``). Each phone's sum over the
-    block's columns is a float32 one (at most ``ORDER_COLUMNS`` terms), the blocks' added in
-    float64 by the caller."""
-    part = values[:, c : c + width]
+    """One block of the trim scan: columns ``c : c + width`` of the stacked slice (m phones x
+    the layer's ``n`` elements from ``a``, ``blocks[c // width]``) give their (k+1)-th smallest
+    and largest values into ``limits`` (the layer's lo and hi arrays: by selection from
+    ``SELECT_FROM`` phones, fedkey.federation.influence.selection, the same values as the
+    sort, :func:`_order_statistics`, which DP's exact scan keeps), and each phone's squared
+    distance to ``g`` over these columns after the trim (returned; ``g64`` given: in float64
+    arithmetic, the DP clip's norms). Worked on transposed (a column's values contiguous:
+    numpy's elementwise loops then run along m phones rather than a few columns, about half the
+    time), sized to stay in cache (``ORDER_BLOCK``). Each phone's sum over the block's columns
+    is a float32 one (at most ``ORDER_COLUMNS`` terms), the blocks' added in float64 by the
+    caller."""
+    part = blocks[c // width, :, : min(width, n - c)]
     at = slice(a + c, a + c + part.shape[1])
     lo, hi, g = limits[0][at], limits[1][at], g[at]
     cols = part.T.copy()  # a copy always (ascontiguousarray may give a view)
-    _order_statistics(cols.copy(), k, lo, hi)
+    if g64 is not None or cols.shape[1] < SELECT_FROM or not select_limits(cols, k, lo, hi):
+        _order_statistics(cols.copy(), k, lo, hi)  # the reference, and DP's
     np.maximum(cols, lo[:, None], out=cols)  # np.clip: a third slower
     np.minimum(cols, hi[:, None], out=cols)
     if g64 is not None:
