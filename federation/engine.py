@@ -39,6 +39,7 @@ from fedkey.federation.seeds import (
 from fedkey.federation.server_opt import ServerOptimizer
 from fedkey.federation.storage import RunStorage, prune_checkpoints
 from fedkey.federation.strategies import ClientUpdate, Info, get_strategy
+from fedkey.federation.updates.summed import SummedRound, can_sum
 from fedkey.models.checkpoint import (
     build_model,
     check_state,
@@ -152,22 +153,34 @@ class Federation:
         # line, when it cannot be read or was built for another vocabulary).
         self.mixture = _mixture(config, tokenizer, valid, test) if config.ngram else None
         self._public: tuple[int, bytes] | None = None  # (round, public checkpoint bytes)
+        # Where the held-out fields of `evaluate` come from when not from the model here (a
+        # simulation's resident trainers score them side by side): state -> those fields, the
+        # keystroke savings left to `evaluate`. Not with an n-gram (its taps read the batches).
+        self.held_out_scorer: Evaluator | None = None
 
     # -- evaluation ---------------------------------------------------------------------------
 
     def evaluate(self, state: dict[str, torch.Tensor]) -> dict:
         """Validation and test perplexity, top-1/top-3 and keystroke savings of `state`; with an
         n-gram, the mixture's too (fedkey.models.mixture.MIX_FIELDS), from the same batches."""
-        from fedkey.models.metrics import column_perplexity, held_out_scores
+        from fedkey.models.metrics import column_perplexity, held_out_scores, ksr_of
 
         device = self.eval_device
         model = build_model(self.model_config, state).to(device)
         precision = self.eval_precision
         mixed = self.mixture.round() if self.mixture is not None else None
-        scores: dict = held_out_scores(
-            model, self.tokenizer, self.valid, self.test, self.config.eval_batch_size, device,
-            precision, self.config.ksr_sentences, mixed.taps if mixed is not None else None,
-        )  # fmt: skip
+        scores: dict
+        if self.held_out_scorer is not None and mixed is None:  # scored elsewhere, side by side
+            scores = self.held_out_scorer(state)
+            scores["ksr"] = ksr_of(
+                model, self.tokenizer, self.test, self.config.ksr_sentences, precision
+            )
+        else:
+            scores = held_out_scores(
+                model, self.tokenizer, self.valid, self.test, self.config.eval_batch_size,
+                device, precision, self.config.ksr_sentences,
+                mixed.taps if mixed is not None else None,
+            )  # fmt: skip
         if mixed is not None:
             scores.update(mixed.fields(model, precision))
         if self.config.train.batching == "columns":  # the seed papers' code's measure, beside ours
@@ -214,22 +227,50 @@ class Federation:
         All or nothing: if anything fails, the global model, the strategy's memory and the
         accountant are as before the call, and no checkpoint or metrics row is written.
         """
-        if plan.round != self.round + 1:
-            raise ValueError(f"round {plan.round} is not the open round {self.round + 1}")
         if not updates:
             raise ValueError(f"round {plan.round}: no updates to aggregate")
         updates = sorted(updates, key=lambda u: u.device_id)
+        uploaded = [u.device_id for u in updates]
+        return self._commit(plan, uploaded, partial(self._aggregate, plan, updates))
+
+    def complete_summed_round(self, plan: RoundPlan, summed: SummedRound) -> dict:
+        """:meth:`complete_round` from the round's phones summed where they trained
+        (fedkey.federation.updates.summed), for a federation whose rounds can be
+        (:attr:`summable`); all or nothing, as there."""
+        if not self.summable:
+            raise ValueError(
+                "this federation's rounds need each phone's update (bounding, DP, or a "
+                "strategy other than FedAvg): they cannot be summed where the phones train"
+            )
+        return self._commit(plan, sorted(summed.device_ids), partial(self._sum, summed))
+
+    @property
+    def summable(self) -> bool:
+        """Whether a round may be summed where its phones train (fedkey.federation.updates.summed.can_sum)."""
+        return can_sum(self.config, self.strategy)
+
+    def _commit(
+        self,
+        plan: RoundPlan,
+        uploaded: list[str],
+        aggregate: Callable[[], tuple[dict[str, torch.Tensor], Info, list[str]]],
+    ) -> dict:
+        """Aggregate (`aggregate()`: the new weights, the round's info, the phones aggregated),
+        step the server optimizer, evaluate and record the round; on any failure the server's
+        memory is restored."""
+        if plan.round != self.round + 1:
+            raise ValueError(f"round {plan.round} is not the open round {self.round + 1}")
         snapshot = json.loads(json.dumps(self.server_state()))  # a deep copy
         try:
-            new_state, info, kept = self._aggregate(plan, updates)
+            new_state, info, kept = aggregate()
             new_state, opt_buffers = self.server_opt.step(self.global_state, new_state, plan.round)
             return self._record(
                 plan.round,
                 new_state,
                 plan.cohort,
                 kept,
-                uploaded=[u.device_id for u in updates],
-                bytes_up=self.model_bytes * len(updates),
+                uploaded=uploaded,
+                bytes_up=self.model_bytes * len(uploaded),
                 bytes_down=self.model_bytes * len(plan.cohort),
                 seconds=time.perf_counter() - plan.started,
                 info=info,
@@ -238,6 +279,12 @@ class Federation:
         except BaseException:
             self.load_server_state(snapshot)
             raise
+
+    def _sum(self, summed: SummedRound) -> tuple[dict[str, torch.Tensor], Info, list[str]]:
+        """FedAvg's step from a summed round: no bound, no noise (:attr:`summable`)."""
+        new_state, info = self.strategy.aggregate(self.global_state, summed, None)
+        info = {**info, "clip": summed.info()}
+        return {k: v.contiguous() for k, v in new_state.items()}, info, sorted(summed.device_ids)
 
     def _aggregate(
         self, plan: RoundPlan, updates: list[ClientUpdate]

@@ -37,10 +37,12 @@ __all__ = [
     "Tap",
     "Taps",
     "column_perplexity",
+    "encoded_log_probs",
     "evaluate",
     "held_out_scores",
     "keystroke_savings",
     "keystroke_savings_of",
+    "ksr_of",
     "next_word_log_probs",
     "perplexity",
     "scoring_order",
@@ -74,13 +76,25 @@ def token_log_probs(
     """Every predicted token of `sentences` (end of sentence included), a batch at a time: its
     target ids [n] and the model's log-probabilities [n, vocab] (float32), on `device`. The
     sentences come shortest first (less padding); what they sum to does not depend on it."""
+    seqs = [tokenizer.encode(s) for s in sentences]
+    yield from encoded_log_probs(model, seqs, tokenizer.vocab_size, batch_size, device, precision)
+
+
+def encoded_log_probs(
+    model: LanguageModel,
+    seqs: list[list[int]],
+    vocab_size: int,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+    precision: Precision = "fp32",
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """:func:`token_log_probs` of sentences already encoded (`seqs`: <s> ... </s> ids)."""
     model.eval()
     model.to(device)
     resolved = resolve_precision(precision, device)
-    seqs = [tokenizer.encode(s) for s in sentences]
     order = scoring_order(seqs)
     # At most SCORES scores a batch (see SCORES: larger blocks cost page faults at every batch).
-    for inputs, targets in batches(seqs, batch_size, order, max(1, SCORES // tokenizer.vocab_size)):
+    for inputs, targets in batches(seqs, batch_size, order, max(1, SCORES // vocab_size)):
         keep = targets != IGNORE
         with torch.no_grad(), autocast(resolved, device):
             logits = model.logits_at(inputs.to(device), keep)  # [predicted words, vocab]
@@ -201,10 +215,21 @@ def _test_scores(
     """TEST_FIELDS of held-out sentences: perplexity, top-1 and top-3 (the model's ranking and
     the bar's), keystroke savings on the first `ksr_sentences` (None: off, or SentencePiece)."""
     scores = _scored(model, tokenizer, sentences, batch_size, device, precision, True, taps)
-    ksr = None
-    if isinstance(tokenizer, WordTokenizer) and ksr_sentences > 0:
-        ksr = keystroke_savings(model, tokenizer, sentences[:ksr_sentences], precision=precision)
-    return test_fields_of(scores, ksr)
+    return test_fields_of(scores, ksr_of(model, tokenizer, sentences, ksr_sentences, precision))
+
+
+def ksr_of(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    ksr_sentences: int,
+    precision: Precision = "fp32",
+) -> float | None:
+    """Keystroke savings on the first `ksr_sentences` of `sentences`; None when that is 0 or the
+    vocabulary is SentencePiece's."""
+    if not isinstance(tokenizer, WordTokenizer) or ksr_sentences <= 0:
+        return None
+    return keystroke_savings(model, tokenizer, sentences[:ksr_sentences], precision=precision)
 
 
 def unseen_scores(

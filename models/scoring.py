@@ -119,6 +119,15 @@ class Tally:
         self.known += int(known.sum())
         self.unknown += int((real & ~known).sum())
 
+    def merge(self, other: Tally) -> None:
+        """Add `other`'s sums (a tally of other sentences, with the same ids): the tallies of a
+        set's parts, scored apart (fedkey.models.held_out), make the set's."""
+        self.nll += other.nll
+        for name, hits in other.hits.items():
+            self.hits[name] += hits
+        self.known += other.known
+        self.unknown += other.unknown
+
     def result(self, words: int) -> Evaluation:
         """The figures, perplexity per `words` (the predicted words, end of sentence counted)."""
         real = self.known + self.unknown

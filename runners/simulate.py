@@ -47,15 +47,18 @@ from fedkey.device_sim.config import ATTACKS, Attack, BackdoorConfig
 from fedkey.device_sim.ray_cluster import RayOptions
 from fedkey.device_sim.training.backends import Backend, TrainingBackend, make_backend
 from fedkey.device_sim.training.process_pool import LocalTask
+from fedkey.device_sim.training.resident import ResidentPool
 from fedkey.device_sim.training.trainer import TrainResult
 from fedkey.federation.config import FederationConfig
 from fedkey.federation.engine import Federation, Probe, client_seed
 from fedkey.federation.plan import RoundPlan
 from fedkey.federation.storage import RunStorage
 from fedkey.federation.strategies import ClientUpdate
+from fedkey.federation.updates.summed import PartialSum, SummedRound, summed_weighting
 from fedkey.federation.updates.validation import ValidationError, check_finite, check_tensors
 from fedkey.models.batching import count_targets
 from fedkey.models.config import ModelConfig
+from fedkey.models.held_out import fields, merged, words_of
 from fedkey.models.precision import resolve_device, resolve_precision
 from fedkey.runners.spool import UploadSpool, tensor_bytes
 
@@ -192,6 +195,13 @@ class _Run:
     placement: _Placement
     spool: UploadSpool  # the round's uploads until aggregated: in memory, or on disk if large
 
+    @property
+    def summed(self) -> bool:
+        """Whether the rounds are summed where the phones train (fedkey.federation.updates.summed):
+        a FedAvg round nothing needs per phone, no attacker, and a backend that gives its
+        results in a fixed order (not Ray's: a round's sum would depend on timing)."""
+        return self.federation.summable and not self.bad and self.config.backend != "ray"
+
 
 def simulate(config: SimulationConfig) -> list[dict]:
     """Run rounds up to `config.fed.rounds` (SimulationConfig); returns the metrics rows (also in
@@ -199,15 +209,39 @@ def simulate(config: SimulationConfig) -> list[dict]:
     if config.attack not in ATTACKS:
         raise ValueError(f"unknown attack {config.attack!r}; choose one of {ATTACKS}")
     # Start the workers first: they import torch while the data loads and round 0 is evaluated.
-    pool = make_backend(config.backend, config.workers, config.ray)
+    pool = make_backend(config.backend, config.workers, config.ray, resident=True)
     try:
         run = _prepare_run(config)
+        _score_in_workers(run.federation, pool)
         rows, _ = start_or_resume(run.federation, config.resume)
         _run_rounds(run, pool, rows)
     finally:
         pool.close()
     run.federation.storage.plot(_title(run))
     return rows
+
+
+def _score_in_workers(federation: Federation, pool: TrainingBackend) -> None:
+    """Have resident trainer processes score every round's held-out fields while they would
+    otherwise wait (fedkey.models.held_out): where there are such processes, the server
+    evaluates on the CPU, and no n-gram reads the batches."""
+    if not (isinstance(pool, ResidentPool) and pool.workers > 0):
+        return
+    if federation.eval_device.type != "cpu" or federation.mixture is not None:
+        return
+    tok, valid, test = federation.tokenizer, federation.valid, federation.test
+    sets = {"valid": (valid, False), "test": (test, True)}
+    config, precision = federation.config, federation.eval_precision
+    pool.hold_sets(tok, federation.model_config, sets, config.eval_batch_size, precision)
+    valid_words, test_words = words_of(tok, valid), words_of(tok, test)
+
+    def score(state: dict[str, torch.Tensor]) -> dict:
+        tallies = pool.score(state)
+        return fields(
+            merged(tallies["valid"]), valid_words, merged(tallies["test"]), test_words, None
+        )
+
+    federation.held_out_scorer = score
 
 
 def _title(run: _Run) -> str:
@@ -277,6 +311,8 @@ def _run_round(run: _Run, pool: TrainingBackend, bar: tqdm) -> dict:
     federation = run.federation
     plan = federation.plan_round(list(run.prepared.shards))
     tasks = _round_tasks(run, plan)
+    if run.summed:
+        return _run_summed_round(run, pool, plan, tasks)
     run.spool.start(len(plan.cohort), tensor_bytes(federation.global_state))
     try:
         results, uploads = _train_and_check(run, pool, plan, tasks)
@@ -288,6 +324,27 @@ def _run_round(run: _Run, pool: TrainingBackend, bar: tqdm) -> dict:
         return federation.complete_round(plan, updates)
     finally:
         run.spool.clear()
+
+
+def _run_summed_round(
+    run: _Run, pool: TrainingBackend, plan: RoundPlan, tasks: list[LocalTask]
+) -> dict:
+    """One round summed where its phones train: the resident workers' partial sums, or (the
+    stacked backend) each result added to the sum as it comes and dropped; no upload kept."""
+    federation = run.federation
+    state, weighted = federation.global_state, summed_weighting(federation.strategy)
+    if isinstance(pool, ResidentPool):
+        partial = pool.sum_round(tasks, state, weighted)
+    else:
+        partial = PartialSum.empty(state, weighted)
+        for d, result in pool.stream(tasks, state):
+            if result is not None:
+                partial.add(d, result.state, result.num_tokens, result.train_loss, state)
+    run.rejections.current = dict(partial.rejected)
+    if not partial.phones:
+        why = "; ".join(f"{d}: {w}" for d, w in partial.rejected.items()) or "no phone trained"
+        raise ValueError(f"round {plan.round}: every upload was refused ({why})")
+    return federation.complete_summed_round(plan, SummedRound(partial))
 
 
 def _round_tasks(run: _Run, plan: RoundPlan) -> list[LocalTask]:

@@ -1,6 +1,8 @@
 """Where the phones' training runs: the training backend interface and its two implementations.
 
-    local   fedkey.device_sim.training.process_pool.TrainerPool: this machine's processes (one torch thread each)
+    local   fedkey.device_sim.training.process_pool.TrainerPool: this machine's processes (one torch thread each);
+            for `fedkey simulate` fedkey.device_sim.training.resident.ResidentPool: the same processes keeping
+            their phones' data and model for the run, and summing a round where it can be
     ray     fedkey.device_sim.training.ray_pool.RayTrainerPool: long-lived Ray actors across a cluster
     stacked fedkey.device_sim.training.stacked.StackedTrainer: a round's phones as one stacked model, in this
             process on one device (a GPU: one phone's step is bound by kernel launches there)
@@ -74,15 +76,25 @@ def ordered(
 
 
 def make_backend(
-    backend: Backend, workers: int | None = None, ray: RayOptions | None = None
+    backend: Backend,
+    workers: int | None = None,
+    ray: RayOptions | None = None,
+    resident: bool = False,
 ) -> TrainingBackend:
     """The backend named `backend`: `workers` local processes (None: one per core), trainer
     actors on the Ray cluster `ray` describes (its workers: None, as many as the cluster holds),
-    or a round's phones stacked in this process (`workers` unused)."""
+    or a round's phones stacked in this process (`workers` unused). `resident`: local processes
+    that keep their phones' data and are given whole rounds (ResidentPool: a simulation's),
+    not phones one at a time (TrainerPool: the fleet's)."""
     if backend == "local":
         from fedkey.device_sim.training.process_pool import TrainerPool, default_workers
 
-        return TrainerPool(default_workers() if workers is None else workers)
+        n = default_workers() if workers is None else workers
+        if resident:
+            from fedkey.device_sim.training.resident import ResidentPool
+
+            return ResidentPool(n)
+        return TrainerPool(n)
     if backend == "ray":
         from fedkey.device_sim.ray_cluster import RayOptions
         from fedkey.device_sim.training.ray_pool import RayTrainerPool

@@ -106,6 +106,26 @@ def test_same_seed_gives_identical_weights_whatever_the_workers(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_unbounded_fedavg_round_summed_in_the_workers_is_the_same_run(tmp_path):
+    """--bound off FedAvg sums each round where the phones train (fedkey.federation.updates.summed)
+    and the resident workers score the held-out sets: two worker processes and this process
+    give the same rows and the same weights to float rounding, every phone aggregated."""
+    args = ["--data", "demo", "--clients", "10", "--fraction", "0.4", "--max-train-tokens",
+            "8000", "--bound", "off", "--ksr-sentences", "5", *FAST]  # fmt: skip
+    two, _ = simulate(tmp_path / "two", *args, "--workers", "2")
+    here, _ = simulate(tmp_path / "here", *args, "--workers", "0")
+    for a, b in zip(two, here, strict=True):
+        assert a["selected"] == b["selected"] and a["aggregated"] == a["selected"]
+        assert a["test_ppl"] == pytest.approx(b["test_ppl"], rel=1e-5)
+        assert (a["bar_top1"], a["ksr"]) == pytest.approx((b["bar_top1"], b["ksr"]), rel=1e-4)
+    assert two[1]["info"]["clip"]["mode"] == "off" and len(two[1]["info"]["weights"]) == 4
+    a, b = weights(tmp_path / "two", 3), weights(tmp_path / "here", 3)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(a["rnn.weight_hh_l0"], weights(tmp_path / "two", 0)["rnn.weight_hh_l0"])
+
+
+@pytest.mark.slow
 def test_keep_checkpoints_leaves_the_latest_rounds_and_the_best_and_still_resumes(tmp_path):
     """--keep-checkpoints 1: after each round only the newest round's files (the model and the
     server optimizer's buffers, what a resume reads) and the best round's stay on disk."""

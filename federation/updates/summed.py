@@ -1,0 +1,203 @@
+"""A round summed where its phones trained: FedAvg without a per-phone upload.
+
+FedAvg's next model is ``theta + sum_k w_k u_k / sum_k w_k`` (``u_k = theta_k - theta``, ``w_k =
+n_k``, or 1 unweighted). Where nothing needs a phone's update on its own (no trim, clip or
+outlier filter: ``--bound off``; no DP; a selector that does not read the updates after the
+round), a trainer can add each phone's weighted delta to a running float64 sum as the phone
+finishes and drop it: a worker then returns one model-sized :class:`PartialSum` for its share of
+the cohort instead of a model per phone, and memory does not grow with the cohort (the way
+pfl-research's workers and a production server's secure aggregation combine a cohort).
+
+    partial = PartialSum.empty(global_state, weighted=True)
+    for device, result in trained:                 # a worker's phones, in a fixed order
+        partial.add(device, result, global_state)  # its delta added, its state dropped
+    summed = SummedRound.of([partial, ...], global_state)   # the workers' partials, in order
+    Federation.complete_summed_round(plan, summed)
+
+:class:`SummedRound` is a :class:`fedkey.federation.strategies.SummableRound`: FedAvg's
+``_aggregate_sum`` reads its per-phone distances and asks for the weighted sum with its own
+weights, which are checked against the ones summed. Each phone's state is checked as an upload
+is (non-finite -> refused, named, left out of the sum).
+
+Precision: each delta is formed and accumulated in float64 (as the per-phone path's fused read,
+fedkey.federation.influence.cohort_scan.weighted_scan) and rounded once to the model's dtype; the
+sums run in another order (a worker's phones, then the workers'), so the two paths agree to that
+final rounding (tests/federation/updates/test_summed.py), and a run is deterministic for a given
+number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fedkey.federation.strategies import ClientUpdate
+from fedkey.federation.strategies.aggregate import floating_keys
+from fedkey.federation.updates.validation import ValidationError, check_finite
+
+if TYPE_CHECKING:
+    from fedkey.federation.config import FederationConfig
+    from fedkey.federation.strategies.base import Strategy
+
+#: Relative difference allowed between a strategy's coefficient and the summed weight's share.
+COEF_TOLERANCE = 1e-9
+
+
+@dataclass
+class PhoneRecord:
+    """What a summed round keeps of one phone: no weights, only what the row and FedAvg read."""
+
+    device_id: str
+    num_tokens: int  # n_k, as the phone declares it
+    train_loss: float
+    weight: float  # w_k summed: n_k, or 1 unweighted
+    layer_norms: dict[str, float]  # ||u_k^l||, float64
+
+
+@dataclass
+class PartialSum:
+    """``sum_k w_k u_k`` per floating layer (float64) over some phones, and their records.
+    `rejected`: phones whose state was refused (device -> the 422 reason), not in the sum."""
+
+    weighted: bool
+    sums: dict[str, Tensor] = field(default_factory=dict)
+    phones: list[PhoneRecord] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, global_state: Mapping[str, Tensor], weighted: bool) -> PartialSum:
+        sums = {
+            k: torch.zeros(global_state[k].shape, dtype=torch.float64)
+            for k in floating_keys(global_state)
+        }
+        return cls(weighted, sums)
+
+    def add(
+        self,
+        device_id: str,
+        state: Mapping[str, Tensor],
+        num_tokens: int,
+        train_loss: float,
+        global_state: Mapping[str, Tensor],
+    ) -> None:
+        """Add one phone's trained `state` (checked as an upload: a refusal is recorded)."""
+        try:
+            check_finite(dict(state))
+        except ValidationError as e:
+            self.rejected[device_id] = f"{e.status} {e.message}"
+            return
+        w = float(num_tokens) if self.weighted else 1.0
+        norms: dict[str, float] = {}
+        for k, acc in self.sums.items():
+            u = state[k].detach().to(torch.float64) - global_state[k].detach().to(torch.float64)
+            norms[k] = float(torch.linalg.vector_norm(u))
+            acc.add_(u, alpha=w)
+        self.phones.append(PhoneRecord(device_id, int(num_tokens), float(train_loss), w, norms))
+
+    def merge(self, other: PartialSum) -> None:
+        """Add `other`'s phones (after this one's: the order the floats are summed in)."""
+        if other.weighted != self.weighted:
+            raise ValueError("cannot merge a weighted and an unweighted sum")
+        for k, acc in self.sums.items():
+            acc.add_(other.sums[k])
+        self.phones.extend(other.phones)
+        self.rejected.update(other.rejected)
+
+
+def can_sum(config: FederationConfig, strategy: Strategy) -> bool:
+    """Whether this federation's rounds can be summed where the phones train: FedAvg's mean
+    (FedAvg, FedSGD: the strategy's next model is one weighted sum), nothing that needs each
+    update (bounding off, no DP, a selector that does not read the updates after the round),
+    every trained phone uploading."""
+    from fedkey.federation.strategies.base import Strategy
+    from fedkey.federation.strategies.methods import FedAvg
+
+    return (
+        isinstance(strategy, FedAvg)
+        and not strategy.needs_second_pass
+        and type(strategy).select_uploaders is Strategy.select_uploaders
+        and config.influence.mode == "off"
+        and not config.privacy.dp
+    )
+
+
+def summed_weighting(strategy: Strategy) -> bool:
+    """Whether a summable strategy (:func:`can_sum`) weights a phone by its n_k (else by 1)."""
+    from fedkey.federation.strategies.methods import FedAvg
+
+    if not isinstance(strategy, FedAvg):
+        raise ValueError(f"strategy {strategy.name!r} cannot be summed where the phones train")
+    return strategy.weighted
+
+
+class SummedRound:
+    """A round's phones as one sum: a :class:`fedkey.federation.strategies.SummableRound` whose
+    weighted sum exists only for the weights it was summed with (FedAvg's)."""
+
+    def __init__(self, partial: PartialSum) -> None:
+        if not partial.phones:
+            raise ValueError("no phone's update was summed")
+        partial.phones.sort(key=lambda p: p.device_id)  # the rows' order (not the sum's)
+        self.partial = partial
+        self.updates: Sequence[ClientUpdate] = [
+            ClientUpdate({}, p.num_tokens, p.train_loss, p.device_id) for p in partial.phones
+        ]
+        self.samples = [p.num_tokens for p in partial.phones]
+        self.total = math.fsum(p.weight for p in partial.phones)
+
+    @classmethod
+    def of(cls, partials: Sequence[PartialSum]) -> SummedRound:
+        """The workers' partial sums, merged in the order given."""
+        first, *rest = partials
+        for p in rest:
+            first.merge(p)
+        return cls(first)
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [p.device_id for p in self.partial.phones]
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        return dict(self.partial.rejected)
+
+    def distances(self) -> list[dict[str, float]]:
+        return [dict(p.layer_norms) for p in self.partial.phones]
+
+    def weighted_sum(self, coefs: Sequence[Mapping[str, float]]) -> dict[str, Tensor]:
+        """``sum_k c_k u_k``, where every ``c_k^l`` is ``w_k / sum_j w_j`` (the weights summed);
+        a ValueError for any other coefficients: the phones' updates are gone."""
+        if len(coefs) != len(self.partial.phones):
+            raise ValueError(f"{len(coefs)} coefficients for {len(self.partial.phones)} phones")
+        for p, c in zip(self.partial.phones, coefs, strict=True):
+            share = p.weight / self.total
+            if any(abs(v - share) > COEF_TOLERANCE * max(share, 1e-300) for v in c.values()):
+                raise ValueError(
+                    f"phone {p.device_id!r}: coefficients {dict(c)} are not the summed weight's "
+                    f"share {share}: a summed round has no per-phone updates"
+                )
+        return {k: s / self.total for k, s in self.partial.sums.items()}
+
+    def info(self) -> dict[str, Any]:
+        """The row's ``info.clip`` for an unbounded round (as fedkey.federation.influence.bounding
+        reports bounding off)."""
+        whole = [math.sqrt(sum(n * n for n in p.layer_norms.values())) for p in self.partial.phones]
+        return {
+            "mode": "off",
+            "median_norm": statistics.median(whole),
+            "max_norm": max(whole),
+            "trimmed": 0,
+            "outliers": {},
+        }
+
+    def __iter__(self):  # a SummableRound is also iterable; this one cannot give the updates
+        raise ValueError("a summed round has no per-phone updates to iterate")
+
+    def __len__(self) -> int:
+        return len(self.partial.phones)
