@@ -88,6 +88,7 @@ def tls_pair(cert: Path | None, key: Path | None) -> tuple[Path, Path] | None:
 #: the flag declaration), a callback that checks the value.
 EXTRAS: dict[str, dict[str, Any]] = {
     "tied": {"flag": "--tied/--untied"},
+    "eval_topk": {"flag": "--eval-topk/--no-eval-topk"},
     "local_epochs": {"aliases": ("-E",)},
     "batch_size": {"aliases": ("-B",)},
     "fraction": {"aliases": ("-C",)},
@@ -146,7 +147,8 @@ TRAIN = settings_group(
 FEDERATION = settings_group(
     "strategy", "fraction", "rounds", "epsilon", "max_reach", "norm", "fedatt_normalizer", "eta",
     "epsilon_med", "topk_beta", "adafl", "server_opt", "server_lr", "server_momentum",
-    "server_lr_decay", "lr_decay", "ksr_sentences", "ngram", "keep_checkpoints", "eval_device",
+    "server_lr_decay", "lr_decay", "ksr_sentences", "eval_topk", "ngram", "keep_checkpoints",
+    "checkpoint_every", "eval_device",
     "bound", "bound_norm", "bound_multiple", "bound_scope", "attention_temperature", "weight_cap",
     "trim", "outlier_z", "dp_beta", "dp_clip", "dp_noise_multiplier", "dp_sampling", "dp_mechanism",
     "dp_min_separation", "dp_clip_quantile", "dp_clip_lr", "dp_clip_count_stddev", "dp_delta",

@@ -220,7 +220,11 @@ class FederationConfig:
     # full PTB validation and test sets take ~25 s a round on one CPU thread, under 1 s there)
     eval_device: str = "auto"
     ksr_sentences: int = 100  # keystroke savings are costly: measured on the first N test sentences
+    eval_topk: bool = True  # the test set's top-1/top-3 every round (False: its perplexity only)
     keep_checkpoints: int = 0
+    # a round's checkpoint every N rounds, and at every new best round and the last round; the
+    # rounds between are run again on a resume (not under DP: their models were published)
+    checkpoint_every: int = 1
     init: str | None = None  # a base checkpoint whose weights round 0 holds (default: fresh ones)
     ngram: str | None = None  # a Kneser-Ney n-gram file: every round also scores the mixture
 

@@ -153,6 +153,7 @@ class Federation:
         # line, when it cannot be read or was built for another vocabulary).
         self.mixture = _mixture(config, tokenizer, valid, test) if config.ngram else None
         self._public: tuple[int, bytes] | None = None  # (round, public checkpoint bytes)
+        self._saved: list[int] = []  # the rounds this run checkpointed (pruning keeps the last)
         # Where the held-out fields of `evaluate` come from when not from the model here (a
         # simulation's resident trainers score them side by side): state -> those fields, the
         # keystroke savings left to `evaluate`. Not with an n-gram (its taps read the batches).
@@ -179,7 +180,7 @@ class Federation:
             scores = held_out_scores(
                 model, self.tokenizer, self.valid, self.test, self.config.eval_batch_size,
                 device, precision, self.config.ksr_sentences,
-                mixed.taps if mixed is not None else None,
+                mixed.taps if mixed is not None else None, self.config.eval_topk,
             )  # fmt: skip
         if mixed is not None:
             scores.update(mixed.fields(model, precision))
@@ -377,6 +378,7 @@ class Federation:
             self.server_opt.commit(st_load(opt_path.read_bytes()))
         self.global_state = state
         self.round = meta["round"]
+        self._saved = [self.round]
         self.load_server_state(meta["server"])
         rows = [r for r in self.storage.read_metrics() if r["round"] <= self.round]
         if not rows or rows[-1]["round"] < self.round:
@@ -397,6 +399,13 @@ class Federation:
     def budget_spent(self) -> bool:
         """True when one more DP round (of the usual cohort) would take epsilon past the budget."""
         return self.privacy.would_exceed(len(self.strategy.client_sizes))
+
+    def _checkpointed(self, r: int) -> bool:
+        """Whether round `r` writes its checkpoint: every config.checkpoint_every rounds, round
+        0, a new best round (what an export serves) and the run's last round."""
+        every = self.config.checkpoint_every
+        best = self.best is not None and self.best["round"] == r
+        return r % every == 0 or best or r >= self.config.rounds
 
     def _record(
         self,
@@ -440,23 +449,25 @@ class Federation:
             # publishes no exact function of the phones' updates (fedkey.federation.metrics_row).
             "info": public_info(info, self.config.privacy),
         }
-        if self.server_opt.active and opt_buffers:
-            # Written before the checkpoint, which is the commit point of the round.
-            buffers = st_save({k: v.contiguous() for k, v in opt_buffers.items()})
-            atomic_write(self.storage.server_opt_path(r), buffers)
         strategy = self.config.label or self.config.strategy
-        save_checkpoint(
-            self.storage.checkpoint_path(r),
-            new_state,
-            self.model_config,
-            self.tokenizer,
-            round_idx=r,
-            strategy=strategy,
-            extra={"metrics": row, "server": self.server_state()},
-        )
+        if self._checkpointed(r):
+            if self.server_opt.active and opt_buffers:
+                # Written before the checkpoint, which is the commit point of the round.
+                buffers = st_save({k: v.contiguous() for k, v in opt_buffers.items()})
+                atomic_write(self.storage.server_opt_path(r), buffers)
+            save_checkpoint(
+                self.storage.checkpoint_path(r),
+                new_state,
+                self.model_config,
+                self.tokenizer,
+                round_idx=r,
+                strategy=strategy,
+                extra={"metrics": row, "server": self.server_state()},
+            )
+            self._saved.append(r)
         self.storage.append_metrics(row)
         if self.config.keep_checkpoints:  # after the commit point: a crash keeps what it had
-            latest = range(r - self.config.keep_checkpoints + 1, r + 1)
+            latest = self._saved[-self.config.keep_checkpoints :]
             prune_checkpoints(self.storage.root, {*latest, self.best["round"]})
         # What devices download: the same file without the server's private memory, from memory.
         public = checkpoint_bytes(

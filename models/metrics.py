@@ -175,17 +175,19 @@ def held_out_scores(
     precision: Precision = "fp32",
     ksr_sentences: int = 0,
     taps: Taps | None = None,
+    topk: bool = True,
 ) -> dict[str, float | None]:
     """What every round of a run records of its global model (fedkey.federation.engine), and what `fedkey
     evaluate` scores a checkpoint by: validation perplexity (read for the best round, so no
     accuracy), then TEST_FIELDS: test perplexity, top-1/top-3 on the test set (the model's
     ranking, the bar's, and the bar's over every word), the out-of-vocabulary share, and
     keystroke savings on its first `ksr_sentences` sentences (None: off, or a SentencePiece
-    vocabulary). `taps` read the same batches (the validation set's, then the test set's)."""
+    vocabulary). `taps` read the same batches (the validation set's, then the test set's).
+    `topk` False: the test set's perplexity only (its top-k fields None)."""
     taps = taps or Taps()
     val = _scored(model, tokenizer, valid, batch_size, device, precision, False, taps.valid)
     scores = _test_scores(
-        model, tokenizer, test, batch_size, device, precision, ksr_sentences, taps.test
+        model, tokenizer, test, batch_size, device, precision, ksr_sentences, taps.test, topk
     )
     return {"val_ppl": val["ppl"], **scores}
 
@@ -211,10 +213,12 @@ def _test_scores(
     precision: Precision,
     ksr_sentences: int,
     taps: Sequence[Tap] = (),
+    topk: bool = True,
 ) -> dict[str, float | None]:
     """TEST_FIELDS of held-out sentences: perplexity, top-1 and top-3 (the model's ranking and
-    the bar's), keystroke savings on the first `ksr_sentences` (None: off, or SentencePiece)."""
-    scores = _scored(model, tokenizer, sentences, batch_size, device, precision, True, taps)
+    the bar's; None without `topk`), keystroke savings on the first `ksr_sentences` (None: off,
+    or SentencePiece)."""
+    scores = _scored(model, tokenizer, sentences, batch_size, device, precision, topk, taps)
     return test_fields_of(scores, ksr_of(model, tokenizer, sentences, ksr_sentences, precision))
 
 

@@ -230,7 +230,7 @@ def _score_in_workers(federation: Federation, pool: TrainingBackend) -> None:
     if federation.eval_device.type != "cpu" or federation.mixture is not None:
         return
     tok, valid, test = federation.tokenizer, federation.valid, federation.test
-    sets = {"valid": (valid, False), "test": (test, True)}
+    sets = {"valid": (valid, False), "test": (test, federation.config.eval_topk)}
     config, precision = federation.config, federation.eval_precision
     pool.hold_sets(tok, federation.model_config, sets, config.eval_batch_size, precision)
     valid_words, test_words = words_of(tok, valid), words_of(tok, test)

@@ -151,6 +151,13 @@ class Settings(BaseSettings):
         "decay^(r-1) (1 = constant).")
     ksr_sentences: int = Field(_FEDERATION.ksr_sentences, ge=0,
         description="Keystroke savings are measured on the first N test sentences (0: off).")
+    eval_topk: bool = Field(_FEDERATION.eval_topk,
+        description="Score the test set's top-1/top-3 (the bar's and the model's) every round "
+        "(--no-eval-topk: its perplexity only, as Flower's and pfl-research's examples score).")
+    checkpoint_every: int = Field(_FEDERATION.checkpoint_every, ge=1,
+        description="Write a round's checkpoint every N rounds, and always at a new best round "
+        "and the last round; a resume runs the rounds after the last checkpoint again (not "
+        "with DP, whose published rounds cannot be run again).")
     keep_checkpoints: int = Field(_FEDERATION.keep_checkpoints, ge=0,
         description="Checkpoints kept on disk: the latest N rounds' and the best round's (0: "
         "every round's; a round's model is 13.5 MB at a 10k vocabulary).")
@@ -410,6 +417,11 @@ class Settings(BaseSettings):
         )
         if problem is not None:
             raise ValueError(problem)
+        if self.checkpoint_every > 1 and self.privacy_config().dp:
+            raise ValueError(
+                "--checkpoint-every above 1 would run published DP rounds again on a resume: "
+                "leave it at 1 with DP"
+            )
         if self.canary:
             self.canary_spec()  # a malformed FEDKEY_CANARY_FORMAT / _ALPHABET, refused up front
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -555,7 +567,9 @@ class Settings(BaseSettings):
             ),
             lr_decay=self.lr_decay,
             ksr_sentences=self.ksr_sentences,
+            eval_topk=self.eval_topk,
             keep_checkpoints=self.keep_checkpoints,
+            checkpoint_every=self.checkpoint_every,
             eval_device=self.eval_device,
             init=self.init,
             ngram=None if self.ngram is None else str(ngram_path(self.ngram)),
