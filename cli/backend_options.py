@@ -23,7 +23,7 @@ BACKEND = {
             "this process, on a GPU or the CPU (--device; in stacks of up to 100 phones on a GPU, "
             "of a few on the CPU, "
             "one thread: 1.5-1.8x the phones a second of one --backend local process with a "
-            "96-unit model). "
+            "96-unit model), or in --workers N processes side by side. "
             "Same seed, same weights (stacked: within 1e-6 in fp32, other dropout masks).",
         ),
     ),

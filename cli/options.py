@@ -200,7 +200,8 @@ PHONES = {
             "--workers",
             help="Training processes, one torch thread each (default: one per core; 0: in this "
             "process); with --backend ray, trainer actors (default: as many as the cluster "
-            "holds); --backend stacked trains in this process and takes none.",
+            "holds); --backend stacked: in this process by default, or stacks in N resident "
+            "processes (simulate).",
         ),
     ),
 }

@@ -5,7 +5,8 @@
             their phones' data and model for the run, and summing a round where it can be
     ray     fedkey.device_sim.training.ray_pool.RayTrainerPool: long-lived Ray actors across a cluster
     stacked fedkey.device_sim.training.stacked.StackedTrainer: a round's phones as one stacked model, in this
-            process on one device (a GPU: one phone's step is bound by kernel launches there)
+            process on one device (a GPU: one phone's step is bound by kernel launches there);
+            for `fedkey simulate --workers N`, N resident processes each stacking its share
 
 All take the same LocalTask (the phone's shard and its training seed travel with it), so which
 backend, process, actor or node trains a phone never changes its update: `--backend ray` gives
@@ -83,9 +84,10 @@ def make_backend(
 ) -> TrainingBackend:
     """The backend named `backend`: `workers` local processes (None: one per core), trainer
     actors on the Ray cluster `ray` describes (its workers: None, as many as the cluster holds),
-    or a round's phones stacked in this process (`workers` unused). `resident`: local processes
-    that keep their phones' data and are given whole rounds (ResidentPool: a simulation's),
-    not phones one at a time (TrainerPool: the fleet's)."""
+    or a round's phones stacked in this process. `resident`: local processes that keep their
+    phones' data and are given whole rounds (ResidentPool: a simulation's), not phones one at a
+    time (TrainerPool: the fleet's); then `stacked` with `workers` N > 0 stacks each process's
+    share in N such processes."""
     if backend == "local":
         from fedkey.device_sim.training.process_pool import TrainerPool, default_workers
 
@@ -101,6 +103,10 @@ def make_backend(
 
         return RayTrainerPool(ray or RayOptions())
     if backend == "stacked":
+        if resident and workers:  # stacks in that many resident processes, one per core
+            from fedkey.device_sim.training.resident import ResidentPool
+
+            return ResidentPool(workers, stacked=True)
         from fedkey.device_sim.training.stacked import StackedTrainer
 
         return StackedTrainer()

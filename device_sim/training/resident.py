@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,6 +53,9 @@ from fedkey.models.model import LanguageModel
 from fedkey.models.scoring import Tally
 from fedkey.models.tokenizers import Tokenizer
 
+if TYPE_CHECKING:
+    from fedkey.device_sim.training.stacked import StackedTrainer
+
 #: A phone's result as it finishes, its worker's partial sum when the round is summed.
 OnPhone = Callable[[str, TrainResult], None]
 
@@ -67,6 +70,7 @@ class _Share:
     tasks: list[LocalTask]
     shards: dict[str, list[list[int]]] = field(default_factory=dict)
     weighted: bool | None = None  # None: each phone's result; else one PartialSum, so weighted
+    stacked: bool = False  # the share's phones stacked (fedkey.device_sim.training.stacked)
 
 
 @dataclass
@@ -96,6 +100,7 @@ class _Worker:
         self.shards: dict[str, list[list[int]]] = {}
         self.sets: _Sets | None = None
         self.model: LanguageModel | None = None
+        self.stacked: StackedTrainer | None = None  # its stacks kept from round to round
 
     def score(self, job: _Score) -> dict[str, Tally]:
         if self.sets is None:
@@ -110,19 +115,36 @@ class _Worker:
         }
 
 
-def _train_share(share: _Share, held: dict[str, list[list[int]]]) -> Iterator[tuple]:
+def _train_share(share: _Share, worker: _Worker) -> Iterator[tuple]:
     """What a worker sends for `share`, message by message: ("phone", device, result) as each
     phone finishes (its state left out when summing), then ("done", None, partial sum or None)."""
-    held.update(share.shards)
+    worker.shards.update(share.shards)
     state = share.global_state
     partial = None if share.weighted is None else PartialSum.empty(state, share.weighted)
-    for task in share.tasks:
-        result = run_task(replace(task, shard=held[task.device_id]), state)
+    tasks = [replace(t, shard=worker.shards[t.device_id]) for t in share.tasks]
+    for device, result in _trained(tasks, state, share.stacked, worker):
         if partial is not None:
-            partial.add(task.device_id, result.state, result.num_tokens, result.train_loss, state)
+            partial.add(device, result.state, result.num_tokens, result.train_loss, state)
             result = replace(result, state={})
-        yield "phone", task.device_id, result
+        yield "phone", device, result
     yield "done", None, partial
+
+
+def _trained(
+    tasks: list[LocalTask], state: dict[str, torch.Tensor], stacked: bool, worker: _Worker
+) -> Iterator[tuple[str, TrainResult]]:
+    """The tasks trained one phone at a time, or stacked (in the stacks' fixed order)."""
+    if not stacked:
+        for task in tasks:
+            yield task.device_id, run_task(task, state)
+        return
+    if worker.stacked is None:
+        from fedkey.device_sim.training.stacked import StackedTrainer
+
+        worker.stacked = StackedTrainer()
+    for device, result in worker.stacked.stream(tasks, state):
+        if result is not None:
+            yield device, result
 
 
 def _serve(conn: Connection) -> None:
@@ -138,7 +160,7 @@ def _serve(conn: Connection) -> None:
             if isinstance(job, _Score):
                 conn.send((job.seq, "done", None, worker.score(job)))
                 continue
-            for kind, device, payload in _train_share(job, worker.shards):
+            for kind, device, payload in _train_share(job, worker):
                 conn.send((job.seq, kind, device, payload))
         except Exception:
             conn.send((job.seq, "error", None, traceback.format_exc()))
@@ -164,10 +186,13 @@ class ResidentPool:
     """`workers` resident trainer processes (0: train in this process): the `local` backend of
     `fedkey simulate` (a fedkey.device_sim.training.backends.TrainingBackend)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, stacked: bool = False) -> None:
+        """`stacked`: each worker trains its share as the stacked backend does (its phones'
+        weights side by side in one model), else phone by phone."""
         self.workers = workers
+        self.stacked = stacked
         self._seq = 0
-        self._held: dict[str, list[list[int]]] = {}  # workers == 0: this process's shards
+        self._here = _Worker()  # workers == 0: this process's shards and stacks
         self._conns: list[Connection] = []
         self._procs: list[mp.process.BaseProcess] = []
         ctx = mp.get_context("spawn")  # fork after torch has started is unsafe
@@ -220,8 +245,8 @@ class ResidentPool:
         self._seq += 1
         if self.workers == 0:
             shards = {t.device_id: t.shard for t in tasks}
-            share = _Share(self._seq, global_state, tasks, shards, weighted)
-            for kind, device, payload in _train_share(share, self._held):
+            share = _Share(self._seq, global_state, tasks, shards, weighted, self.stacked)
+            for kind, device, payload in _train_share(share, self._here):
                 yield kind, (0 if kind == "done" else device), payload
             return
         waiting: dict[Any, int] = {}  # connection -> its worker
@@ -291,7 +316,7 @@ class ResidentPool:
         new = {t.device_id: t.shard for t in tasks if sent.get(t.device_id) is not t.shard}
         sent.update(new)
         light = [replace(t, shard=[]) for t in tasks]
-        return _Share(self._seq, global_state, light, new, weighted)
+        return _Share(self._seq, global_state, light, new, weighted, self.stacked)
 
     def _recv(self, w: int) -> tuple:
         try:

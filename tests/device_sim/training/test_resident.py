@@ -112,3 +112,20 @@ def test_without_worker_processes_the_same_code_trains_here(pool):
     assert sorted(p.device_id for p in mine.phones) == sorted(p.device_id for p in theirs.phones)
     for k, s in theirs.sums.items():
         torch.testing.assert_close(mine.sums[k], s, rtol=1e-12, atol=1e-15)
+
+
+def test_stacked_workers_train_each_phone_as_the_stacked_backend_does():
+    from fedkey.device_sim.training.stacked import StackedTrainer
+
+    tasks, state = tasks_and_state(4)
+    stacked = ResidentPool(2, stacked=True)
+    try:
+        got = dict(stacked.stream(tasks, state))
+        total = stacked.sum_round(tasks, state, True)
+    finally:
+        stacked.close()
+    want = dict(StackedTrainer().stream(tasks, state))
+    assert sorted(got) == sorted(want) == sorted(p.device_id for p in total.phones)
+    for d, result in want.items():
+        for k, v in result.state.items():
+            torch.testing.assert_close(got[d].state[k], v, rtol=1e-6, atol=1e-7)
