@@ -34,8 +34,9 @@ What, pass by pass (m phones, n parameters):
   weights and FedAtt's attention are known once the bound is (FedAtt scores the bounded
   distances, the trimmed norms times the clip factors), so the step ``sum_k c_k^l u_k^l`` is
   one weighted sum: a few phones' files mapped at once, each block clamped in the update's
-  dtype, widened and summed by BLAS into a float64 accumulator that stays in cache. The clip
-  factor goes into the coefficient. The update-at-a-time path it replaces (each upload read
+  dtype, widened and summed by BLAS (torch's, on torch's one thread) into a float64
+  accumulator that stays in cache. The clip factor goes into the coefficient. The
+  update-at-a-time path it replaces (each upload read
   into buffers, trimmed and clipped in place, then widened and accumulated a whole layer at a
   time in float64) took 3 times as long (1.3 s against 0.42 at 300 uploads of 1.14M
   parameters). Other strategies, DP's exact clip and bfloat16 updates iterate the round
@@ -44,11 +45,13 @@ What, pass by pass (m phones, n parameters):
 Four passes, and no fewer without holding the cohort in memory (4.6 GB at 1,000 uploads of a
 1.14M-parameter model): each needs what the one before it finished (V, then the kept phones,
 then every trimmed norm for the clip's median and the strategy's weights). Per pass, one core,
-500 uploads of 1.14M parameters whose read once takes 0.8-0.9 s of CPU (safetensors, page cache
-warm, the shared machine busy): the filter's two phone passes 2.6 s, the trim's pass 6.9 (the
-selection 4 of it, the slice reads 0.9, the transposes 0.9, the clamp and the norms 1.1), the
-weighted sum 2.0 (phases timed by hand; ``fedkey-bench aggregation`` gives the totals,
-experiments/results/aggregation).
+1,000 uploads of 1.14M parameters whose read once took 1.8-2.2 s of CPU (safetensors, page
+cache warm, the shared machine busy; phases timed by hand, ``fedkey-bench aggregation`` gives
+the totals, experiments/results/aggregation): the filter's two phone passes 5.2-6.5 s, the
+trim's pass 15 (32 with the sort and the transposes out of the slice; timed piece by piece,
+17.6: the selection 7.4, the slice reads 3.2 and their copy into blocks 2.4, the transposes
+2.3, the clamp and the norms 2.3), the weighted sum 4.1-4.5. Each pass costs two reads or more: three times the read
+is out of reach of four passes.
 
 The trim's bounds are kept as values, not deltas: ``theta + clamp(theta_k - theta, lo - theta,
 hi - theta)`` is ``clamp(theta_k, lo, hi)`` (the delta is monotone in the value and the bounds
@@ -407,8 +410,11 @@ def weighted_scan(
     :meth:`Cohort.phone`), ``BLOCK`` elements at a time: each phone's block clamped to the trim's
     range (``limits``; None: no trim) in its own dtype (exact), the group's blocks widened to
     float64 and summed by BLAS (``coefs @ block``), so the accumulator, the range and the
-    global's block are read once a group and stay in cache. Every phone's layers must be in the
-    global's dtype (:meth:`Cohort.native`)."""
+    global's block are read once a group and stay in cache. The sum is torch's ``addmv_``,
+    which keeps to torch's threads (one in the server's aggregation process): numpy's
+    ``np.dot`` ran OpenBLAS's gemv on every core, busy-waiting (1.3 ms of CPU for 8 x 65,536
+    against 0.2-0.3 on one; weighted_scan of 200 uploads 3.6 s of CPU against 0.7, timed by
+    hand). Every phone's layers must be in the global's dtype (:meth:`Cohort.native`)."""
     m = len(cohort)
     group = max(1, min(PHONE_GROUP, m))
     dtypes = {key: np.dtype(_numpy(cohort.global_state[key]).dtype) for key in keys}
@@ -419,14 +425,14 @@ def weighted_scan(
         for key, (lo, hi) in (limits or {}).items()
     }
     out = {key: np.zeros(sizes[key]) for key in keys}
+    acc = {key: torch.from_numpy(out[key]) for key in keys}  # the same memory
     wide = np.empty((group, BLOCK))
     narrow = {dt: np.empty((group, BLOCK), dt) for dt in set(dtypes.values())}
-    summed = np.empty(BLOCK)
     for g0 in range(0, m, group):
         rows = [cohort.phone(i, bufs[i - g0]) for i in range(g0, min(g0 + group, m))]
         n = len(rows)
         for j, key in enumerate(keys):
-            c = np.ascontiguousarray(coefs[g0 : g0 + n, j], dtype=np.float64)
+            c = torch.from_numpy(np.ascontiguousarray(coefs[g0 : g0 + n, j], dtype=np.float64))
             stack = narrow[dtypes[key]]
             bounds = flat.get(key)
             for a in range(0, sizes[key], BLOCK):
@@ -441,7 +447,7 @@ def weighted_scan(
                 if block.dtype != np.float64:
                     block = wide[:n, : b - a]
                     block[...] = stack[:n, : b - a]
-                np.add(out[key][a:b], np.dot(c, block, out=summed[: b - a]), out=out[key][a:b])
+                acc[key][a:b].addmv_(torch.from_numpy(block).T, c)  # += block^T c
         del rows  # the group's mappings, if any, go with them
     return out
 
