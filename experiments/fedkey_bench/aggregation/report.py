@@ -17,10 +17,11 @@ def answer(runs: list[dict]) -> str:
         ours = [
             row for row in r["rows"] if row["server"] == "this checkout" and row["what"] != "read"
         ]
-        worst = max((row["per_read"] for row in ours), default=None)
+        worst = max(ours, key=lambda row: row["per_read"], default=None)
         if worst is not None and r["uploads"] >= TARGET_UPLOADS:
-            verdict = "within" if worst <= TARGET_RATIO else "over"
-            parts.append(f"{worst:.1f}x the read at {r['uploads']:,} uploads of {r['parameters']:,} "
+            verdict = "within" if worst["per_read"] <= TARGET_RATIO else "over"
+            parts.append(f"{worst['per_read']:.1f}x the read ({worst['cpu_per_read']:.1f}x its CPU "
+                         f"seconds) at {r['uploads']:,} uploads of {r['parameters']:,} "
                          f"parameters ({verdict} the target, commit {str(r['git_commit'])[:10]})")  # fmt: skip
     if not parts:
         return f"No run of {TARGET_UPLOADS:,} uploads yet."
