@@ -526,7 +526,7 @@ def bench_peers(
         "spread.",
     ),
     timeout: float = typer.Option(
-        1800, "--timeout", min=1, help="Seconds one framework's run may take before it is killed."
+        3600, "--timeout", min=1, help="Seconds one framework's run may take before it is killed."
     ),
     out: Path = typer.Option(
         RESULTS / "peers", "--out", help="Where results.json and results.md are written."

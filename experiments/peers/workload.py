@@ -90,7 +90,7 @@ def federated_state(model: nn.Module) -> dict[str, Tensor]:
 def load_state(model: nn.Module, state: dict[str, Tensor] | dict[str, np.ndarray]) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(torch.tensor(state[name]))
+            param.copy_(torch.as_tensor(state[name]))
 
 
 class Shards:

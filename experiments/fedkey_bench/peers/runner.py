@@ -390,8 +390,9 @@ def measure(
         tree.stop()
         for t in readers:
             t.join(timeout=60)  # a grandchild in a session of its own may hold the pipe
-    if proc.returncode == -signal.SIGKILL:
-        got["err"] = got.get("err", "") + f"\nkilled after {timeout:.0f} s (--timeout)"
+    if proc.returncode == -signal.SIGKILL:  # with how far it got: its last line of log
+        last = _last_line(got.get("err", ""))
+        got["err"] = got.get("err", "") + f"\nkilled after {timeout:.0f} s (--timeout); {last}"
     return Measured(got.get("out", ""), got.get("err", ""), proc.returncode,
                     time.perf_counter() - start, tree.peak, tree.peak_pss, ends, tree.cpu,
                     started_epoch)  # fmt: skip
