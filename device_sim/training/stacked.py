@@ -16,9 +16,11 @@ each phone's sentences run longest first so the recurrence stops at each sentenc
 (sort_rows), the softmax layer runs on each phone's own real words only (no padding to the
 stack's longest), the embedding's gradient is added by hand (no dense zero tensor a step) and
 SGD is torch's fused kernel. On the Ubuntu IRC population (one phone per sender, E 1, B 10, bf16,
-one thread) a 96-unit model trained 1.7x the phones a CPU-second of --backend local's one
-process (1,000 phones: 41.5 against 23.8), the 300-unit default 1.2x (100 phones: 11.8 against
-10.1), in a stack's memory rather than a round's (experiments/results/cohorts).
+one thread, a CPU with native bf16) a 96-unit model trained 1.7x the phones a CPU-second of
+--backend local's one process (1,000 phones: 41.5 against 23.8), the 300-unit default 1.2x (100
+phones: 11.8 against 10.1); in fp32 on an AVX2 CPU the 96-unit model 1.3x (1,000 phones: 16.4
+against 12.5), in a stack's memory rather than a round's, flat from 100 phones to 5,000
+(experiments/results/cohorts).
 
 Each phone trains exactly as fedkey.device_sim.training.trainer.train_local does: its own shard, its batches in
 the order its own seed draws, SGD with momentum, its gradient norm clipped on its own, the loss

@@ -35,8 +35,8 @@ def _backend(r: dict[str, Any]) -> str:
 
 
 def lead(rows: list[dict[str, Any]]) -> str:
-    """The answer: per model, the fastest row at TARGET_PHONES phones and whether it meets the
-    target; which rows' memory grew with the phones they trained."""
+    """The answer: per model, the fastest row at TARGET_PHONES phones, whether it meets the
+    target, and the other rows at that cohort."""
     ok = [r for r in rows if "error" not in r and r["phones"] == TARGET_PHONES]
     lines = []
     for model in sorted({r["model"] for r in ok}):
@@ -45,6 +45,11 @@ def lead(rows: list[dict[str, Any]]) -> str:
         best = mine[0]
         met = (best["phone_updates_per_s"] >= TARGET_PER_S
                and best["peak_rss_mib"] < TARGET_MIB)  # fmt: skip
+        others = "; ".join(
+            f"{_backend(r)} {r['phone_updates_per_s']:g}/s "
+            f"({r['phone_updates_per_cpu_s']:g} per CPU-s), {r['peak_rss_mib']:,} MiB"
+            for r in mine[1:]
+        )
         lines.append(
             f"- **{model} (h{best['hidden_size']}), {TARGET_PHONES:,} phones a round: "
             f"{_backend(best)}, {best['phone_updates_per_s']:g} phone-updates/s "
@@ -52,13 +57,7 @@ def lead(rows: list[dict[str, Any]]) -> str:
             f"{best['peak_rss_mib']:,} MiB** ({best.get('precision') or 'precision not recorded'}"
             f", {best['date']}): the target ({TARGET_PER_S} phone-updates/s, under 3 GB) "
             + ("met." if met else "not met.")
-            + " Others: "
-            + "; ".join(
-                f"{_backend(r)} {r['phone_updates_per_s']:g}/s "
-                f"({r['phone_updates_per_cpu_s']:g} per CPU-s), {r['peak_rss_mib']:,} MiB"
-                for r in mine[1:]
-            )  # fmt: skip
-            + "."
+            + (f" Others: {others}." if others else "")
         )
     return "\n".join(lines)
 
