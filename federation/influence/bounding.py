@@ -58,11 +58,13 @@ the bound is, so their step is one weighted sum of the bounded deltas, a few upl
 (:meth:`BoundedRound.weighted_sum`); other strategies, DP's float64 clip and bfloat16 uploads
 iterate the round, each upload read once more, trimmed (a clamp) and clipped in place.
 ``fedkey-bench aggregation`` times a round against reading its uploads once
-(experiments/results/aggregation): one thread, on the shared 2-core machine, 500 uploads of a
-1.14M-parameter model take 4.6-4.9 s of CPU, 17-18 times the read's 0.27 s (the update-at-a-time
-strategy pass and the whole-stack sort before: 5.9-6.6 s, 22-24 times, in the same run); most of
-what is left is the trim's transposes and sorts (1.7 s of 2.9 at 300 uploads), then the
-filter's two passes (0.7), not the reads.
+(experiments/results/aggregation): one thread, on the shared 2-core machine (busy: the read of
+1,000 uploads took 1.7 s of CPU), 1,000 uploads of a 1.14M-parameter model take 23 s of CPU, 14
+times the read's (44-45 s, 26-27 times, with the trim's sort, its transposes out of the slice and
+numpy's gemv on every core, in the same run; at 500 uploads 12 s, 14-15 times, against 18, 22). Per
+pass (fedkey.federation.influence.cohort_scan, timed by hand): the filter's two passes 3 reads, the
+trim's 8-9 (the selection of its order statistics half of it), the weighted sum 2-2.5. Each pass
+costs two reads or more, so three times the read, the target, is out of reach of four passes.
 """
 
 from __future__ import annotations
