@@ -9,9 +9,9 @@ are already in order; a negative float's magnitude bits are flipped, ``i ^ 0x7ff
 larger magnitude is a smaller integer; -0.0 becomes -1, just below +0.0's 0, which compare
 equal as floats). Then two selections per coordinate, numpy's ``ndarray.partition`` (introselect,
 Musser 1997, "Introspective Sorting and Selection Algorithms": quickselect, Hoare 1961, with a
-linear-time fallback; numpy 2's x86-simd-sort quickselect where the CPU has it): the k-th
-position of the whole row, which puts the k smallest before it, then the (m-2k-2)-th position of
-the rest, the (k+1)-th largest. Expected linear time where the sort is m log m; each selected
+linear-time fallback; numpy 2's x86-simd-sort quickselect where its build and the CPU have
+it): position k (from 0) of the whole row, which puts the k smallest before it, then position
+m-2k-2 of the rest, the (k+1)-th largest, with the k largest after it. Expected linear time where the sort is m log m; each selected
 integer is mapped back to its float (the map is its own inverse), bit for bit one of the
 coordinate's own values.
 
@@ -19,8 +19,10 @@ Error: none. A monotone map leaves the order statistics where they are, so these
 values (tests/federation/influence/test_selection.py checks them equal to np.sort's, ties,
 infinities, signed zeros and 300-1,000 phones included). Where the map does not order the
 values, a NaN (a negative NaN's bits map below every number, where np.sort puts NaN last), the
-block is left to the sort: a non-finite block sum sends it there (stored uploads are refused
-when not finite, fedkey.federation.updates.validation, so this costs one sum a block).
+block is left to the sort: a NaN's key is below -inf's or above +inf's, so it is among a row's
+k+1 smallest or k+1 largest keys once they are selected, and a look at those finds it (stored
+uploads are refused when not finite, fedkey.federation.updates.validation: the look is all it
+costs).
 
 Why not an approximation. The issue asked for one (a histogram or sampled quantile with a
 bounded error) and the measurements, one core of this machine's AVX2 EPYC (no AVX-512: numpy's
@@ -39,9 +41,10 @@ from __future__ import annotations
 import numpy as np
 
 #: Cohorts of at least this many phones are selected, smaller ones sorted: numpy's partition
-#: costs about 0.4 us a row more than its sort (2,000 to 11,000 rows a block), so the selection
-#: is slower at 300 phones (8.4 ns a value against the sort's 7.0), faster from 500 (6.4 against
-#: 7.1) and half at 1,000 (4.7 against 10.0; the sort there is two groups' and their merge).
+#: costs more a row than its sort, so the selection was slower at 300 phones (8.4 ns a value
+#: against the sort's 7.0), faster from 500 (6.4 against 7.1) and half at 1,000 (4.7 against
+#: 10.0, the sort there two groups' and their merge), timed by hand on blocks of 131,072 float32
+#: values, one core.
 SELECT_FROM = 400
 
 #: Per float width, the signed integer of that width and its magnitude bits.
