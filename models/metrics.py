@@ -244,12 +244,15 @@ def unseen_scores(
     device: torch.device | str = "cpu",
     precision: Precision = "fp32",
     ksr_sentences: int = 0,
+    topk: bool = True,
 ) -> dict[str, float | None]:
     """The test fields of :func:`held_out_scores` on the messages of held-out senders who never
     trained (``Corpus.unseen_test``), each named ``unseen_<field>`` (``unseen_test_ppl``,
     ``unseen_top1``, ``unseen_bar_top1``, ``unseen_all_top1``, ``unseen_oov``, ...,
-    ``unseen_ksr`` on its first `ksr_sentences`)."""
-    scores = _test_scores(model, tokenizer, unseen, batch_size, device, precision, ksr_sentences)
+    ``unseen_ksr`` on its first `ksr_sentences`); without `topk` the top-k fields None."""
+    scores = _test_scores(
+        model, tokenizer, unseen, batch_size, device, precision, ksr_sentences, (), topk
+    )
     return {f"unseen_{k}": v for k, v in scores.items()}
 
 

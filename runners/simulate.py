@@ -90,19 +90,25 @@ class UnseenProbe:
     trained (fedkey.models.metrics.unseen_scores), scored on the CPU as the probes are."""
 
     def __init__(
-        self, unseen: list[str], ksr_sentences: int, batch_size: int = 64, precision="fp32"
+        self,
+        unseen: list[str],
+        ksr_sentences: int,
+        batch_size: int = 64,
+        precision="fp32",
+        topk: bool = True,
     ) -> None:
         self.unseen = unseen
         self.ksr_sentences = ksr_sentences
         self.batch_size = batch_size
         self.precision = precision
+        self.topk = topk
 
     def __call__(self, model, tokenizer) -> dict:
         from fedkey.models.metrics import unseen_scores
 
         return unseen_scores(
             model, tokenizer, self.unseen, self.batch_size, "cpu", self.precision,
-            self.ksr_sentences,
+            self.ksr_sentences, self.topk,
         )  # fmt: skip
 
 
@@ -136,7 +142,7 @@ def make_federation(
         precision = resolve_precision(fed.train.precision, "cpu")
         probes.append(
             UnseenProbe(prepared.corpus.unseen_test, fed.ksr_sentences, fed.eval_batch_size,
-                        precision)
+                        precision, fed.eval_topk)
         )  # fmt: skip
     return Federation(
         fed,

@@ -269,7 +269,7 @@ def fedkey_command(w: Workload, out: Path) -> list[str]:
             "--rounds", str(w.rounds), "--local-epochs", str(w.local_epochs),
             "--batch-size", str(w.batch_size), "--lr", str(w.lr), "--momentum", str(w.momentum),
             "--clip", str(w.clip), "--seed", str(w.seed), "--strategy", "fedavg",
-            "--bound", "off", "--ksr-sentences", "0", "--precision", w.precision,
+            "--bound", "off", "--ksr-sentences", "0", "--no-eval-topk", "--precision", w.precision,
             "--device", "cpu", "--workers", str(w.workers), "--keep-checkpoints", "1",
             "--out", str(out)]  # fmt: skip
 
