@@ -17,7 +17,7 @@ layer is written out), and other dropout masks. Results come back in the order p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
@@ -65,6 +65,17 @@ class TrainingBackend(Protocol):
     def close(self) -> None:
         """Stop the workers (and whatever the backend started)."""
         ...
+
+
+def settled(call: Callable[[], TrainResult]) -> Future:
+    """A Future already holding `call()`'s result, or its exception: `submit` for a backend that
+    trains whole rounds (it trains the one task at once)."""
+    future: Future = Future()
+    try:
+        future.set_result(call())
+    except Exception as e:
+        future.set_exception(e)
+    return future
 
 
 def ordered(

@@ -36,12 +36,14 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedkey.common.config import Precision
+from fedkey.device_sim.training.backends import settled
 from fedkey.device_sim.training.process_pool import LocalTask, run_task
 from fedkey.device_sim.training.trainer import TrainResult
 from fedkey.federation.updates.summed import PartialSum
@@ -333,12 +335,7 @@ class ResidentPool:
         return self.run([task], global_state)[task.device_id]
 
     def submit(self, task: LocalTask, global_state: dict[str, torch.Tensor]) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(self.train(task, global_state))
-        except Exception as e:
-            future.set_exception(e)
-        return future
+        return settled(partial(self.train, task, global_state))
 
     def run(
         self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor]

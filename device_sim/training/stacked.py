@@ -46,12 +46,14 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedkey.common.config import TrainConfig
+from fedkey.device_sim.training.backends import settled
 from fedkey.device_sim.training.process_pool import LocalTask
 from fedkey.device_sim.training.stacked_rnn import recurrent
 from fedkey.device_sim.training.trainer import TrainResult, before_upload, local_batches
@@ -517,12 +519,7 @@ class StackedTrainer:
                         yield t.device_id, before_upload(result, t.seed, t.beta, t.sigma)
 
     def submit(self, task: LocalTask, global_state: dict[str, Tensor]) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(self.train(task, global_state))
-        except Exception as e:
-            future.set_exception(e)
-        return future
+        return settled(partial(self.train, task, global_state))
 
     def train(self, task: LocalTask, global_state: dict[str, Tensor]) -> TrainResult:
         return self.run([task], global_state)[task.device_id]
