@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedkey.common.config import Precision
-from fedkey.models.metrics import encoded_log_probs, scoring_order, test_fields_of
+from fedkey.models.metrics import scoring_order, tally_of, test_fields_of
 from fedkey.models.model import LanguageModel
 from fedkey.models.scoring import Tally
 from fedkey.models.tokenizers import Tokenizer
@@ -29,11 +29,6 @@ class HeldOutSet:
 
     seqs: list[list[int]]
     accuracy: bool
-
-
-def words_of(tokenizer: Tokenizer, sentences: Sequence[str]) -> int:
-    """The words a set's perplexity is per: its words and each sentence's end."""
-    return sum(tokenizer.num_words(s) + 1 for s in sentences)
 
 
 def parts(tokenizer: Tokenizer, sentences: Sequence[str], n: int) -> list[list[list[int]]]:
@@ -52,11 +47,7 @@ def tally_part(
     precision: Precision,
 ) -> Tally:
     """The tally of one part on the CPU (no accuracy for a validation part)."""
-    tally = Tally.of(tokenizer, part.accuracy)
-    vocab = tokenizer.vocab_size
-    for targets, logp in encoded_log_probs(model, part.seqs, vocab, batch_size, "cpu", precision):
-        tally.add(targets, logp)
-    return tally
+    return tally_of(model, tokenizer, part.seqs, batch_size, "cpu", precision, part.accuracy)
 
 
 def merged(tallies: Sequence[Tally]) -> Tally:

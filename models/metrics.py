@@ -46,9 +46,11 @@ __all__ = [
     "next_word_log_probs",
     "perplexity",
     "scoring_order",
+    "tally_of",
     "test_fields_of",
     "token_log_probs",
     "unseen_scores",
+    "words_of",
 ]
 
 #: Scores (predicted words x vocabulary) in one evaluation batch: 20 MB of float32, under the
@@ -155,14 +157,37 @@ def _scored(
     taps: Sequence[Tap],
 ) -> Evaluation:
     """:func:`evaluate`, each batch also handed to `taps`."""
+    seqs = [tokenizer.encode(s) for s in sentences]
+    tally = tally_of(model, tokenizer, seqs, batch_size, device, precision, accuracy, taps)
+    return tally.result(words_of(tokenizer, sentences))
+
+
+@torch.no_grad()
+def tally_of(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    seqs: list[list[int]],
+    batch_size: int,
+    device: torch.device | str,
+    precision: Precision,
+    accuracy: bool,
+    taps: Sequence[Tap] = (),
+) -> Tally:
+    """The running sums of encoded sentences (fedkey.models.scoring.Tally; no accuracy: the NLL
+    only), each batch also handed to `taps`."""
     tally = Tally.of(tokenizer, accuracy)
-    for targets, logp in token_log_probs(
-        model, tokenizer, sentences, batch_size, device, precision
+    for targets, logp in encoded_log_probs(
+        model, seqs, tokenizer.vocab_size, batch_size, device, precision
     ):
         tally.add(targets, logp)
         for tap in taps:
             tap(targets, logp)
-    return tally.result(sum(tokenizer.num_words(s) + 1 for s in sentences))
+    return tally
+
+
+def words_of(tokenizer: Tokenizer, sentences: Sequence[str]) -> int:
+    """The words a set's perplexity is per: its words and each sentence's end."""
+    return sum(tokenizer.num_words(s) + 1 for s in sentences)
 
 
 def held_out_scores(

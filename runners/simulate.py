@@ -58,7 +58,8 @@ from fedkey.federation.updates.summed import PartialSum, SummedRound, summed_wei
 from fedkey.federation.updates.validation import ValidationError, check_finite, check_tensors
 from fedkey.models.batching import count_targets
 from fedkey.models.config import ModelConfig
-from fedkey.models.held_out import fields, merged, words_of
+from fedkey.models.held_out import fields, merged
+from fedkey.models.metrics import words_of
 from fedkey.models.precision import resolve_device, resolve_precision
 from fedkey.runners.spool import UploadSpool, tensor_bytes
 

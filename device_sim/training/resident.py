@@ -234,10 +234,7 @@ class ResidentPool:
                 on_phone(key, payload)
             elif kind == "done":
                 partials[key] = payload
-        total = PartialSum.empty(global_state, weighted)
-        for w in sorted(partials):
-            total.merge(partials[w])
-        return total
+        return PartialSum.combined([partials[w] for w in sorted(partials)])
 
     def _round(
         self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor], weighted: bool | None

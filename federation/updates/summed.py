@@ -11,7 +11,7 @@ pfl-research's workers and a production server's secure aggregation combine a co
     partial = PartialSum.empty(global_state, weighted=True)
     for device, result in trained:                 # a worker's phones, in a fixed order
         partial.add(device, result, global_state)  # its delta added, its state dropped
-    summed = SummedRound.of([partial, ...], global_state)   # the workers' partials, in order
+    summed = SummedRound.of([partial, ...])        # the workers' partials, in order
     Federation.complete_summed_round(plan, summed)
 
 :class:`SummedRound` is a :class:`fedkey.federation.strategies.SummableRound`: FedAvg's
@@ -100,6 +100,14 @@ class PartialSum:
             acc.add_(u, alpha=w)
         self.phones.append(PhoneRecord(device_id, int(num_tokens), float(train_loss), w, norms))
 
+    @classmethod
+    def combined(cls, parts: Sequence[PartialSum]) -> PartialSum:
+        """The parts added in the order given, into the first (at least one part)."""
+        first, *rest = parts
+        for p in rest:
+            first.merge(p)
+        return first
+
     def merge(self, other: PartialSum) -> None:
         """Add `other`'s phones (after this one's: the order the floats are summed in)."""
         if other.weighted != self.weighted:
@@ -154,10 +162,7 @@ class SummedRound:
     @classmethod
     def of(cls, partials: Sequence[PartialSum]) -> SummedRound:
         """The workers' partial sums, merged in the order given."""
-        first, *rest = partials
-        for p in rest:
-            first.merge(p)
-        return cls(first)
+        return cls(PartialSum.combined(partials))
 
     @property
     def device_ids(self) -> list[str]:

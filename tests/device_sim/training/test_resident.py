@@ -14,8 +14,8 @@ from fedkey.device_sim.training.process_pool import run_task
 from fedkey.device_sim.training.resident import ResidentPool, assign, words
 from fedkey.federation.updates.summed import PartialSum
 from fedkey.models.checkpoint import build_model
-from fedkey.models.held_out import fields, merged, words_of
-from fedkey.models.metrics import held_out_scores
+from fedkey.models.held_out import fields, merged
+from fedkey.models.metrics import held_out_scores, words_of
 from tests.device_sim.training.test_process_pool import tasks_and_state
 
 
