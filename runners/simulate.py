@@ -54,7 +54,12 @@ from fedkey.federation.engine import Federation, Probe, client_seed
 from fedkey.federation.plan import RoundPlan
 from fedkey.federation.storage import RunStorage
 from fedkey.federation.strategies import ClientUpdate
-from fedkey.federation.updates.summed import PartialSum, SummedRound, summed_weighting
+from fedkey.federation.updates.summed import (
+    PartialSum,
+    SummedRound,
+    summed_weighting,
+    widened,
+)
 from fedkey.federation.updates.validation import ValidationError, check_finite, check_tensors
 from fedkey.models.batching import count_targets
 from fedkey.models.config import ModelConfig
@@ -343,10 +348,10 @@ def _run_summed_round(
     if isinstance(pool, ResidentPool):
         partial = pool.sum_round(tasks, state, weighted)
     else:
-        partial = PartialSum.empty(state, weighted)
+        partial, wide = PartialSum.empty(state, weighted), widened(state)
         for d, result in pool.stream(tasks, state):
             if result is not None:
-                partial.add(d, result.state, result.num_tokens, result.train_loss, state)
+                partial.add(d, result.state, result.num_tokens, result.train_loss, wide)
     run.rejections.current = dict(partial.rejected)
     if not partial.phones:
         why = "; ".join(f"{d}: {w}" for d, w in partial.rejected.items()) or "no phone trained"

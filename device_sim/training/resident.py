@@ -46,7 +46,7 @@ from fedkey.common.config import Precision
 from fedkey.device_sim.training.backends import settled
 from fedkey.device_sim.training.process_pool import LocalTask, run_task
 from fedkey.device_sim.training.trainer import TrainResult
-from fedkey.federation.updates.summed import PartialSum
+from fedkey.federation.updates.summed import PartialSum, widened
 from fedkey.models.batching import count_targets
 from fedkey.models.checkpoint import build_model, load_model_state
 from fedkey.models.config import ModelConfig
@@ -123,10 +123,11 @@ def _train_share(share: _Share, worker: _Worker) -> Iterator[tuple]:
     worker.shards.update(share.shards)
     state = share.global_state
     partial = None if share.weighted is None else PartialSum.empty(state, share.weighted)
+    wide = widened(state) if partial is not None else state
     tasks = [replace(t, shard=worker.shards[t.device_id]) for t in share.tasks]
     for device, result in _trained(tasks, state, share.stacked, worker):
         if partial is not None:
-            partial.add(device, result.state, result.num_tokens, result.train_loss, state)
+            partial.add(device, result.state, result.num_tokens, result.train_loss, wide)
             result = replace(result, state={})
         yield "phone", device, result
     yield "done", None, partial

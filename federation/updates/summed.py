@@ -86,7 +86,9 @@ class PartialSum:
         train_loss: float,
         global_state: Mapping[str, Tensor],
     ) -> None:
-        """Add one phone's trained `state` (checked as an upload: a refusal is recorded)."""
+        """Add one phone's trained `state` (checked as an upload: a refusal is recorded).
+        `global_state`: the round's weights, best as :func:`widened` gives them once a round
+        (already float64, they are not converted again for every phone)."""
         try:
             check_finite(dict(state))
         except ValidationError as e:
@@ -116,6 +118,12 @@ class PartialSum:
             acc.add_(other.sums[k])
         self.phones.extend(other.phones)
         self.rejected.update(other.rejected)
+
+
+def widened(global_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The floating layers of a round's weights in float64: what :meth:`PartialSum.add`
+    subtracts from every phone's, converted once."""
+    return {k: global_state[k].detach().to(torch.float64) for k in floating_keys(global_state)}
 
 
 def can_sum(config: FederationConfig, strategy: Strategy) -> bool:
