@@ -28,7 +28,7 @@ from safetensors.torch import save as st_save
 
 from fedkey.common.files import atomic_write
 from fedkey.federation.config import FederationConfig
-from fedkey.federation.influence.bounding import bound_round
+from fedkey.federation.influence.bounding import bound_round, make_bound
 from fedkey.federation.metrics_row import public_info, public_row
 from fedkey.federation.plan import plan_round
 from fedkey.federation.privacy.round import RoundPrivacy
@@ -39,7 +39,7 @@ from fedkey.federation.seeds import (
 from fedkey.federation.server_opt import ServerOptimizer
 from fedkey.federation.storage import RunStorage, prune_checkpoints
 from fedkey.federation.strategies import ClientUpdate, Info, get_strategy
-from fedkey.federation.updates.summed import SummedRound, can_sum
+from fedkey.federation.updates.summed import SummedRound, SumRule, can_sum, sum_rule
 from fedkey.models.checkpoint import (
     build_model,
     check_state,
@@ -236,19 +236,34 @@ class Federation:
 
     def complete_summed_round(self, plan: RoundPlan, summed: SummedRound) -> dict:
         """:meth:`complete_round` from the round's phones summed where they trained
-        (fedkey.federation.updates.summed), for a federation whose rounds can be
-        (:attr:`summable`); all or nothing, as there."""
+        (fedkey.federation.updates.summed) by :meth:`sum_rule`, for a federation whose rounds
+        can be (:attr:`summable`); all or nothing, as there."""
         if not self.summable:
             raise ValueError(
-                "this federation's rounds need each phone's update (bounding, DP, or a "
-                "strategy other than FedAvg): they cannot be summed where the phones train"
+                "this federation's rounds need each phone's update (the trim, the outlier "
+                "filter, or a strategy other than FedAvg): they cannot be summed where the "
+                "phones train"
             )
-        return self._commit(plan, sorted(summed.device_ids), partial(self._sum, summed))
+        if summed.partial.rule != self.sum_rule():
+            raise ValueError(
+                f"round {plan.round} was summed as {summed.partial.rule}, not as this round "
+                f"sums ({self.sum_rule()})"
+            )
+        return self._commit(plan, sorted(summed.device_ids), partial(self._sum, plan, summed))
 
     @property
     def summable(self) -> bool:
         """Whether a round may be summed where its phones train (fedkey.federation.updates.summed.can_sum)."""
         return can_sum(self.config, self.strategy)
+
+    def sum_rule(self) -> SumRule:
+        """How the open round's phones are summed where they train: FedAvg's weights, and
+        under DP clipped to the round's clip (C_t, or S) with every weight 1."""
+        clip = self.privacy.clip_norm()
+        bound = None
+        if clip is not None:
+            bound = make_bound(self.config.influence, self.global_state, [], clip)
+        return sum_rule(self.strategy, bound)
 
     def _commit(
         self,
@@ -281,10 +296,18 @@ class Federation:
             self.load_server_state(snapshot)
             raise
 
-    def _sum(self, summed: SummedRound) -> tuple[dict[str, torch.Tensor], Info, list[str]]:
-        """FedAvg's step from a summed round: no bound, no noise (:attr:`summable`)."""
-        new_state, info = self.strategy.aggregate(self.global_state, summed, None)
-        info = {**info, "clip": summed.info()}
+    def _sum(
+        self, plan: RoundPlan, summed: SummedRound
+    ) -> tuple[dict[str, torch.Tensor], Info, list[str]]:
+        """FedAvg's step from a summed round and, under DP, its noise and accounting, as
+        :meth:`_aggregate` does for the per-phone path (:attr:`summable`)."""
+        new_state, info = self.strategy.aggregate(self.global_state, summed, summed.bound)
+        info = {**info, "clip": summed.info(self.config.influence.weight_cap)}
+        new_state, dp = self.privacy.noise(
+            plan, list(summed.updates), new_state, summed, self.global_state
+        )
+        if dp is not None:
+            info["dp"] = dp
         return {k: v.contiguous() for k, v in new_state.items()}, info, sorted(summed.device_ids)
 
     def _aggregate(

@@ -54,12 +54,7 @@ from fedkey.federation.engine import Federation, Probe, client_seed
 from fedkey.federation.plan import RoundPlan
 from fedkey.federation.storage import RunStorage
 from fedkey.federation.strategies import ClientUpdate
-from fedkey.federation.updates.summed import (
-    PartialSum,
-    SummedRound,
-    summed_weighting,
-    widened,
-)
+from fedkey.federation.updates.summed import PartialSum, SummedRound, widened
 from fedkey.federation.updates.validation import ValidationError, check_finite, check_tensors
 from fedkey.models.batching import count_targets
 from fedkey.models.config import ModelConfig
@@ -344,11 +339,11 @@ def _run_summed_round(
     """One round summed where its phones train: the resident workers' partial sums, or (the
     stacked backend) each result added to the sum as it comes and dropped; no upload kept."""
     federation = run.federation
-    state, weighted = federation.global_state, summed_weighting(federation.strategy)
+    state, rule = federation.global_state, federation.sum_rule()
     if isinstance(pool, ResidentPool):
-        partial = pool.sum_round(tasks, state, weighted)
+        partial = pool.sum_round(tasks, state, rule)
     else:
-        partial, wide = PartialSum.empty(state, weighted), widened(state)
+        partial, wide = PartialSum.empty(state, rule), widened(state)
         for d, result in pool.stream(tasks, state):
             if result is not None:
                 partial.add(d, result.state, result.num_tokens, result.train_loss, wide)

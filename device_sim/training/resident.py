@@ -13,10 +13,10 @@ Per round a worker receives the global weights once and a share of the cohort, b
 phones' words (:func:`assign`: the longest first, each to the least-loaded worker; a fixed
 order, so a run does not depend on timing), and trains it phone by phone with each task's own
 seed, so a phone's weights are bit for bit those of every other backend. It returns either
-each phone's result as it finishes (:meth:`ResidentPool.stream`: what bounding, DP and the
-attentive strategies need), or, where the round can be summed
-(fedkey.federation.updates.summed), one running sum of its phones' weighted deltas and a record
-per phone (:meth:`ResidentPool.sum_round`): one model back per worker instead of one per phone,
+each phone's result as it finishes (:meth:`ResidentPool.stream`: what the trim, the outlier
+filter and the attentive strategies need), or, where the round can be summed
+(fedkey.federation.updates.summed), one running sum of its phones' weighted (under DP clipped)
+deltas and a record per phone (:meth:`ResidentPool.sum_round`): one model back per worker instead of one per phone,
 and memory that does not grow with the cohort.
 
 The workers also score each round's model while the server would otherwise score it alone:
@@ -46,7 +46,7 @@ from fedkey.common.config import Precision
 from fedkey.device_sim.training.backends import settled
 from fedkey.device_sim.training.process_pool import LocalTask, run_task
 from fedkey.device_sim.training.trainer import TrainResult
-from fedkey.federation.updates.summed import PartialSum, widened
+from fedkey.federation.updates.summed import PartialSum, SumRule, widened
 from fedkey.models.batching import count_targets
 from fedkey.models.checkpoint import build_model, load_model_state
 from fedkey.models.config import ModelConfig
@@ -71,7 +71,7 @@ class _Share:
     global_state: dict[str, torch.Tensor]
     tasks: list[LocalTask]
     shards: dict[str, list[list[int]]] = field(default_factory=dict)
-    weighted: bool | None = None  # None: each phone's result; else one PartialSum, so weighted
+    rule: SumRule | None = None  # None: each phone's result; else one PartialSum by this rule
     stacked: bool = False  # the share's phones stacked (fedkey.device_sim.training.stacked)
 
 
@@ -122,7 +122,7 @@ def _train_share(share: _Share, worker: _Worker) -> Iterator[tuple]:
     phone finishes (its state left out when summing), then ("done", None, partial sum or None)."""
     worker.shards.update(share.shards)
     state = share.global_state
-    partial = None if share.weighted is None else PartialSum.empty(state, share.weighted)
+    partial = None if share.rule is None else PartialSum.empty(state, share.rule)
     wide = widened(state) if partial is not None else state
     tasks = [replace(t, shard=worker.shards[t.device_id]) for t in share.tasks]
     for device, result in _trained(tasks, state, share.stacked, worker):
@@ -223,14 +223,14 @@ class ResidentPool:
         self,
         tasks: list[LocalTask],
         global_state: dict[str, torch.Tensor],
-        weighted: bool,
+        rule: SumRule,
         on_phone: OnPhone | None = None,
     ) -> PartialSum:
-        """Train `tasks` and return the sum of their weighted deltas
+        """Train `tasks` and return the sum of their deltas, weighted and clipped by `rule`
         (fedkey.federation.updates.summed.PartialSum: the workers' partial sums added in worker
         order); `on_phone` sees each phone's result (without its weights) as it finishes."""
         partials: dict[int, PartialSum] = {}
-        for kind, key, payload in self._round(tasks, global_state, weighted):
+        for kind, key, payload in self._round(tasks, global_state, rule):
             if kind == "phone" and on_phone is not None:
                 on_phone(key, payload)
             elif kind == "done":
@@ -238,20 +238,20 @@ class ResidentPool:
         return PartialSum.combined([partials[w] for w in sorted(partials)])
 
     def _round(
-        self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor], weighted: bool | None
+        self, tasks: list[LocalTask], global_state: dict[str, torch.Tensor], rule: SumRule | None
     ) -> Iterator[tuple]:
         """Every worker's messages for this round as they come: ("phone", device, result) and
         ("done", worker index, partial sum)."""
         self._seq += 1
         if self.workers == 0:
             shards = {t.device_id: t.shard for t in tasks}
-            share = _Share(self._seq, global_state, tasks, shards, weighted, self.stacked)
+            share = _Share(self._seq, global_state, tasks, shards, rule, self.stacked)
             for kind, device, payload in _train_share(share, self._here):
                 yield kind, (0 if kind == "done" else device), payload
             return
         waiting: dict[Any, int] = {}  # connection -> its worker
         for w, share_tasks in enumerate(assign(tasks, self.workers)):
-            self._conns[w].send(self._share(w, share_tasks, global_state, weighted))
+            self._conns[w].send(self._share(w, share_tasks, global_state, rule))
             waiting[self._conns[w]] = w
         while waiting:
             for conn in wait(list(waiting)):
@@ -309,14 +309,14 @@ class ResidentPool:
         w: int,
         tasks: list[LocalTask],
         global_state: dict[str, torch.Tensor],
-        weighted: bool | None,
+        rule: SumRule | None,
     ) -> _Share:
         """Worker `w`'s message: its tasks without their shards, and the shards it lacks."""
         sent = self._sent[w]
         new = {t.device_id: t.shard for t in tasks if sent.get(t.device_id) is not t.shard}
         sent.update(new)
         light = [replace(t, shard=[]) for t in tasks]
-        return _Share(self._seq, global_state, light, new, weighted, self.stacked)
+        return _Share(self._seq, global_state, light, new, rule, self.stacked)
 
     def _recv(self, w: int) -> tuple:
         try:

@@ -73,6 +73,7 @@ import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -260,6 +261,37 @@ def weight_cap(samples: Sequence[int], multiple: float) -> int:
     return max(1, int(multiple * statistics.median(samples)))
 
 
+def clip_fields(
+    bound: Bound, factors: Sequence[Mapping[str, float]], samples: Sequence[int], multiple: float
+) -> dict:
+    """What a row's ``info.clip`` says of a round's bound: its scope and norm, how many updates
+    it clipped (``factors``: each update's clip factors), and the weight cap of the declared
+    n_k ``samples`` (``multiple`` times their median) with how many it capped."""
+    cap = weight_cap(samples, multiple) if samples else 1
+    return {
+        "scope": bound.scope,
+        "norm": bound.norm,
+        "clipped": sum(any(f < 1.0 for f in fs.values()) for fs in factors),
+        "weight_cap": cap,
+        "capped_weights": sum(n > cap for n in samples),
+    }
+
+
+class ClippedRound(Protocol):
+    """What DP's noise and clip rule read of a round's clipped updates
+    (fedkey.federation.privacy): its bound, each update's whole-model norm before the clip, and
+    how many there are. A :class:`BoundedRound`, or a round summed where its phones trained
+    (fedkey.federation.updates.summed.SummedRound)."""
+
+    @property
+    def bound(self) -> Bound | None: ...
+
+    @property
+    def norms(self) -> list[float]: ...
+
+    def __len__(self) -> int: ...
+
+
 @dataclass
 class BoundedRound:
     """A round's updates as the strategy sees them: trimmed and clipped (lazily, one at a time)
@@ -394,15 +426,8 @@ def bound_round(
         factors = [dict.fromkeys(n, 1.0) for n in norms]
     else:
         factors = [clip_factors(n, bound) for n in norms]
-        cap = weight_cap(samples, config.weight_cap) if samples else 1
-        info.update(
-            scope=bound.scope,
-            norm=bound.norm,
-            clipped=sum(any(f < 1.0 for f in fs.values()) for fs in factors),
-            weight_cap=cap,
-            capped_weights=sum(n > cap for n in samples),
-        )
-        samples = [min(n, cap) for n in samples]
+        info.update(clip_fields(bound, factors, samples, config.weight_cap))
+        samples = [min(n, info["weight_cap"]) for n in samples]
         if k:
             bound = replace(bound, distance_caps=distance_caps(norms, factors, k))
     return BoundedRound(

@@ -23,7 +23,7 @@ import math
 from abc import ABC, abstractmethod
 
 from fedkey.federation.config import FederationConfig
-from fedkey.federation.influence.bounding import BoundedRound
+from fedkey.federation.influence.bounding import ClippedRound
 from fedkey.federation.privacy.adaptive_clip import (
     AdaptiveClip,
     count_sensitivity,
@@ -70,7 +70,7 @@ class ClipRule(ABC):
         """A population the run draws from; True when it fixed the noise multiplier now."""
         return False
 
-    def step(self, r: int, bounded: BoundedRound, population: int) -> dict:
+    def step(self, r: int, bounded: ClippedRound, population: int) -> dict:
         """What round r's row says of the clip after the round (nothing here)."""
         return {}
 
@@ -164,7 +164,7 @@ class AdaptiveClipping(ClipRule):
         self.rule.count_stddev = sigma_b
         return True
 
-    def step(self, r: int, bounded: BoundedRound, population: int) -> dict:
+    def step(self, r: int, bounded: ClippedRound, population: int) -> dict:
         """The noised fraction of round r's updates within C_t, and C_{t+1}; the denominator is
         the cohort, or Poisson sampling's fixed q N (as the aggregate's)."""
         if self.config.privacy.sampling == "poisson":

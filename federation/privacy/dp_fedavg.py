@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedkey.federation.config import FederationConfig
-from fedkey.federation.influence.bounding import BoundedRound, scale_deltas
+from fedkey.federation.influence.bounding import ClippedRound, scale_deltas
 from fedkey.federation.privacy.calibrate import noise_multiplier_of
 from fedkey.federation.privacy.clipping import ClipRule
 from fedkey.federation.privacy.gaussian import PrivacyAccountant, add_gaussian_noise
@@ -85,7 +85,7 @@ class GaussianMechanism(AccountedMechanism):
         plan: RoundPlan,
         updates: list[ClientUpdate],
         new_state: StateDict,
-        bounded: BoundedRound,
+        bounded: ClippedRound,
         global_state: StateDict,
     ) -> tuple[StateDict, dict | None]:
         """``N(0, (z Delta)^2)`` on the aggregate, drawn from the secret's stream for the round

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from fedkey.federation.config import FederationConfig
-from fedkey.federation.influence.bounding import BoundedRound
+from fedkey.federation.influence.bounding import ClippedRound
 from fedkey.federation.privacy import blt as dp_blt
 from fedkey.federation.privacy import tree as dp_ftrl
 from fedkey.federation.privacy.calibrate import noise_multiplier_of
@@ -124,7 +124,7 @@ class FTRLMechanism(AccountedMechanism):
         plan: RoundPlan,
         updates: list[ClientUpdate],
         new_state: StateDict,
-        bounded: BoundedRound,
+        bounded: ClippedRound,
         global_state: StateDict,
     ) -> tuple[StateDict, dict | None]:
         """The aggregate's step ``g_t = new_state - theta_{t-1}`` plus ``n_t - n_{t-1}`` (the

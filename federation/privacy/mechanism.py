@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fedkey.federation.config import FederationConfig
-from fedkey.federation.influence.bounding import BoundedRound
+from fedkey.federation.influence.bounding import ClippedRound
 from fedkey.federation.privacy.clipping import ClipRule
 from fedkey.federation.privacy.secret import RunSecret
 from fedkey.federation.strategies import ClientUpdate, Strategy
@@ -93,7 +93,7 @@ class NoiseMechanism(ABC):
         plan: RoundPlan,
         updates: list[ClientUpdate],
         new_state: StateDict,
-        bounded: BoundedRound,
+        bounded: ClippedRound,
         global_state: StateDict,
     ) -> tuple[StateDict, dict | None]:
         """The aggregate with the round's noise, accounted for, and the row's ``info.dp`` (None
@@ -149,7 +149,7 @@ class NoPrivacy(NoiseMechanism):
         plan: RoundPlan,
         updates: list[ClientUpdate],
         new_state: StateDict,
-        bounded: BoundedRound,
+        bounded: ClippedRound,
         global_state: StateDict,
     ) -> tuple[StateDict, dict | None]:
         return new_state, None

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedkey.federation.config import DPMechanism, FederationConfig, dp_problem
-from fedkey.federation.influence.bounding import BoundedRound
+from fedkey.federation.influence.bounding import ClippedRound
 from fedkey.federation.privacy import calibrate as calibration
 from fedkey.federation.privacy.calibrate import Calibration
 from fedkey.federation.privacy.clipping import AdaptiveClipping, ClipRule, FixedClip
@@ -202,7 +202,7 @@ class RoundPrivacy:
         plan: RoundPlan,
         updates: list[ClientUpdate],
         new_state: StateDict,
-        bounded: BoundedRound,
+        bounded: ClippedRound,
         global_state: StateDict,
     ) -> tuple[StateDict, dict | None]:
         """The aggregate `new_state` of the round's `bounded` updates with DP's noise added and

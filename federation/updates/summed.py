@@ -1,14 +1,22 @@
 """A round summed where its phones trained: FedAvg without a per-phone upload.
 
 FedAvg's next model is ``theta + sum_k w_k u_k / sum_k w_k`` (``u_k = theta_k - theta``, ``w_k =
-n_k``, or 1 unweighted). Where nothing needs a phone's update on its own (no trim, clip or
-outlier filter: ``--bound off``; no DP; a selector that does not read the updates after the
-round), a trainer can add each phone's weighted delta to a running float64 sum as the phone
-finishes and drop it: a worker then returns one model-sized :class:`PartialSum` for its share of
-the cohort instead of a model per phone, and memory does not grow with the cohort (the way
-pfl-research's workers and a production server's secure aggregation combine a cohort).
+n_k``, or 1 unweighted). Where nothing needs a phone's update on its own (no trim or outlier
+filter; a selector that does not read the updates after the round), a trainer can add each
+phone's weighted delta to a running float64 sum as the phone finishes and drop it: a worker then
+returns one model-sized :class:`PartialSum` for its share of the cohort instead of a model per
+phone, and memory does not grow with the cohort (the way pfl-research's workers and a production
+server's secure aggregation combine a cohort).
 
-    partial = PartialSum.empty(global_state, weighted=True)
+Without DP that needs ``--bound off``. Under DP (DP-FedAvg, DP-FTRL) the round's clip is known
+before it starts (S, or adaptive clipping's C_t): each delta is clipped to it where the phone
+trained, ``f_k u_k`` with ``f_k = min(1, C / ||u_k||)`` (fedkey.federation.influence.bounding.
+clip_factors), every weight 1 (McMahan et al. 2018's uniform mean), and each phone's norm before
+the clip is kept for adaptive clipping's count; the server adds the noise to the mean as it does
+to the per-phone path's (fedkey.federation.privacy). The sum over clipped deltas is what the
+accountant covers: nothing per phone is published.
+
+    partial = PartialSum.empty(global_state, federation.sum_rule())
     for device, result in trained:                 # a worker's phones, in a fixed order
         partial.add(device, result, global_state)  # its delta added, its state dropped
     summed = SummedRound.of([partial, ...])        # the workers' partials, in order
@@ -19,10 +27,11 @@ pfl-research's workers and a production server's secure aggregation combine a co
 weights, which are checked against the ones summed. Each phone's state is checked as an upload
 is (non-finite -> refused, named, left out of the sum).
 
-Precision: each delta is formed and accumulated in float64 (as the per-phone path's fused read,
-fedkey.federation.influence.cohort_scan.weighted_scan) and rounded once to the model's dtype; the
-sums run in another order (a worker's phones, then the workers'), so the two paths agree to that
-final rounding (tests/federation/updates/test_summed.py), and a run is deterministic for a given
+Precision: each delta is formed, clipped and accumulated in float64 (as the per-phone path's
+fused read, fedkey.federation.influence.cohort_scan.weighted_scan) and rounded once to the model's
+dtype; the sums run in another order (a worker's phones, then the workers'), and the per-phone
+DP path rounds each clipped update to the model's dtype first, so the two paths agree to float32
+rounding (tests/federation/updates/test_summed.py), and a run is deterministic for a given
 number of workers.
 """
 
@@ -37,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedkey.federation.strategies import ClientUpdate
+from fedkey.federation.influence.bounding import clip_factors, clip_fields
+from fedkey.federation.strategies import Bound, ClientUpdate
 from fedkey.federation.strategies.aggregate import floating_keys
 from fedkey.federation.updates.validation import ValidationError, check_finite
 
@@ -49,6 +59,15 @@ if TYPE_CHECKING:
 COEF_TOLERANCE = 1e-9
 
 
+@dataclass(frozen=True)
+class SumRule:
+    """How a round's phones are summed: each delta weighted by its n_k or by 1, and clipped to
+    DP's `bound` first (None: not clipped)."""
+
+    weighted: bool
+    bound: Bound | None = None
+
+
 @dataclass
 class PhoneRecord:
     """What a summed round keeps of one phone: no weights, only what the row and FedAvg read."""
@@ -57,26 +76,36 @@ class PhoneRecord:
     num_tokens: int  # n_k, as the phone declares it
     train_loss: float
     weight: float  # w_k summed: n_k, or 1 unweighted
-    layer_norms: dict[str, float]  # ||u_k^l||, float64
+    layer_norms: dict[str, float]  # ||u_k^l||, float64, before any clip
+    factors: dict[str, float] = field(default_factory=dict)  # the clip's f_k^l (none: 1)
+
+    @property
+    def norm(self) -> float:
+        """||u_k||, the whole delta's norm before the clip."""
+        return math.sqrt(math.fsum(n * n for n in self.layer_norms.values()))
 
 
 @dataclass
 class PartialSum:
-    """``sum_k w_k u_k`` per floating layer (float64) over some phones, and their records.
+    """``sum_k w_k f_k u_k`` per floating layer (float64) over some phones, and their records.
     `rejected`: phones whose state was refused (device -> the 422 reason), not in the sum."""
 
-    weighted: bool
+    rule: SumRule
     sums: dict[str, Tensor] = field(default_factory=dict)
     phones: list[PhoneRecord] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, global_state: Mapping[str, Tensor], weighted: bool) -> PartialSum:
+    def empty(cls, global_state: Mapping[str, Tensor], rule: SumRule) -> PartialSum:
         sums = {
             k: torch.zeros(global_state[k].shape, dtype=torch.float64)
             for k in floating_keys(global_state)
         }
-        return cls(weighted, sums)
+        return cls(rule, sums)
+
+    @property
+    def weighted(self) -> bool:
+        return self.rule.weighted
 
     def add(
         self,
@@ -95,12 +124,21 @@ class PartialSum:
             self.rejected[device_id] = f"{e.status} {e.message}"
             return
         w = float(num_tokens) if self.weighted else 1.0
+        bound = self.rule.bound
         norms: dict[str, float] = {}
+        deltas: dict[str, Tensor] = {}  # kept only when a clip needs every layer's norm first
         for k, acc in self.sums.items():
             u = state[k].detach().to(torch.float64) - global_state[k].detach().to(torch.float64)
             norms[k] = float(torch.linalg.vector_norm(u))
-            acc.add_(u, alpha=w)
-        self.phones.append(PhoneRecord(device_id, int(num_tokens), float(train_loss), w, norms))
+            if bound is None:
+                acc.add_(u, alpha=w)
+            else:
+                deltas[k] = u
+        factors = {} if bound is None else clip_factors(norms, bound)
+        for k, u in deltas.items():
+            self.sums[k].add_(u, alpha=w * factors[k])
+        record = PhoneRecord(device_id, int(num_tokens), float(train_loss), w, norms, factors)
+        self.phones.append(record)
 
     @classmethod
     def combined(cls, parts: Sequence[PartialSum]) -> PartialSum:
@@ -112,8 +150,8 @@ class PartialSum:
 
     def merge(self, other: PartialSum) -> None:
         """Add `other`'s phones (after this one's: the order the floats are summed in)."""
-        if other.weighted != self.weighted:
-            raise ValueError("cannot merge a weighted and an unweighted sum")
+        if other.rule != self.rule:
+            raise ValueError(f"cannot merge sums of two rules ({self.rule} and {other.rule})")
         for k, acc in self.sums.items():
             acc.add_(other.sums[k])
         self.phones.extend(other.phones)
@@ -129,27 +167,29 @@ def widened(global_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def can_sum(config: FederationConfig, strategy: Strategy) -> bool:
     """Whether this federation's rounds can be summed where the phones train: FedAvg's mean
     (FedAvg, FedSGD: the strategy's next model is one weighted sum), nothing that needs each
-    update (bounding off, no DP, a selector that does not read the updates after the round),
-    every trained phone uploading."""
+    update (no trim or outlier filter: bounding off, or DP's clip alone; a selector that does
+    not read the updates after the round), every trained phone uploading."""
     from fedkey.federation.strategies.base import Strategy
     from fedkey.federation.strategies.methods import FedAvg
 
+    influence, dp = config.influence, config.privacy.dp
+    per_phone = influence.trim_for(dp) > 0 or influence.outlier_z_for(dp) > 0
     return (
         isinstance(strategy, FedAvg)
         and not strategy.needs_second_pass
         and type(strategy).select_uploaders is Strategy.select_uploaders
-        and config.influence.mode == "off"
-        and not config.privacy.dp
+        and (not per_phone if dp else influence.mode == "off")
     )
 
 
-def summed_weighting(strategy: Strategy) -> bool:
-    """Whether a summable strategy (:func:`can_sum`) weights a phone by its n_k (else by 1)."""
+def sum_rule(strategy: Strategy, bound: Bound | None) -> SumRule:
+    """How a summable strategy's (:func:`can_sum`) rounds are summed: by n_k where it weights
+    (else by 1), and under DP (a `bound`: the round's clip) clipped, every weight 1."""
     from fedkey.federation.strategies.methods import FedAvg
 
     if not isinstance(strategy, FedAvg):
         raise ValueError(f"strategy {strategy.name!r} cannot be summed where the phones train")
-    return strategy.weighted
+    return SumRule(weighted=strategy.weighted and bound is None, bound=bound)
 
 
 class SummedRound:
@@ -164,7 +204,8 @@ class SummedRound:
         self.updates: Sequence[ClientUpdate] = [
             ClientUpdate({}, p.num_tokens, p.train_loss, p.device_id) for p in partial.phones
         ]
-        self.samples = [p.num_tokens for p in partial.phones]
+        # The n_k the strategy weights by: 1 each where the sum is unweighted (DP's uniform mean)
+        self.samples = [p.num_tokens if partial.weighted else 1 for p in partial.phones]
         self.total = math.fsum(p.weight for p in partial.phones)
 
     @classmethod
@@ -180,8 +221,22 @@ class SummedRound:
     def rejected(self) -> dict[str, str]:
         return dict(self.partial.rejected)
 
+    @property
+    def bound(self) -> Bound | None:
+        """The clip every summed delta satisfies (DP's), or None."""
+        return self.partial.rule.bound
+
+    @property
+    def norms(self) -> list[float]:
+        """Each phone's whole-model update norm before the clip (adaptive clipping counts them)."""
+        return [p.norm for p in self.partial.phones]
+
     def distances(self) -> list[dict[str, float]]:
-        return [dict(p.layer_norms) for p in self.partial.phones]
+        """Each phone's layer distances as summed: ``f_k^l ||u_k^l||``."""
+        return [
+            {k: n * p.factors.get(k, 1.0) for k, n in p.layer_norms.items()}
+            for p in self.partial.phones
+        ]
 
     def weighted_sum(self, coefs: Sequence[Mapping[str, float]]) -> dict[str, Tensor]:
         """``sum_k c_k u_k``, where every ``c_k^l`` is ``w_k / sum_j w_j`` (the weights summed);
@@ -197,17 +252,21 @@ class SummedRound:
                 )
         return {k: s / self.total for k, s in self.partial.sums.items()}
 
-    def info(self) -> dict[str, Any]:
-        """The row's ``info.clip`` for an unbounded round (as fedkey.federation.influence.bounding
-        reports bounding off)."""
-        whole = [math.sqrt(sum(n * n for n in p.layer_norms.values())) for p in self.partial.phones]
-        return {
-            "mode": "off",
+    def info(self, weight_cap: float) -> dict[str, Any]:
+        """The row's ``info.clip``, as fedkey.federation.influence.bounding.bound_round reports
+        bounding off, or DP's clip (`weight_cap`: the influence config's multiple)."""
+        whole = self.norms
+        info: dict[str, Any] = {
+            "mode": "off" if self.bound is None else "dp",
             "median_norm": statistics.median(whole),
             "max_norm": max(whole),
             "trimmed": 0,
             "outliers": {},
         }
+        if self.bound is not None:
+            factors = [p.factors for p in self.partial.phones]
+            info.update(clip_fields(self.bound, factors, self.samples, weight_cap))
+        return info
 
     def __iter__(self):  # a SummableRound is also iterable; this one cannot give the updates
         raise ValueError("a summed round has no per-phone updates to iterate")

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from fedkey.cli import app
+from fedkey.federation.engine import Federation
 
 runner = CliRunner()
 FAST = [
@@ -105,20 +106,38 @@ def test_same_seed_gives_identical_weights_whatever_the_workers(tmp_path):
     assert not torch.equal(a["rnn.weight_hh_l0"], c["rnn.weight_hh_l0"])
 
 
+#: A DP-FTRL run with adaptive clipping, its noise from a passphrase (the same in both runs).
+DP = ["--dp-clip", "0.5", "--dp-noise-multiplier", "0.3", "--dp-mechanism", "blt",
+      "--dp-clip-quantile", "0.5", "--dp-clip-count-stddev", "1", "--dp-secret", "summed-test",
+      "--dp-publish-scores"]  # fmt: skip
+
+
 @pytest.mark.slow
-def test_an_unbounded_fedavg_round_summed_in_the_workers_is_the_same_run(tmp_path):
-    """--bound off FedAvg sums each round where the phones train (fedkey.federation.updates.summed)
-    and the resident workers score the held-out sets: two worker processes and this process
-    give the same rows and the same weights to float rounding, every phone aggregated."""
+@pytest.mark.parametrize("bounding", [["--bound", "off"], DP], ids=["bound off", "dp"])
+def test_a_fedavg_round_summed_in_the_workers_is_the_same_run(tmp_path, monkeypatch, bounding):
+    """FedAvg with --bound off, or under DP (each delta clipped where its phone trained), sums
+    each round where the phones train (fedkey.federation.updates.summed: no per-phone update
+    reaches the server) and the resident workers score the held-out sets: two worker processes
+    and this process give the same rows and the same weights to float rounding, every phone
+    aggregated."""
+
+    def per_phone(*_: object) -> None:
+        raise AssertionError("a summable round reached the server as per-phone updates")
+
+    monkeypatch.setattr(Federation, "complete_round", per_phone)
     args = ["--data", "demo", "--clients", "10", "--fraction", "0.4", "--max-train-tokens",
-            "8000", "--bound", "off", "--ksr-sentences", "5", *FAST]  # fmt: skip
+            "8000", "--ksr-sentences", "5", *bounding, *FAST]  # fmt: skip
     two, _ = simulate(tmp_path / "two", *args, "--workers", "2")
     here, _ = simulate(tmp_path / "here", *args, "--workers", "0")
     for a, b in zip(two, here, strict=True):
         assert a["selected"] == b["selected"] and a["aggregated"] == a["selected"]
         assert a["test_ppl"] == pytest.approx(b["test_ppl"], rel=1e-5)
         assert (a["bar_top1"], a["ksr"]) == pytest.approx((b["bar_top1"], b["ksr"]), rel=1e-4)
-    assert two[1]["info"]["clip"]["mode"] == "off" and len(two[1]["info"]["weights"]) == 4
+        assert a.get("epsilon") == b.get("epsilon")
+    if bounding is DP:  # a public row under DP: the mechanism, no per-phone weights
+        assert two[1]["info"]["dp"]["mechanism"] == "blt" and two[-1]["epsilon"] > 0
+    else:
+        assert two[1]["info"]["clip"]["mode"] == "off" and len(two[1]["info"]["weights"]) == 4
     a, b = weights(tmp_path / "two", 3), weights(tmp_path / "here", 3)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)

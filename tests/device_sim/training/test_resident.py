@@ -12,7 +12,7 @@ import torch
 
 from fedkey.device_sim.training.process_pool import run_task
 from fedkey.device_sim.training.resident import ResidentPool, assign, words
-from fedkey.federation.updates.summed import PartialSum
+from fedkey.federation.updates.summed import PartialSum, SumRule
 from fedkey.models.checkpoint import build_model
 from fedkey.models.held_out import fields, merged
 from fedkey.models.metrics import held_out_scores, words_of
@@ -40,8 +40,8 @@ def test_every_phone_streams_once_with_the_per_phone_pools_weights(pool):
 def test_a_summed_round_is_the_sum_of_its_phones(pool):
     tasks, state = tasks_and_state(4)
     seen: list[str] = []
-    total = pool.sum_round(tasks, state, True, on_phone=lambda d, r: seen.append(d))
-    want = PartialSum.empty(state, True)
+    total = pool.sum_round(tasks, state, SumRule(True), on_phone=lambda d, r: seen.append(d))
+    want = PartialSum.empty(state, SumRule(True))
     for t in tasks:
         r = run_task(t, state)
         want.add(t.device_id, r.state, r.num_tokens, r.train_loss, state)
@@ -105,10 +105,10 @@ def test_without_worker_processes_the_same_code_trains_here(pool):
     tasks, state = tasks_and_state(3)
     here = ResidentPool(0)
     try:
-        mine = here.sum_round(tasks, state, False)
+        mine = here.sum_round(tasks, state, SumRule(False))
     finally:
         here.close()
-    theirs = pool.sum_round(tasks, state, False)
+    theirs = pool.sum_round(tasks, state, SumRule(False))
     assert sorted(p.device_id for p in mine.phones) == sorted(p.device_id for p in theirs.phones)
     for k, s in theirs.sums.items():
         torch.testing.assert_close(mine.sums[k], s, rtol=1e-12, atol=1e-15)
@@ -121,7 +121,7 @@ def test_stacked_workers_train_each_phone_as_the_stacked_backend_does():
     stacked = ResidentPool(2, stacked=True)
     try:
         got = dict(stacked.stream(tasks, state))
-        total = stacked.sum_round(tasks, state, True)
+        total = stacked.sum_round(tasks, state, SumRule(True))
     finally:
         stacked.close()
     want = dict(StackedTrainer().stream(tasks, state))

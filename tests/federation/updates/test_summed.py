@@ -1,6 +1,7 @@
 """A round summed where its phones trained (fedkey.federation.updates.summed): FedAvg's step from
-the sum is the per-phone path's to float rounding, the weights it was summed with are the only
-ones it accepts, a refused phone is left out, and only a round nothing reads per phone sums."""
+the sum is the per-phone path's to float rounding, with and without DP (the same noise, the same
+epsilon, the same next adaptive clip), the weights it was summed with are the only ones it
+accepts, a refused phone is left out, and only a round nothing reads per phone sums."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from fedkey.federation.config import FederationConfig, InfluenceConfig, PrivacyConfig
 from fedkey.federation.strategies import ClientUpdate, get_strategy
-from fedkey.federation.updates.summed import PartialSum, SummedRound, can_sum
+from fedkey.federation.updates.summed import PartialSum, SummedRound, SumRule, can_sum
 
 GLOBAL = {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([0.5])}
 
@@ -27,7 +28,7 @@ PHONES = {f"p{i}": (phone(i), 10 * (i + 1)) for i in range(5)}
 
 def summed(weighted: bool, split: int = 2) -> SummedRound:
     """The phones summed as two workers would: the first `split`, then the rest."""
-    parts = [PartialSum.empty(GLOBAL, weighted), PartialSum.empty(GLOBAL, weighted)]
+    parts = [PartialSum.empty(GLOBAL, SumRule(weighted)) for _ in range(2)]
     for i, (d, (state, n)) in enumerate(PHONES.items()):
         parts[i >= split].add(d, state, n, 1.0, GLOBAL)
     return SummedRound.of(parts)
@@ -61,7 +62,7 @@ def test_other_coefficients_than_the_summed_weights_are_refused():
 
 
 def test_a_non_finite_phone_is_refused_and_left_out_of_the_sum():
-    partial = PartialSum.empty(GLOBAL, True)
+    partial = PartialSum.empty(GLOBAL, SumRule(True))
     partial.add("good", phone(1), 10, 1.0, GLOBAL)
     bad = phone(2)
     bad["w"][0] = math.nan
@@ -76,7 +77,7 @@ def test_the_records_carry_each_phones_layer_norms_and_the_rows_clip_info():
     state, _ = PHONES["p3"]
     norms = round_.distances()[round_.device_ids.index("p3")]
     assert norms["w"] == pytest.approx(float(torch.linalg.vector_norm(state["w"] - GLOBAL["w"])))
-    info = round_.info()
+    info = round_.info(weight_cap=4.0)
     assert (
         info["mode"] == "off" and info["trimmed"] == 0 and info["max_norm"] >= info["median_norm"]
     )
@@ -93,6 +94,10 @@ def test_only_a_round_nothing_reads_per_phone_is_summed():
     assert summable("fedsgd")
     assert not summable(influence=InfluenceConfig())  # the default bound: clip at the median
     assert not summable("fedatt")
-    assert not summable(privacy=PrivacyConfig(noise_multiplier=1.0, clip_norm=1.0))
+    dp = PrivacyConfig(noise_multiplier=1.0, clip_norm=1.0)
+    assert summable(privacy=dp)  # DP's clip alone: clipped where the phones train
+    assert summable(privacy=dp, influence=InfluenceConfig())  # the trim and filter are off
+    assert not summable(privacy=dp, influence=InfluenceConfig(trim=0.1))
+    assert not summable("fedatt", privacy=dp)
     config = FederationConfig(influence=off)
     assert not can_sum(config, get_strategy("fedavg", selector="adafl"))  # reads the updates
