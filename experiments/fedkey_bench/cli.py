@@ -1,5 +1,6 @@
 """`fedkey-bench`: the benchmarks (one sub-package of fedkey_bench each: perf, paper, attacks,
-privacy, load, peers, cohorts, aggregation, canary, typing), with their targets, in a report.
+privacy, load, peers, cohorts, aggregation, canary, typing, dpfinetune), with their targets, in a
+report.
 
 The research harness's own command, beside the product's `fedkey`: it fails as `fedkey` does
 (fedkey.cli.errors.FedkeyGroup: one `error: ...` line and an exit status). Results go to
@@ -22,6 +23,7 @@ from fedkey_bench.aggregation.runner import command as bench_aggregation
 from fedkey_bench.canary.cli import command as bench_canary
 from fedkey_bench.cohorts.runner import command as bench_cohorts
 from fedkey_bench.common.checkout import RESULTS
+from fedkey_bench.dpfinetune.cli import command as bench_dpfinetune
 from fedkey_bench.load.runner import DATABASES, FRACTION
 from fedkey_bench.paper.presets import PRESETS
 from fedkey_bench.paper.suites import SUITES
@@ -466,6 +468,7 @@ app.command("aggregation")(bench_aggregation)
 app.command("cohorts")(bench_cohorts)
 app.command("canary")(bench_canary)
 app.command("typing")(bench_typing)
+app.command("dpfinetune")(bench_dpfinetune)
 
 
 @app.command("peers")

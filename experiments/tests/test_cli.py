@@ -23,6 +23,7 @@ COMMANDS = (
     "aggregation",
     "canary",
     "typing",
+    "dpfinetune",
 )
 
 # A fresh interpreter: the test process has torch loaded already (conftest.py).
