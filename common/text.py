@@ -24,6 +24,12 @@ def is_word(token: str) -> bool:
     return any(ch.isalnum() for ch in token)
 
 
+def fold(s: str) -> str:
+    """The character-level part of :func:`normalize_text`: Unicode NFKC, curly apostrophes to
+    ``'``, lowercase (what the keyboard reads a partly typed word with)."""
+    return unicodedata.normalize("NFKC", s).translate(_APOSTROPHES).lower()
+
+
 def normalize_text(s: str) -> str:
     """Normalize raw typed text into the corpus convention: lowercase, space-separated tokens.
 
@@ -37,5 +43,4 @@ def normalize_text(s: str) -> str:
 
     An empty or whitespace-only string gives ``""``.
     """
-    s = unicodedata.normalize("NFKC", s).translate(_APOSTROPHES).lower()
-    return " ".join(m.group(0) for m in _TOKEN_RE.finditer(s))
+    return " ".join(m.group(0) for m in _TOKEN_RE.finditer(fold(s)))

@@ -230,7 +230,11 @@ class FederationConfig:
 
 
 def dp_problem(
-    strategy: StrategyName, privacy: PrivacyConfig, influence: InfluenceConfig, params: dict
+    strategy: StrategyName,
+    privacy: PrivacyConfig,
+    influence: InfluenceConfig,
+    params: dict,
+    checkpoint_every: int = 1,
 ) -> str | None:
     """Why this federation cannot run with a DP guarantee, or None when it can.
 
@@ -238,7 +242,9 @@ def dp_problem(
     attention cap) or refused here: AdaFL's scores and FedMed's topK and mediation read the
     updates and losses without noise, and attention normalizes by the cohort's own weights, which
     the add/remove-one analysis of Poisson cohorts does not cover. The DP-FTRL mechanisms (tree,
-    blt) sample nothing, so they refuse Poisson sampling; the minimum separation is theirs.
+    blt) sample nothing, so they refuse Poisson sampling; the minimum separation is theirs. A
+    resume must not run published rounds again (fresh noise on the same phones, unaccounted):
+    every round is checkpointed under DP (`checkpoint_every` 1).
     """
     if privacy.mechanism not in DP_MECHANISMS:
         return f"unknown DP mechanism {privacy.mechanism!r}; valid: {', '.join(DP_MECHANISMS)}"
@@ -259,6 +265,11 @@ def dp_problem(
         return problem
     if not privacy.dp:
         return None
+    if checkpoint_every > 1:
+        return (
+            "--checkpoint-every above 1 would run published DP rounds again on a resume: "
+            "leave it at 1 with DP"
+        )
     if ftrl and privacy.sampling == "poisson":
         return (
             f"--dp-mechanism {privacy.mechanism} samples no cohorts (its accounting assumes a "

@@ -35,14 +35,13 @@ from __future__ import annotations
 import bisect
 import json
 import re
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from fedkey.common.text import is_terminator, is_word, normalize_text
+from fedkey.common.text import fold, is_terminator, is_word, normalize_text
 from fedkey.keyboard_web.ngram import ServedNgram
 from fedkey.models.bar import savings_scores, word_lengths
 
@@ -60,7 +59,6 @@ DEFAULT_MAX_CONTEXT = 40  # words of the current sentence the model sees at most
 MAX_TEXT_TAIL = 1000  # characters of the typed text that are read (the context lives at its end)
 SLOTS = 3
 
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 # The word being typed: letters/digits, possibly joined by ' - . to more (as in normalize_text),
 # and possibly ending with a ' or - that the next keystroke continues ("don'", "well-"). A
 # trailing "." is not part of it: "hello." ends a sentence.
@@ -81,7 +79,7 @@ def split_text(text: str) -> tuple[list[str], str]:
         tail = text[-MAX_TEXT_TAIL:]
         cut = re.search(r"\s", tail)
         text = tail[cut.end() :] if cut else ""
-    s = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES).lower()
+    s = fold(text)
     if not s or s[-1].isspace():
         return normalize_text(s).split(), ""
     m = _PARTIAL_RE.search(s)

@@ -413,15 +413,14 @@ class Settings(BaseSettings):
                 "momentum or adam"
             )
         problem = dp_problem(
-            self.strategy, self.privacy_config(), self.influence_config(), self.strategy_params()
+            self.strategy,
+            self.privacy_config(),
+            self.influence_config(),
+            self.strategy_params(),
+            self.checkpoint_every,
         )
         if problem is not None:
             raise ValueError(problem)
-        if self.checkpoint_every > 1 and self.privacy_config().dp:
-            raise ValueError(
-                "--checkpoint-every above 1 would run published DP rounds again on a resume: "
-                "leave it at 1 with DP"
-            )
         if self.canary:
             self.canary_spec()  # a malformed FEDKEY_CANARY_FORMAT / _ALPHABET, refused up front
         if (self.tls_cert is None) != (self.tls_key is None):

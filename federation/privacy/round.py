@@ -102,7 +102,11 @@ class RoundPrivacy:
         self.strategy = strategy
         self.secret = secret or RunSecret(passphrase=config.privacy.secret)
         problem = dp_problem(
-            config.strategy, config.privacy, config.influence, config.strategy_params
+            config.strategy,
+            config.privacy,
+            config.influence,
+            config.strategy_params,
+            config.checkpoint_every,
         )
         if problem is not None:
             raise ValueError(problem)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedkey.federation.config import FederationConfig, InfluenceConfig
+from fedkey.federation.config import FederationConfig, InfluenceConfig, PrivacyConfig
 from fedkey.federation.engine import Federation
 from fedkey.federation.storage import RunStorage
 from fedkey.server.settings import Settings
@@ -57,6 +57,11 @@ def test_a_resume_continues_from_the_last_round_written(tmp_path):
 
 
 def test_under_dp_only_every_round(tmp_path):
+    """Refused by the settings and by the round engine itself (a config built by hand)."""
     with pytest.raises(ValueError, match="--checkpoint-every"):
         Settings(checkpoint_every=2, dp_clip=1.0, dp_noise_multiplier=1.0)
     assert Settings(checkpoint_every=2).federation_config().checkpoint_every == 2
+    dp = PrivacyConfig(clip_norm=1.0, noise_multiplier=1.0)
+    config = FederationConfig(rounds=6, fraction=0.5, checkpoint_every=2, privacy=dp)
+    with pytest.raises(ValueError, match="--checkpoint-every"):
+        tiny_federation(tmp_path, config, phones=4)
