@@ -19,6 +19,8 @@ from fedkey_bench.common.markdown import markdown_table
 
 #: Issue 65's targets, as multiples of the 3-gram of the phones' text (row a).
 TARGETS = {"top1": 1.30, "fedatt_top1": 1.25, "ksr": 1.15}
+#: And of the centralized fine-tune's perplexity: the best federated fine-tune's within 5% of it.
+PPL_GAP = 1.05
 #: The held-out sets, in the order the tables show them.
 SETS = {"phones": "the phones' later messages", "unseen": "senders who never trained"}
 #: Row (a), the 3-gram of the phones' pooled text: every multiple divides by its figures.
@@ -76,6 +78,25 @@ def _central(rows: list[dict[str, Any]]) -> str:
     return f" The centralized fine-tune, for reference: {_times(max(got))}." if got else ""
 
 
+def ppl_gap(pop: dict[str, Any]) -> str | None:
+    """The line on the perplexity target: the best federated fine-tune's perplexity (the model
+    alone, on the phones' later messages) against the centralized fine-tune's; None without
+    both."""
+    rows = [r for r in pop.get("rows") or [] if r["set"] == "phones" and not r["cache"]
+            and r["id"] == r.get("run") and r.get("ppl") is not None]  # fmt: skip
+    fed = min((r for r in rows if r["kind"] == "federated"), key=lambda r: r["ppl"], default=None)
+    central = next((r for r in rows if r["kind"] == "central"), None)
+    if fed is None or central is None:
+        return None
+    gap = fed["ppl"] / central["ppl"]
+    return (
+        f"- **{pop['label']}**, perplexity on the phones' later messages: the best federated "
+        f"fine-tune, {fed['label']}, {fed['ppl']:.2f} against the centralized fine-tune's "
+        f"{central['ppl']:.2f} with as many examples seen: {gap:.2f}x (target at most "
+        f"{PPL_GAP:.2f}x: {'met' if gap <= PPL_GAP else 'not met'})."
+    )
+
+
 def answer(populations: dict[str, Any]) -> str:
     """The lead: per population and held-out set, with the cache off and on (both sides alike),
     the best federated keyboard's multiples and FedAtt's best, against TARGETS."""
@@ -104,6 +125,9 @@ def answer(populations: dict[str, Any]) -> str:
                            if att else "not scored yet.")
                         + _central(rows)
                     )  # fmt: skip
+        gap = ppl_gap(pop)
+        if gap is not None:
+            lines.append(gap)
     if not table:
         return "No federated run has been scored yet.\n"
     head = ["population", "held-out messages", "personal cache", "best federated keyboard",

@@ -143,6 +143,23 @@ def test_the_page_leads_with_the_multiples_against_the_targets(tmp_path):
     assert report.rebuild(tmp_path).read_text() == page  # from results.json alone
 
 
+def test_the_lead_says_how_far_the_best_federated_perplexity_is_from_the_centralized():
+    def ppl(id_: str, kind: str, value: float, **kw) -> dict:
+        return {**_row(id_, kind, id_.split("+")[0] if kind != "collected" else None, 0.1, 0.3,
+                       **kw), "ppl": value}  # fmt: skip
+
+    rows = [ppl("fedavg", "federated", 104.0), ppl("fedatt", "federated", 110.0),
+            ppl("fedavg+kn3", "federated", 90.0),  # a mixture: not the fine-tune alone
+            ppl("fedadam", "federated", 80.0, set_name="unseen"),  # another held-out set
+            ppl("central", "central", 100.0)]  # fmt: skip
+    line = report.ppl_gap({"label": "Ubuntu IRC", "rows": rows})
+    assert line is not None and "fine-tune, fedavg, 104.00 against" in line
+    assert "1.04x (target at most 1.05x: met)" in line
+    rows[0]["ppl"] = 106.0
+    assert "1.06x (target at most 1.05x: not met)" in report.ppl_gap({"label": "x", "rows": rows})
+    assert report.ppl_gap({"label": "x", "rows": rows[:2]}) is None  # no centralized run
+
+
 def test_the_runs_are_the_issues(tmp_path):
     pop, p = runner.POPULATIONS["nus-sms"], runner.Protocol()
     specs = {s.name: s for s in runner.run_specs(pop, p)}
