@@ -241,8 +241,8 @@ class Federation:
         if not self.summable:
             raise ValueError(
                 "this federation's rounds need each phone's update (the trim, the outlier "
-                "filter, or a strategy other than FedAvg): they cannot be summed where the "
-                "phones train"
+                "filter, or a strategy whose weights read the whole cohort): they cannot be "
+                "summed where the phones train"
             )
         if summed.partial.rule != self.sum_rule():
             raise ValueError(
@@ -258,7 +258,8 @@ class Federation:
 
     def sum_rule(self) -> SumRule:
         """How the open round's phones are summed where they train: FedAvg's weights, and
-        under DP clipped to the round's clip (C_t, or S) with every weight 1."""
+        under DP clipped to the round's clip (C_t, or S) with every weight 1 (FedAtt's fixed
+        normalizer: its attention weights)."""
         clip = self.privacy.clip_norm()
         bound = None
         if clip is not None:

@@ -14,7 +14,10 @@ trained, ``f_k u_k`` with ``f_k = min(1, C / ||u_k||)`` (fedkey.federation.influ
 clip_factors), every weight 1 (McMahan et al. 2018's uniform mean), and each phone's norm before
 the clip is kept for adaptive clipping's count; the server adds the noise to the mean as it does
 to the per-phone path's (fedkey.federation.privacy). The sum over clipped deltas is what the
-accountant covers: nothing per phone is published.
+accountant covers: nothing per phone is published. The bound also makes FedAtt's fixed
+normalizer summable (Ji et al. 2019, eq. 4 over the count m: fedkey.federation.strategies.
+aggregate.fedatt_fixed): layer l of phone k weighs ``a_k^l = exp(||f_k u_k^l|| / (T S_l) - 1/T)``,
+its own delta's alone, and the step is ``epsilon (1/m) sum_k a_k^l f_k u_k^l``.
 
     partial = PartialSum.empty(global_state, federation.sum_rule())
     for device, result in trained:                 # a worker's phones, in a fixed order
@@ -62,10 +65,21 @@ COEF_TOLERANCE = 1e-9
 @dataclass(frozen=True)
 class SumRule:
     """How a round's phones are summed: each delta weighted by its n_k or by 1, and clipped to
-    DP's `bound` first (None: not clipped)."""
+    DP's `bound` first (None: not clipped); with `attention`, each layer also weighted by FedAtt's
+    fixed-normalizer weight (:func:`fixed_attention_weight`), which the bound makes a function
+    of the phone's own delta alone."""
 
     weighted: bool
     bound: Bound | None = None
+    attention: bool = False
+
+
+def fixed_attention_weight(distance: float, bound: Bound, layer: str) -> float:
+    """FedAtt's fixed-normalizer weight of one layer of one phone, ``exp(s - 1/T)`` with the
+    logit ``s = ||f u^l|| / (T S_l)`` (fedkey.federation.strategies.aggregate.fedatt_fixed;
+    the same float operations as its LayerwiseAttention, so the server's check agrees)."""
+    logit = distance * (1.0 / (bound.temperature * bound.layers[layer]))
+    return math.exp(logit - 1.0 / bound.temperature)
 
 
 @dataclass
@@ -78,6 +92,7 @@ class PhoneRecord:
     weight: float  # w_k summed: n_k, or 1 unweighted
     layer_norms: dict[str, float]  # ||u_k^l||, float64, before any clip
     factors: dict[str, float] = field(default_factory=dict)  # the clip's f_k^l (none: 1)
+    layer_weights: dict[str, float] = field(default_factory=dict)  # attention's a_k^l (none: 1)
 
     @property
     def norm(self) -> float:
@@ -135,9 +150,16 @@ class PartialSum:
             else:
                 deltas[k] = u
         factors = {} if bound is None else clip_factors(norms, bound)
+        layer_weights: dict[str, float] = {}
+        if self.rule.attention and bound is not None:
+            layer_weights = {
+                k: fixed_attention_weight(n * factors[k], bound, k) for k, n in norms.items()
+            }
         for k, u in deltas.items():
-            self.sums[k].add_(u, alpha=w * factors[k])
-        record = PhoneRecord(device_id, int(num_tokens), float(train_loss), w, norms, factors)
+            self.sums[k].add_(u, alpha=w * factors[k] * layer_weights.get(k, 1.0))
+        record = PhoneRecord(
+            device_id, int(num_tokens), float(train_loss), w, norms, factors, layer_weights
+        )
         self.phones.append(record)
 
     @classmethod
@@ -165,31 +187,46 @@ def widened(global_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def can_sum(config: FederationConfig, strategy: Strategy) -> bool:
-    """Whether this federation's rounds can be summed where the phones train: FedAvg's mean
-    (FedAvg, FedSGD: the strategy's next model is one weighted sum), nothing that needs each
-    update (no trim or outlier filter: bounding off, or DP's clip alone; a selector that does
-    not read the updates after the round), every trained phone uploading."""
+    """Whether this federation's rounds can be summed where the phones train: the strategy's
+    next model is one weighted sum whose weights each phone can compute alone (FedAvg's mean,
+    FedSGD; under DP also FedAtt with the fixed normalizer and L2 distances, its weights a
+    function of the phone's own clipped delta), nothing needs each update (no trim or outlier
+    filter: bounding off, or DP's clip alone; a selector that does not read the updates after
+    the round), every trained phone uploading."""
     from fedkey.federation.strategies.base import Strategy
-    from fedkey.federation.strategies.methods import FedAvg
 
     influence, dp = config.influence, config.privacy.dp
     per_phone = influence.trim_for(dp) > 0 or influence.outlier_z_for(dp) > 0
     return (
-        isinstance(strategy, FedAvg)
+        _summable_strategy(strategy, dp)
         and not strategy.needs_second_pass
         and type(strategy).select_uploaders is Strategy.select_uploaders
         and (not per_phone if dp else influence.mode == "off")
     )
 
 
+def _summable_strategy(strategy: Strategy, dp: bool) -> bool:
+    from fedkey.federation.strategies.methods import FedAtt, FedAvg
+
+    if isinstance(strategy, FedAvg):
+        return True
+    fixed_l2 = (
+        isinstance(strategy, FedAtt) and strategy.normalizer == "fixed" and strategy.norm == "l2"
+    )
+    return dp and fixed_l2  # the weights need the public bound that DP's clip gives
+
+
 def sum_rule(strategy: Strategy, bound: Bound | None) -> SumRule:
     """How a summable strategy's (:func:`can_sum`) rounds are summed: by n_k where it weights
-    (else by 1), and under DP (a `bound`: the round's clip) clipped, every weight 1."""
-    from fedkey.federation.strategies.methods import FedAvg
+    (else by 1), and under DP (a `bound`: the round's clip) clipped, every weight 1, FedAtt's
+    layers weighted by its fixed-normalizer weights."""
+    from fedkey.federation.strategies.methods import FedAtt, FedAvg
 
-    if not isinstance(strategy, FedAvg):
-        raise ValueError(f"strategy {strategy.name!r} cannot be summed where the phones train")
-    return SumRule(weighted=strategy.weighted and bound is None, bound=bound)
+    if isinstance(strategy, FedAvg):
+        return SumRule(weighted=strategy.weighted and bound is None, bound=bound)
+    if isinstance(strategy, FedAtt) and _summable_strategy(strategy, bound is not None):
+        return SumRule(weighted=False, bound=bound, attention=True)
+    raise ValueError(f"strategy {strategy.name!r} cannot be summed where the phones train")
 
 
 class SummedRound:
@@ -239,17 +276,19 @@ class SummedRound:
         ]
 
     def weighted_sum(self, coefs: Sequence[Mapping[str, float]]) -> dict[str, Tensor]:
-        """``sum_k c_k u_k``, where every ``c_k^l`` is ``w_k / sum_j w_j`` (the weights summed);
-        a ValueError for any other coefficients: the phones' updates are gone."""
+        """``sum_k c_k u_k``, where every ``c_k^l`` is ``w_k a_k^l / sum_j w_j`` (the weights
+        summed, ``a_k^l`` attention's or 1); a ValueError for any other coefficients: the
+        phones' updates are gone."""
         if len(coefs) != len(self.partial.phones):
             raise ValueError(f"{len(coefs)} coefficients for {len(self.partial.phones)} phones")
         for p, c in zip(self.partial.phones, coefs, strict=True):
-            share = p.weight / self.total
-            if any(abs(v - share) > COEF_TOLERANCE * max(share, 1e-300) for v in c.values()):
-                raise ValueError(
-                    f"phone {p.device_id!r}: coefficients {dict(c)} are not the summed weight's "
-                    f"share {share}: a summed round has no per-phone updates"
-                )
+            for k, v in c.items():
+                share = p.weight * p.layer_weights.get(k, 1.0) / self.total
+                if abs(v - share) > COEF_TOLERANCE * max(share, 1e-300):
+                    raise ValueError(
+                        f"phone {p.device_id!r}: coefficient {v} of layer {k!r} is not the "
+                        f"summed weight's share {share}: a summed round has no per-phone updates"
+                    )
         return {k: s / self.total for k, s in self.partial.sums.items()}
 
     def info(self, weight_cap: float) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def test_only_a_round_nothing_reads_per_phone_is_summed():
 
     def summable(strategy: Any = "fedavg", **kw: Any) -> bool:
         config = FederationConfig(strategy=strategy, influence=kw.pop("influence", off), **kw)
-        return can_sum(config, get_strategy(strategy))
+        return can_sum(config, get_strategy(strategy, **config.strategy_params))
 
     assert summable()
     assert summable("fedsgd")
@@ -98,6 +98,10 @@ def test_only_a_round_nothing_reads_per_phone_is_summed():
     assert summable(privacy=dp)  # DP's clip alone: clipped where the phones train
     assert summable(privacy=dp, influence=InfluenceConfig())  # the trim and filter are off
     assert not summable(privacy=dp, influence=InfluenceConfig(trim=0.1))
-    assert not summable("fedatt", privacy=dp)
+    assert not summable("fedatt", privacy=dp)  # the softmax reads the whole cohort
+    fixed = {"normalizer": "fixed"}
+    assert summable("fedatt", privacy=dp, strategy_params=fixed)  # each phone's weight its own
+    assert not summable("fedatt", strategy_params=fixed)  # without DP's public bound
+    assert not summable("fedatt", privacy=dp, strategy_params={**fixed, "norm": "spectral"})
     config = FederationConfig(influence=off)
     assert not can_sum(config, get_strategy("fedavg", selector="adafl"))  # reads the updates

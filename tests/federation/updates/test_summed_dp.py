@@ -32,11 +32,19 @@ PRIVACY = {
 }
 
 
-def federation(tmp_path, privacy: PrivacyConfig) -> Federation:
+#: FedAtt with the fixed normalizer (its weights each phone's own), at its default step.
+FEDATT = {"strategy": "fedatt", "strategy_params": {"normalizer": "fixed"}}
+#: The cells: a DP rule, and the strategy (FedAvg unless FEDATT).
+CELLS = {**{name: (p, {}) for name, p in PRIVACY.items()},
+         "fedatt, gaussian": (PRIVACY["gaussian"], FEDATT),
+         "fedatt, blt, adaptive clip": (PRIVACY["blt, adaptive clip"], FEDATT)}  # fmt: skip
+
+
+def federation(tmp_path, privacy: PrivacyConfig, **strategy: Any) -> Federation:
     """12 phones, cohorts of half of them, the noise from one passphrase (the same for every
     federation of the test: the same cohorts and the same noise)."""
     privacy = PrivacyConfig(**{**privacy.__dict__, "secret": "summed-dp-test"})
-    config = FederationConfig(fraction=0.5, rounds=5, seed=3, privacy=privacy)
+    config = FederationConfig(fraction=0.5, rounds=5, seed=3, privacy=privacy, **strategy)
     return tiny_federation(tmp_path, config, 12)
 
 
@@ -61,10 +69,11 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
         assert a == b, path
 
 
-@pytest.mark.parametrize("name", list(PRIVACY))
+@pytest.mark.parametrize("name", list(CELLS))
 def test_a_dp_round_summed_where_the_phones_trained_is_the_per_phone_round(tmp_path, name):
-    per_phone = federation(tmp_path / "per-phone", PRIVACY[name])
-    summed = federation(tmp_path / "summed", PRIVACY[name])
+    privacy, strategy = CELLS[name]
+    per_phone = federation(tmp_path / "per-phone", privacy, **strategy)
+    summed = federation(tmp_path / "summed", privacy, **strategy)
     assert summed.summable
     phones, clipped, summed_phones = sorted(summed.strategy.client_sizes), 0, 0
     for _ in range(3):
