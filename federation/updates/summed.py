@@ -1,4 +1,5 @@
-"""A round summed where its phones trained: FedAvg without a per-phone upload.
+"""A round summed where its phones trained: FedAvg, DP-FedAvg and DP-FedAtt without a per-phone
+upload.
 
 FedAvg's next model is ``theta + sum_k w_k u_k / sum_k w_k`` (``u_k = theta_k - theta``, ``w_k =
 n_k``, or 1 unweighted). Where nothing needs a phone's update on its own (no trim or outlier
