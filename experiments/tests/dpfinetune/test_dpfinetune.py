@@ -47,7 +47,7 @@ def test_the_commands_share_everything_but_the_privacy():
         grid.argv(IRC, p, grid.Cell("fedavg", 8.0), None)
     # the population's own size and share unless the protocol says otherwise
     default = " ".join(grid.argv(IRC, grid.Protocol(), grid.Cell("fedavg", None), None))
-    assert "--clients 15853 --fraction 0.02 --rounds 10" in default
+    assert "--clients 15853 --fraction 0.0631 --rounds 3" in default
 
 
 def _rows(path, rows: list[dict]) -> None:
