@@ -8,13 +8,12 @@ figures, their multiples, the cells not run or refused, the runs and the command
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from fedkey.common.files import atomic_write
-from fedkey_bench.common.checkout import RESULTS, shown
+from fedkey_bench.common import pages
+from fedkey_bench.common.checkout import RESULTS
 from fedkey_bench.common.markdown import markdown_table
 from fedkey_bench.dpfinetune.cells import LABELS, REFERENCE
 
@@ -29,26 +28,17 @@ VIEWS = {"alone": ("test_ppl", "all_top1", "ksr"),
 
 def load(folder: Path) -> dict[str, Any]:
     """FOLDER/results.json ({"populations": {}} before the first)."""
-    path = folder / "results.json"
-    if not path.exists():
-        return {"populations": {}}
-    data: dict[str, Any] = json.loads(path.read_text())
-    data.setdefault("populations", {})
-    return data
+    return pages.load(folder)
 
 
 def save(folder: Path, results: dict[str, Any]) -> Path:
     """FOLDER/results.json and FOLDER/results.md from it; -> the page's path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / "results.json", json.dumps(results, indent=1) + "\n")
-    return rebuild(folder)
+    return pages.save(folder, results, markdown)
 
 
 def rebuild(folder: Path) -> Path:
     """FOLDER/results.md from FOLDER/results.json; -> its path."""
-    path = folder / "results.md"
-    atomic_write(path, markdown(load(folder)))
-    return path
+    return pages.rebuild(folder, markdown)
 
 
 def ratio(value: Any, reference: Any) -> float | None:
@@ -75,13 +65,15 @@ def _met(ok: bool) -> str:
     return "met" if ok else "not met"
 
 
+def _ratios(cell: dict[str, Any], ref: dict[str, Any], view: str) -> tuple[float | None, ...]:
+    """`cell`'s perplexity and top-1 in `view` as multiples of `ref`'s (None: not scored)."""
+    ppl_key, top1_key, _ = VIEWS[view]
+    return ratio(cell.get(ppl_key), ref.get(ppl_key)), ratio(cell.get(top1_key), ref.get(top1_key))
+
+
 def near_reference(cell: dict[str, Any], ref: dict[str, Any], view: str) -> str:
     """`cell`'s perplexity and top-1 as multiples of the non-private fine-tune's, against TARGETS."""
-    ppl_key, top1_key, _ = VIEWS[view]
-    x_ppl, x_top1 = (
-        ratio(cell.get(ppl_key), ref.get(ppl_key)),
-        ratio(cell.get(top1_key), ref.get(top1_key)),
-    )
+    x_ppl, x_top1 = _ratios(cell, ref, view)
     if x_ppl is None or x_top1 is None:
         return f"{view}: not scored"
     return (f"{view}, perplexity {_times(x_ppl)} the non-private fine-tune's (at most "
@@ -92,11 +84,7 @@ def near_reference(cell: dict[str, Any], ref: dict[str, Any], view: str) -> str:
 def against_base(cell: dict[str, Any], base: dict[str, Any], view: str) -> str:
     """Whether `cell` beats the base (alone, or both with the 3-gram): lower perplexity and
     higher top-1."""
-    ppl_key, top1_key, _ = VIEWS[view]
-    x_ppl, x_top1 = (
-        ratio(cell.get(ppl_key), base.get(ppl_key)),
-        ratio(cell.get(top1_key), base.get(top1_key)),
-    )
+    x_ppl, x_top1 = _ratios(cell, base, view)
     if x_ppl is None or x_top1 is None:
         return f"{view}: not scored"
     verdict = ("better" if x_ppl < 1 and x_top1 > 1 else "worse" if x_ppl >= 1 and x_top1 <= 1
@@ -248,12 +236,7 @@ def population_section(pop: dict[str, Any]) -> str:
 
 
 def commands(populations: dict[str, Any]) -> str:
-    lines = sorted({shown(p["command"]) for p in populations.values() if p.get("command")})
-    for pop in populations.values():
-        lines += [
-            shown(c["command"]) for c in (pop.get("cells") or {}).values() if c.get("command")
-        ]
-    return "\n".join(f"    {c}" for c in lines)
+    return pages.commands(populations, "cells")
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -8,13 +8,12 @@ per population and held-out set, then the runs and the commands.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from fedkey.common.files import atomic_write
-from fedkey_bench.common.checkout import RESULTS, shown, shown_path
+from fedkey_bench.common import pages
+from fedkey_bench.common.checkout import RESULTS, shown_path
 from fedkey_bench.common.markdown import markdown_table
 
 #: Issue 65's targets, as multiples of the 3-gram of the phones' text (row a).
@@ -29,21 +28,12 @@ REFERENCE = "kn3-phones"
 
 def load(folder: Path) -> dict[str, Any]:
     """FOLDER/results.json ({"populations": {}} before the first)."""
-    path = folder / "results.json"
-    if not path.exists():
-        return {"populations": {}}
-    data: dict[str, Any] = json.loads(path.read_text())
-    data.setdefault("populations", {})
-    return data
+    return pages.load(folder)
 
 
 def save(folder: Path, results: dict[str, Any]) -> Path:
     """FOLDER/results.json and FOLDER/results.md from it; -> the page's path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / "results.json", json.dumps(results, indent=1) + "\n")
-    page = folder / "results.md"
-    atomic_write(page, markdown(results))
-    return page
+    return pages.save(folder, results, markdown)
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -218,11 +208,7 @@ def population_section(pop: dict[str, Any]) -> str:
 
 
 def commands(populations: dict[str, Any]) -> str:
-    lines = sorted({shown(p["command"]) for p in populations.values() if p.get("command")})
-    for pop in populations.values():
-        lines += [shown(r["command"]) for r in (pop.get("runs") or {}).values()
-                  if r.get("command")]  # fmt: skip
-    return "\n".join(f"    {c}" for c in lines)
+    return pages.commands(populations, "runs")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -247,9 +233,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def rebuild(folder: Path) -> Path:
     """FOLDER/results.md from FOLDER/results.json; -> its path."""
-    path = folder / "results.md"
-    atomic_write(path, markdown(load(folder)))
-    return path
+    return pages.rebuild(folder, markdown)
 
 
 if __name__ == "__main__":
