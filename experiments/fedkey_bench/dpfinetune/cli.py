@@ -51,7 +51,7 @@ def command(
         help="Phones: the most active senders (default: the population's; Ubuntu IRC all 15,853)."),
     fraction: float | None = typer.Option(
         None, "--fraction", "-C", min=0.0, max=1.0,
-        help="Share of the phones a round (default: the population's; Ubuntu IRC 0.02)."),
+        help="Share of the phones a round (default: the population's; Ubuntu IRC 0.0631: cohorts of 1,000)."),
     rounds: int = typer.Option(DEFAULT.rounds, "--rounds", "-R", min=1, help="Rounds of every run."),
     workers: int = typer.Option(DEFAULT.workers, "--workers", min=0, help="Training processes of each run."),
     max_eval_sentences: int = typer.Option(
