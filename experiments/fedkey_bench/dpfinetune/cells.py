@@ -10,6 +10,10 @@ one local epoch, lr 0.5 decayed 0.95 a round, fp32:
   median update norm (`--bound adaptive --bound-multiple 1`): the clip the DP cells' adaptive
   clipping tracks (quantile 0.5), without its noise; the coordinate trim and the outlier filter
   off (`--trim 0 --outlier-z 0`), as DP has them. FedAvg's is the reference of every multiple.
+* ``<strategy>-z0``: the DP cells' algorithm without its noise (`--dp-noise-multiplier 0`):
+  the uniform mean of updates clipped by adaptive clipping from S0, so that what the noise costs
+  (the DP cells against it) is told apart from what DP-FedAvg's uniform weights and slow clip
+  cost (it against the non-private fine-tune). Its epsilon is infinite.
 * ``<strategy>-eps<E>``: DP-FTRL with BLT noise (`--dp-mechanism blt`) and adaptive clipping
   from the first clip S0 (`--dp-clip S0 --dp-clip-quantile 0.5`), z calibrated by fedkey so that
   the planned rounds end at epsilon E (`--dp-target-epsilon E`), delta fedkey's 1/N^1.1.
@@ -91,32 +95,40 @@ class Protocol:
 
 @dataclass(frozen=True)
 class Cell:
-    """One run: its strategy and target epsilon (None: no DP)."""
+    """One run: its strategy and target epsilon (None: no DP; with `noise` False, the DP rule
+    without its noise)."""
 
     strategy: str
     epsilon: float | None
+    noise: bool = True
 
     @property
     def id(self) -> str:
+        if not self.noise:
+            return f"{self.strategy}-z0"
         return f"{self.strategy}-" + ("nodp" if self.epsilon is None else f"eps{self.epsilon:g}")
 
     @property
     def label(self) -> str:
         name = LABELS[self.strategy]
+        if not self.noise:
+            return f"DP-{name} without its noise (z 0)"
         return f"{name}, no DP" if self.epsilon is None else f"DP-{name}, epsilon {self.epsilon:g}"
 
     @property
     def private(self) -> bool:
-        return self.epsilon is not None
+        """Whether it runs the DP rule (the clip, the uniform mean; noise or not)."""
+        return self.epsilon is not None or not self.noise
 
 
 def cells(p: Protocol) -> list[Cell]:
     """The non-private fine-tunes (FedAvg's always: the reference), then each strategy at each
-    epsilon, strongest guarantee last."""
+    epsilon, strongest guarantee last, then its DP rule without noise."""
     strategies = ["fedavg", *(s for s in p.strategies if s != "fedavg")]
     nodp = [Cell(s, None) for s in strategies]
     eps = sorted(set(p.epsilons), reverse=True)
-    return nodp + [Cell(s, e) for s in p.strategies for e in eps]
+    private = [Cell(s, e) for s in p.strategies for e in eps]
+    return nodp + private + [Cell(s, None, noise=False) for s in p.strategies]
 
 
 def selected(all_cells: list[Cell], only: list[str] | None) -> list[Cell]:
@@ -148,5 +160,6 @@ def argv(pop: Population, p: Protocol, cell: Cell, clip: str | None) -> tuple[st
         return (*shared, *NODP_BOUND)
     if clip is None:
         raise ValueError(f"{cell.id}: a DP cell needs its first clip S0")
-    return (*shared, *DP_RULE, "--dp-clip", clip,
-            "--dp-target-epsilon", f"{cell.epsilon:g}")  # fmt: skip
+    noise = (("--dp-target-epsilon", f"{cell.epsilon:g}") if cell.noise
+             else ("--dp-noise-multiplier", "0"))  # fmt: skip
+    return (*shared, *DP_RULE, "--dp-clip", clip, *noise)

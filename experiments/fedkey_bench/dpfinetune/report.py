@@ -156,11 +156,16 @@ NOTE = (
     "update norm). Picking the best round reads the phones' validation text, outside what epsilon "
     "covers (fedkey.federation.metrics_row). The non-private FedAvg weighs a phone by its examples "
     "(capped at 4x the median), DP-FedAvg uniformly (its noise assumes it). Multiples divide by the "
-    "non-private FedAvg fine-tune (x FT) or the base (x base), alone by alone and mixture by mixture."
+    "non-private FedAvg fine-tune (x FT) or the base (x base), alone by alone and mixture by mixture. "
+    'A row "without its noise (z 0)" runs the DP cells\' rule (the uniform mean of updates clipped '
+    "by adaptive clipping from S0) with no noise: the DP rows against it are what the noise costs, "
+    "it against the non-private fine-tune what the rule costs."
 )
 
 
 def _eps(cell: dict[str, Any]) -> str:
+    if cell.get("noise_multiplier") == 0:
+        return "infinite (z 0)"
     if cell.get("epsilon") is None:
         return "-"
     delta = cell.get("delta")

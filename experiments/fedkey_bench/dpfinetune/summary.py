@@ -73,7 +73,7 @@ def summarize(rows: list[dict[str, Any]], cell: Cell, rounds: int) -> dict[str, 
         "best_round": None if best is None else best.get("round"),
         **({} if best is None else scores(best)),
         "last_test_ppl": last.get("test_ppl"),
-        "epsilon": last.get("epsilon"),
+        "epsilon": _finite(last.get("epsilon")),  # z 0: infinite, kept as None
         "delta": last.get("delta"),
         "noise_multiplier": _dp(rows[0]).get("noise_multiplier"),
         "update_noise_multiplier": _dp(last).get("update_noise_multiplier"),
@@ -82,6 +82,10 @@ def summarize(rows: list[dict[str, Any]], cell: Cell, rounds: int) -> dict[str, 
         "last_clip": _clip(trained[-1]) if trained else None,
         "test_ppl_curve": [r.get("test_ppl") for r in rows],
     }
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def first_median_norm(rows: list[dict[str, Any]]) -> float | None:

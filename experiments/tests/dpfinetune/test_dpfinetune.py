@@ -20,12 +20,15 @@ def test_the_cells_are_the_issues():
     p = grid.Protocol()
     ids = [c.id for c in grid.cells(p)]
     assert ids == ["fedavg-nodp", "fedatt-nodp", "fedavg-eps8", "fedavg-eps4", "fedavg-eps2",
-                   "fedavg-eps1", "fedatt-eps8", "fedatt-eps4", "fedatt-eps2", "fedatt-eps1"]  # fmt: skip
+                   "fedavg-eps1", "fedatt-eps8", "fedatt-eps4", "fedatt-eps2", "fedatt-eps1",
+                   "fedavg-z0", "fedatt-z0"]  # fmt: skip
     # the non-private FedAvg is the reference even when only FedAtt is asked for
     only_att = grid.Protocol(strategies=("fedatt",), epsilons=(8.0,))
-    assert [c.id for c in grid.cells(only_att)] == ["fedavg-nodp", "fedatt-nodp", "fedatt-eps8"]
+    assert [c.id for c in grid.cells(only_att)] == ["fedavg-nodp", "fedatt-nodp", "fedatt-eps8",
+                                                    "fedatt-z0"]  # fmt: skip
     assert [c.id for c in grid.selected(grid.cells(p), ["fedavg-*", "fedatt-eps8"])] == [
-        "fedavg-nodp", "fedavg-eps8", "fedavg-eps4", "fedavg-eps2", "fedavg-eps1", "fedatt-eps8"]  # fmt: skip
+        "fedavg-nodp", "fedavg-eps8", "fedavg-eps4", "fedavg-eps2", "fedavg-eps1", "fedatt-eps8",
+        "fedavg-z0"]  # fmt: skip
 
 
 def test_the_commands_share_everything_but_the_privacy():
@@ -45,6 +48,11 @@ def test_the_commands_share_everything_but_the_privacy():
     assert "--bound" not in dp
     with pytest.raises(ValueError, match="needs its first clip"):
         grid.argv(IRC, p, grid.Cell("fedavg", 8.0), None)
+    z0 = grid.Cell("fedavg", None, noise=False)
+    quiet = " ".join(grid.argv(IRC, p, z0, "3.47"))
+    assert z0.id == "fedavg-z0" and z0.private
+    assert quiet.endswith("--dp-clip-quantile 0.5 --dp-clip 3.47 --dp-noise-multiplier 0")
+    assert "--dp-target-epsilon" not in quiet
     # the population's own size and share unless the protocol says otherwise
     default = " ".join(grid.argv(IRC, grid.Protocol(), grid.Cell("fedavg", None), None))
     assert "--clients 15853 --fraction 0.0631 --rounds 3" in default
@@ -180,7 +188,8 @@ def test_the_bench_runs_the_cells_in_turn_and_resumes(tmp_path, monkeypatch):
     p = grid.Protocol(rounds=1, epsilons=(8.0, 1.0), strategies=("fedavg",))
     refused = runner.run_population(IRC, p, tmp_path, None, "fedkey-bench dpfinetune")
     assert refused == {"ubuntu-irc/fedavg-eps1": "epsilon 1 is out of reach"}
-    assert calls == ["ubuntu-irc/fedavg-nodp", "ubuntu-irc/fedavg-eps8", "ubuntu-irc/fedavg-eps1"]
+    assert calls == ["ubuntu-irc/fedavg-nodp", "ubuntu-irc/fedavg-eps8", "ubuntu-irc/fedavg-eps1",
+                     "ubuntu-irc/fedavg-z0"]  # fmt: skip
     entry = report.load(tmp_path)["populations"]["ubuntu-irc"]
     assert "--dp-clip 3.47 " in entry["cells"]["fedavg-eps8"]["command"]
     assert entry["first_clip"]["value"] == 3.47 and entry["base"]["test_ppl"] == 150.0
@@ -221,5 +230,6 @@ def test_the_command_prints_its_cells_and_fails_in_one_line(tmp_path, monkeypatc
                     "--out", str(tmp_path / "out")])  # fmt: skip
     assert dry.exit_code == 0, dry.output
     lines = dry.output.splitlines()
-    assert len(lines) == 2 and "--dp-clip S0 --dp-target-epsilon 8" in lines[1]
+    assert len(lines) == 3 and "--dp-clip S0 --dp-target-epsilon 8" in lines[1]
+    assert "--dp-clip S0 --dp-noise-multiplier 0" in lines[2]
     assert not (tmp_path / "out").exists()  # nothing run, nothing written
