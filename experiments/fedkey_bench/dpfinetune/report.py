@@ -130,10 +130,51 @@ def strategy_answer(pop: dict[str, Any], strategy: str) -> str:
     return f"- **{name}**: {first[0].upper()}{first[1:]}. {second[0].upper()}{second[1:]}."
 
 
+def attention_answer(pop: dict[str, Any]) -> str | None:
+    """DP-FedAtt against DP-FedAvg at epsilon 8 (issue 66: within 5% of its perplexity); None
+    until both ran."""
+    att, avg = scored(pop, f"fedatt-eps{HIGH:g}"), scored(pop, f"fedavg-eps{HIGH:g}")
+    if att is None or avg is None:
+        return None
+    x_ppl, x_top1 = _ratios(att, avg, "alone")
+    if x_ppl is None or x_top1 is None:
+        return None
+    return (f"- **{pop.get('label', '')}, DP-FedAtt against DP-FedAvg** at epsilon {HIGH:g}: "
+            f"perplexity {_times(x_ppl)} (at most {TARGETS['ppl']:.2f}x: "
+            f"{_met(x_ppl <= TARGETS['ppl'])}), top-1 {_times(x_top1)}.")  # fmt: skip
+
+
+def noise_answer(pop: dict[str, Any]) -> str | None:
+    """What the noise costs: each DP-FedAvg cell's perplexity against the same rule without
+    noise (z 0); None until that ran."""
+    quiet = scored(pop, "fedavg-z0")
+    if quiet is None:
+        return None
+    parts = []
+    for cell in sorted((pop.get("cells") or {}).values(),
+                       key=lambda c: -(c.get("target_epsilon") or 0)):  # fmt: skip
+        if (
+            cell.get("strategy") == "fedavg"
+            and cell.get("target_epsilon")
+            and scored(pop, cell["id"])
+        ):
+            x = ratio(cell.get("test_ppl"), quiet.get("test_ppl"))
+            parts.append(f"epsilon {cell['target_epsilon']:g} {_times(x)}")
+    ref = scored(pop, REFERENCE)
+    rule = ratio(quiet.get("test_ppl"), ref and ref.get("test_ppl"))
+    return (f"- **{pop.get('label', '')}, what the noise costs**: DP-FedAvg's perplexity against "
+            f"its rule without noise (z 0, {_num(quiet.get('test_ppl'), 2)}): "
+            f"{', '.join(parts) or 'no DP cell yet'}; the rule itself (uniform mean, adaptive "
+            f"clip) against the non-private fine-tune: {_times(rule) or 'not run'}.")  # fmt: skip
+
+
 def answer(populations: dict[str, Any]) -> str:
-    """The lead: per population and DP strategy, the two questions of issue 66."""
+    """The lead: per population and DP strategy, the questions of issue 66, then DP-FedAtt
+    against DP-FedAvg and what the noise costs."""
     lines = [strategy_answer(pop, s) for pop in populations.values()
              for s in (pop.get("settings") or {}).get("strategies", [])]  # fmt: skip
+    for pop in populations.values():
+        lines += [x for x in (attention_answer(pop), noise_answer(pop)) if x is not None]
     if not lines:
         return "No population has been planned yet.\n"
     return (

@@ -122,6 +122,26 @@ def _cell(id_: str, ppl: float, top1: float, eps: float | None = None) -> dict:
             "rounds_done": 10}  # fmt: skip
 
 
+def test_the_lead_compares_dp_fedatt_with_dp_fedavg_and_prices_the_noise():
+    def cell(id_: str, ppl: float, top1: float, eps: float | None = None) -> dict:
+        strategy, _, rest = id_.partition("-")
+        target = float(rest[3:]) if rest.startswith("eps") else None
+        return {**_cell(id_, ppl, top1, eps), "strategy": strategy, "target_epsilon": target}
+
+    cells = {c["id"]: c for c in (
+        cell("fedavg-nodp", 100.0, 0.14), cell("fedavg-z0", 103.0, 0.137),
+        cell("fedavg-eps8", 104.03, 0.137, 7.99), cell("fedavg-eps1", 108.15, 0.13, 0.99),
+        cell("fedatt-eps8", 110.0, 0.13, 7.99))}  # fmt: skip
+    pop = {"label": "Ubuntu IRC", "cells": cells}
+    att = report.attention_answer(pop)
+    assert att is not None and "perplexity 1.057x (at most 1.05x: not met)" in att
+    noise = report.noise_answer(pop)
+    assert noise is not None and "(z 0, 103.00): epsilon 8 1.010x, epsilon 1 1.050x" in noise
+    assert "against the non-private fine-tune: 1.030x" in noise
+    del cells["fedavg-z0"], cells["fedatt-eps8"]
+    assert report.noise_answer(pop) is None and report.attention_answer(pop) is None
+
+
 def test_the_page_leads_with_the_answer_and_lists_what_did_not_run(tmp_path):
     planned = [{"id": i, "label": i} for i in ("fedavg-nodp", "fedatt-nodp", "fedavg-eps8",
                                                "fedavg-eps2", "fedatt-eps8", "fedatt-eps2")]  # fmt: skip
