@@ -262,7 +262,9 @@ def population_section(pop: dict[str, Any]) -> str:
     clip = pop.get("first_clip") or {}
     parts = [
         f"## {pop.get('label')} ({pop.get('clients', 0):,} phones, one per sender)\n",
-        f"R {s.get('rounds')} rounds of C {pop.get('fraction')} of the phones, one local epoch, "
+        f"R {s.get('rounds')} rounds of C {pop.get('fraction')} of the phones"
+        + (f" (cohorts of {ref['cohort']:,})" if ref and ref.get("cohort") else "")
+        + ", one local epoch, "
         f"at most {s.get('max_eval_sentences')} validation and test messages scored; base "
         f"`{s.get('init')}`, public 3-gram `{s.get('ngram')}`."
         + (f" S0 {clip['value']:g}: {clip['source']}." if clip else "") + "\n",
