@@ -244,10 +244,11 @@ class Federation:
                 "filter, or a strategy whose weights read the whole cohort): they cannot be "
                 "summed where the phones train"
             )
-        if summed.partial.rule != self.sum_rule():
+        rule = self.sum_rule()
+        if summed.partial.rule != rule:
             raise ValueError(
                 f"round {plan.round} was summed as {summed.partial.rule}, not as this round "
-                f"sums ({self.sum_rule()})"
+                f"sums ({rule})"
             )
         return self._commit(plan, sorted(summed.device_ids), partial(self._sum, plan, summed))
 

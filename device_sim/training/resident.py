@@ -16,8 +16,8 @@ seed, so a phone's weights are bit for bit those of every other backend. It retu
 each phone's result as it finishes (:meth:`ResidentPool.stream`: what the trim, the outlier
 filter and the attentive strategies need), or, where the round can be summed
 (fedkey.federation.updates.summed), one running sum of its phones' weighted (under DP clipped)
-deltas and a record per phone (:meth:`ResidentPool.sum_round`): one model back per worker instead of one per phone,
-and memory that does not grow with the cohort.
+deltas and a record per phone (:meth:`ResidentPool.sum_round`): one model back per worker
+instead of one per phone, and memory that does not grow with the cohort.
 
 The workers also score each round's model while the server would otherwise score it alone:
 each keeps a part of the validation and test sets, encoded once for the run

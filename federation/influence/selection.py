@@ -11,9 +11,9 @@ equal as floats). Then two selections per coordinate, numpy's ``ndarray.partitio
 Musser 1997, "Introspective Sorting and Selection Algorithms": quickselect, Hoare 1961, with a
 linear-time fallback; numpy 2's x86-simd-sort quickselect where its build and the CPU have
 it): position k (from 0) of the whole row, which puts the k smallest before it, then position
-m-2k-2 of the rest, the (k+1)-th largest, with the k largest after it. Expected linear time where the sort is m log m; each selected
-integer is mapped back to its float (the map is its own inverse), bit for bit one of the
-coordinate's own values.
+m-2k-2 of the rest, the (k+1)-th largest, with the k largest after it. Expected linear time
+where the sort is m log m; each selected integer is mapped back to its float (the map is its own
+inverse), bit for bit one of the coordinate's own values.
 
 Error: none. A monotone map leaves the order statistics where they are, so these are the sort's
 values (tests/federation/influence/test_selection.py checks them equal to np.sort's, ties,

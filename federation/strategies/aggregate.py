@@ -388,7 +388,7 @@ class LayerwiseAttention:
         """The fixed normalizer's weights ``w_k^l = exp(s_k^l - c^l)`` per client (in insertion
         order) and layer, ``c^l`` the logits' ceiling (see :meth:`fixed_result`)."""
         return [
-            (tag, {k: math.exp(s - self._ceiling(k, ceiling)) for k, s in sc.items()})
+            (tag, {k: fixed_weight(s, self._ceiling(k, ceiling)) for k, s in sc.items()})
             for tag, sc in self.scores
         ]
 
@@ -559,6 +559,17 @@ def fedatt(
     return acc.result(epsilon)
 
 
+def capped_logit_scale(layer_bounds: Mapping[str, float], temperature: float) -> dict[str, float]:
+    """FedAtt's logit scale under a clip ``||u^l|| <= S_l``: layer l's distance times
+    ``1 / (T S_l)``, so its logit lies in ``[0, 1/T]`` (the attention cap)."""
+    return {k: 1.0 / (temperature * s) for k, s in layer_bounds.items()}
+
+
+def fixed_weight(logit: float, ceiling: float) -> float:
+    """The fixed normalizer's weight of a logit under its ceiling c: ``exp(s - c)``, at most 1."""
+    return math.exp(logit - ceiling)
+
+
 def fedatt_fixed(
     global_state: Mapping[str, Tensor],
     client_states: Iterable[Mapping[str, Tensor]],
@@ -582,7 +593,7 @@ def fedatt_fixed(
     """
     scale = None
     if layer_bounds is not None:
-        scale = {k: 1.0 / (temperature * s) for k, s in layer_bounds.items()}
+        scale = capped_logit_scale(layer_bounds, temperature)
     acc = LayerwiseAttention(global_state, LayerwiseAttention.fedatt_scorer(norm), scale)
     for state in client_states:
         acc.add(state)

@@ -18,6 +18,7 @@ from fedkey.federation.strategies.aggregate import (
     StateDict,
     WeightedAverage,
     attopt_step_scale,
+    capped_logit_scale,
     floating_keys,
     num_parameters,
     step_by,
@@ -221,7 +222,7 @@ class FedAtt(Strategy):
         distances winsorized at the bound's caps."""
         scale = cap = None
         if bound is not None:  # logits ||u^l|| / (T S_l) in [0, 1/T]: weights capped
-            scale = {k: 1.0 / (bound.temperature * s) for k, s in bound.layers.items()}
+            scale = capped_logit_scale(bound.layers, bound.temperature)
             if self.norm == "l2":  # the caps are order statistics of the L2 distances
                 cap = bound.distance_caps
         scorer = LayerwiseAttention.fedatt_scorer(self.norm)

@@ -50,9 +50,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedkey.federation.influence.bounding import clip_factors, clip_fields
+from fedkey.federation.influence.bounding import clip_factors, clip_fields, whole_norm
 from fedkey.federation.strategies import Bound, ClientUpdate
-from fedkey.federation.strategies.aggregate import floating_keys
+from fedkey.federation.strategies.aggregate import (
+    capped_logit_scale,
+    fixed_weight,
+    floating_keys,
+)
 from fedkey.federation.updates.validation import ValidationError, check_finite
 
 if TYPE_CHECKING:
@@ -67,20 +71,13 @@ COEF_TOLERANCE = 1e-9
 class SumRule:
     """How a round's phones are summed: each delta weighted by its n_k or by 1, and clipped to
     DP's `bound` first (None: not clipped); with `attention`, each layer also weighted by FedAtt's
-    fixed-normalizer weight (:func:`fixed_attention_weight`), which the bound makes a function
-    of the phone's own delta alone."""
+    fixed-normalizer weight ``exp(||f u^l|| / (T S_l) - 1/T)``
+    (fedkey.federation.strategies.aggregate.fedatt_fixed), which the bound makes a function of
+    the phone's own delta alone."""
 
     weighted: bool
     bound: Bound | None = None
     attention: bool = False
-
-
-def fixed_attention_weight(distance: float, bound: Bound, layer: str) -> float:
-    """FedAtt's fixed-normalizer weight of one layer of one phone, ``exp(s - 1/T)`` with the
-    logit ``s = ||f u^l|| / (T S_l)`` (fedkey.federation.strategies.aggregate.fedatt_fixed;
-    the same float operations as its LayerwiseAttention, so the server's check agrees)."""
-    logit = distance * (1.0 / (bound.temperature * bound.layers[layer]))
-    return math.exp(logit - 1.0 / bound.temperature)
 
 
 @dataclass
@@ -97,8 +94,8 @@ class PhoneRecord:
 
     @property
     def norm(self) -> float:
-        """||u_k||, the whole delta's norm before the clip."""
-        return math.sqrt(math.fsum(n * n for n in self.layer_norms.values()))
+        """||u_k||, the whole delta's norm before the clip (as the per-phone path measures it)."""
+        return whole_norm(self.layer_norms)
 
 
 @dataclass
@@ -153,8 +150,13 @@ class PartialSum:
         factors = {} if bound is None else clip_factors(norms, bound)
         layer_weights: dict[str, float] = {}
         if self.rule.attention and bound is not None:
+            # FedAtt's own scale and weight (its server-side check computes the same floats)
+            scale, ceiling = (
+                capped_logit_scale(bound.layers, bound.temperature),
+                1.0 / bound.temperature,
+            )
             layer_weights = {
-                k: fixed_attention_weight(n * factors[k], bound, k) for k, n in norms.items()
+                k: fixed_weight(n * factors[k] * scale[k], ceiling) for k, n in norms.items()
             }
         for k, u in deltas.items():
             self.sums[k].add_(u, alpha=w * factors[k] * layer_weights.get(k, 1.0))
